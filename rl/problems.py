@@ -1,0 +1,93 @@
+"""Procedurally generated arithmetic problems with a held-out evaluation split.
+
+Two families:
+
+* ``add``: 2-3 digit addition. Prompt ``"123+45="``, solution ``"168"``.
+* ``chain``: a sum of 3-4 operands worked as a running chain, so responses are several times
+  longer (useful where mid-response preemption must be common). Prompt ``"12+345+67="``,
+  solution ``"357+67=424"``: each step writes the running sum, then the next operand; the last
+  number is the answer.
+
+The split is by problem, not by draw: a problem whose operands hash into the held-out bucket is
+never produced by a training stream, so evaluation measures generalisation. Everything is a pure
+function of its seed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+FAMILIES = ("add", "chain")
+HELD_OUT_BUCKETS = 10
+"""One problem in this many is reserved for evaluation."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    prompt: str
+    answer: str
+    solution: str
+    """A correct response (used as the supervised target in pretraining)."""
+    family: str
+
+
+def _is_held_out(operands: tuple[int, ...]) -> bool:
+    digest = hashlib.blake2b(repr(operands).encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little") % HELD_OUT_BUCKETS == 0
+
+
+def _operands(rng: random.Random, family: str) -> tuple[int, ...]:
+    def number() -> int:
+        return rng.randint(10, 99) if rng.random() < 0.5 else rng.randint(100, 999)
+
+    count = 2 if family == "add" else rng.randint(3, 4)
+    return tuple(number() for _ in range(count))
+
+
+def make_problem(operands: tuple[int, ...], family: str) -> Problem:
+    prompt = "+".join(map(str, operands)) + "="
+    if family == "add":
+        total = sum(operands)
+        return Problem(prompt, str(total), str(total), family)
+    if family == "chain":
+        running = operands[0] + operands[1]
+        steps = [str(running)]
+        for operand in operands[2:]:
+            running += operand
+            steps.append(f"+{operand}={running}")
+        return Problem(prompt, str(running), "".join(steps), family)
+    raise ValueError(f"unknown problem family {family!r}; expected one of {FAMILIES}")
+
+
+def problem_stream(family: str, seed: int, split: str = "train") -> Iterator[Problem]:
+    """Endless stream of problems of one family from one split (`train` or `eval`)."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown problem family {family!r}; expected one of {FAMILIES}")
+    if split not in ("train", "eval"):
+        raise ValueError(f"unknown split {split!r}; expected 'train' or 'eval'")
+    want_held_out = split == "eval"
+    rng = random.Random(f"{family}:{split}:{seed}")
+    while True:
+        operands = _operands(rng, family)
+        if _is_held_out(operands) == want_held_out:
+            yield make_problem(operands, family)
+
+
+def take(stream: Iterator[Problem], n: int) -> list[Problem]:
+    return [next(stream) for _ in range(n)]
+
+
+def eval_set(family: str, size: int, seed: int = 12345) -> list[Problem]:
+    """A fixed held-out evaluation set of distinct problems."""
+    seen: set[str] = set()
+    problems: list[Problem] = []
+    for problem in problem_stream(family, seed, split="eval"):
+        if problem.prompt not in seen:
+            seen.add(problem.prompt)
+            problems.append(problem)
+        if len(problems) == size:
+            return problems
+    raise AssertionError("unreachable")

@@ -1,0 +1,176 @@
+"""Verifiable rewards: pure functions from (decoded response, reference answer) to a float.
+
+Owns answer extraction (final number, last ``\\boxed{...}``), number normalisation, the
+correctness rewards (``exact_match``, ``boxed``), the format reward and its patterns for the
+arithmetic families, and `make_reward_fn`, which combines them as
+``correctness + format_weight * format``. Malformed model output scores 0.0 and never raises;
+a reference answer that cannot be compared (e.g. a non-numeric answer for ``exact_match``) is a
+dataset or configuration error and raises ``ValueError``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+ADD_FORMAT = r"-?\d+"
+"""A response of the ``add`` family: just the sum, e.g. ``168``."""
+CHAIN_FORMAT = r"\d+(?:\+\d+=\d+)+"
+"""A response of the ``chain`` family: the first running sum, then one or more ``+N=M`` steps,
+e.g. ``357+67=424+8=432``."""
+FORMAT_PATTERNS = {"add": ADD_FORMAT, "chain": CHAIN_FORMAT}
+"""Format pattern per arithmetic family (keys are `rl.problems.FAMILIES`)."""
+
+_DIGITS = r"(?P<int>[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?P<frac>\.[0-9]+)?"
+_NUMBER_IN_TEXT = re.compile(
+    r"(?:"
+    r"(?<![\w.+)-])(?P<sign>[+-])?"  # a number starting a token, with an optional unary sign
+    r"|(?<=[\w)][+-])"  # or the operand after a binary operator: "5-3" -> 3, not -3
+    r")" + _DIGITS + r"(?!\w|[.,][0-9])"  # not glued to letters: "12a", "1.2.3" are no numbers
+)
+_NUMBER = re.compile(r"(?P<sign>[+-])?" + _DIGITS)
+_BOXED = "\\boxed{"
+
+
+def normalize_number(s: str) -> str | None:
+    """Canonical text of a number, or None if ``s`` (stripped) is not exactly one number.
+
+    Accepts an optional sign, digits with optional thousands commas (``1,234``) and an optional
+    decimal part. Commas, a leading ``+``, leading zeros and trailing decimal zeros are removed
+    and ``-0`` becomes ``0``: ``"+1,234.50" -> "1234.5"``, ``"3.0" -> "3"``.
+    """
+    match = _NUMBER.fullmatch(s.strip())
+    return None if match is None else _canonical(match)
+
+
+def _canonical(match: re.Match[str]) -> str:
+    integer = match["int"].replace(",", "").lstrip("0") or "0"
+    fraction = (match["frac"] or "").rstrip("0").rstrip(".")
+    text = integer + fraction
+    return "-" + text if match["sign"] == "-" and text != "0" else text
+
+
+def extract_final_number(text: str) -> str | None:
+    """The last number in ``text``, normalised as by `normalize_number`; None if there is none.
+
+    A number is not glued to letters, digits or dots on either side (``12a``, ``v1.2.3`` hold
+    none) and a sign counts only as a unary sign: ``--3`` holds none, ``5-3`` ends with ``3``.
+    """
+    matches = list(_NUMBER_IN_TEXT.finditer(text))
+    return _canonical(matches[-1]) if matches else None
+
+
+def extract_boxed(text: str) -> str | None:
+    """Stripped contents of the last ``\\boxed{...}`` (nested braces allowed).
+
+    None if there is no ``\\boxed{`` or the last one's braces never balance.
+    """
+    start = text.rfind(_BOXED)
+    if start < 0:
+        return None
+    depth = 1
+    begin = start + len(_BOXED)
+    for index in range(begin, len(text)):
+        if text[index] == "{":
+            depth += 1
+        elif text[index] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[begin:index].strip()
+    return None
+
+
+def _numeric_answer(answer: str) -> str:
+    normalized = normalize_number(answer)
+    if normalized is None:
+        raise ValueError(
+            f"reference answer {answer!r} is not a number; exact_match needs numeric answers "
+            "(use the 'boxed' reward for symbolic ones)"
+        )
+    return normalized
+
+
+def exact_match_reward(response: str, answer: str) -> float:
+    """1.0 if the response's final number equals the numeric ``answer`` (both normalised).
+
+    A response containing ``\\boxed{`` is judged by the final number inside its last box (an
+    unbalanced box scores 0.0). Raises ValueError only if ``answer`` itself is not a number.
+    """
+    expected = _numeric_answer(answer)
+    if _BOXED in response:
+        boxed = extract_boxed(response)
+        if boxed is None:
+            return 0.0
+        response = boxed
+    return 1.0 if extract_final_number(response.strip()) == expected else 0.0
+
+
+def boxed_reward(response: str, answer: str) -> float:
+    """1.0 if the last ``\\boxed{...}`` of the response matches ``answer``.
+
+    Both numeric: compared after `normalize_number`; otherwise compared as strings with all
+    whitespace removed. No (balanced) box scores 0.0.
+    """
+    boxed = extract_boxed(response)
+    if boxed is None:
+        return 0.0
+    got, want = normalize_number(boxed), normalize_number(answer)
+    if got is not None and want is not None:
+        return 1.0 if got == want else 0.0
+    return 1.0 if "".join(boxed.split()) == "".join(answer.split()) else 0.0
+
+
+def format_reward(response: str, pattern: str) -> float:
+    """1.0 if the stripped response matches the regex ``pattern`` in full, else 0.0."""
+    return 1.0 if re.fullmatch(pattern, response.strip()) else 0.0
+
+
+class RewardFn(Protocol):
+    """A reward: ``(decoded response, reference answer) -> float``."""
+
+    def __call__(self, response: str, answer: str) -> float: ...
+
+
+_CORRECTNESS: dict[str, Callable[[str, str], float]] = {
+    "exact_match": exact_match_reward,
+    "boxed": boxed_reward,
+}
+REWARD_KINDS = tuple(_CORRECTNESS)
+
+
+@dataclass(frozen=True)
+class CombinedReward:
+    """``correctness(response, answer) + format_weight * format_reward(response, pattern)``.
+
+    A plain dataclass of module-level functions, so it pickles into worker processes.
+    """
+
+    correctness: Callable[[str, str], float]
+    format_weight: float = 0.0
+    format_pattern: str | None = None
+
+    def __call__(self, response: str, answer: str) -> float:
+        reward = self.correctness(response, answer)
+        if self.format_weight and self.format_pattern is not None:
+            reward += self.format_weight * format_reward(response, self.format_pattern)
+        return reward
+
+
+def make_reward_fn(
+    kind: str, format_weight: float = 0.0, format_pattern: str | None = None
+) -> RewardFn:
+    """The reward named ``kind`` (one of `REWARD_KINDS`), plus an optional weighted format term."""
+    if kind not in _CORRECTNESS:
+        raise ValueError(f"unknown reward kind {kind!r}; expected one of {REWARD_KINDS}")
+    if format_weight < 0:
+        raise ValueError(f"format_weight must be >= 0, got {format_weight}")
+    if format_weight > 0 and format_pattern is None:
+        raise ValueError("format_weight > 0 needs format_pattern (e.g. rewards.ADD_FORMAT)")
+    if format_pattern is not None:
+        try:
+            re.compile(format_pattern)
+        except re.error as error:
+            raise ValueError(f"format_pattern {format_pattern!r} is not a regex: {error}") from None
+    return CombinedReward(_CORRECTNESS[kind], format_weight, format_pattern)

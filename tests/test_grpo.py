@@ -1,0 +1,259 @@
+"""GRPO tensor functions against hand-computed values."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rl.grpo import (
+    entropy_from_logits,
+    group_advantages,
+    kl_k3,
+    policy_loss,
+    token_logprobs,
+)
+
+
+def _leaf(values: list[list[float]]) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float64, requires_grad=True)
+
+
+def _assert_values(actual: torch.Tensor, expected: list, atol: float = 1e-6) -> None:
+    expected_tensor = torch.tensor(expected, dtype=actual.dtype)
+    torch.testing.assert_close(actual.detach(), expected_tensor, atol=atol, rtol=1e-6)
+
+
+# --- advantages -------------------------------------------------------------------------------
+
+
+def test_group_advantages_normalised_by_population_std() -> None:
+    # mean 0.5, population std 0.5 -> (r - 0.5) / 0.5
+    adv = group_advantages(torch.tensor([[1.0, 0.0, 0.0, 1.0]]))
+    _assert_values(adv, [[1.0, -1.0, -1.0, 1.0]], atol=1e-5)
+
+
+def test_group_advantages_flat_with_group_size_keeps_shape() -> None:
+    adv = group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0]), group_size=2)
+    assert adv.shape == (6,)
+    assert adv.tolist() == pytest.approx([1, -1, -1, 1, 1, -1], abs=1e-5)
+
+
+def test_group_advantages_eps_is_in_the_denominator() -> None:
+    adv = group_advantages(torch.tensor([[1.0, 0.0]]), eps=0.5)
+    _assert_values(adv, [[0.5, -0.5]])  # 0.5 / (0.5 + 0.5)
+
+
+def test_group_advantages_mean_only() -> None:
+    adv = group_advantages(torch.tensor([[3.0, 1.0, 2.0]]), normalize_std=False)
+    _assert_values(adv, [[1.0, -1.0, 0.0]])
+
+
+def test_constant_group_gets_zero_advantage() -> None:
+    rewards = torch.tensor([[0.3, 0.3, 0.3], [1.0, 1.0, 1.0], [0.0, 1.0, 1.0]])
+    adv = group_advantages(rewards)
+    assert adv[:2].tolist() == [[0.0] * 3, [0.0] * 3]
+    assert adv[2].abs().sum() > 0
+
+
+def test_group_advantages_rejects_bad_shapes() -> None:
+    with pytest.raises(ValueError, match="group_size"):
+        group_advantages(torch.zeros(4))
+    with pytest.raises(ValueError, match="groups of 3"):
+        group_advantages(torch.zeros(4), group_size=3)
+    with pytest.raises(ValueError, match="contradicts"):
+        group_advantages(torch.zeros(2, 4), group_size=2)
+
+
+# --- kl, entropy, log-probs -------------------------------------------------------------------
+
+
+def test_kl_k3_zero_at_equal_logps_and_hand_value() -> None:
+    logp = torch.tensor([-1.0, -2.0])
+    assert kl_k3(logp, logp).tolist() == [0.0, 0.0]
+    # ref - logp = log 2 -> 2 - log 2 - 1
+    value = kl_k3(torch.tensor([0.0]), torch.tensor([math.log(2.0)]))
+    assert value.item() == pytest.approx(1.0 - math.log(2.0))
+    assert (kl_k3(torch.randn(100), torch.randn(100)) >= 0).all()
+
+
+def test_entropy_uniform_and_peaked() -> None:
+    logits = torch.tensor([[0.0, 0.0, 0.0, 0.0], [100.0, 0.0, 0.0, 0.0]])
+    entropy = entropy_from_logits(logits)
+    assert entropy.tolist() == pytest.approx([math.log(4.0), 0.0], abs=1e-6)
+
+
+def test_token_logprobs_with_temperature() -> None:
+    logits = torch.tensor([[[0.0, math.log(3.0)]]])  # probs 1/4, 3/4
+    targets = torch.tensor([[1]])
+    assert token_logprobs(logits, targets).item() == pytest.approx(math.log(0.75))
+    # temperature 0.5 doubles the logits: probs 1/10, 9/10
+    assert token_logprobs(logits, targets, temperature=0.5).item() == pytest.approx(math.log(0.9))
+    with pytest.raises(ValueError, match="temperature"):
+        token_logprobs(logits, targets, temperature=0.0)
+    with pytest.raises(ValueError, match="leading dimensions"):
+        token_logprobs(logits, torch.tensor([1]))
+
+
+# --- policy loss ------------------------------------------------------------------------------
+
+
+def test_on_policy_gradient_is_minus_advantage_over_token_count() -> None:
+    logp = _leaf([[-1.0, -2.0, -0.5], [-0.3, -0.7, -9.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    adv = torch.tensor([2.0, -1.0], dtype=torch.float64)
+    loss, metrics = policy_loss(logp, logp.detach(), adv, mask)
+    loss.backward()
+    n = 5
+    expected = [[-2 / n, -2 / n, -2 / n], [1 / n, 1 / n, 0.0]]
+    _assert_values(logp.grad, expected)
+    assert metrics["ratio_mean"] == pytest.approx(1.0)
+    assert metrics["clip_fraction"] == 0.0
+    assert metrics["loss"] == pytest.approx((-2 * 3 + 1 * 2) / n)
+
+
+def test_token_and_sequence_aggregation_differ_for_unequal_lengths() -> None:
+    logp = _leaf([[-1.0, 0.0, 0.0], [-1.0, -1.0, -1.0]])
+    mask = torch.tensor([[1, 0, 0], [1, 1, 1]])
+    adv = torch.tensor([2.0, -1.0], dtype=torch.float64)
+    token, _ = policy_loss(logp, logp.detach(), adv, mask, aggregation="token")
+    sequence, _ = policy_loss(logp, logp.detach(), adv, mask, aggregation="sequence")
+    assert token.item() == pytest.approx((-2.0 + 3 * 1.0) / 4)  # 0.25
+    assert sequence.item() == pytest.approx((-2.0 + 1.0) / 2)  # -0.5
+    sequence.backward()
+    _assert_values(logp.grad, [[-1.0, 0.0, 0.0], [1 / 6, 1 / 6, 1 / 6]])
+
+
+@pytest.mark.parametrize(
+    ("log_ratio", "advantage", "clipped"),
+    [
+        (math.log(1.5), 1.0, True),  # ratio above 1 + eps, positive advantage
+        (math.log(0.5), -1.0, True),  # ratio below 1 - eps, negative advantage
+        (math.log(1.5), -1.0, False),  # above the band, but the unclipped term is the min
+        (math.log(0.5), 1.0, False),
+        (math.log(1.1), 1.0, False),  # inside the band
+    ],
+)
+def test_clipping_zeroes_gradient_outside_band(
+    log_ratio: float, advantage: float, clipped: bool
+) -> None:
+    old = torch.tensor([[-1.0]], dtype=torch.float64)
+    logp = _leaf([[-1.0 + log_ratio]])
+    adv = torch.tensor([advantage], dtype=torch.float64)
+    loss, metrics = policy_loss(logp, old, adv, torch.ones(1, 1), clip_eps=0.2)
+    loss.backward()
+    ratio = math.exp(log_ratio)
+    if clipped:
+        assert logp.grad.item() == 0.0
+        assert metrics["clip_fraction"] == 1.0
+        bound = 1.2 if advantage > 0 else 0.8
+        assert loss.item() == pytest.approx(-bound * advantage)
+    else:
+        assert logp.grad.item() == pytest.approx(-advantage * ratio)
+        assert metrics["clip_fraction"] == 0.0
+        assert loss.item() == pytest.approx(-ratio * advantage)
+    assert metrics["ratio_mean"] == pytest.approx(ratio)
+
+
+def test_clip_eps_high_widens_upper_bound_only() -> None:
+    old = torch.zeros(1, 1, dtype=torch.float64)
+    logp = _leaf([[math.log(1.25)]])
+    adv = torch.tensor([1.0], dtype=torch.float64)
+    loss, metrics = policy_loss(logp, old, adv, torch.ones(1, 1), clip_eps_high=0.28)
+    loss.backward()
+    assert metrics["clip_fraction"] == 0.0
+    assert logp.grad.item() == pytest.approx(-1.25)
+
+
+def test_masked_tokens_contribute_nothing() -> None:
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    adv = torch.tensor([1.0, -0.5], dtype=torch.float64)
+    inf, nan = float("inf"), float("nan")
+    old = torch.tensor([[-1.0, -1.0, -inf], [-2.0, nan, 5.0]], dtype=torch.float64)
+    ref = torch.tensor([[-1.5, -0.5, nan], [-1.0, 3.0, inf]], dtype=torch.float64)
+    base = [[-0.9, -1.2, 0.0], [-2.1, 0.0, 0.0]]
+    garbage = [[-0.9, -1.2, 50.0], [-2.1, -inf, 7.0]]
+    results = []
+    for values in (base, garbage):
+        logp = _leaf(values)
+        loss, metrics = policy_loss(
+            logp, old, adv, mask, kl_coef=0.1, ref_logp=ref, aggregation="sequence"
+        )
+        loss.backward()
+        results.append((loss.item(), metrics, logp.grad))
+    (loss_a, metrics_a, grad_a), (loss_b, metrics_b, grad_b) = results
+    assert math.isfinite(loss_a) and loss_a == pytest.approx(loss_b)
+    assert metrics_a == pytest.approx(metrics_b)
+    assert torch.equal(grad_a, grad_b)
+    assert grad_a[0, 2] == 0 and grad_a[1, 1] == 0 and grad_a[1, 2] == 0
+
+
+def test_kl_term_added_with_coefficient_and_reported() -> None:
+    logp = _leaf([[0.0, 0.0]])
+    ref = torch.tensor([[math.log(2.0), 0.0]], dtype=torch.float64)
+    adv = torch.tensor([1.0], dtype=torch.float64)
+    k3 = 1.0 - math.log(2.0)
+    loss, metrics = policy_loss(
+        logp, logp.detach(), adv, torch.ones(1, 2), kl_coef=0.5, ref_logp=ref
+    )
+    assert metrics["kl"] == pytest.approx(k3 / 2)
+    assert metrics["policy_loss"] == pytest.approx(-1.0)
+    assert loss.item() == pytest.approx(-1.0 + 0.5 * k3 / 2)
+    assert metrics["loss"] == pytest.approx(loss.item())
+    loss.backward()
+    # d k3 / d logp = 1 - exp(ref - logp) = -1 at the first token, 0 at the second
+    _assert_values(logp.grad, [[(-1.0 + 0.5 * -1.0) / 2, -1.0 / 2]])
+
+
+def test_kl_reported_without_entering_loss_when_coef_zero() -> None:
+    logp = _leaf([[0.0]])
+    ref = torch.tensor([[math.log(2.0)]], dtype=torch.float64)
+    loss, metrics = policy_loss(logp, logp.detach(), torch.ones(1, dtype=torch.float64),
+                                torch.ones(1, 1), ref_logp=ref)
+    assert metrics["kl"] == pytest.approx(1.0 - math.log(2.0))
+    assert loss.item() == pytest.approx(-1.0)
+
+
+def test_truncated_importance_weights() -> None:
+    logp = _leaf([[-1.0, -1.0, -1.0]])
+    behaviour = torch.tensor([[-1.0 - math.log(2.0), -1.0 + math.log(2.0), -1.0]],
+                             dtype=torch.float64)
+    adv = torch.tensor([1.0], dtype=torch.float64)
+    loss, metrics = policy_loss(
+        logp, logp.detach(), adv, torch.ones(1, 3), behaviour_logp=behaviour, tis_cap=1.5
+    )
+    weights = [1.5, 0.5, 1.0]  # min(2, 1.5), min(0.5, 1.5), min(1, 1.5)
+    assert loss.item() == pytest.approx(-sum(weights) / 3)
+    assert metrics["tis_weight_mean"] == pytest.approx(1.0)
+    loss.backward()
+    _assert_values(logp.grad, [[-w / 3 for w in weights]])
+
+
+def test_only_logp_receives_gradient() -> None:
+    logp = _leaf([[-1.0, -2.0]])
+    old = _leaf([[-1.1, -1.9]])
+    ref = _leaf([[-1.0, -1.0]])
+    adv = torch.tensor([1.0], dtype=torch.float64, requires_grad=True)
+    loss, _ = policy_loss(logp, old, adv, torch.ones(1, 2), kl_coef=0.1, ref_logp=ref)
+    loss.backward()
+    assert logp.grad is not None
+    assert old.grad is None and ref.grad is None and adv.grad is None
+
+
+def test_policy_loss_rejects_inconsistent_inputs() -> None:
+    logp = torch.zeros(2, 3)
+    adv = torch.zeros(2)
+    mask = torch.ones(2, 3)
+    with pytest.raises(ValueError, match="old_logp"):
+        policy_loss(logp, torch.zeros(2, 2), adv, mask)
+    with pytest.raises(ValueError, match="advantages"):
+        policy_loss(logp, logp, torch.zeros(3), mask)
+    with pytest.raises(ValueError, match="aggregation"):
+        policy_loss(logp, logp, adv, mask, aggregation="batch")
+    with pytest.raises(ValueError, match="ref_logp"):
+        policy_loss(logp, logp, adv, mask, kl_coef=0.1)
+    with pytest.raises(ValueError, match="tis_cap"):
+        policy_loss(logp, logp, adv, mask, behaviour_logp=logp)
+    with pytest.raises(ValueError, match="no token"):
+        policy_loss(logp, logp, adv, torch.zeros(2, 3))
