@@ -44,7 +44,7 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if not self.greedy and not self.temperature > 0:
             raise ValueError(
-                f"temperature must be > 0, got {self.temperature}; use greedy=True for argmax decoding"
+                f"temperature must be > 0, got {self.temperature}; use greedy=True for argmax"
             )
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
@@ -70,7 +70,7 @@ class GenerationRequest:
             raise ValueError(f"request {self.sample_id!r} has an empty prompt")
         if self.max_new_tokens < 1:
             raise ValueError(
-                f"request {self.sample_id!r}: max_new_tokens must be >= 1, got {self.max_new_tokens}"
+                f"request {self.sample_id!r}: max_new_tokens={self.max_new_tokens}, must be >= 1"
             )
         if len(self.generated_ids) > self.max_new_tokens:
             raise ValueError(
@@ -133,7 +133,7 @@ class GenerationEngine(abc.ABC):
     def generate(
         self, requests: Sequence[GenerationRequest], max_batch_size: int | None = None
     ) -> list[GenerationResult]:
-        """Run `requests` to completion (at most `max_batch_size` live at once); results in order."""
+        """Run `requests` to completion, at most `max_batch_size` live at once; results in order."""
         if self.has_work():
             raise RuntimeError("generate() needs an idle engine; it would consume others' chunks")
         if max_batch_size is not None and max_batch_size < 1:
@@ -209,7 +209,7 @@ def sample_key(seed: int, sample_id: str) -> int:
 def gumbel_noise(
     keys: Sequence[int], positions: Sequence[int], vocab_size: int, device: torch.device
 ) -> torch.Tensor:
-    """Gumbel(0, 1) noise [rows, vocab]; entry (i, v) is a pure function of (keys[i], positions[i], v)."""
+    """Gumbel(0, 1) noise [rows, vocab]; entry (i, v) depends only on keys[i], positions[i], v."""
     rows = [
         _signed(_mix64((key + (position + 1) * _GOLDEN) & _MASK64))
         for key, position in zip(keys, positions)
@@ -221,7 +221,9 @@ def gumbel_noise(
     return -torch.log(-torch.log(uniform)).float()
 
 
-def _filter_top_k_top_p(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+def _filter_top_k_top_p(
+    scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
     """Set logits outside each row's top-k, then outside its top-p nucleus, to -inf."""
     sorted_logits, order = scaled.sort(dim=-1, descending=True, stable=True)
     rank = torch.arange(scaled.shape[-1], device=scaled.device)[None, :]
@@ -234,7 +236,7 @@ def _filter_top_k_top_p(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.
     return torch.full_like(scaled, float("-inf")).scatter(-1, order, sorted_logits)
 
 
-# --- HF / torch backend ----------------------------------------------------------------------------
+# --- HF / torch backend --------------------------------------------------------------------------
 
 
 @dataclass(eq=False)
@@ -329,7 +331,10 @@ class HFEngine(GenerationEngine):
 
     @torch.inference_mode()
     def step(self) -> list[TokenChunk]:
-        chunks = [TokenChunk(live.request.sample_id, [], [], live.finish_reason()) for live in self._finished]
+        chunks = [
+            TokenChunk(live.request.sample_id, [], [], live.finish_reason())
+            for live in self._finished
+        ]
         for live in self._finished:
             del self._live[live.request.sample_id]
         self._finished.clear()
@@ -337,7 +342,10 @@ class HFEngine(GenerationEngine):
         logits = []
         if self._rows:
             logits.append(self._decode())
-        newcomers = [self._waiting.popleft() for _ in range(min(len(self._waiting), self.max_batch_size - len(self._rows)))]
+        newcomers = [
+            self._waiting.popleft()
+            for _ in range(min(len(self._waiting), self.max_batch_size - len(self._rows)))
+        ]
         if newcomers:
             logits.append(self._prefill(newcomers))
         if not self._rows:
@@ -357,9 +365,13 @@ class HFEngine(GenerationEngine):
         return chunks
 
     def _forward(
-        self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: DynamicCache | None
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        positions: torch.Tensor,
+        cache: DynamicCache | None,
     ) -> tuple[torch.Tensor, DynamicCache]:
-        """One forward that extends `cache` (or starts one); returns last-position logits and the cache."""
+        """One forward extending `cache` (or starting one); returns last-position logits, cache."""
         out = self.model(
             input_ids=ids,
             attention_mask=mask,
@@ -380,7 +392,7 @@ class HFEngine(GenerationEngine):
 
     def _prefill(self, newcomers: list[_Live]) -> torch.Tensor:
         """Prefill prompt + response of the newcomers and merge them into the running batch."""
-        sequences = [live.request.prompt_ids + live.response for live in newcomers]
+        sequences = [[*live.request.prompt_ids, *live.response] for live in newcomers]
         width = max(map(len, sequences))
         ids = torch.full((len(sequences), width), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros(len(sequences), width, dtype=torch.long)
@@ -423,14 +435,19 @@ class HFEngine(GenerationEngine):
         """Draw one token per running row; returns the tokens and their logprobs."""
         params = [row.request.sampling for row in self._rows]
         greedy = torch.tensor([p.greedy for p in params], device=self.device)
-        temperature = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=self.device)
+        temperature = torch.tensor(
+            [1.0 if p.greedy else p.temperature for p in params], device=self.device
+        )
         scaled = logits / temperature[:, None]
         if any(not p.greedy and (p.top_k or p.top_p < 1) for p in params):
             top_k = torch.tensor([0 if p.greedy else p.top_k for p in params], device=self.device)
             top_p = torch.tensor([1.0 if p.greedy else p.top_p for p in params], device=self.device)
             scaled = _filter_top_k_top_p(scaled, top_k, top_p)
         noise = gumbel_noise(
-            [row.key for row in self._rows], [len(row.response) for row in self._rows], scaled.shape[-1], self.device
+            [row.key for row in self._rows],
+            [len(row.response) for row in self._rows],
+            scaled.shape[-1],
+            self.device,
         )
         tokens = torch.where(greedy, scaled.argmax(dim=-1), (scaled + noise).argmax(dim=-1))
         logprobs = scaled.log_softmax(dim=-1).gather(-1, tokens[:, None])[:, 0]
@@ -438,7 +455,7 @@ class HFEngine(GenerationEngine):
 
 
 def _left_pad(t: torch.Tensor, length: int) -> torch.Tensor:
-    """Zero-pad a mask [batch, seq] or cache tensor [batch, heads, seq, dim] on the left to `length`."""
+    """Left-pad a mask [batch, seq] or a cache tensor [batch, heads, seq, dim] with zeros."""
     missing = length - (t.shape[1] if t.dim() == 2 else t.shape[-2])
     if not missing:
         return t

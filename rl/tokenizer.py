@@ -5,7 +5,7 @@ tokenizer directory, so every later stage (trainer, HF engine, vLLM) loads it wi
 `AutoTokenizer.from_pretrained(path)` like any other model's tokenizer.
 
 Every printable ASCII character is one token; `<pad>`, `<bos>`, `<eos>` and `<unk>` are the
-special tokens (ids 0-3).
+special tokens (ids 0-3); encoding prepends `<bos>` like most HF tokenizers.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import string
 from pathlib import Path
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
 SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
@@ -26,6 +26,10 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     backend.decoder = decoders.Fuse()
+    # Encoding with special tokens (the default) prepends <bos>, as for most HF tokenizers.
+    backend.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", vocab["<bos>"])]
+    )
     return PreTrainedTokenizerFast(
         tokenizer_object=backend,
         pad_token="<pad>",

@@ -1,0 +1,187 @@
+"""Configuration of the learning algorithm: one pydantic model per concern.
+
+Every field carries a docstring (surfaced as its description, and in the README's reference).
+Unknown keys are errors (`extra="forbid"`), so a typo never silently falls back to a default.
+Loading from YAML with file/line-aware errors lives in `infra.config`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from rl.problems import FAMILIES
+from rl.rewards import REWARD_KINDS
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
+
+
+class ModelConfig(Section):
+    """Which policy to train."""
+
+    path: Path = Path(".rlboost/base-model")
+    """Local Hugging Face model directory of the base policy (the pretrained tiny model by default)."""
+    gguf_file: str | None = None
+    """GGUF file inside `path` to load through transformers' `gguf_file=` (e.g. SmolLM2-135M)."""
+    hidden_size: int = Field(128, ge=32)
+    """Tiny from-scratch model: residual width (used by `rlboost pretrain`)."""
+    num_layers: int = Field(4, ge=1)
+    """Tiny from-scratch model: transformer blocks."""
+    num_heads: int = Field(4, ge=1)
+    """Tiny from-scratch model: attention heads (hidden_size / num_heads >= 32)."""
+    intermediate_size: int = Field(384, ge=1)
+    """Tiny from-scratch model: MLP width."""
+
+    @model_validator(mode="after")
+    def _head_dim(self) -> ModelConfig:
+        if self.hidden_size % self.num_heads or self.hidden_size // self.num_heads < 32:
+            raise ValueError(
+                f"hidden_size / num_heads must be a whole number >= 32 (vLLM needs head_dim >= 32); "
+                f"got {self.hidden_size} / {self.num_heads}"
+            )
+        return self
+
+
+class DataConfig(Section):
+    """Where prompts come from."""
+
+    source: Literal["arithmetic", "file"] = "arithmetic"
+    """`arithmetic`: generated problems; `file`: a JSONL/Parquet dataset at `path`."""
+    family: str = "add"
+    """Arithmetic family for `source: arithmetic` (`add` or `chain`)."""
+    path: Path | None = None
+    """Dataset file for `source: file` (.jsonl or .parquet)."""
+    prompt_field: str = "prompt"
+    """Column holding the prompt text."""
+    answer_field: str = "answer"
+    """Column holding the reference answer."""
+    seed: int = 0
+    """Seed of the training prompt stream."""
+
+    @model_validator(mode="after")
+    def _source(self) -> DataConfig:
+        if self.family not in FAMILIES:
+            raise ValueError(f"family must be one of {FAMILIES}, got {self.family!r}")
+        if self.source == "file" and self.path is None:
+            raise ValueError("source 'file' needs path (a .jsonl or .parquet file)")
+        return self
+
+
+class RolloutConfig(Section):
+    """How responses are sampled."""
+
+    prompts_per_step: int = Field(32, ge=1)
+    """Prompts (groups) per RL step."""
+    group_size: int = Field(8, ge=2)
+    """Responses per prompt (n); GRPO needs at least 2 to form a baseline."""
+    max_new_tokens: int = Field(8, ge=1)
+    """Response budget in tokens."""
+    temperature: float = Field(1.0, gt=0)
+    """Sampling temperature (the trainer scores log-probs at the same temperature)."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling mass; 1.0 is off (keep it off for unbiased policy gradients)."""
+    top_k: int = Field(0, ge=0)
+    """Top-k sampling; 0 is off."""
+    max_batch_size: int = Field(256, ge=1)
+    """Most sequences decoded together by one engine."""
+
+
+class RewardConfig(Section):
+    """How responses are scored."""
+
+    kind: str = "exact_match"
+    """`exact_match` (final number equals the answer) or `boxed` (answer inside \\boxed{})."""
+    format_weight: float = Field(0.0, ge=0)
+    """Weight of the format reward added to correctness (0 disables it)."""
+
+    @model_validator(mode="after")
+    def _kind(self) -> RewardConfig:
+        if self.kind not in REWARD_KINDS:
+            raise ValueError(f"kind must be one of {REWARD_KINDS}, got {self.kind!r}")
+        return self
+
+
+class GRPOConfig(Section):
+    """The GRPO objective (see `rl/grpo.py`)."""
+
+    clip_eps: float = Field(0.2, gt=0, lt=1)
+    """Lower (and default upper) clip range of the probability ratio."""
+    clip_eps_high: float | None = Field(None, gt=0)
+    """Upper clip range (DAPO's clip-higher); defaults to clip_eps."""
+    kl_coef: float = Field(0.0, ge=0)
+    """Weight of the k3 KL penalty to the frozen reference policy (0 drops the reference)."""
+    aggregation: Literal["token", "sequence"] = "token"
+    """`token`: mean over all response tokens of the batch; `sequence`: mean of per-response means."""
+    normalize_std: bool = True
+    """Divide group-centred rewards by the group std (off = mean-only, Dr. GRPO)."""
+    eps: float = Field(1e-6, gt=0)
+    """Added to the group std."""
+
+
+class OptimConfig(Section):
+    """The trainer's optimizer and batching."""
+
+    lr: float = Field(1e-4, gt=0)
+    """AdamW learning rate."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.99)
+    """AdamW betas."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear learning-rate warm-up in optimizer steps."""
+    micro_batch_size: int = Field(64, ge=1)
+    """Sequences per forward/backward; gradients accumulate to one optimizer step per RL step."""
+    max_grad_norm: float = Field(1.0, gt=0)
+    """Gradient clipping norm."""
+    recompute_logprobs: bool = True
+    """Recompute old log-probs with the trainer's policy before the update (else trust the engine's)."""
+
+
+class PretrainConfig(Section):
+    """Supervised pretraining of the tiny base model (`rlboost pretrain`)."""
+
+    output: Path = Path(".rlboost/base-model")
+    """Where the pretrained HF directory is written (reused by later runs when present)."""
+    families: tuple[str, ...] = ("add",)
+    """Problem families to learn."""
+    batch_size: int = Field(64, ge=1)
+    """Problems per optimizer step."""
+    lr: float = Field(3e-3, gt=0)
+    """Peak AdamW learning rate."""
+    warmup_steps: int = Field(100, ge=0)
+    """Linear warm-up."""
+    max_steps: int = Field(6000, ge=1)
+    """Give up (with an error) if the threshold is not reached by then."""
+    eval_every: int = Field(100, ge=1)
+    """Steps between held-out evaluations."""
+    eval_size: int = Field(200, ge=10)
+    """Held-out problems per evaluation (greedy decoding)."""
+    accuracy_threshold: float = Field(0.4, gt=0, le=1)
+    """Stop as soon as held-out greedy exact match reaches this (the curve jumps sharply, so a
+    step count would over- or under-shoot); low enough that RL has room to improve."""
+    seed: int = 0
+    """Initialisation and data seed."""
+
+    @model_validator(mode="after")
+    def _families(self) -> PretrainConfig:
+        unknown = [f for f in self.families if f not in FAMILIES]
+        if unknown or not self.families:
+            raise ValueError(f"families must be a non-empty subset of {FAMILIES}, got {self.families}")
+        return self
+
+
+class EvalConfig(Section):
+    """Held-out evaluation during RL."""
+
+    every: int = Field(10, ge=1)
+    """Evaluate every this many RL steps (and before the first and after the last)."""
+    size: int = Field(256, ge=1)
+    """Held-out problems per evaluation."""
+    samples_per_problem: int = Field(1, ge=1)
+    """Sampled responses per problem (accuracy is their mean)."""
+    temperature: float = Field(1.0, gt=0)
+    """Sampling temperature of the evaluation (1.0: the policy's own distribution)."""

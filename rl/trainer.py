@@ -1,0 +1,194 @@
+"""The GRPO trainer: a long-lived owner of the policy, its frozen reference and the optimizer.
+
+`train_step(batch)` does one optimizer step on a batch of scored responses (one RL step):
+recompute the old log-probs with the current policy (optional), compute per-token log-probs
+with gradient in micro-batches, accumulate the GRPO loss weighted so that the micro-batched
+gradient equals the full-batch one, clip, step. It knows nothing of rollout or orchestration;
+it sees token ids, rollout log-probs and advantages. Checkpointing is `rl.checkpoint`.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from rl.config import GRPOConfig, OptimConfig
+from rl.grpo import entropy_from_logits, policy_loss, token_logprobs
+
+
+@dataclass
+class TrainBatch:
+    """Scored responses of one RL step, as token ids (never decoded text)."""
+
+    prompt_ids: list[list[int]]
+    response_ids: list[list[int]]
+    rollout_logprobs: list[list[float]]
+    """Per response token, the log-prob under the sampling distribution recorded by the engine."""
+    advantages: list[float]
+
+    def __post_init__(self) -> None:
+        sizes = {len(self.prompt_ids), len(self.response_ids), len(self.rollout_logprobs), len(self.advantages)}
+        if len(sizes) != 1:
+            raise ValueError(f"TrainBatch fields disagree in length: {sorted(sizes)}")
+        for i, (resp, lps) in enumerate(zip(self.response_ids, self.rollout_logprobs)):
+            if len(resp) != len(lps):
+                raise ValueError(f"response {i}: {len(resp)} tokens but {len(lps)} log-probs")
+
+    def __len__(self) -> int:
+        return len(self.response_ids)
+
+
+@dataclass
+class _Packed:
+    input_ids: Tensor
+    attention_mask: Tensor
+    position_ids: Tensor
+    targets: Tensor
+    """[B, T]: target token of each response position."""
+    response_mask: Tensor
+    starts: Tensor
+    """Index in input_ids of the position whose logits predict the first response token."""
+
+
+def _pack(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> _Packed:
+    """Right-pad prompt+response rows; response positions are aligned in a [B, T_resp] view."""
+    lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
+    width = max(lengths)
+    resp_width = max(1, max(len(r) for r in responses))
+    batch = len(prompts)
+    input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((batch, width), dtype=torch.long)
+    targets = torch.full((batch, resp_width), pad_id, dtype=torch.long)
+    response_mask = torch.zeros((batch, resp_width))
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        row = p + r
+        input_ids[i, : len(row)] = torch.tensor(row)
+        attention_mask[i, : len(row)] = 1
+        if r:
+            targets[i, : len(r)] = torch.tensor(r)
+            response_mask[i, : len(r)] = 1
+    position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
+    starts = torch.tensor([len(p) - 1 for p in prompts])
+    return _Packed(input_ids, attention_mask, position_ids, targets, response_mask, starts)
+
+
+class Trainer:
+    def __init__(self, model: torch.nn.Module, pad_token_id: int, grpo: GRPOConfig, optim: OptimConfig,
+                 temperature: float = 1.0) -> None:
+        self.model = model
+        self.pad_token_id = pad_token_id
+        self.grpo = grpo
+        self.optim_config = optim
+        self.temperature = temperature
+        self.reference = None
+        if grpo.kl_coef > 0:
+            self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(), lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: min(1.0, (step + 1) / (optim.warmup_steps + 1))
+        )
+        self.step = 0
+
+    def _response_logits(self, model: torch.nn.Module, packed: _Packed) -> Tensor:
+        """Logits at the positions predicting each response token: [B, T_resp, V]."""
+        logits = model(
+            input_ids=packed.input_ids,
+            attention_mask=packed.attention_mask,
+            position_ids=packed.position_ids,
+        ).logits
+        width = packed.targets.shape[1]
+        index = (packed.starts.unsqueeze(1) + torch.arange(width)).clamp(max=logits.shape[1] - 1)
+        return logits.gather(1, index.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+
+    def _logprobs(self, model: torch.nn.Module, packed: _Packed) -> tuple[Tensor, Tensor]:
+        logits = self._response_logits(model, packed)
+        return token_logprobs(logits, packed.targets, self.temperature), logits
+
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """One optimizer step on `batch`; returns averaged metrics."""
+        if not len(batch):
+            raise ValueError("empty TrainBatch")
+        self.model.train()
+        size = self.optim_config.micro_batch_size
+        chunks = [range(i, min(i + size, len(batch))) for i in range(0, len(batch), size)]
+        total_tokens = sum(len(r) for r in batch.response_ids)
+        if total_tokens == 0:
+            raise ValueError("TrainBatch has no response tokens")
+        num_sequences = sum(1 for r in batch.response_ids if r)
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = {}
+        entropy_sum = 0.0
+        for chunk in chunks:
+            prompts = [batch.prompt_ids[i] for i in chunk]
+            responses = [batch.response_ids[i] for i in chunk]
+            packed = _pack(prompts, responses, self.pad_token_id)
+            mask = packed.response_mask
+            rollout_lp = torch.zeros_like(mask)
+            for row, i in enumerate(chunk):
+                rollout_lp[row, : len(batch.rollout_logprobs[i])] = torch.tensor(batch.rollout_logprobs[i])
+            if not mask.any():
+                continue
+            with torch.no_grad():
+                ref_lp = self._logprobs(self.reference, packed)[0] if self.reference is not None else None
+                if self.optim_config.recompute_logprobs:
+                    self.model.eval()
+                    old_lp = self._logprobs(self.model, packed)[0]
+                    self.model.train()
+                else:
+                    old_lp = rollout_lp
+            logp, logits = self._logprobs(self.model, packed)
+            loss, metrics = policy_loss(
+                logp, old_lp, torch.tensor([batch.advantages[i] for i in chunk]), mask,
+                clip_eps=self.grpo.clip_eps, clip_eps_high=self.grpo.clip_eps_high,
+                kl_coef=self.grpo.kl_coef, ref_logp=ref_lp, aggregation=self.grpo.aggregation,
+            )
+            chunk_tokens = float(mask.sum())
+            # Weight each micro-batch so the accumulated gradient equals the full-batch loss's.
+            if self.grpo.aggregation == "token":
+                share = chunk_tokens / total_tokens
+            else:
+                share = float((mask.sum(1) > 0).sum()) / num_sequences
+            (loss * share).backward()
+            for key, value in metrics.items():
+                sums[key] = sums.get(key, 0.0) + value * share
+            with torch.no_grad():
+                entropy = entropy_from_logits(logits.detach() / self.temperature)
+                entropy_sum += float((entropy * mask).sum())
+                sums["rollout_logprob_gap"] = sums.get("rollout_logprob_gap", 0.0) + float(
+                    ((old_lp - rollout_lp).abs() * mask).sum()
+                ) / total_tokens
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_config.max_grad_norm)
+        if not math.isfinite(float(grad_norm)):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise FloatingPointError(f"non-finite gradient norm at step {self.step}; update skipped")
+        self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+        self.model.eval()
+        sums.update(
+            grad_norm=float(grad_norm),
+            entropy=entropy_sum / total_tokens,
+            lr=self.optimizer.param_groups[0]["lr"],
+            response_tokens=float(total_tokens),
+        )
+        return sums
+
+    def state_dict(self) -> dict:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "step": self.step,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step = state["step"]
