@@ -163,6 +163,10 @@ class PretrainConfig(Section):
     accuracy_threshold: float = Field(0.4, gt=0, le=1)
     """Stop as soon as held-out greedy exact match reaches this (the curve jumps sharply, so a
     step count would over- or under-shoot); low enough that RL has room to improve."""
+    corpus_error_rate: float = Field(0.0, ge=0, lt=1)
+    """Fraction of pretraining solutions whose final number has one wrong digit, as in real
+    pretraining text. The model learns the right answer as the mode but samples the mistakes at
+    temperature 1: exactly what RL with a verifiable reward removes."""
     seed: int = 0
     """Initialisation and data seed."""
 
