@@ -74,29 +74,34 @@ def _line_of(root: yaml.Node | None, path: tuple[Any, ...]) -> int | None:
     node, line = root, None
     for key in path:
         if isinstance(node, yaml.MappingNode):
-            match = next((v for k, v in node.value if k.value == str(key)), None)
+            match = next(((k, v) for k, v in node.value if k.value == str(key)), None)
             if match is None:
                 return line
-            node = match
+            # The key's line: a block mapping or list value starts on the line after its key.
+            line = match[0].start_mark.line + 1
+            node = match[1]
         elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
             node = node.value[key]
+            line = node.start_mark.line + 1
         else:
             return line
-        line = node.start_mark.line + 1
     return line
 
 
 def parse_config(text: str, source: str = "<string>", overrides: dict[str, Any] | None = None) -> RunConfig:
     """Validate YAML `text` (plus dotted-key `overrides`) into a `RunConfig`."""
     try:
-        data = yaml.safe_load(text) or {}
+        data = yaml.safe_load(text)
         root = yaml.compose(text)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f"{source}:{mark.line + 1}" if mark else source
         raise ConfigError(f"{where}: not valid YAML: {getattr(error, 'problem', error)}") from None
+    if data is None:  # an empty file: all defaults
+        data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a mapping of sections, got {type(data).__name__}")
+    overridden = {tuple(dotted.split(".")): dotted for dotted in overrides or {}}
     for dotted, value in (overrides or {}).items():
         target = data
         *parents, leaf = dotted.split(".")
@@ -113,6 +118,9 @@ def parse_config(text: str, source: str = "<string>", overrides: dict[str, Any] 
             loc = tuple(item["loc"])
             line = _line_of(root, loc)
             where = f"{source}:{line}" if line else source
+            override = next((d for p, d in overridden.items() if tuple(map(str, loc[: len(p)])) == p), None)
+            if override is not None:  # the bad value came from an override, not from the file
+                where = f"override {override}"
             field = ".".join(map(str, loc)) or "(top level)"
             reason = item["msg"]
             if item["type"] == "extra_forbidden":

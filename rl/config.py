@@ -59,6 +59,8 @@ class DataConfig(Section):
     """Column holding the prompt text."""
     answer_field: str = "answer"
     """Column holding the reference answer."""
+    eval_path: Path | None = None
+    """Held-out dataset file for `source: file` (same format and fields); required there."""
     seed: int = 0
     """Seed of the training prompt stream."""
 
@@ -66,8 +68,8 @@ class DataConfig(Section):
     def _source(self) -> DataConfig:
         if self.family not in FAMILIES:
             raise ValueError(f"family must be one of {FAMILIES}, got {self.family!r}")
-        if self.source == "file" and self.path is None:
-            raise ValueError("source 'file' needs path (a .jsonl or .parquet file)")
+        if self.source == "file" and (self.path is None or self.eval_path is None):
+            raise ValueError("source 'file' needs path and eval_path (.jsonl or .parquet files)")
         return self
 
 

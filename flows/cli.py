@@ -1,0 +1,96 @@
+"""The `rlboost` command line: `demo`, `train --config FILE`, `pretrain`."""
+
+from __future__ import annotations
+
+import os
+
+# Prefect reads these at import time; set embedded-friendly defaults before importing it.
+for _name, _value in {
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+    "DO_NOT_TRACK": "1",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+}.items():
+    os.environ.setdefault(_name, _value)
+
+from pathlib import Path  # noqa: E402
+from typing import Annotated, Optional  # noqa: E402
+
+import typer  # noqa: E402
+import yaml  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
+
+from infra.config import DEFAULT_CONFIG, ConfigError, load_config  # noqa: E402
+
+app = typer.Typer(help="GRPO fine-tuning with rollout on preemptible instances, on Prefect.", no_args_is_help=True)
+console = Console()
+
+ConfigOption = Annotated[Optional[Path], typer.Option("--config", "-c", help="Run configuration YAML (default: the embedded demo config).")]
+SetOption = Annotated[Optional[list[str]], typer.Option("--set", help="Override a field: --set rollout.group_size=16 (YAML value).")]
+
+
+def _overrides(pairs: list[str] | None) -> dict:
+    overrides = {}
+    for pair in pairs or []:
+        if "=" not in pair:
+            raise typer.BadParameter(f"--set {pair!r}: expected KEY=VALUE, e.g. run.steps=20")
+        key, value = pair.split("=", 1)
+        overrides[key.strip()] = yaml.safe_load(value)
+    return overrides
+
+
+def _load(config: Path | None, pairs: list[str] | None):
+    try:
+        return load_config(config, _overrides(pairs))
+    except ConfigError as error:
+        console.print(f"[red]configuration error[/red]\n{error}")
+        raise typer.Exit(2) from None
+
+
+@app.command()
+def pretrain(config: ConfigOption = None, set_: SetOption = None, force: bool = typer.Option(False, help="Retrain even if the model exists.")) -> None:
+    """Pretrain the tiny base model until it reaches the held-out accuracy threshold."""
+    from rl.pretrain import ThresholdNotReached
+    from rl.pretrain import pretrain as run_pretrain
+
+    cfg = _load(config, set_)
+    target = cfg.pretrain.output
+    if (target / "config.json").exists() and not force:
+        console.print(f"base model already at {target} (use --force to retrain)")
+        return
+    with Progress(TextColumn("[bold]pretrain"), BarColumn(), TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=console) as progress:
+        bar = progress.add_task("pretrain", total=cfg.pretrain.accuracy_threshold, status="")
+
+        def on_eval(step: int, loss: float, accuracy: float) -> None:
+            progress.update(bar, completed=min(accuracy, cfg.pretrain.accuracy_threshold),
+                            status=f"step {step}  loss {loss:.3f}  held-out acc {accuracy:.2f} / {cfg.pretrain.accuracy_threshold:.2f}")
+
+        try:
+            result = run_pretrain(cfg.pretrain, cfg.model, on_eval=on_eval)
+        except ThresholdNotReached as error:
+            console.print(f"[red]{error}[/red]")
+            raise typer.Exit(1) from None
+    console.print(f"pretrained to {result.accuracy:.2f} held-out greedy accuracy in {result.steps} steps "
+                  f"({result.seconds:.0f} s): {target}")
+
+
+@app.command()
+def train(config: ConfigOption = None, set_: SetOption = None) -> None:
+    """Run the rl-train flow with a configuration file."""
+    from flows.rl_train import run_training
+
+    _load(config, set_)  # fail fast, before Prefect starts
+    run_training(config, _overrides(set_))
+
+
+@app.command()
+def demo(set_: SetOption = None) -> None:
+    """Pretrain the tiny model if needed, then GRPO-train it on the embedded demo configuration."""
+    cfg = _load(DEFAULT_CONFIG, set_)
+    if not (cfg.pretrain.output / "config.json").exists():
+        pretrain(config=DEFAULT_CONFIG, set_=set_, force=False)
+    train(config=DEFAULT_CONFIG, set_=set_)
+
+
+if __name__ == "__main__":
+    app()

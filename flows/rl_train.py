@@ -1,0 +1,130 @@
+"""The `rl-train` flow: the GRPO step loop, one `rl-step` subflow per step.
+
+    rl-train
+      ensure-base-model            (pretrains the tiny model on first use)
+      evaluate                     (held-out accuracy of the base policy)
+      rl-step step-1 .. step-N     rollout -> score -> train [-> evaluate] [-> checkpoint]
+      summary artifact, curves PNG
+
+The flow holds no tensors: it opens an in-process `TrainingSession` and hands its key to the
+tasks. Steps are idempotent by number: a re-run of a crashed run resumes from the latest
+checkpoint and continues with the step after it.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact, create_progress_artifact, create_table_artifact, update_progress_artifact
+from rich.console import Console
+
+from infra.config import RunConfig, load_config
+from infra.reporting import plot_curves, step_progress, step_table_rows, summary_markdown, summary_table
+from infra.session import close_session, get_session, open_session
+from tasks.pretraining import ensure_base_model
+from tasks.training import checkpoint_task, evaluate_task, rollout_task, score_task, train_task
+
+
+@flow(name="rl-step", flow_run_name="step-{step}", persist_result=False)
+def rl_step(session_key: str, step: int, evaluate: bool, checkpoint: bool) -> dict:
+    """One RL step: rollout, score, train (+ evaluate, checkpoint when due)."""
+    started = time.perf_counter()
+    rollout = rollout_task(session_key, step)
+    scores = score_task(session_key, step, rollout["path"])
+    metrics = train_task(session_key, step, rollout["path"], scores["path"])
+    row: dict[str, Any] = {
+        "step": step,
+        "reward": scores["reward"],
+        "accuracy": scores["accuracy"],
+        "eval_accuracy": evaluate_task(session_key) if evaluate else None,
+        "tokens": rollout["tokens"],
+        "tokens_per_s": rollout["tokens"] / max(rollout["seconds"], 1e-9),
+        "rollout_s": rollout["seconds"],
+        "train_s": metrics["seconds"],
+        "entropy": metrics["entropy"],
+        "grad_norm": metrics["grad_norm"],
+        "kl": metrics["kl"],
+    }
+    row["step_s"] = time.perf_counter() - started
+    session = get_session(session_key)
+    session.record(step, row)
+    if checkpoint:
+        checkpoint_task(session_key)
+    create_table_artifact(
+        table=step_table_rows([row]), description=f"RL step {step}: reward, accuracy, tokens, throughput, timings"
+    )
+    return row
+
+
+def _artifact_key(name: str) -> str:
+    return "".join(ch if ch.isalnum() else "-" for ch in name.lower())
+
+
+@flow(name="rl-train", log_prints=False, persist_result=False)
+def rl_train(config_path: str | None = None, overrides: dict[str, Any] | None = None) -> dict:
+    """Train a policy with GRPO for `run.steps` steps (resuming from the run's latest checkpoint)."""
+    config: RunConfig = load_config(config_path, overrides)
+    logger = get_run_logger()
+    ensure_base_model(config)
+    key = f"{config.run.name}-{uuid.uuid4().hex[:8]}"
+    session = open_session(key, config)
+    try:
+        return _train_loop(config, key, session, logger)
+    finally:
+        close_session(key)
+
+
+def _train_loop(config: RunConfig, key: str, session, logger) -> dict:
+    total, start = config.run.steps, session.step
+    if session.resumed_from is not None:
+        logger.info("resuming %s from its checkpoint at step %d", config.run.name, start)
+    if not session.history.evals:
+        base = evaluate_task(key)
+        logger.info("base policy held-out accuracy (T=%.1f): %.3f", config.eval.temperature, base)
+    progress_id = create_progress_artifact(
+        progress=100.0 * start / total, key=_artifact_key(f"{config.run.name}-progress"),
+        description="RL steps completed",
+    )
+    console = Console()
+    began = time.perf_counter()
+    with step_progress(console) as progress:
+        bar = progress.add_task("steps", total=total, completed=start, status="")
+        for step in range(start + 1, total + 1):
+            row = rl_step(
+                key, step,
+                evaluate=step % config.eval.every == 0 or step == total,
+                checkpoint=step % config.run.checkpoint_every == 0 or step == total,
+            )
+            held_out = session.history.evals[-1][1]
+            progress.update(bar, advance=1, status=f"reward {row['reward']:.2f}  held-out acc {held_out:.2f}")
+            update_progress_artifact(progress_id, 100.0 * step / total)
+    history = session.history
+    base_acc, final_acc = history.evals[0][1], history.evals[-1][1]
+    plot = plot_curves(history.steps, history.evals, config.run.directory / "curves.png")
+    summary = {
+        "run": config.run.name,
+        "steps": total,
+        "base_accuracy": base_acc,
+        "final_accuracy": final_acc,
+        "gain_points": 100 * (final_acc - base_acc),
+        "final_reward": sum(r["reward"] for r in history.steps[-10:]) / max(1, len(history.steps[-10:])),
+        "tokens_generated": sum(r["tokens"] for r in history.steps),
+        "minutes_this_run": (time.perf_counter() - began) / 60,
+        "curves_png": str(plot),
+        "checkpoint": str(session.checkpoint_dir),
+    }
+    console.print(summary_table(summary))
+    create_table_artifact(
+        key=_artifact_key(f"{config.run.name}-steps"), table=step_table_rows(history.steps),
+        description="Every RL step of the run",
+    )
+    create_markdown_artifact(key=_artifact_key(f"{config.run.name}-summary"), markdown=summary_markdown(summary, plot))
+    return summary
+
+
+def run_training(config_path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> dict:
+    return rl_train(str(config_path) if config_path else None, overrides)

@@ -1,0 +1,199 @@
+"""The in-process training session of one run: the long-lived policy, trainer and rollout engine,
+and the per-step files that Prefect tasks exchange by path.
+
+Prefect tasks never carry tensors. A flow opens a `TrainingSession` once, registers it under a
+key, and every task receives only that key, a step number and file paths. Per step the session
+writes ``<run>/steps/<step>/rollout.jsonl`` (token ids and log-probs of every sample),
+``scores.json`` and ``metrics.json``; the checkpoint carries the data cursor, so a run resumed
+from its latest checkpoint re-draws exactly the prompts it would have drawn.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from infra.config import RunConfig
+from rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from rl.engine import HFEngine, SamplingParams
+from rl.evaluation import evaluate_accuracy
+from rl.models import load_model
+from rl.prompt_source import PromptSource
+from rl.rewards import FORMAT_PATTERNS, make_reward_fn
+from rl.rollout import build_requests, read_samples, samples_from_results, write_samples
+from rl.scoring import score_samples
+from rl.trainer import TrainBatch, Trainer
+
+
+@dataclass
+class StepPaths:
+    root: Path
+
+    @property
+    def rollout(self) -> Path:
+        return self.root / "rollout.jsonl"
+
+    @property
+    def scores(self) -> Path:
+        return self.root / "scores.json"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.json"
+
+
+@dataclass
+class History:
+    """What the run has measured so far (for artifacts, plots and the summary)."""
+
+    steps: list[dict] = field(default_factory=list)
+    evals: list[tuple[int, float]] = field(default_factory=list)
+
+
+class TrainingSession:
+    def __init__(self, config: RunConfig) -> None:
+        self.config = config
+        if config.run.torch_threads:
+            torch.set_num_threads(config.run.torch_threads)
+        self.directory = config.run.directory
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.model, self.tokenizer = load_model(config.model.path, config.model.gguf_file)
+        self.trainer = Trainer(
+            self.model, self.tokenizer.pad_token_id, config.grpo, config.optim,
+            temperature=config.rollout.temperature,
+        )
+        self.engine = HFEngine(
+            self.model, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id,
+            max_batch_size=config.rollout.max_batch_size,
+        )
+        self.prompts = PromptSource(config.data)
+        self.eval_records = self.prompts.eval_records(config.eval.size)
+        pattern = FORMAT_PATTERNS.get(config.data.family) if config.data.source == "arithmetic" else None
+        self.reward_fn = make_reward_fn(
+            config.reward.kind, config.reward.format_weight, pattern if config.reward.format_weight else None
+        )
+        self.correctness_fn = make_reward_fn(config.reward.kind)
+        self.cursor = 0
+        self.history = History()
+        self.resumed_from: int | None = None
+        checkpoint = latest_checkpoint(self.checkpoint_dir)
+        if checkpoint is not None:
+            state = load_checkpoint(checkpoint, self.trainer)
+            self.cursor = state["cursor"]
+            self.history = History(state["history"]["steps"], [tuple(e) for e in state["history"]["evals"]])
+            self.resumed_from = self.trainer.step
+        self.engine.policy_version = self.trainer.step
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.directory / "checkpoints"
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps done (= policy version)."""
+        return self.trainer.step
+
+    def paths(self, step: int) -> StepPaths:
+        root = self.directory / "steps" / f"{step:06d}"
+        root.mkdir(parents=True, exist_ok=True)
+        return StepPaths(root)
+
+    def _records(self):
+        """The prompts of the step in progress: the next ones after the data cursor."""
+        return self.prompts.take(self.cursor, self.config.rollout.prompts_per_step)
+
+    # -- the stages of one RL step ---------------------------------------------------------
+    def rollout(self, step: int) -> dict:
+        started = time.perf_counter()
+        requests = build_requests(
+            self.tokenizer, self._records(), step, self.config.rollout, self.config.run.seed
+        )
+        results = self.engine.generate(requests)
+        samples = samples_from_results(requests, results, self.step)
+        paths = self.paths(step)
+        write_samples(paths.rollout, samples)
+        tokens = sum(len(s.response_ids) for s in samples)
+        return {"path": str(paths.rollout), "tokens": tokens, "seconds": time.perf_counter() - started}
+
+    def score(self, step: int, rollout_path: str) -> dict:
+        samples = read_samples(Path(rollout_path))
+        scores = score_samples(
+            samples, self._records(), self.tokenizer, self.reward_fn, self.correctness_fn,
+            self.config.rollout.group_size, self.config.grpo,
+        )
+        path = self.paths(step).scores
+        path.write_text(json.dumps(scores.__dict__))
+        return {
+            "path": str(path),
+            "reward": sum(scores.rewards) / len(scores.rewards),
+            "accuracy": sum(scores.correct) / len(scores.correct),
+        }
+
+    def train(self, step: int, rollout_path: str, scores_path: str) -> dict:
+        if self.step != step - 1:
+            raise RuntimeError(f"trainer is at step {self.step}; cannot train step {step}")
+        samples = read_samples(Path(rollout_path))
+        advantages = json.loads(Path(scores_path).read_text())["advantages"]
+        started = time.perf_counter()
+        batch = TrainBatch(
+            [s.prompt_ids for s in samples], [s.response_ids for s in samples],
+            [s.logprobs for s in samples], advantages,
+        )
+        metrics = self.trainer.train_step(batch)
+        self.engine.policy_version = self.step
+        metrics["seconds"] = time.perf_counter() - started
+        return metrics
+
+    def evaluate(self) -> float:
+        eval_config = self.config.eval
+        accuracy = evaluate_accuracy(
+            self.engine, self.tokenizer, self.eval_records,
+            max_new_tokens=self.config.rollout.max_new_tokens,
+            sampling=SamplingParams(temperature=eval_config.temperature),
+            samples_per_problem=eval_config.samples_per_problem,
+            seed=self.config.run.seed + 7919,
+        )
+        self.history.evals.append((self.step, accuracy))
+        return accuracy
+
+    def record(self, step: int, row: dict) -> None:
+        """Finish a step: its metrics become part of the run's history (and its metrics file)."""
+        self.history.steps = [r for r in self.history.steps if r["step"] != step] + [row]
+        self.cursor += self.config.rollout.prompts_per_step
+        self.paths(step).metrics.write_text(json.dumps(row))
+
+    def checkpoint(self) -> str:
+        state = {
+            "cursor": self.cursor,
+            "history": {"steps": self.history.steps, "evals": self.history.evals},
+        }
+        return str(save_checkpoint(self.checkpoint_dir, self.trainer, state, keep=self.config.run.keep_checkpoints))
+
+
+_SESSIONS: dict[str, TrainingSession] = {}
+_LOCK = threading.Lock()
+
+
+def open_session(key: str, config: RunConfig) -> TrainingSession:
+    """Create (or replace) the session registered under `key`."""
+    session = TrainingSession(config)
+    with _LOCK:
+        _SESSIONS[key] = session
+    return session
+
+
+def get_session(key: str) -> TrainingSession:
+    with _LOCK:
+        if key not in _SESSIONS:
+            raise KeyError(f"no training session {key!r} in this process (was rl-train started here?)")
+        return _SESSIONS[key]
+
+
+def close_session(key: str) -> None:
+    with _LOCK:
+        _SESSIONS.pop(key, None)

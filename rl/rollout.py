@@ -1,0 +1,80 @@
+"""One RL step's rollout as data: requests for n samples per prompt, and the samples that come back.
+
+Sample ids are ``"<step>/<group>/<index>"`` and the sampling seed is derived from (run seed,
+step), so a sample's tokens are a pure function of the policy and its id: a step re-run after a
+crash, or a sample resumed on another instance, draws the same tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from rl.config import RolloutConfig
+from rl.datasets import PromptRecord
+from rl.engine import GenerationRequest, GenerationResult, SamplingParams
+
+
+@dataclass
+class Sample:
+    sample_id: str
+    group: int
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    policy_version: int
+
+
+def step_seed(run_seed: int, step: int) -> int:
+    return run_seed * 1_000_003 + step
+
+
+def sampling_params(config: RolloutConfig) -> SamplingParams:
+    return SamplingParams(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k)
+
+
+def build_requests(
+    tokenizer, records: list[PromptRecord], step: int, config: RolloutConfig, run_seed: int
+) -> list[GenerationRequest]:
+    """`config.group_size` requests per prompt, grouped consecutively."""
+    sampling = sampling_params(config)
+    seed = step_seed(run_seed, step)
+    requests = []
+    for group, record in enumerate(records):
+        prompt_ids = tokenizer(record.prompt).input_ids
+        for index in range(config.group_size):
+            requests.append(
+                GenerationRequest(
+                    sample_id=f"{step}/{group}/{index}", prompt_ids=prompt_ids,
+                    max_new_tokens=config.max_new_tokens, seed=seed, sampling=sampling,
+                )
+            )
+    return requests
+
+
+def samples_from_results(
+    requests: list[GenerationRequest], results: list[GenerationResult], policy_version: int
+) -> list[Sample]:
+    return [
+        Sample(
+            sample_id=req.sample_id, group=int(req.sample_id.split("/")[1]), prompt_ids=req.prompt_ids,
+            response_ids=res.token_ids, logprobs=res.new_logprobs, finish_reason=res.finish_reason,
+            policy_version=policy_version,
+        )
+        for req, res in zip(requests, results)
+    ]
+
+
+def write_samples(path: Path, samples: list[Sample]) -> None:
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w") as handle:
+        for sample in samples:
+            handle.write(json.dumps(asdict(sample)) + "\n")
+    tmp.replace(path)
+
+
+def read_samples(path: Path) -> list[Sample]:
+    with open(path) as handle:
+        return [Sample(**json.loads(line)) for line in handle if line.strip()]

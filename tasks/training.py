@@ -1,0 +1,44 @@
+"""Prefect tasks of one RL step: thin wrappers around the in-process `TrainingSession`.
+
+Each task takes the session key, a step number and file paths, and returns small dicts of
+numbers and paths. No tensors ever pass through Prefect.
+"""
+
+from __future__ import annotations
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from infra.session import get_session
+
+TASK_OPTIONS = {"cache_policy": NO_CACHE, "persist_result": False}
+
+
+@task(name="rollout", **TASK_OPTIONS)
+def rollout_task(session_key: str, step: int) -> dict:
+    """Generate `group_size` responses for each of the step's prompts; write them to rollout.jsonl."""
+    return get_session(session_key).rollout(step)
+
+
+@task(name="score", **TASK_OPTIONS)
+def score_task(session_key: str, step: int, rollout_path: str) -> dict:
+    """Reward every response and compute group-normalised advantages; write scores.json."""
+    return get_session(session_key).score(step, rollout_path)
+
+
+@task(name="train", **TASK_OPTIONS)
+def train_task(session_key: str, step: int, rollout_path: str, scores_path: str) -> dict:
+    """One GRPO optimizer step on the scored rollout; the policy becomes version `step`."""
+    return get_session(session_key).train(step, rollout_path, scores_path)
+
+
+@task(name="evaluate", **TASK_OPTIONS)
+def evaluate_task(session_key: str) -> float:
+    """Sampled exact-match accuracy of the current policy on the held-out problems."""
+    return get_session(session_key).evaluate()
+
+
+@task(name="checkpoint", **TASK_OPTIONS)
+def checkpoint_task(session_key: str) -> str:
+    """Write an atomic checkpoint (policy, optimizer, RNG, data cursor, history); returns its path."""
+    return get_session(session_key).checkpoint()

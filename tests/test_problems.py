@@ -1,0 +1,99 @@
+"""Tests for rl/problems.py: split hygiene, determinism and correct solutions."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from rl.problems import FAMILIES, eval_set, make_problem, problem_stream, take
+
+
+def _operands(prompt: str) -> list[int]:
+    assert prompt.endswith("=")
+    return [int(x) for x in prompt[:-1].split("+")]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_train_and_eval_splits_are_disjoint(family):
+    train = {p.prompt for p in take(problem_stream(family, 0, "train"), 3000)}
+    train |= {p.prompt for p in take(problem_stream(family, 7, "train"), 1000)}
+    held_out = {p.prompt for p in take(problem_stream(family, 0, "eval"), 1000)}
+    held_out |= {p.prompt for p in eval_set(family, 500)}
+    assert len(train) > 2000 and len(held_out) > 500
+    assert not train & held_out
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_streams_are_deterministic_and_seeded(family):
+    a = take(problem_stream(family, 3), 50)
+    assert a == take(problem_stream(family, 3), 50)
+    assert a != take(problem_stream(family, 4), 50)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_eval_set_is_distinct_and_deterministic(family):
+    problems = eval_set(family, 300)
+    assert len(problems) == 300
+    assert len({p.prompt for p in problems}) == 300
+    assert eval_set(family, 300) == problems
+    assert eval_set(family, 100) == problems[:100]
+    assert eval_set(family, 50, seed=1) != problems[:50]
+
+
+def test_add_solution_is_the_sum():
+    for problem in take(problem_stream("add", 1), 500):
+        operands = _operands(problem.prompt)
+        assert len(operands) == 2
+        assert all(10 <= x <= 999 for x in operands)
+        assert problem.answer == problem.solution == str(sum(operands))
+        assert problem.family == "add"
+
+
+def test_chain_solutions_are_arithmetically_right_and_end_with_the_answer():
+    for problem in take(problem_stream("chain", 2), 500):
+        operands = _operands(problem.prompt)
+        assert 3 <= len(operands) <= 4
+        assert problem.answer == str(sum(operands))
+        assert problem.solution.endswith("=" + problem.answer)
+        assert re.fullmatch(r"\d+(?:\+\d+=\d+)+", problem.solution)
+        # Walk the chain: first running sum, then "+operand=running" steps.
+        first, *steps = problem.solution.split("+")
+        running = int(first)
+        assert running == operands[0] + operands[1]
+        used = operands[2:]
+        assert len(steps) == len(used)
+        for step, operand in zip(steps, used):
+            added, total = step.split("=")
+            assert int(added) == operand
+            running += operand
+            assert int(total) == running
+
+
+def test_make_problem_known_values():
+    assert make_problem((12, 345, 67), "chain").solution == "357+67=424"
+    assert make_problem((12, 345, 67, 8), "chain").solution == "357+67=424+8=432"
+    problem = make_problem((123, 45), "add")
+    assert (problem.prompt, problem.answer, problem.solution) == ("123+45=", "168", "168")
+
+
+def test_unknown_family_and_split_error():
+    with pytest.raises(ValueError, match="mul"):
+        next(problem_stream("mul", 0))
+    with pytest.raises(ValueError, match="mul"):
+        make_problem((1, 2), "mul")
+    with pytest.raises(ValueError, match="mul"):
+        eval_set("mul", 3)
+    with pytest.raises(ValueError, match="test"):
+        next(problem_stream("add", 0, split="test"))
+
+
+def test_held_out_fraction_is_about_one_in_ten():
+    from rl.problems import HELD_OUT_BUCKETS, _is_held_out
+
+    pairs = [(a, b) for a in range(10, 110) for b in range(100, 150)]
+    fraction = sum(map(_is_held_out, pairs)) / len(pairs)
+    assert abs(fraction - 1 / HELD_OUT_BUCKETS) < 0.02
+    # Every eval problem is held out, no train problem is.
+    assert all(_is_held_out(tuple(_operands(p.prompt))) for p in eval_set("add", 200))
+    assert not any(_is_held_out(tuple(_operands(p.prompt))) for p in take(problem_stream("add", 0), 500))
