@@ -26,6 +26,7 @@ app = typer.Typer(help="GRPO fine-tuning with rollout on preemptible instances, 
 console = Console()
 
 ConfigOption = Annotated[Optional[Path], typer.Option("--config", "-c", help="Run configuration YAML (default: the embedded demo config).")]
+LogOption = Annotated[str, typer.Option("--console-log-level", help="Prefect log level on the console (all logs still reach the Prefect API/UI).")]
 SetOption = Annotated[Optional[list[str]], typer.Option("--set", help="Override a field: --set rollout.group_size=16 (YAML value).")]
 
 
@@ -75,8 +76,9 @@ def pretrain(config: ConfigOption = None, set_: SetOption = None, force: bool = 
 
 
 @app.command()
-def train(config: ConfigOption = None, set_: SetOption = None) -> None:
+def train(config: ConfigOption = None, set_: SetOption = None, console_log_level: LogOption = "WARNING") -> None:
     """Run the rl-train flow with a configuration file."""
+    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", console_log_level)
     from flows.rl_train import run_training
 
     _load(config, set_)  # fail fast, before Prefect starts
@@ -84,12 +86,12 @@ def train(config: ConfigOption = None, set_: SetOption = None) -> None:
 
 
 @app.command()
-def demo(set_: SetOption = None) -> None:
+def demo(set_: SetOption = None, console_log_level: LogOption = "WARNING") -> None:
     """Pretrain the tiny model if needed, then GRPO-train it on the embedded demo configuration."""
     cfg = _load(DEFAULT_CONFIG, set_)
     if not (cfg.pretrain.output / "config.json").exists():
         pretrain(config=DEFAULT_CONFIG, set_=set_, force=False)
-    train(config=DEFAULT_CONFIG, set_=set_)
+    train(config=DEFAULT_CONFIG, set_=set_, console_log_level=console_log_level)
 
 
 if __name__ == "__main__":

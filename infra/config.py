@@ -139,3 +139,19 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     except OSError as error:
         raise ConfigError(f"{path}: cannot read the configuration file: {error.strerror}") from None
     return parse_config(text, str(path), overrides)
+
+
+def reference_markdown() -> str:
+    """The configuration reference (README.md embeds it; a test keeps the two in sync)."""
+    lines: list[str] = []
+    for section, info in RunConfig.model_fields.items():
+        model = info.annotation
+        lines += [f"**`{section}`** — {model.__doc__.strip().splitlines()[0]}", "",
+                  "| key | default | meaning |", "|---|---|---|"]
+        for name, field in model.model_fields.items():
+            default = field.default
+            shown = "—" if default is None else (f"`{list(default)}`" if isinstance(default, tuple) else f"`{default}`")
+            description = " ".join((field.description or "").split()).replace("|", "\\|")
+            lines.append(f"| `{name}` | {shown} | {description} |")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"

@@ -67,7 +67,12 @@ def save_checkpoint(root: str | Path, trainer: Trainer, user_state: dict[str, An
     pointer.write_text(final.name)
     os.replace(pointer, root / LATEST)
     _fsync_dir(root)
-    for old in sorted(root.glob("step_*"))[:-keep]:
+    # Keep `final` and the newest keep-1 older ones. Directories newer than `final` were never
+    # named by `latest` (left by an abandoned attempt before a resume from an earlier step): stale.
+    others = sorted(p for p in root.glob("step_*") if p.name != final.name)
+    older = [p for p in others if p.name < final.name]
+    stale = [p for p in others if p.name > final.name] + older[: max(0, len(older) - (keep - 1))]
+    for old in stale:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
@@ -77,7 +82,12 @@ def latest_checkpoint(root: str | Path) -> Path | None:
     if not pointer.exists():
         return None
     path = Path(root) / pointer.read_text().strip()
-    return path if (path / "trainer.pt").exists() else None
+    if (path / "trainer.pt").exists():
+        return path
+    # `latest` names a directory a crash removed (while re-saving that same step): fall back to
+    # the newest complete checkpoint not newer than it (newer ones were never committed).
+    complete = [p for p in Path(root).glob("step_*") if p.name <= path.name and (p / "trainer.pt").exists()]
+    return max(complete, default=None)
 
 
 def load_checkpoint(path: str | Path, trainer: Trainer) -> dict[str, Any]:

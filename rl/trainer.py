@@ -34,7 +34,9 @@ class TrainBatch:
         sizes = {len(self.prompt_ids), len(self.response_ids), len(self.rollout_logprobs), len(self.advantages)}
         if len(sizes) != 1:
             raise ValueError(f"TrainBatch fields disagree in length: {sorted(sizes)}")
-        for i, (resp, lps) in enumerate(zip(self.response_ids, self.rollout_logprobs)):
+        for i, (prompt, resp, lps) in enumerate(zip(self.prompt_ids, self.response_ids, self.rollout_logprobs)):
+            if not prompt:
+                raise ValueError(f"response {i}: empty prompt (the first response token needs a position to predict it)")
             if len(resp) != len(lps):
                 raise ValueError(f"response {i}: {len(resp)} tokens but {len(lps)} log-probs")
 

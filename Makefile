@@ -1,0 +1,31 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both create .venv first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+export DO_NOT_TRACK := 1
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
+
+.PHONY: setup demo test bench-learning clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	# torch first, pinned: the CPU wheel (a looser pin would pull a multi-GB CUDA build)
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	$(BIN)/rlboost demo
+
+test: setup
+	$(BIN)/python -m pytest -q -ra
+
+bench-learning: setup
+	$(BIN)/python bench/learning.py
+
+clean:
+	rm -rf $(VENV) .rlboost runs
