@@ -63,8 +63,10 @@ def pretrain(config: ConfigOption = None, set_: SetOption = None, force: bool = 
         bar = progress.add_task("pretrain", total=cfg.pretrain.accuracy_threshold, status="")
 
         def on_eval(step: int, loss: float, accuracy: float) -> None:
-            progress.update(bar, completed=min(accuracy, cfg.pretrain.accuracy_threshold),
-                            status=f"step {step}  loss {loss:.3f}  held-out acc {accuracy:.2f} / {cfg.pretrain.accuracy_threshold:.2f}")
+            status = f"step {step}  loss {loss:.3f}  held-out acc {accuracy:.2f} / {cfg.pretrain.accuracy_threshold:.2f}"
+            progress.update(bar, completed=min(accuracy, cfg.pretrain.accuracy_threshold), status=status)
+            if not console.is_terminal:  # no live bar in logs: print a line per evaluation instead
+                console.print(f"pretrain {status}")
 
         try:
             result = run_pretrain(cfg.pretrain, cfg.model, on_eval=on_eval)

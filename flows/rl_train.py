@@ -100,7 +100,10 @@ def _train_loop(config: RunConfig, key: str, session, logger) -> dict:
                 checkpoint=step % config.run.checkpoint_every == 0 or step == total,
             )
             held_out = session.history.evals[-1][1]
-            progress.update(bar, advance=1, status=f"reward {row['reward']:.2f}  held-out acc {held_out:.2f}")
+            status = f"reward {row['reward']:.2f}  held-out acc {held_out:.2f}"
+            progress.update(bar, advance=1, status=status)
+            if row["eval_accuracy"] is not None and not console.is_terminal:
+                console.print(f"GRPO step {step}/{total}  {status}")
             update_progress_artifact(progress_id, 100.0 * step / total)
     history = session.history
     base_acc, final_acc = history.evals[0][1], history.evals[-1][1]

@@ -101,8 +101,8 @@ def pretrain(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         schedule.step()
-        if step % config.eval_every:
-            continue
+        if step % config.eval_every and step != config.max_steps:
+            continue  # (the last step is always evaluated: it may reach the threshold)
         model.eval()
         accuracy = sum(
             evaluate_accuracy(
