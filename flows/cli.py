@@ -20,7 +20,11 @@ import yaml  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
 
+from transformers.utils import logging as hf_logging  # noqa: E402
+
 from infra.config import DEFAULT_CONFIG, ConfigError, load_config  # noqa: E402
+
+hf_logging.disable_progress_bar()  # per-file weight-loading bars would break the rich progress display
 
 app = typer.Typer(help="GRPO fine-tuning with rollout on preemptible instances, on Prefect.", no_args_is_help=True)
 console = Console()

@@ -27,3 +27,22 @@ def prefect_harness():
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+@pytest.fixture(scope="session")
+def redis_url():
+    """One embedded redis-server (free loopback port, random password, no persistence)."""
+    from infra.redis_embedded import EmbeddedRedis
+
+    with EmbeddedRedis() as server:
+        yield server.url
+
+
+@pytest.fixture
+def redis_client(redis_url):
+    """A binary (decode_responses=False) client of the session's embedded Redis."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()

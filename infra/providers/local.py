@@ -1,0 +1,325 @@
+"""Local pools whose instances are real process groups, preempted with real signals.
+
+`LocalProvider` owns the processes it starts: each instance is a new session (process group)
+running `command_factory(pool, instance_id)`, with `RLBOOST_INSTANCE_ID`, `RLBOOST_POOL` and
+`RLBOOST_CAPACITY_CLASS` in its environment. `tick()` (called by its owner, or every
+`interval_s` by the helper thread of `start()`) applies each pool's availability schedule:
+
+- it reaps exited instances (exit 0: `finished`, else `crashed`, unless the provider stopped them);
+- it SIGKILLs every stopping instance whose notice period has run out;
+- it keeps each pool at `min(target, capacity now)` running instances: it preempts the excess
+  (SIGTERM to the group, SIGKILL after the pool's notice; with probability
+  `silent_kill_fraction` a SIGKILL at once) and launches replacements when capacity returns.
+
+Every instance's lifecycle is recorded (`list()`, `describe()`). `shutdown()` stops everything;
+a finalizer also kills every remaining group if the provider is dropped or the interpreter exits.
+"""
+
+from __future__ import annotations
+
+import builtins
+import logging
+import os
+import random
+import signal
+import subprocess
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Self
+
+from infra.providers.base import (
+    InstanceHandle,
+    InstanceRecord,
+    PoolSpec,
+    PreemptionEvent,
+    Provider,
+    StopReason,
+)
+from infra.traces import TraceSchedule
+
+log = logging.getLogger(__name__)
+
+CommandFactory = Callable[[PoolSpec, str], Sequence[str]]
+
+
+@dataclass
+class _Pool:
+    spec: PoolSpec
+    schedule: TraceSchedule | None
+    origin: float
+    """Provider clock when the pool was first used: wall time 0 of its schedule."""
+    notice_s: float
+    """The local notice period: `spec.notice_s` divided by the schedule's time compression."""
+    target: int = 0
+    launched: int = 0
+
+
+@dataclass
+class _Instance:
+    record: InstanceRecord
+    proc: subprocess.Popen[bytes]
+    kill_at: float | None = None
+    """When a stopping instance gets SIGKILL (None while running)."""
+
+
+class LocalProvider(Provider):
+    """Pools of local process groups with trace-driven (or injected) preemption."""
+
+    def __init__(
+        self,
+        command_factory: CommandFactory,
+        *,
+        schedules: dict[str, TraceSchedule] | None = None,
+        clock: Callable[[], float] = time.time,
+        seed: int = 0,
+        log_dir: Path | None = None,
+    ) -> None:
+        """`schedules` overrides the availability of the named pools (tests, replays); `clock` is
+        the time source of `tick()` and of the records; `seed` drives which instances are
+        preempted and which preemptions are silent; `log_dir` gets one `<instance>.log` each
+        (stdout and stderr), else children inherit this process's streams."""
+        self._command_factory = command_factory
+        self._schedules = dict(schedules or {})
+        self._clock = clock
+        self._rng = random.Random(seed)
+        self._log_dir = log_dir
+        self._pools: dict[str, _Pool] = {}
+        self._instances: dict[str, _Instance] = {}
+        self._events: builtins.list[PreemptionEvent] = []
+        self._lock = threading.RLock()
+        self._closed = threading.Event()
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        """Processes not yet reaped: what the finalizer kills."""
+        self._finalizer = weakref.finalize(self, _kill_all, self._lock, self._closed, self._procs)
+        self._thread: threading.Thread | None = None
+        self._stop_thread = threading.Event()
+
+    # -- Provider -------------------------------------------------------------------------------
+
+    def launch(self, pool: PoolSpec, count: int) -> builtins.list[InstanceHandle]:
+        """Raise the pool's target by `count` (up to `pool.size`) and start what capacity allows
+        now; the rest start on a later `tick()` when capacity returns."""
+        with self._lock:
+            self._check_open()
+            state = self._pool(pool)
+            if count < 0 or state.target + count > pool.size:
+                raise ValueError(f"pool {pool.name}: target {state.target} + {count} exceeds size {pool.size}")
+            state.target += count
+            now = self._clock()
+            room = min(state.target, self._capacity(state, now)) - len(self._running(pool.name))
+            return [self._start(state, now) for _ in range(min(count, max(room, 0)))]
+
+    def list(self, live_only: bool = False) -> builtins.list[InstanceRecord]:
+        with self._lock:
+            records = [i.record for i in self._instances.values()]
+            return [r for r in records if not live_only or r.state != "terminated"]
+
+    def describe(self, instance_id: str) -> InstanceRecord:
+        with self._lock:
+            if instance_id not in self._instances:
+                raise KeyError(f"unknown instance {instance_id!r}")
+            return self._instances[instance_id].record
+
+    def terminate(self, instance_id: str, reason: StopReason = "scaled_down") -> None:
+        """Stop an instance. `scaled_down` also lowers its pool's target by one; a `preempted`
+        (injected) stop leaves the target, so a replacement starts when capacity allows."""
+        with self._lock:
+            instance = self._instances.get(instance_id)
+            if instance is None:
+                raise KeyError(f"unknown instance {instance_id!r}")
+            if instance.record.state != "running":
+                return
+            pool = self._pools[instance.record.pool]
+            if reason == "scaled_down":
+                pool.target -= 1
+            self._stop(instance, pool, reason, self._clock())
+
+    def preemptions(self) -> builtins.list[PreemptionEvent]:
+        with self._lock:
+            events, self._events = self._events, []
+            return events
+
+    def quote(self, pool: PoolSpec) -> float:
+        return pool.price_per_hour
+
+    # -- driving --------------------------------------------------------------------------------
+
+    def tick(self, now: float | None = None) -> None:
+        """Reap exits, enforce notice deadlines, and bring every pool to `min(target, capacity)`."""
+        with self._lock:
+            if self._closed.is_set():
+                return
+            now = self._clock() if now is None else now
+            self._reap(now)
+            for instance in self._instances.values():
+                if instance.kill_at is not None and now >= instance.kill_at:
+                    _signal_group(instance.proc, signal.SIGKILL)
+            for state in self._pools.values():
+                allowed = min(state.target, self._capacity(state, now))
+                running = self._running(state.spec.name)
+                excess = len(running) - allowed
+                for instance in self._rng.sample(running, max(excess, 0)):
+                    silent = self._rng.random() < state.spec.silent_kill_fraction
+                    self._stop(instance, state, "preempted_silent" if silent else "preempted", now)
+                for _ in range(-excess):
+                    self._start(state, now)
+
+    def start(self, interval_s: float = 0.1) -> None:
+        """Call `tick()` every `interval_s` seconds on a helper thread until `stop()`/`shutdown()`."""
+        if self._thread is not None:
+            raise RuntimeError("the tick thread is already running")
+        self._stop_thread.clear()
+        args = (weakref.ref(self), self._stop_thread, interval_s)
+        self._thread = threading.Thread(target=_tick_loop, args=args, name="local-provider", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the helper thread (instances keep running)."""
+        if self._thread is not None:
+            self._stop_thread.set()
+            self._thread.join()
+            self._thread = None
+
+    def shutdown(self, grace_s: float = 2.0) -> None:
+        """Stop the thread, SIGTERM every instance, SIGKILL what is left after `grace_s` (real)
+        seconds, reap all. The provider is closed afterwards."""
+        self.stop()
+        with self._lock:
+            now = self._clock()
+            for instance in self._instances.values():
+                if instance.record.state == "running":
+                    self._stop(instance, self._pools[instance.record.pool], "scaled_down", now)
+            self._closed.set()
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and not all(_exited(p) for p in self._procs.values()):
+            time.sleep(0.02)
+        with self._lock:
+            for proc in self._procs.values():
+                _signal_group(proc, signal.SIGKILL)
+                os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)  # wait for the exit, reap below
+            self._reap(self._clock())
+        self._finalizer()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # -- internals (called with the lock held) --------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed.is_set():
+            raise RuntimeError("the provider is shut down")
+
+    def _pool(self, spec: PoolSpec) -> _Pool:
+        state = self._pools.get(spec.name)
+        if state is None:
+            schedule = self._schedules.get(spec.name) or spec.schedule()
+            compression = schedule.time_compression if schedule else 1.0
+            state = _Pool(spec, schedule, self._clock(), spec.notice_s / compression)
+            self._pools[spec.name] = state
+        elif state.spec != spec:
+            raise ValueError(f"pool {spec.name!r} is already in use with a different spec")
+        return state
+
+    def _capacity(self, state: _Pool, now: float) -> int:
+        if state.schedule is None:
+            return state.spec.size
+        return state.schedule.capacity_at(max(now - state.origin, 0.0))
+
+    def _running(self, pool: str) -> builtins.list[_Instance]:
+        return [i for i in self._instances.values() if i.record.pool == pool and i.record.state == "running"]
+
+    def _start(self, state: _Pool, now: float) -> InstanceHandle:
+        spec = state.spec
+        instance_id = f"{spec.name}-{state.launched}"
+        env = {
+            **os.environ,
+            "RLBOOST_INSTANCE_ID": instance_id,
+            "RLBOOST_POOL": spec.name,
+            "RLBOOST_CAPACITY_CLASS": spec.capacity_class,
+        }
+        command = list(self._command_factory(spec, instance_id))
+        if self._log_dir is None:
+            proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+        else:
+            self._log_dir.mkdir(parents=True, exist_ok=True)
+            with (self._log_dir / f"{instance_id}.log").open("ab") as out:
+                proc = subprocess.Popen(
+                    command,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+        state.launched += 1
+        record = InstanceRecord(
+            instance_id, spec.name, spec.capacity_class, spec.machine_type, spec.price_per_hour, launched_at=now
+        )
+        self._instances[instance_id] = _Instance(record, proc)
+        self._procs[instance_id] = proc
+        return record
+
+    def _stop(self, instance: _Instance, state: _Pool, reason: StopReason, now: float) -> None:
+        silent = reason == "preempted_silent"
+        instance.kill_at = now if silent else now + state.notice_s
+        instance.record = replace(instance.record, state="terminating", notice_at=now, reason=reason)
+        _signal_group(instance.proc, signal.SIGKILL if silent else signal.SIGTERM)
+        if reason != "scaled_down":
+            event = PreemptionEvent(instance.record.instance_id, state.spec.name, now, instance.kill_at, silent)
+            self._events.append(event)
+
+    def _reap(self, now: float) -> None:
+        """Record every instance whose group leader exited; sweep what is left of its group."""
+        for instance_id, proc in list(self._procs.items()):
+            if not _exited(proc):
+                continue
+            _signal_group(proc, signal.SIGKILL)  # the leader is a zombie until waited: its pgid is not reused
+            code = proc.wait()
+            del self._procs[instance_id]
+            instance = self._instances[instance_id]
+            reason = instance.record.reason or ("finished" if code == 0 else "crashed")
+            instance.record = replace(
+                instance.record, state="terminated", terminated_at=now, reason=reason, exit_code=code
+            )
+            instance.kill_at = None
+
+
+def _exited(proc: subprocess.Popen[bytes]) -> bool:
+    """Whether the process has exited, without reaping it (so its pid and group id stay reserved)."""
+    return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _tick_loop(provider: weakref.ref[LocalProvider], stop: threading.Event, interval_s: float) -> None:
+    while not stop.wait(interval_s):
+        live = provider()
+        if live is None:
+            return
+        try:
+            live.tick()
+        except Exception:
+            log.exception("local provider tick failed")
+        del live
+
+
+def _kill_all(lock: threading.RLock, closed: threading.Event, procs: dict[str, subprocess.Popen[bytes]]) -> None:
+    """Finalizer: close the provider and SIGKILL every group it has not reaped."""
+    with lock:
+        closed.set()
+        for proc in procs.values():
+            _signal_group(proc, signal.SIGKILL)
+            proc.wait()
+        procs.clear()
