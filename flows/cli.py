@@ -3,26 +3,16 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from typing import Annotated, Optional
 
-# Prefect reads these at import time; set embedded-friendly defaults before importing it.
-for _name, _value in {
-    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
-    "DO_NOT_TRACK": "1",
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-}.items():
-    os.environ.setdefault(_name, _value)
+import typer
+import yaml
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from transformers.utils import logging as hf_logging
 
-from pathlib import Path  # noqa: E402
-from typing import Annotated, Optional  # noqa: E402
-
-import typer  # noqa: E402
-import yaml  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
-
-from transformers.utils import logging as hf_logging  # noqa: E402
-
-from infra.config import DEFAULT_CONFIG, ConfigError, load_config  # noqa: E402
+from infra.config import DEFAULT_CONFIG, ConfigError, load_config
 
 hf_logging.disable_progress_bar()  # per-file weight-loading bars would break the rich progress display
 
