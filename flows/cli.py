@@ -38,7 +38,8 @@ def _load(config: Path | None, pairs: list[str] | None):
     try:
         return load_config(config, _overrides(pairs))
     except ConfigError as error:
-        console.print(f"[red]configuration error[/red]\n{error}")
+        console.print("[red]configuration error[/red]")
+        console.print(str(error), markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
 
 
