@@ -378,7 +378,9 @@ _RELEASE_ALL = """
 local inst, reap = ARGV[2], ARGV[3] == '1'
 local own = P .. 'own:' .. inst
 local count = 0
-for _, sid in ipairs(redis.call('SMEMBERS', own)) do
+local sids = redis.call('SMEMBERS', own)
+table.sort(sids)  -- requeue in a deterministic order
+for _, sid in ipairs(sids) do
   local sk = P .. 's:' .. sid
   local h = redis.call('HMGET', sk, 'state', 'owner', 'step', 'group')
   if h[1] == 'running' and h[2] == inst then

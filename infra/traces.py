@@ -274,12 +274,16 @@ def _events_from_nodes(
         if t < last_t:
             raise TraceError(f"{path}:{line}: time {t:g}s goes backwards (previous {last_t:g}s)")
         for node in nodes:
-            if kind == "add" and node in alive:
-                raise TraceError(f"{path}:{line}: node {node!r} added while alive")
-            if kind == "remove" and node not in alive:
-                raise TraceError(f"{path}:{line}: node {node!r} removed while not alive")
-            (alive.add if kind == "add" else alive.discard)(node)
-            changes.append((t, 1 if kind == "add" else -1))
+            if kind == "add":
+                if node in alive:
+                    raise TraceError(f"{path}:{line}: node {node!r} added while alive")
+                alive.add(node)
+                changes.append((t, 1))
+            else:
+                if node not in alive:
+                    raise TraceError(f"{path}:{line}: node {node!r} removed while not alive")
+                alive.remove(node)
+                changes.append((t, -1))
         peak, last_t = max(peak, len(alive)), t
     initial = sum(d for t, d in changes if t == 0)
     events = _merge([(t, d) for t, d in changes if t > 0])
@@ -290,7 +294,9 @@ def load_bamboo(path: Path) -> AvailabilityTrace:
     """Bamboo event CSV: `t_ms,add|remove,node_id` rows, no header, in time order."""
     rows = []
     with _open(path) as f:
-        for line, row in enumerate(csv.reader(f), start=1):
+        reader = csv.reader(f)
+        for row in reader:
+            line = reader.line_num
             if not row:
                 continue
             if len(row) != 3 or row[1] not in ("add", "remove"):

@@ -6,6 +6,8 @@ import socket
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from infra.redis_embedded import EmbeddedRedis, RedisSettings, RedisUnavailable, find_redis_server
 
@@ -13,7 +15,9 @@ pytestmark = pytest.mark.integration
 
 
 def _port_is_free(port: int) -> bool:
+    """Nothing listens on the port (closed connections may linger in TIME_WAIT)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("127.0.0.1", port))
         except OSError:
@@ -27,10 +31,10 @@ def test_embedded_requires_password_and_frees_port_on_exit():
         assert server.url == f"redis://:{server.password}@127.0.0.1:{port}/0"
         client = redis.Redis.from_url(server.url)
         assert client.ping()
-        assert client.config_get("save") == {b"save": b""}
-        assert client.config_get("appendonly") == {b"appendonly": b"no"}
+        assert client.config_get("save") == {"save": ""}
+        assert client.config_get("appendonly") == {"appendonly": "no"}
         client.close()
-        anonymous = redis.Redis(host="127.0.0.1", port=port)
+        anonymous = redis.Redis(host="127.0.0.1", port=port, retry=Retry(NoBackoff(), 0))
         with pytest.raises(redis.AuthenticationError):
             anonymous.ping()
         anonymous.close()

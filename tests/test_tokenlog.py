@@ -324,7 +324,9 @@ class Model:
         return True
 
     def release_all(self, instance: str) -> int:
-        owned = [sid for sid, s in self.samples.items() if s.state == "running" and s.owner == instance]
+        owned = sorted(
+            sid for sid, s in self.samples.items() if s.state == "running" and s.owner == instance
+        )
         for sid in owned:
             self.requeue(sid, keep=True)
         return len(owned)
@@ -333,12 +335,16 @@ class Model:
 def _random_run(redis_client: redis.Redis, seed: int, ops: int) -> None:
     rng = random.Random(seed)
     run_id = f"fuzz-{seed}-{uuid.uuid4().hex[:6]}"
-    specs = [GroupSpec(g, [1 + g], rng.randint(1, 4), rng.randint(1, 10)) for g in range(10)]
+    specs = [GroupSpec(g, [1 + g], rng.randint(1, 4), rng.randint(4, 40)) for g in range(40)]
     log = TokenLog(redis_client, run_id, max_reaps=10**6)
     log.enqueue_step(0, 0, specs)
     model = Model(specs)
     instances = [f"i{k}" for k in range(4)]
     leases: dict[str, dict[str, Lease]] = {i: {} for i in instances}
+    stale: list[tuple[str, str, Lease]] = []  # dropped leases whose flushes may arrive late
+
+    def drop(instance: str, sid: str) -> None:
+        stale.append((instance, sid, leases[instance].pop(sid)))
 
     def flush(instance: str, sid: str, finish: bool) -> None:
         lease = leases[instance][sid]
@@ -357,7 +363,7 @@ def _random_run(redis_client: redis.Redis, seed: int, ops: int) -> None:
         if expected:
             lease.tokens += new
         if not expected or finish:
-            del leases[instance][sid]
+            drop(instance, sid)
 
     for op in range(ops):
         if op % 400 == 399:  # a restarted process: same Redis, new objects
@@ -372,23 +378,33 @@ def _random_run(redis_client: redis.Redis, seed: int, ops: int) -> None:
             assert [c.sample_id for c in claims] == model.claim(instance, k), seed
             for c in claims:
                 assert c.generated_ids == model.samples[c.sample_id].tokens
+                if c.sample_id in held:
+                    drop(instance, c.sample_id)
                 held[c.sample_id] = Lease(c.epoch, list(c.generated_ids))
         elif roll < 0.6 and held:
             flush(instance, rng.choice(sorted(held)), finish=False)
-        elif roll < 0.75 and held:
+        elif roll < 0.68 and held:
             flush(instance, rng.choice(sorted(held)), finish=True)
         elif roll < 0.85 and held:
             sid = rng.choice(sorted(held))
             keep = rng.random() < 0.8
-            lease = held.pop(sid)
+            lease = held[sid]
+            drop(instance, sid)
             expected = model.release(sid, instance, lease.epoch, keep)
             assert log.release(sid, instance, lease.epoch, keep_tokens=keep) == expected
         elif roll < 0.93:
             # reap: the instance is declared dead but keeps its stale leases (a zombie)
             assert log.reap(instance) == model.release_all(instance)
-        elif roll < 0.96:
+        elif roll < 0.95:
             assert log.release_all(instance) == model.release_all(instance)
-            held.clear()
+            for sid in sorted(held):
+                drop(instance, sid)
+        elif roll < 0.97 and stale:
+            # a flush of a lease that was dropped (released, revoked, replaced) arrives late
+            late, sid, lease = stale[rng.randrange(len(stale))]
+            new = [rng.randrange(1000)]
+            f = Flush(sid, late, lease.epoch, new, lp(new), rng.choice([None, len(lease.tokens)]))
+            assert log.log([f]) == [model.log(f)], (seed, f)
         elif held:
             # an append_many batch over every lease the instance holds
             batch = []
@@ -401,7 +417,7 @@ def _random_run(redis_client: redis.Redis, seed: int, ops: int) -> None:
                 if ok:
                     held[f.sample_id].tokens += list(f.token_ids)
                 else:
-                    del held[f.sample_id]
+                    drop(instance, f.sample_id)
 
     # drain: a fresh instance finishes everything that is left
     for i in instances:
@@ -433,4 +449,4 @@ def _random_run(redis_client: redis.Redis, seed: int, ops: int) -> None:
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_random_interleavings_lose_and_duplicate_nothing(redis_client, seed):
-    _random_run(redis_client, seed, ops=1500)
+    _random_run(redis_client, seed, ops=2000)

@@ -3,7 +3,7 @@
 A **pool** (`PoolSpec`) is one kind of capacity (provider, machine type, capacity class) with a
 price, a preemption notice period and an availability model. A `Provider` launches instances into
 pools, lists and terminates them, reports preemptions and quotes prices. The local provider (real
-process groups) implements it today; GCP and Azure implement the same interface.
+process groups) implements it; GCP and Azure providers are to implement the same interface.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ running `command_factory(pool, instance_id)`, with `RLBOOST_INSTANCE_ID`, `RLBOO
 `RLBOOST_CAPACITY_CLASS` in its environment. `tick()` (called by its owner, or every
 `interval_s` by the helper thread of `start()`) applies each pool's availability schedule:
 
-- it reaps exited instances (exit 0: `finished`, else `crashed`, unless the provider stopped them);
+- it reaps exited instances (exit 0: `finished`, else `crashed`, unless the provider stopped them)
+  and, like lost capacity, replaces them while the pool is below its target;
 - it SIGKILLs every stopping instance whose notice period has run out;
 - it keeps each pool at `min(target, capacity now)` running instances: it preempts the excess
   (SIGTERM to the group, SIGKILL after the pool's notice; with probability
