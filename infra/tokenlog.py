@@ -313,24 +313,27 @@ end
 return out
 """
 
-# ARGV: P, then per flush: sample, instance, epoch, offset ('' = none), tokens, logprobs,
-# finish reason ('' = none)
+# ARGV: P, JSON [[sample, instance, epoch, offset (-1 = none), token count, finish reason
+# ('' = none)], ...], every flush's tokens (u32 LE) concatenated, their logprobs (f32 LE) likewise
 _LOG = """
-local out, rejected = {}, 0
-for i = 2, #ARGV, 7 do
-  local sid, inst, epoch, offset = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
-  local tok, fin = ARGV[i + 4], ARGV[i + 6]
+local toks, lps = ARGV[3], ARGV[4]
+local out, rejected, pos = {}, 0, 1
+for _, m in ipairs(cjson.decode(ARGV[2])) do
+  local sid, inst, epoch, offset, k, fin = m[1], m[2], m[3], m[4], m[5], m[6]
+  local tok = string.sub(toks, pos, pos + 4 * k - 1)
+  local lp = string.sub(lps, pos, pos + 4 * k - 1)
+  pos = pos + 4 * k
   local sk = P .. 's:' .. sid
   local h = redis.call('HMGET', sk, 'state', 'owner', 'epoch', 'max_new', 'finish', 'step', 'group')
   local ok = 0
-  if h[2] == inst and h[3] == epoch then
+  if h[2] == inst and tonumber(h[3]) == epoch then
     local have = redis.call('STRLEN', sk .. ':t') / 4
-    local k = #tok / 4
-    local at = tonumber(offset) or have
+    local at = have
+    if offset >= 0 then at = offset end
     if h[1] == 'running' and at == have and have + k <= tonumber(h[4]) then
       if k > 0 then
         redis.call('APPEND', sk .. ':t', tok)
-        redis.call('APPEND', sk .. ':l', ARGV[i + 5])
+        redis.call('APPEND', sk .. ':l', lp)
       end
       if fin ~= '' then
         redis.call('HSET', sk, 'state', 'done', 'finish', fin)
@@ -338,7 +341,7 @@ for i = 2, #ARGV, 7 do
         settle(h[6], h[7], 'done')
       end
       ok = 1
-    elseif offset ~= '' and at + k == have
+    elseif offset >= 0 and at + k == have
         and ((h[1] == 'running' and fin == '') or (h[1] == 'done' and fin == h[5]))
         and redis.call('GETRANGE', sk .. ':t', at * 4, -1) == tok then
       ok = 1  -- a redelivery of a flush that was already applied
@@ -541,7 +544,8 @@ class TokenLog:
         (state running, same owner, same epoch), it fits the budget and, with `offset`, starts
         where the logged tokens end. A finishing flush marks the sample done; the group streams
         to the trainer when its last sample is done. Rejections count in `rejected_appends`."""
-        args: list[Any] = []
+        meta = []
+        tokens, logprobs = array("I"), array("f")
         for entry in flushes:
             f = Flush(*entry)
             if len(f.token_ids) != len(f.logprobs):
@@ -550,13 +554,19 @@ class TokenLog:
                 )
             if f.finish_reason == "":
                 raise ValueError(f"sample {f.sample_id}: empty finish_reason (use None)")
-            args += [
-                f.sample_id, f.instance_id, f.epoch, "" if f.offset is None else f.offset,
-                _pack("I", f.token_ids), _pack("f", f.logprobs), f.finish_reason or "",
-            ]
-        if not args:
+            meta.append((
+                f.sample_id, f.instance_id, f.epoch, -1 if f.offset is None else f.offset,
+                len(f.token_ids), f.finish_reason or "",
+            ))
+            tokens.extend(f.token_ids)
+            logprobs.extend(f.logprobs)
+        if not meta:
             return []
-        return [bool(ok) for ok in self._run("log", *args)]
+        if _SWAP:
+            tokens.byteswap()
+            logprobs.byteswap()
+        reply = self._run("log", json.dumps(meta), tokens.tobytes(), logprobs.tobytes())
+        return [bool(ok) for ok in reply]
 
     def append(
         self, sample_id: str, instance_id: str, epoch: int, token_ids: Sequence[int],

@@ -4,6 +4,12 @@ The model learns ``prompt -> solution<eos>`` with the loss on the solution token
 greedy exact match stays near zero for hundreds of steps and then jumps; a fixed step count would
 either stop before the jump or train far past it (leaving RL nothing to do), so training stops
 as soon as the held-out accuracy reaches `PretrainConfig.accuracy_threshold`.
+
+With `corpus_error_rate > 0` a fraction of the training solutions carry one wrong digit, like
+mistakes in real pretraining text. The model still learns the right answer as its most likely
+output (greedy accuracy, which the threshold measures), but it also learns to sample the
+mistakes at temperature 1: the gap that RL with a verifiable reward closes. This is the demo's
+setting; it is a property of the data, not of the RL algorithm, and the README says so.
 """
 
 from __future__ import annotations
@@ -106,10 +112,10 @@ def pretrain(
         model.eval()
         accuracy = sum(
             evaluate_accuracy(
-                engine, tokenizer, problems, max_new_tokens=max_response_tokens(problems),
+                engine, tokenizer, family_problems, max_new_tokens=max_response_tokens(family_problems),
                 sampling=SamplingParams(greedy=True),
             )
-            for problems in held_out.values()
+            for family_problems in held_out.values()
         ) / len(held_out)
         history.append((step, loss.item(), accuracy))
         if on_eval:
