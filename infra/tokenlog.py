@@ -324,26 +324,29 @@ for _, m in ipairs(cjson.decode(ARGV[2])) do
   local lp = string.sub(lps, pos, pos + 4 * k - 1)
   pos = pos + 4 * k
   local sk = P .. 's:' .. sid
-  local h = redis.call('HMGET', sk, 'state', 'owner', 'epoch', 'max_new', 'finish', 'step', 'group')
+  local tk = sk .. ':t'
+  local h = redis.call('HMGET', sk, 'state', 'owner', 'epoch', 'max_new')
   local ok = 0
   if h[2] == inst and tonumber(h[3]) == epoch then
-    local have = redis.call('STRLEN', sk .. ':t') / 4
+    local have = redis.call('STRLEN', tk) / 4
     local at = have
     if offset >= 0 then at = offset end
     if h[1] == 'running' and at == have and have + k <= tonumber(h[4]) then
       if k > 0 then
-        redis.call('APPEND', sk .. ':t', tok)
+        redis.call('APPEND', tk, tok)
         redis.call('APPEND', sk .. ':l', lp)
       end
       if fin ~= '' then
         redis.call('HSET', sk, 'state', 'done', 'finish', fin)
         redis.call('SREM', P .. 'own:' .. inst, sid)
-        settle(h[6], h[7], 'done')
+        local g = redis.call('HMGET', sk, 'step', 'group')
+        settle(g[1], g[2], 'done')
       end
       ok = 1
     elseif offset >= 0 and at + k == have
-        and ((h[1] == 'running' and fin == '') or (h[1] == 'done' and fin == h[5]))
-        and redis.call('GETRANGE', sk .. ':t', at * 4, -1) == tok then
+        and ((h[1] == 'running' and fin == '')
+          or (h[1] == 'done' and fin == redis.call('HGET', sk, 'finish')))
+        and redis.call('GETRANGE', tk, at * 4, -1) == tok then
       ok = 1  -- a redelivery of a flush that was already applied
     end
   end
