@@ -168,7 +168,9 @@ class InstanceRegistry:
                     ),
                     alive=bool(alive),
                     registered_at=float(field["registered_at"]),
-                    last_heartbeat=float(field["heartbeat_at"]) if "heartbeat_at" in field else None,
+                    last_heartbeat=(
+                        float(field["heartbeat_at"]) if "heartbeat_at" in field else None
+                    ),
                     policy_version=int(field["version"]) if field.get("version") else None,
                     free_slots=int(field["free_slots"]),
                     running=int(field["running"]),

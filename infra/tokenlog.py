@@ -483,7 +483,8 @@ class TokenLog:
     def __init__(self, client: redis.Redis, run_id: str, *, max_reaps: int = 10) -> None:
         if client.get_connection_kwargs().get("decode_responses"):
             raise ValueError(
-                "TokenLog needs a Redis client with decode_responses=False (it stores binary arrays)"
+                "TokenLog needs a Redis client with decode_responses=False "
+                "(it stores binary arrays)"
             )
         if not run_id or any(c in run_id for c in "{}") or not run_id.isprintable():
             raise ValueError(f"run_id must be non-empty, printable, without braces: {run_id!r}")
@@ -553,7 +554,8 @@ class TokenLog:
             f = Flush(*entry)
             if len(f.token_ids) != len(f.logprobs):
                 raise ValueError(
-                    f"sample {f.sample_id}: {len(f.token_ids)} tokens but {len(f.logprobs)} logprobs"
+                    f"sample {f.sample_id}: {len(f.token_ids)} tokens but "
+                    f"{len(f.logprobs)} logprobs"
                 )
             if f.finish_reason == "":
                 raise ValueError(f"sample {f.sample_id}: empty finish_reason (use None)")
@@ -599,7 +601,7 @@ class TokenLog:
         return bool(self._run("release", sample_id, instance_id, epoch, int(keep_tokens)))
 
     def fail(self, sample_id: str, instance_id: str, epoch: int, reason: str) -> bool:
-        """Mark a leased sample failed (e.g. the engine cannot generate it); its group is dropped."""
+        """Mark a leased sample failed (the engine cannot generate it); its group is dropped."""
         return bool(self._run("fail", sample_id, instance_id, epoch, reason))
 
     # --- the controller's side -----------------------------------------------------------------

@@ -61,7 +61,8 @@ def test_unreachable_url_names_host_port_not_password():
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    settings = RedisSettings(url=f"redis://:hunter2secret@127.0.0.1:{port}/0", connect_timeout_s=0.5)
+    url = f"redis://:hunter2secret@127.0.0.1:{port}/0"
+    settings = RedisSettings(url=url, connect_timeout_s=0.5)
     with pytest.raises(RedisUnavailable) as info:
         settings.client()
     message = str(info.value)

@@ -100,7 +100,10 @@ def test_append_is_fenced_and_rejections_counted(log):
 def test_finish_completes_group_once_and_streams_it(log, redis_client, run_id):
     log.enqueue_step(0, 0, groups(2, 2))
     claims = {c.sample_id: c for c in log.claim(0, "a", 0, 4)}
-    finish = lambda sid, tokens: log.finish(sid, "a", claims[sid].epoch, tokens, lp(tokens), "stop")  # noqa: E731
+
+    def finish(sid: str, tokens: list[int]) -> bool:
+        return log.finish(sid, "a", claims[sid].epoch, tokens, lp(tokens), "stop")
+
     assert finish("0/1/0", [7])
     assert log.next_completed_groups(0) == []
     assert finish("0/1/1", [8, 9])
@@ -273,7 +276,8 @@ class Model:
         for g in specs:
             for i in range(g.n):
                 self.seq += 1
-                self.samples[f"0/{g.group_id}/{i}"] = ModelSample(g.max_new_tokens, priority=(0, self.seq))
+                sid = f"0/{g.group_id}/{i}"
+                self.samples[sid] = ModelSample(g.max_new_tokens, priority=(0, self.seq))
         self.rejected = self.wasted = self.migrations = 0
 
     def claim(self, instance: str, k: int) -> list[str]:
@@ -425,12 +429,14 @@ def _random_run(redis_client: redis.Redis, seed: int, ops: int) -> None:
     while claims := log.claim(0, "drain", 0, 64):
         assert [c.sample_id for c in claims] == model.claim("drain", len(claims))
         flushes = [
-            Flush(c.sample_id, "drain", c.epoch, [], [], len(c.generated_ids), "stop") for c in claims
+            Flush(c.sample_id, "drain", c.epoch, [], [], len(c.generated_ids), "stop")
+            for c in claims
         ]
         assert log.log(flushes) == [model.log(f) for f in flushes]
 
     status = log.step_status(0)
-    assert status.complete and status.done == len(model.samples) and status.groups_done == len(specs)
+    assert status.complete and status.done == len(model.samples)
+    assert status.groups_done == len(specs)
     assert status.tokens_logged == sum(len(s.tokens) for s in model.samples.values())
     streamed = TokenLog(redis_client, run_id).next_completed_groups(0)
     assert sorted(streamed) == list(range(len(specs)))  # every group exactly once
