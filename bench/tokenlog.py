@@ -1,0 +1,136 @@
+"""Token-log benchmark: raw append throughput on loopback Redis, and the logging overhead of a
+real rollout (HF engine, tiny model) that flushes every k tokens, against the same rollout with
+no logging, measured side by side in one run.
+
+    .venv/bin/python bench/tokenlog.py [--samples 64] [--chunk 16] [--calls 400] [--flush-tokens 8]
+
+Last line JSON: {"tokens_per_s": .., "overhead": .., ...}. Targets: >= 1,000,000 tokens/s and
+overhead <= 3% of rollout time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import redis  # noqa: E402
+import torch  # noqa: E402
+
+from infra.flusher import BackgroundFlusher  # noqa: E402
+from infra.redis_embedded import EmbeddedRedis  # noqa: E402
+from infra.tokenlog import Flush, GroupSpec, TokenLog  # noqa: E402
+from rl.engine import GenerationRequest, HFEngine, SamplingParams  # noqa: E402
+from rl.models import TinyLlamaShape, build_tiny_llama  # noqa: E402
+
+
+def append_throughput(client: redis.Redis, run_id: str, samples: int, chunk: int, calls: int) -> float:
+    """Tokens/s of `append_many` batches of `samples` x `chunk` tokens (with exactly-once offsets)."""
+    log = TokenLog(client, run_id)
+    log.enqueue_step(0, 0, [GroupSpec(g, [1, 2, 3], 1, chunk * (calls + 1)) for g in range(samples)])
+    claims = log.claim(0, "bench", 0, samples)
+    tokens, logprobs = list(range(chunk)), [-0.5] * chunk
+    started = time.perf_counter()
+    for call in range(calls):
+        accepted = log.append_many(
+            [Flush(c.sample_id, "bench", c.epoch, tokens, logprobs, call * chunk) for c in claims]
+        )
+        assert all(accepted)
+    return samples * chunk * calls / (time.perf_counter() - started)
+
+
+def rollout(engine: HFEngine, requests: list[GenerationRequest], log: TokenLog | None, flush_tokens: int,
+            claims: dict | None) -> tuple[float, int]:
+    """Run all requests through the engine; with a log, flush every `flush_tokens` per sample
+    through the background flusher, as a rollout worker does."""
+    flusher = BackgroundFlusher(log) if log is not None else None
+    pending = []
+    buffers: dict[str, tuple[list[int], list[float]]] = {r.sample_id: ([], []) for r in requests}
+    logged = dict.fromkeys(buffers, 0)
+    started = time.perf_counter()
+    for request in requests:
+        engine.add(request)
+    tokens = 0
+    while engine.has_work():
+        due = []
+        for chunk in engine.step():
+            ids, lps = buffers[chunk.sample_id]
+            ids.extend(chunk.token_ids)
+            lps.extend(chunk.logprobs)
+            tokens += len(chunk.token_ids)
+            if log is not None and (len(ids) >= flush_tokens or chunk.finish_reason):
+                epoch = claims[chunk.sample_id]
+                due.append(Flush(chunk.sample_id, "bench", epoch, list(ids), list(lps),
+                                 logged[chunk.sample_id], chunk.finish_reason))
+                logged[chunk.sample_id] += len(ids)
+                ids.clear()
+                lps.clear()
+        if due:
+            pending.append(flusher.submit(due))
+    if flusher is not None:
+        flusher.close()
+        assert all(all(f.result()) for f in pending)
+    return time.perf_counter() - started, tokens
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=64)
+    parser.add_argument("--chunk", type=int, default=16)
+    parser.add_argument("--calls", type=int, default=400)
+    parser.add_argument("--flush-tokens", type=int, default=8)
+    parser.add_argument("--rollout-samples", type=int, default=256)
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+
+    with EmbeddedRedis() as server:
+        client = redis.Redis.from_url(server.url)
+        tokens_per_s = max(
+            append_throughput(client, f"bench-append-{r}", args.samples, args.chunk, args.calls)
+            for r in range(args.repeats)
+        )
+        print(f"append_many {args.samples} samples x {args.chunk} tokens per call: {tokens_per_s:,.0f} tokens/s")
+
+        model, tokenizer = build_tiny_llama(TinyLlamaShape(), seed=0)
+        engine = HFEngine(model.eval(), tokenizer.eos_token_id, tokenizer.pad_token_id, max_batch_size=256)
+        prompt = tokenizer("123+456+78=").input_ids
+        times = {"engine_only": [], "with_log": []}
+        for repeat in range(args.repeats):
+            for mode in times:  # interleaved so both see the same machine load
+                requests = [
+                    GenerationRequest(f"{repeat}/{i}/0", prompt, args.max_new_tokens, seed=repeat,
+                                      sampling=SamplingParams(), stop_token_ids=())
+                    for i in range(args.rollout_samples)
+                ]
+                log = claims = None
+                if mode == "with_log":
+                    log = TokenLog(client, f"bench-rollout-{repeat}")
+                    log.enqueue_step(repeat, 0, [GroupSpec(i, prompt, 1, args.max_new_tokens) for i in range(args.rollout_samples)])
+                    claimed = log.claim(repeat, "bench", 0, args.rollout_samples)
+                    claims = {c.sample_id: c.epoch for c in claimed}
+                    # The token log names samples "<step>/<group>/<index>": align request ids with it.
+                    requests = [GenerationRequest(c.sample_id, prompt, args.max_new_tokens, seed=repeat,
+                                                  sampling=SamplingParams()) for c in claimed]
+                seconds, tokens = rollout(engine, requests, log, args.flush_tokens, claims)
+                times[mode].append(seconds)
+                print(f"repeat {repeat} {mode:12s} {seconds:.3f} s, {tokens} tokens")
+        engine_only, with_log = min(times["engine_only"]), min(times["with_log"])
+        overhead = (with_log - engine_only) / engine_only
+        print(f"rollout {args.rollout_samples} samples: engine only {engine_only:.3f} s, with token log {with_log:.3f} s, overhead {overhead:.2%}")
+    print(json.dumps({
+        "tokens_per_s": round(tokens_per_s),
+        "overhead": round(overhead, 4),
+        "engine_only_s": round(engine_only, 3),
+        "with_log_s": round(with_log, 3),
+        "flush_tokens": args.flush_tokens,
+    }))
+
+
+if __name__ == "__main__":
+    main()
