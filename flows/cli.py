@@ -91,5 +91,13 @@ def demo(set_: SetOption = None, console_log_level: LogOption = "WARNING") -> No
     train(config=DEFAULT_CONFIG, set_=set_, console_log_level=console_log_level)
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False)
+def worker(ctx: typer.Context) -> None:
+    """Run a rollout instance: `rlboost worker --pool NAME --run-id ID --redis-url URL --model DIR --weights-dir DIR [--slots N ...]` (see `rlboost worker --help`)."""
+    from infra.worker import main as worker_main
+
+    raise typer.Exit(worker_main(list(ctx.args)))
+
+
 if __name__ == "__main__":
     app()

@@ -1,0 +1,629 @@
+"""The rollout worker: one rollout instance's loop of claim -> generate -> flush (DESIGN sections 3-4).
+
+A `RolloutWorker` owns a `GenerationEngine` (HF/torch) and runs it against the run's token log:
+
+* it registers in the `InstanceRegistry` and heartbeats from a background thread (policy version
+  held, free slots, running samples); a heartbeat answered False means it was evicted: it stops;
+* it follows the **current step** the controller publishes (`set_current_step` / `current_step`
+  below). When its engine's policy version differs from the step's and it holds no running
+  sample, it loads that version from the weights directory (`infra.weights_file`; it waits while
+  the file is not there yet), then claims;
+* late binding: it claims up to its free slots of the current step (partially generated samples
+  first, resumed from their logged tokens by re-prefill), steps the engine, buffers each sample's
+  new tokens and flushes a sample when it has `flush_tokens` unflushed tokens, its oldest
+  unflushed token is `flush_ms` old, or it finished (eos / length: a fenced finishing flush). All
+  due flushes of an engine step go in one round trip (`TokenLog.log`). A rejected flush means the
+  lease was revoked (the sample was reaped or stolen): the sample is dropped from the engine with
+  no further writes;
+* control messages (`InstanceRegistry.request`):
+  ``{"op": "release", "sample_ids": [...]}`` or ``{"op": "release", "count": n}`` flushes, then
+  hands back those samples (fenced); with a count it picks the samples with the most work left
+  (fewest tokens). Either way it pauses claiming for `STEAL_HOLDOFF_S`, so the idle instance the
+  controller balances toward gets them (claims prefer partially generated samples).
+  ``{"op": "release_all"[, "step": s]}`` (end of `T_local`) flushes and hands back everything and
+  stops claiming for step s (default: the current step) until ``{"op": "resume"}`` or a new step.
+  ``{"op": "drain"}`` is a SIGTERM;
+* **SIGTERM is the preemption notice**: it stops claiming, flushes and releases every sample
+  (fenced, then a sweep of anything it still owns), deregisters and exits 0 — milliseconds, well
+  within any notice period. After a SIGKILL only the unflushed tail (at most `flush_tokens`
+  tokens or `flush_ms` per sample) is lost; the controller reaps the rest.
+
+The current-step protocol (Redis, ``P = "rlb:{<run_id>}:"``): ``P current_step`` is a hash with
+fields ``step`` and ``version``: the step whose samples instances should generate and the policy
+version they are enqueued for. The controller writes it with `set_current_step` (monotonic in
+the step) after `TokenLog.enqueue_step`; workers read it with `current_step` every `poll_ms`;
+`clear_current_step` (end of the run) makes them idle.
+
+`main(argv)` is the process entry point (``rlboost worker ...`` or ``python -m infra.worker``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+from pydantic import Field, model_validator
+
+from infra.redis_embedded import RedisSettings
+from infra.registry import CapacityClass, InstanceInfo, InstanceRegistry
+from infra.tokenlog import Claim, Flush, TokenLog
+from infra.weights_file import has_version, load_version
+from rl.config import Section
+from rl.engine import GenerationEngine
+
+log = logging.getLogger("rlboost.worker")
+
+STEAL_HOLDOFF_S = 0.5
+"""After handing back samples on a `release` request (a steal), claiming pauses this long so the
+idle instance the controller is balancing toward gets them first."""
+
+# --- the current-step protocol -------------------------------------------------------------------
+
+_SET_STEP = """
+local cur = redis.call('HGET', KEYS[1], 'step')
+if cur and tonumber(cur) > tonumber(ARGV[1]) then return 0 end
+redis.call('HSET', KEYS[1], 'step', ARGV[1], 'version', ARGV[2])
+return 1
+"""
+
+
+def current_step_key(run_id: str) -> str:
+    """``rlb:{<run_id>}:current_step``: hash {step, version}."""
+    return f"rlb:{{{run_id}}}:current_step"
+
+
+def set_current_step(client: redis.Redis, run_id: str, step: int, version: int) -> bool:
+    """Publish the step instances should work on and its policy version (atomic). Monotonic:
+    False (nothing changes) if a later step is already current, e.g. from a newer controller."""
+    if step < 0 or version < 0:
+        raise ValueError(f"step and version must be >= 0, got step={step} version={version}")
+    script = client.register_script(_SET_STEP)
+    return bool(script(keys=[current_step_key(run_id)], args=[step, version]))
+
+
+def current_step(client: redis.Redis, run_id: str) -> tuple[int, int] | None:
+    """(step, version) instances should work on, or None when there is none."""
+    step, version = client.hmget(current_step_key(run_id), "step", "version")
+    if step is None or version is None:
+        return None
+    return int(step), int(version)
+
+
+def clear_current_step(client: redis.Redis, run_id: str) -> None:
+    """No current step (the run ended): instances idle."""
+    client.delete(current_step_key(run_id))
+
+
+# --- configuration -------------------------------------------------------------------------------
+
+
+class WorkerConfig(Section):
+    """One rollout instance."""
+
+    redis_url: str
+    """URL of the run's Redis (token log, registry, control); may carry the password."""
+    run_id: str
+    """The run whose steps this instance generates."""
+    instance_id: str
+    """Unique id of this instance (the registry key and the owner of its leases)."""
+    pool: str
+    """The pool the instance belongs to (provider, zone, machine type, class)."""
+    capacity_class: CapacityClass = "spot"
+    """reserved, ondemand or spot."""
+    price_per_hour: float = Field(0.0, ge=0)
+    """What the instance costs, for the controller and the ledger."""
+    model_path: Path
+    """Base Hugging Face model directory: architecture, tokenizer, and the weights of version 0."""
+    weights_dir: Path
+    """Directory of published versions (`infra.weights_file`: ``v<version>.safetensors``)."""
+    slots: int = Field(8, ge=1)
+    """Samples generated concurrently (claimed at most)."""
+    flush_tokens: int = Field(16, ge=1)
+    """k: flush a sample once it has this many unflushed tokens."""
+    flush_ms: float = Field(250.0, gt=0)
+    """t: flush a sample once its oldest unflushed token is this many milliseconds old."""
+    heartbeat_s: float = Field(1.0, gt=0)
+    """Seconds between heartbeats."""
+    ttl_s: float = Field(3.0, gt=0)
+    """Liveness TTL of a heartbeat: the controller reaps the instance after this long without
+    one. Must exceed `heartbeat_s`."""
+    max_batch_size: int | None = Field(None, ge=1)
+    """Engine batch (rows decoded together); None = `slots`."""
+    poll_ms: float = Field(25.0, gt=0)
+    """How often the current step and control messages are read; also the longest idle wait."""
+    device: str = "cpu"
+    """Torch device of the engine."""
+
+    @model_validator(mode="after")
+    def _heartbeat_within_ttl(self) -> WorkerConfig:
+        if self.ttl_s <= self.heartbeat_s:
+            raise ValueError(
+                f"ttl_s ({self.ttl_s}) must exceed heartbeat_s ({self.heartbeat_s}), or the "
+                "instance lapses between heartbeats"
+            )
+        if any(c in self.run_id for c in "{}") or not self.run_id:
+            raise ValueError(f"run_id must be non-empty without braces: {self.run_id!r}")
+        return self
+
+
+# --- the worker ----------------------------------------------------------------------------------
+
+
+@dataclass
+class WorkerStats:
+    claimed: int = 0
+    """Samples leased."""
+    resumed: int = 0
+    """Of those, samples that came with logged tokens (migrated)."""
+    finished: int = 0
+    """Samples completed (finishing flush accepted)."""
+    released: int = 0
+    """Samples handed back (fenced release accepted)."""
+    dropped: int = 0
+    """Samples dropped because a flush or release was rejected (lease revoked)."""
+    failed: int = 0
+    """Samples the engine refused (marked failed)."""
+    tokens: int = 0
+    """Tokens generated."""
+    flushes: int = 0
+    """Flush round trips."""
+    weight_loads: int = 0
+
+
+@dataclass(eq=False)
+class _Held:
+    """A leased sample: what is logged and what is buffered."""
+
+    sample_id: str
+    epoch: int
+    logged: int
+    """Response tokens in the log."""
+    order: int
+    """Claim order (a tie-break for choosing samples to release)."""
+    tokens: list[int] = field(default_factory=list)
+    """Generated, not yet flushed."""
+    logprobs: list[float] = field(default_factory=list)
+    since: float = 0.0
+    """Monotonic time of the oldest unflushed token."""
+    finish: str | None = None
+
+    @property
+    def generated(self) -> int:
+        return self.logged + len(self.tokens)
+
+
+class RolloutWorker:
+    """A rollout instance: `run()` until SIGTERM, a drain request or eviction."""
+
+    def __init__(
+        self,
+        config: WorkerConfig,
+        *,
+        client: redis.Redis | None = None,
+        engine: GenerationEngine | None = None,
+    ) -> None:
+        """`client` (binary responses) and `engine` are made from the config when not given."""
+        self.config = config
+        self.client = client or RedisSettings(url=config.redis_url).client()
+        self.tokenlog = TokenLog(self.client, config.run_id)
+        self.registry = InstanceRegistry(self.client, config.run_id, ttl_s=config.ttl_s)
+        self.engine = engine
+        self.stats = WorkerStats()
+        self.held: dict[str, _Held] = {}
+        self._poll_s = config.poll_ms / 1000
+        self._flush_s = config.flush_ms / 1000
+        self._stop = threading.Event()
+        self._stop_reason: str | None = None
+        self._hb_stop = threading.Event()
+        self._step: tuple[int, int] | None = None
+        self._paused_step: int | None = None
+        self._claim_after = 0.0
+        self._next_poll = 0.0
+        self._claims = 0
+        self._missing_version: int | None = None
+        self._ctl_key = f"{self.registry.prefix}ctl:{config.instance_id}"
+        """The registry's control list (documented layout), blocked on while idle."""
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def request_stop(self, reason: str) -> None:
+        """Stop claiming; `run()` then hands everything back and returns. Signal-safe."""
+        if self._stop_reason is None:
+            self._stop_reason = reason
+        self._stop.set()
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM (the preemption notice) and SIGINT stop the worker gracefully."""
+
+        def handler(signum: int, _frame: Any) -> None:
+            self.request_stop(signal.Signals(signum).name)
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+    def load_engine(self) -> GenerationEngine:
+        """The HF engine on the base model (its weights are version 0)."""
+        from rl.engine import HFEngine
+        from rl.models import load_model
+
+        model, tokenizer = load_model(self.config.model_path)
+        self.engine = HFEngine(
+            model,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            max_batch_size=self.config.max_batch_size or self.config.slots,
+            policy_version=0,
+            device=self.config.device,
+        )
+        return self.engine
+
+    def run(self) -> int:
+        """Register, work until stopped, hand everything back, deregister. Returns the exit code
+        (0 after a graceful stop, 1 after an error)."""
+        cfg = self.config
+        if self.engine is None:
+            self.load_engine()
+        if self._stop.is_set():  # told to stop while loading: never registered, nothing held
+            log.info("worker %s stopped (%s) before registering", cfg.instance_id, self._stop_reason)
+            return 0
+        info = InstanceInfo(cfg.instance_id, cfg.pool, cfg.capacity_class, cfg.price_per_hour, cfg.slots)
+        self.registry.register(info)
+        beat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
+        beat.start()
+        log.info(
+            "worker %s registered (pool %s, %s, %d slots)",
+            cfg.instance_id, cfg.pool, cfg.capacity_class, cfg.slots,
+        )
+        code = 0
+        try:
+            self._loop()
+            self._hand_back_everything()
+        except Exception:
+            code = 1
+            log.exception("worker %s failed; handing its samples back", cfg.instance_id)
+            try:
+                self._hand_back_everything()
+            except Exception:
+                log.exception("hand-back after the failure failed too (the controller will reap)")
+        finally:
+            self._hb_stop.set()
+            beat.join()
+            try:
+                self.registry.deregister(cfg.instance_id)
+            except redis.RedisError:
+                log.warning("could not deregister %s (the controller will reap it)", cfg.instance_id)
+            log.info(
+                "worker %s exit (%s): %s", cfg.instance_id, self._stop_reason or "error",
+                json.dumps(asdict(self.stats)),
+            )
+        return code
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        engine = self.engine
+        assert engine is not None
+        while not self._stop.is_set():
+            try:
+                now = time.monotonic()
+                if now >= self._next_poll:
+                    self._poll()
+                    self._next_poll = time.monotonic() + self._poll_s
+                    if self._stop.is_set():
+                        break
+                self._maybe_claim()
+                if engine.has_work():
+                    self._absorb(engine.step())
+                    self._flush(force=False)
+                else:
+                    self._flush(force=True)
+                    self._idle()
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                # Buffers are kept; flushes carry offsets, so retrying them later is exactly-once.
+                log.warning("Redis unavailable (%s); retrying in %.0f ms", exc, self.config.poll_ms)
+                time.sleep(self._poll_s)
+
+    def _idle(self) -> None:
+        """Nothing to generate: block on the control list until the next poll is due."""
+        wait = self._next_poll - time.monotonic()
+        if self._can_claim():
+            wait = min(wait, self._claim_after - time.monotonic())
+        if wait <= 0.001:
+            return
+        reply = self.client.blpop([self._ctl_key], timeout=min(wait, self._poll_s))
+        if reply is not None:
+            self._control(json.loads(reply[1]))
+            self._next_poll = 0.0  # take any further messages now
+
+    def _poll(self) -> None:
+        """Read the current step, then control messages; load the step's version if due."""
+        step = current_step(self.client, self.config.run_id)
+        if step != self._step:
+            if step is not None and (self._step is None or step[0] != self._step[0]):
+                self._paused_step = None  # a new step ends a release_all pause
+                log.info("step %d (policy version %d)", *step)
+            self._step = step
+            self._claim_after = 0.0
+        for message in self.registry.poll_requests(self.config.instance_id):
+            self._control(message)
+        self._maybe_load_weights()
+
+    def _maybe_load_weights(self) -> None:
+        engine = self.engine
+        assert engine is not None
+        if self._step is None or self.held or self._stop.is_set():
+            return
+        version = self._step[1]
+        if engine.policy_version == version:
+            return
+        if not has_version(self.config.weights_dir, version):
+            if self._missing_version != version:
+                log.info("waiting for weights of version %d in %s", version, self.config.weights_dir)
+                self._missing_version = version
+            return
+        started = time.monotonic()
+        engine.load_weights(load_version(self.config.weights_dir, version), version)
+        self.stats.weight_loads += 1
+        self._claim_after = 0.0
+        log.info("loaded policy version %d in %.2f s", version, time.monotonic() - started)
+
+    def _can_claim(self) -> bool:
+        if self._stop.is_set() or self._step is None or self.engine is None:
+            return False
+        step, version = self._step
+        return (
+            self._paused_step != step
+            and self.engine.policy_version == version
+            and len(self.held) < self.config.slots
+        )
+
+    def _maybe_claim(self) -> None:
+        if not self._can_claim() or time.monotonic() < self._claim_after:
+            return
+        assert self._step is not None
+        step, version = self._step
+        free = self.config.slots - len(self.held)
+        claims = self.tokenlog.claim(step, self.config.instance_id, version, free)
+        if len(claims) < free:  # the queue ran dry: look again at the next poll
+            self._claim_after = time.monotonic() + self._poll_s
+        for claim in claims:
+            self._start(claim)
+
+    def _start(self, claim: Claim) -> None:
+        engine = self.engine
+        assert engine is not None
+        stale = self.held.pop(claim.sample_id, None)
+        if stale is not None:  # we were reaped and re-claimed it before a flush told us
+            self._engine_release(stale.sample_id)
+        try:
+            engine.add(claim.request())
+        except ValueError as exc:
+            log.error("sample %s cannot be generated (%s): failing it", claim.sample_id, exc)
+            self.tokenlog.fail(claim.sample_id, self.config.instance_id, claim.epoch, f"engine: {exc}")
+            self.stats.failed += 1
+            return
+        self._claims += 1
+        self.held[claim.sample_id] = _Held(
+            claim.sample_id, claim.epoch, len(claim.generated_ids), self._claims
+        )
+        self.stats.claimed += 1
+        self.stats.resumed += bool(claim.generated_ids)
+
+    def _absorb(self, chunks: list) -> None:
+        now = time.monotonic()
+        for chunk in chunks:
+            held = self.held.get(chunk.sample_id)
+            if held is None:
+                continue
+            if chunk.token_ids:
+                if not held.tokens:
+                    held.since = now
+                held.tokens += chunk.token_ids
+                held.logprobs += chunk.logprobs
+                self.stats.tokens += len(chunk.token_ids)
+            if chunk.finish_reason is not None:
+                held.finish = chunk.finish_reason
+
+    def _flush(self, force: bool, only: list[_Held] | None = None) -> None:
+        """One round trip for every due flush (all of `only`'s pending tokens if given)."""
+        if only is not None:
+            due = [h for h in only if h.tokens or h.finish]
+        else:
+            now = time.monotonic()
+            k, t = self.config.flush_tokens, self._flush_s
+            due = [
+                h for h in self.held.values()
+                if h.finish is not None
+                or (h.tokens and (force or len(h.tokens) >= k or now - h.since >= t))
+            ]
+        if not due:
+            return
+        instance = self.config.instance_id
+        results = self.tokenlog.log(
+            Flush(h.sample_id, instance, h.epoch, h.tokens, h.logprobs, h.logged, h.finish) for h in due
+        )
+        self.stats.flushes += 1
+        for held, ok in zip(due, results):
+            if not ok:
+                self._drop(held, "flush rejected")
+                continue
+            held.logged += len(held.tokens)
+            held.tokens, held.logprobs = [], []
+            if held.finish is not None:
+                del self.held[held.sample_id]
+                self.stats.finished += 1
+
+    def _drop(self, held: _Held, why: str) -> None:
+        """The lease was revoked (reaped or stolen): forget the sample, write nothing more."""
+        if self.held.get(held.sample_id) is held:
+            del self.held[held.sample_id]
+        self._engine_release(held.sample_id)
+        self.stats.dropped += 1
+        log.info("dropped sample %s (%s: lease revoked)", held.sample_id, why)
+
+    def _engine_release(self, sample_id: str) -> None:
+        try:
+            self.engine.release(sample_id)  # type: ignore[union-attr]
+        except KeyError:
+            pass  # it had finished in the engine already
+
+    # -- handing samples back -------------------------------------------------------------------
+
+    def _release(self, samples: list[_Held]) -> None:
+        """Stop generating `samples`, flush their tails, then release them (fenced)."""
+        samples = [h for h in samples if self.held.get(h.sample_id) is h]
+        if not samples:
+            return
+        for held in samples:
+            if held.finish is None:
+                self._engine_release(held.sample_id)
+        self._flush(force=True, only=samples)  # finished ones complete instead of migrating
+        instance = self.config.instance_id
+        for held in samples:
+            if self.held.get(held.sample_id) is not held:
+                continue  # finished, or dropped by the flush
+            del self.held[held.sample_id]
+            if self.tokenlog.release(held.sample_id, instance, held.epoch):
+                self.stats.released += 1
+            else:
+                self.stats.dropped += 1
+                log.info("dropped sample %s (release rejected: lease revoked)", held.sample_id)
+
+    def _hand_back_everything(self) -> None:
+        """Flush and release every held sample, then sweep anything the log says we still own
+        (e.g. a claim whose reply was lost)."""
+        self._release(list(self.held.values()))
+        swept = self.tokenlog.release_all(self.config.instance_id)
+        if swept:
+            log.warning("released %d samples this worker did not know it owned", swept)
+
+    # -- control messages -----------------------------------------------------------------------
+
+    def _control(self, message: dict[str, Any]) -> None:
+        op = message.get("op")
+        if op == "release":
+            ids = message.get("sample_ids")
+            if ids is not None:
+                targets = [self.held[s] for s in ids if s in self.held]
+            else:
+                count = int(message.get("count", 0))
+                running = [h for h in self.held.values() if h.finish is None]
+                running.sort(key=lambda h: (h.generated, -h.order))  # the most work left first
+                targets = running[: max(count, 0)]
+            self._claim_after = time.monotonic() + STEAL_HOLDOFF_S
+            log.info("releasing %d samples on request", len(targets))
+            self._release(targets)
+        elif op == "release_all":
+            step = message.get("step", self._step[0] if self._step else None)
+            self._paused_step = None if step is None else int(step)
+            log.info("releasing all %d samples; not claiming for step %s", len(self.held), step)
+            self._release(list(self.held.values()))
+        elif op == "resume":
+            self._paused_step = None
+            self._claim_after = 0.0
+        elif op == "drain":
+            self.request_stop("drain")
+        else:
+            log.warning("ignoring unknown control message %r", message)
+
+    # -- heartbeats -----------------------------------------------------------------------------
+
+    def _heartbeat_loop(self) -> None:
+        while not self._hb_stop.wait(self.config.heartbeat_s):
+            self.heartbeat()
+
+    def heartbeat(self) -> bool:
+        """Report version, free slots (0 while not claiming) and running samples; a False reply
+        (deregistered: evicted) stops the worker."""
+        engine = self.engine
+        paused = self._stop.is_set() or (self._step is not None and self._paused_step == self._step[0])
+        running = len(self.held)
+        free = 0 if paused else max(self.config.slots - running, 0)
+        try:
+            ok = self.registry.heartbeat(
+                self.config.instance_id, engine.policy_version if engine else None, free, running
+            )
+        except redis.RedisError as exc:
+            log.warning("heartbeat failed: %s", exc)
+            return True
+        if not ok and not self._hb_stop.is_set():
+            log.warning("instance %s is no longer registered (evicted): stopping", self.config.instance_id)
+            self.request_stop("evicted")
+        return ok
+
+
+# --- entry point ---------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    env = os.environ.get
+    p = argparse.ArgumentParser(
+        prog="rlboost worker",
+        description="Run a rollout instance: claim samples of the current step, generate, stream "
+        "tokens to the token log. SIGTERM hands everything back and exits 0.",
+    )
+    p.add_argument("--redis-url", default=env("RLBOOST_REDIS_URL"), help="Redis URL (env RLBOOST_REDIS_URL)")
+    p.add_argument("--run-id", default=env("RLBOOST_RUN_ID"), help="run id (env RLBOOST_RUN_ID)")
+    p.add_argument("--instance-id", default=env("RLBOOST_INSTANCE_ID"),
+                   help="instance id (env RLBOOST_INSTANCE_ID; default <pool>-<host>-<pid>)")
+    p.add_argument("--pool", default=env("RLBOOST_POOL"), help="pool name (env RLBOOST_POOL)")
+    p.add_argument("--capacity-class", default=env("RLBOOST_CAPACITY_CLASS", "spot"),
+                   choices=["reserved", "ondemand", "spot"], help="env RLBOOST_CAPACITY_CLASS (default spot)")
+    p.add_argument("--price-per-hour", type=float, default=0.0)
+    p.add_argument("--model", required=True, type=Path, help="base HF model directory (version 0)")
+    p.add_argument("--weights-dir", required=True, type=Path, help="directory of v<N>.safetensors")
+    defaults = WorkerConfig.model_fields
+    p.add_argument("--slots", type=int, default=defaults["slots"].default)
+    p.add_argument("--flush-tokens", type=int, default=defaults["flush_tokens"].default)
+    p.add_argument("--flush-ms", type=float, default=defaults["flush_ms"].default)
+    p.add_argument("--heartbeat-s", type=float, default=defaults["heartbeat_s"].default)
+    p.add_argument("--ttl-s", type=float, default=defaults["ttl_s"].default)
+    p.add_argument("--max-batch-size", type=int, default=None)
+    p.add_argument("--poll-ms", type=float, default=defaults["poll_ms"].default)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments, run a `RolloutWorker` until it stops; returns the exit code."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    for name in ("redis_url", "run_id", "pool"):
+        if not getattr(args, name):
+            parser.error(f"--{name.replace('_', '-')} is required (or its environment variable)")
+    logging.basicConfig(
+        level=args.log_level.upper(), stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    instance_id = args.instance_id or f"{args.pool}-{socket.gethostname()}-{os.getpid()}"
+    config = WorkerConfig(
+        redis_url=args.redis_url, run_id=args.run_id, instance_id=instance_id, pool=args.pool,
+        capacity_class=args.capacity_class, price_per_hour=args.price_per_hour,
+        model_path=args.model, weights_dir=args.weights_dir, slots=args.slots,
+        flush_tokens=args.flush_tokens, flush_ms=args.flush_ms, heartbeat_s=args.heartbeat_s,
+        ttl_s=args.ttl_s, max_batch_size=args.max_batch_size, poll_ms=args.poll_ms,
+        device=args.device,
+    )
+    import torch
+
+    torch.set_num_threads(args.threads)
+    worker = RolloutWorker(config)
+    worker.install_signal_handlers()  # before the (slow) model load: a notice then stops at once
+    return worker.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
