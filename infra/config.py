@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError
 
+from infra.fabric import FabricConfig
 from rl.config import (
     DataConfig,
     EvalConfig,
@@ -63,6 +64,7 @@ class RunConfig(Section):
     optim: OptimConfig = OptimConfig()
     eval: EvalConfig = EvalConfig()
     pretrain: PretrainConfig = PretrainConfig()
+    fabric: FabricConfig = FabricConfig()
 
 
 class ConfigError(ValueError):

@@ -127,10 +127,20 @@ def test_score_samples_uses_each_samples_group_answer():
 def test_score_samples_count_mismatch():
     exact = make_reward_fn("exact_match")
     samples = [sample(0, i, "46") for i in range(3)]
-    with pytest.raises(ValueError, match="3 samples for 1 prompts x 4"):
+    with pytest.raises(ValueError, match="complete consecutive groups of 4"):
         score_samples(samples, RECORDS[:1], TOKENIZER, exact, exact, 4, GRPOConfig())
     with pytest.raises(ValueError):
         score_samples(samples + samples, RECORDS[:1], TOKENIZER, exact, exact, 3, GRPOConfig())
+
+
+def test_score_samples_accepts_missing_groups_but_not_partial_ones():
+    exact = make_reward_fn("exact_match")
+    # group 0 dropped by the rollout (a failed sample); group 1 complete
+    samples = [sample(1, i, RECORDS[1].answer if i % 2 else "0") for i in range(4)]
+    scores = score_samples(samples, RECORDS[:2], TOKENIZER, exact, exact, 4, GRPOConfig())
+    assert scores.rewards == [0.0, 1.0, 0.0, 1.0]
+    with pytest.raises(ValueError):
+        score_samples(samples[:3], RECORDS[:2], TOKENIZER, exact, exact, 4, GRPOConfig())
 
 
 def test_samples_from_results_pairs_requests_and_results():

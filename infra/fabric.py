@@ -1,0 +1,141 @@
+"""The rollout fabric of one run (DESIGN §3-5): Redis, the local instance pools running rollout
+workers, weight publication, and the controller that rolls out each step over the token log.
+
+`RolloutFabric` is what the training session uses instead of its in-process engine when
+`fabric.enabled` is set. It starts an embedded Redis unless a URL is configured, launches the
+configured local pools (reserved and spot; spot pools preempted by trace or Poisson schedules),
+publishes each policy version for the workers to load, and returns every step's samples in the
+same `rl.rollout.Sample` form as the in-process path.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+import redis
+from pydantic import Field
+
+from infra.controller import ControllerConfig, RolloutController, StepReport, samples_of_group
+from infra.providers.base import PoolSpec
+from infra.providers.local import LocalProvider
+from infra.redis_embedded import EmbeddedRedis
+from infra.registry import InstanceRegistry
+from infra.tokenlog import GroupSpec, TokenLog
+from infra.weights_file import publish_weights
+from rl.config import RolloutConfig, Section
+from rl.datasets import PromptRecord
+from rl.rollout import Sample, step_seed
+
+
+class WorkerSettings(Section):
+    """How each rollout instance runs (passed to `rlboost worker`)."""
+
+    slots: int = Field(64, ge=1)
+    """Samples an instance generates concurrently."""
+    flush_tokens: int = Field(4, ge=1)
+    """Flush a sample's tokens to the log every this many tokens."""
+    flush_ms: float = Field(100.0, gt=0)
+    """... or once its oldest unflushed token is this old."""
+    heartbeat_s: float = Field(0.5, gt=0)
+    """Seconds between heartbeats."""
+    ttl_s: float = Field(2.0, gt=0)
+    """Heartbeat lifetime: an instance silent this long is reaped."""
+
+
+class FabricConfig(Section):
+    """Distributed rollout over a Redis token log and local instance pools."""
+
+    enabled: bool = False
+    """Roll out on worker instances (True) or in the training process (False)."""
+    redis_url: str | None = None
+    """Redis of the run; None starts an embedded redis-server on a free loopback port."""
+    pools: tuple[PoolSpec, ...] = ()
+    """Instance pools: at least one; a `reserved` pool is the training cluster's share of rollout."""
+    worker: WorkerSettings = WorkerSettings()
+    """Rollout instance settings."""
+    controller: ControllerConfig = ControllerConfig()
+    """Reaping, stealing and adaptive offload."""
+    ready_timeout_s: float = Field(180.0, gt=0)
+    """How long to wait for the first instance to register before failing the step."""
+
+
+class RolloutFabric:
+    def __init__(self, config: FabricConfig, run_id: str, run_dir: Path, model_path: Path) -> None:
+        if not config.pools:
+            raise ValueError("fabric.pools is empty: configure at least one pool of rollout instances")
+        self.config = config
+        self.run_id = run_id
+        self.model_path = Path(model_path)
+        self.weights_dir = run_dir / "weights"
+        self.weights_dir.mkdir(parents=True, exist_ok=True)
+        self._redis_server: EmbeddedRedis | None = None
+        if config.redis_url is None:
+            self._redis_server = EmbeddedRedis()
+            self._redis_server.start()
+        self.redis_url = self._redis_server.url if self._redis_server else config.redis_url
+        self.redis = redis.Redis.from_url(self.redis_url)
+        self.log = TokenLog(self.redis, run_id)
+        self.registry = InstanceRegistry(self.redis, run_id, ttl_s=config.worker.ttl_s)
+        self.controller = RolloutController(self.redis, run_id, config.controller, clock=time.time)
+        self.provider = LocalProvider(self._worker_command, log_dir=run_dir / "instances")
+        for pool in config.pools:
+            self.provider.launch(pool, pool.size)
+        self.provider.start()
+
+    def _worker_command(self, pool: PoolSpec, instance_id: str) -> list[str]:
+        w = self.config.worker
+        return [
+            sys.executable, "-m", "infra.worker",
+            "--redis-url", self.redis_url, "--run-id", self.run_id, "--instance-id", instance_id,
+            "--pool", pool.name, "--capacity-class", pool.capacity_class,
+            "--price-per-hour", str(pool.price_per_hour),
+            "--model", str(self.model_path), "--weights-dir", str(self.weights_dir),
+            "--slots", str(w.slots), "--flush-tokens", str(w.flush_tokens), "--flush-ms", str(w.flush_ms),
+            "--heartbeat-s", str(w.heartbeat_s), "--ttl-s", str(w.ttl_s),
+        ]
+
+    def publish(self, version: int, state_dict) -> None:
+        publish_weights(self.redis, self.run_id, self.weights_dir, version, state_dict)
+
+    def _wait_for_instances(self) -> None:
+        deadline = time.time() + self.config.ready_timeout_s
+        while not self.registry.alive():
+            if time.time() > deadline:
+                raise TimeoutError(
+                    f"no rollout instance registered within {self.config.ready_timeout_s:.0f} s; "
+                    f"see the instance logs under {self.weights_dir.parent / 'instances'}"
+                )
+            time.sleep(0.2)
+
+    def rollout(self, tokenizer, records: list[PromptRecord], step: int, version: int,
+                rollout: RolloutConfig, run_seed: int) -> tuple[list[Sample], StepReport]:
+        """Roll out one step on the instances; samples of delivered groups, sorted by id."""
+        self._wait_for_instances()
+        sampling = {"temperature": rollout.temperature, "top_p": rollout.top_p, "top_k": rollout.top_k}
+        groups = [
+            GroupSpec(group, tokenizer(record.prompt).input_ids, rollout.group_size, rollout.max_new_tokens,
+                      seed=step_seed(run_seed, step), sampling=sampling)
+            for group, record in enumerate(records)
+        ]
+        collected: dict[int, list[Sample]] = {}
+        lock = threading.Lock()
+
+        def on_group(group_id: int, group_records) -> None:
+            with lock:
+                collected[group_id] = samples_of_group(group_records)
+
+        report = self.controller.run_step(step, version, groups, on_group)
+        samples = [s for group in sorted(collected) for s in sorted(collected[group], key=lambda s: int(s.sample_id.rsplit("/", 1)[1]))]
+        return samples, report
+
+    def preemptions(self) -> int:
+        return sum(1 for r in self.provider.list() if r.reason in ("preempted", "preempted_silent"))
+
+    def close(self) -> None:
+        self.provider.shutdown()
+        self.redis.close()
+        if self._redis_server is not None:
+            self._redis_server.stop()
