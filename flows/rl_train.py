@@ -49,6 +49,7 @@ def rl_step(session_key: str, step: int, evaluate: bool, checkpoint: bool) -> di
         "grad_norm": metrics["grad_norm"],
         "kl": metrics["kl"],
     }
+    row.update({k: v for k, v in rollout.items() if k not in ("path", "tokens", "seconds")})
     row["step_s"] = time.perf_counter() - started
     session = get_session(session_key)
     session.record(step, row)

@@ -24,6 +24,9 @@ STEP_COLUMNS = (
     ("train_s", "train s", "{:.2f}"),
     ("step_s", "step s", "{:.2f}"),
     ("entropy", "entropy", "{:.3f}"),
+    ("preemptions", "preemptions", "{:d}"),
+    ("migrations", "migrations", "{:d}"),
+    ("tokens_wasted", "tokens wasted", "{:d}"),
 )
 
 

@@ -13,12 +13,14 @@ from __future__ import annotations
 import json
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from infra.config import RunConfig
+from infra.fabric import RolloutFabric
 from rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rl.engine import HFEngine, SamplingParams
 from rl.evaluation import evaluate_accuracy
@@ -88,6 +90,13 @@ class TrainingSession:
             self.history = History(state["history"]["steps"], [tuple(e) for e in state["history"]["evals"]])
             self.resumed_from = self.trainer.step
         self.engine.policy_version = self.trainer.step
+        self.fabric: RolloutFabric | None = None
+        if config.fabric.enabled:
+            # A fresh Redis namespace per session: a resumed run redoes the steps after its
+            # checkpoint with the same seeds, so nothing of an earlier attempt may be reused.
+            run_id = f"{config.run.name}-{uuid.uuid4().hex[:8]}"
+            self.fabric = RolloutFabric(config.fabric, run_id, self.directory, config.model.path)
+            self.fabric.publish(self.step, self.model.state_dict())
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -109,16 +118,30 @@ class TrainingSession:
 
     # -- the stages of one RL step ---------------------------------------------------------
     def rollout(self, step: int) -> dict:
+        """Generate the step's samples (in process, or on the fabric's instances)."""
         started = time.perf_counter()
-        requests = build_requests(
-            self.tokenizer, self._records(), step, self.config.rollout, self.config.run.seed
-        )
-        results = self.engine.generate(requests)
-        samples = samples_from_results(requests, results, self.step)
+        fabric_stats = {}
+        if self.fabric is None:
+            requests = build_requests(
+                self.tokenizer, self._records(), step, self.config.rollout, self.config.run.seed
+            )
+            results = self.engine.generate(requests)
+            samples = samples_from_results(requests, results, self.step)
+        else:
+            samples, report = self.fabric.rollout(
+                self.tokenizer, self._records(), step, self.step, self.config.rollout, self.config.run.seed
+            )
+            fabric_stats = {
+                "tokens_wasted": report.tokens_wasted, "migrations": report.migrations,
+                "reaped_instances": report.reaped_instances, "steals": report.steals,
+                "rejected_appends": report.rejected_appends, "groups_dropped": len(report.groups_dropped),
+                "t_local_s": report.t_local_s, "preemptions": self.fabric.preemptions(),
+            }
         paths = self.paths(step)
         write_samples(paths.rollout, samples)
         tokens = sum(len(s.response_ids) for s in samples)
-        return {"path": str(paths.rollout), "tokens": tokens, "seconds": time.perf_counter() - started}
+        return {"path": str(paths.rollout), "tokens": tokens, "seconds": time.perf_counter() - started,
+                **fabric_stats}
 
     def score(self, step: int, rollout_path: str) -> dict:
         samples = read_samples(Path(rollout_path))
@@ -146,6 +169,8 @@ class TrainingSession:
         )
         metrics = self.trainer.train_step(batch)
         self.engine.policy_version = self.step
+        if self.fabric is not None:
+            self.fabric.publish(self.step, self.model.state_dict())
         metrics["seconds"] = time.perf_counter() - started
         return metrics
 
@@ -175,6 +200,11 @@ class TrainingSession:
         return str(save_checkpoint(self.checkpoint_dir, self.trainer, state, keep=self.config.run.keep_checkpoints))
 
 
+    def close(self) -> None:
+        if self.fabric is not None:
+            self.fabric.close()
+
+
 _SESSIONS: dict[str, TrainingSession] = {}
 _LOCK = threading.Lock()
 
@@ -196,4 +226,6 @@ def get_session(key: str) -> TrainingSession:
 
 def close_session(key: str) -> None:
     with _LOCK:
-        _SESSIONS.pop(key, None)
+        session = _SESSIONS.pop(key, None)
+    if session is not None:
+        session.close()
