@@ -8,10 +8,11 @@ the reason, e.g. ``demo.yaml:14: grpo.clip_eps: Input should be less than 1 (got
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_origin
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
+from pydantic_core import PydanticUndefined
 
 from infra.fabric import FabricConfig
 from rl.config import (
@@ -143,17 +144,43 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     return parse_config(text, str(path), overrides)
 
 
+def _nested_models(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models a field may hold (directly, in a union, or as tuple/list items)."""
+    found, pending = [], [annotation]
+    while pending:
+        candidate = pending.pop(0)
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            found.append(candidate)
+        else:
+            pending.extend(get_args(candidate))
+    return found
+
+
+def _reference_section(path: str, model: type[BaseModel], lines: list[str]) -> None:
+    nested: list[tuple[str, type[BaseModel]]] = []
+    lines += [f"**`{path}`** ({model.__name__}) — {model.__doc__.strip().splitlines()[0]}", "",
+              "| key | default | meaning |", "|---|---|---|"]
+    for name, field in model.model_fields.items():
+        description = " ".join((field.description or "").split()).replace("|", "\\|")
+        models = _nested_models(field.annotation)
+        if models:
+            is_list = get_origin(field.annotation) in (tuple, list)
+            child = f"{path}.{name}" + ("[]" if is_list else "")
+            nested += [(child, model) for model in models]
+            shown = "`[]`" if is_list else ("—" if field.default is None else f"see `{child}`")
+        else:
+            default = field.default
+            shown = "—" if default is None or default is PydanticUndefined else (
+                f"`{list(default)}`" if isinstance(default, tuple) else f"`{default}`")
+        lines.append(f"| `{name}` | {shown} | {description} |")
+    lines.append("")
+    for child, inner in nested:
+        _reference_section(child, inner, lines)
+
+
 def reference_markdown() -> str:
     """The configuration reference (README.md embeds it; a test keeps the two in sync)."""
     lines: list[str] = []
     for section, info in RunConfig.model_fields.items():
-        model = info.annotation
-        lines += [f"**`{section}`** — {model.__doc__.strip().splitlines()[0]}", "",
-                  "| key | default | meaning |", "|---|---|---|"]
-        for name, field in model.model_fields.items():
-            default = field.default
-            shown = "—" if default is None else (f"`{list(default)}`" if isinstance(default, tuple) else f"`{default}`")
-            description = " ".join((field.description or "").split()).replace("|", "\\|")
-            lines.append(f"| `{name}` | {shown} | {description} |")
-        lines.append("")
+        _reference_section(section, info.annotation, lines)
     return "\n".join(lines).rstrip() + "\n"
