@@ -43,6 +43,9 @@ class WorkerSettings(Section):
     """Seconds between heartbeats."""
     ttl_s: float = Field(2.0, gt=0)
     """Heartbeat lifetime: an instance silent this long is reaped."""
+    restart_from_scratch: bool = False
+    """Baseline for benchmarks: instances never resume a sample from its logged tokens (they
+    discard them on release, `infra.worker.WorkerConfig.restart_from_scratch`)."""
 
 
 class FabricConfig(Section):
@@ -95,6 +98,7 @@ class RolloutFabric:
             "--model", str(self.model_path), "--weights-dir", str(self.weights_dir),
             "--slots", str(w.slots), "--flush-tokens", str(w.flush_tokens), "--flush-ms", str(w.flush_ms),
             "--heartbeat-s", str(w.heartbeat_s), "--ttl-s", str(w.ttl_s),
+            *(["--restart-from-scratch"] if w.restart_from_scratch else []),
         ]
 
     def publish(self, version: int, state_dict) -> None:

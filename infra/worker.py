@@ -27,6 +27,9 @@ A `RolloutWorker` owns a `GenerationEngine` (HF/torch) and runs it against the r
   (fenced, then a sweep of anything it still owns), deregisters and exits 0 — milliseconds, well
   within any notice period. After a SIGKILL only the unflushed tail (at most `flush_tokens`
   tokens or `flush_ms` per sample) is lost; the controller reaps the rest.
+* `WorkerConfig.restart_from_scratch` (off by default) turns the worker into the baseline that
+  never resumes a sample: its releases discard the logged tokens, and so does a claim of a sample
+  that comes with logged tokens (one reaped from a dead instance), which then starts over.
 
 The current-step protocol (Redis, ``P = "rlb:{<run_id>}:"``): ``P current_step`` is a hash with
 fields ``step`` and ``version``: the step whose samples instances should generate and the policy
@@ -144,6 +147,11 @@ class WorkerConfig(Section):
     """How often the current step and control messages are read; also the longest idle wait."""
     device: str = "cpu"
     """Torch device of the engine."""
+    restart_from_scratch: bool = False
+    """Baseline mode (benchmarks): never resume a sample from its logged tokens. Releases use
+    ``keep_tokens=False`` (the tokens are discarded and counted in `wasted_tokens`), and a claimed
+    sample that comes with logged tokens (reaped from a dead instance) has them discarded the
+    same way and is claimed again from scratch."""
 
     @model_validator(mode="after")
     def _heartbeat_within_ttl(self) -> WorkerConfig:
@@ -406,6 +414,12 @@ class RolloutWorker:
         stale = self.held.pop(claim.sample_id, None)
         if stale is not None:  # we were reaped and re-claimed it before a flush told us
             self._engine_release(stale.sample_id)
+        if self.config.restart_from_scratch and claim.generated_ids:
+            # The baseline does not resume: drop the logged tokens; the sample is queued again
+            # empty and claimed later from scratch.
+            self.tokenlog.release(claim.sample_id, self.config.instance_id, claim.epoch, keep_tokens=False)
+            self._claim_after = 0.0
+            return
         try:
             engine.add(claim.request())
         except ValueError as exc:
@@ -494,7 +508,8 @@ class RolloutWorker:
             if self.held.get(held.sample_id) is not held:
                 continue  # finished, or dropped by the flush
             del self.held[held.sample_id]
-            if self.tokenlog.release(held.sample_id, instance, held.epoch):
+            keep = not self.config.restart_from_scratch
+            if self.tokenlog.release(held.sample_id, instance, held.epoch, keep_tokens=keep):
                 self.stats.released += 1
             else:
                 self.stats.dropped += 1
@@ -592,6 +607,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch-size", type=int, default=None)
     p.add_argument("--poll-ms", type=float, default=defaults["poll_ms"].default)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--restart-from-scratch", action="store_true",
+                   help="baseline: discard a sample's logged tokens on release instead of resuming it")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     p.add_argument("--log-level", default="INFO")
     return p
@@ -615,7 +632,7 @@ def main(argv: list[str] | None = None) -> int:
         model_path=args.model, weights_dir=args.weights_dir, slots=args.slots,
         flush_tokens=args.flush_tokens, flush_ms=args.flush_ms, heartbeat_s=args.heartbeat_s,
         ttl_s=args.ttl_s, max_batch_size=args.max_batch_size, poll_ms=args.poll_ms,
-        device=args.device,
+        device=args.device, restart_from_scratch=args.restart_from_scratch,
     )
     import torch
 
