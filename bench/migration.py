@@ -308,11 +308,11 @@ def main() -> None:
     columns = ["steps", "step_s", "generated", "wasted", "waste", "waste_max", "preemptions", "silent",
                "migrations", "reaped_samples", "rejected", "dropped_groups"]
     print()
-    print(f"{'mode':8s}" + "".join(f"{c:>15s}" for c in columns))
+    print(f"{'mode':8s}" + "".join(f"{c:>{max(len(c), 9) + 2}s}" for c in columns))
     for name, s in stats.items():
-        cells = [f"{s[c]:.2%}" if c.startswith("waste") else f"{s[c]:.2f}" if c == "step_s" else str(s[c])
+        cells = [f"{s[c]:.2%}" if c in ("waste", "waste_max") else f"{s[c]:.2f}" if c == "step_s" else str(s[c])
                  for c in columns]
-        print(f"{name:8s}" + "".join(f"{c:>15s}" for c in cells))
+        print(f"{name:8s}" + "".join(f"{v:>{max(len(c), 9) + 2}s}" for c, v in zip(columns, cells)))
     resume, restart = stats["resume"], stats["restart"]
     waste_ratio = restart["waste"] / resume["waste"] if resume["waste"] > 0 else None
     time_ratio = restart["step_s"] / resume["step_s"]
