@@ -21,7 +21,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import redis  # noqa: E402
 import torch  # noqa: E402
 
-from infra.flusher import BackgroundFlusher  # noqa: E402
 from infra.redis_embedded import EmbeddedRedis  # noqa: E402
 from infra.tokenlog import Flush, GroupSpec, TokenLog  # noqa: E402
 from rl.engine import GenerationRequest, HFEngine, SamplingParams  # noqa: E402
@@ -45,10 +44,8 @@ def append_throughput(client: redis.Redis, run_id: str, samples: int, chunk: int
 
 def rollout(engine: HFEngine, requests: list[GenerationRequest], log: TokenLog | None, flush_tokens: int,
             claims: dict | None) -> tuple[float, int]:
-    """Run all requests through the engine; with a log, flush every `flush_tokens` per sample
-    through the background flusher, as a rollout worker does."""
-    flusher = BackgroundFlusher(log) if log is not None else None
-    pending = []
+    """Run all requests through the engine; with a log, flush every `flush_tokens` per sample as
+    a rollout worker does: all flushes due after an engine step go in one round trip."""
     buffers: dict[str, tuple[list[int], list[float]]] = {r.sample_id: ([], []) for r in requests}
     logged = dict.fromkeys(buffers, 0)
     started = time.perf_counter()
@@ -70,10 +67,7 @@ def rollout(engine: HFEngine, requests: list[GenerationRequest], log: TokenLog |
                 ids.clear()
                 lps.clear()
         if due:
-            pending.append(flusher.submit(due))
-    if flusher is not None:
-        flusher.close()
-        assert all(all(f.result()) for f in pending)
+            assert all(log.log(due))
     return time.perf_counter() - started, tokens
 
 
