@@ -1,6 +1,7 @@
 """Token-log benchmark: raw append throughput on loopback Redis, and the logging overhead of a
-real rollout (HF engine, tiny model) that flushes every k tokens, against the same rollout with
-no logging, measured side by side in one run.
+real rollout (HF engine, tiny model) that flushes every k tokens as the rollout worker does (the
+due flushes of each engine step in one round trip on the `FlushPipeline`, overlapping the next
+engine step), against the same rollout with no logging, measured side by side in one run.
 
     .venv/bin/python bench/tokenlog.py [--samples 64] [--chunk 16] [--calls 400] [--flush-tokens 8]
 
@@ -21,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import redis  # noqa: E402
 import torch  # noqa: E402
 
+from infra.flush_pipeline import FlushPipeline  # noqa: E402
 from infra.redis_embedded import EmbeddedRedis  # noqa: E402
 from infra.tokenlog import Flush, GroupSpec, TokenLog  # noqa: E402
 from rl.engine import GenerationRequest, HFEngine, SamplingParams  # noqa: E402
@@ -42,12 +44,18 @@ def append_throughput(client: redis.Redis, run_id: str, samples: int, chunk: int
     return samples * chunk * calls / (time.perf_counter() - started)
 
 
+def _all_accepted(results: list[bool]) -> None:
+    if not all(results):
+        raise RuntimeError(f"{results.count(False)} flushes rejected in a benchmark with no revocation")
+
+
 def rollout(engine: HFEngine, requests: list[GenerationRequest], log: TokenLog | None, flush_tokens: int,
             claims: dict | None) -> tuple[float, int]:
     """Run all requests through the engine; with a log, flush every `flush_tokens` per sample as
-    a rollout worker does: all flushes due after an engine step go in one round trip."""
+    a rollout worker does: all flushes due after an engine step go in one pipelined round trip."""
     buffers: dict[str, tuple[list[int], list[float]]] = {r.sample_id: ([], []) for r in requests}
     logged = dict.fromkeys(buffers, 0)
+    pipeline = FlushPipeline(log) if log is not None else None
     started = time.perf_counter()
     for request in requests:
         engine.add(request)
@@ -67,7 +75,10 @@ def rollout(engine: HFEngine, requests: list[GenerationRequest], log: TokenLog |
                 ids.clear()
                 lps.clear()
         if due:
-            assert all(log.log(due))
+            pipeline.submit(due, _all_accepted)
+    if pipeline is not None:
+        pipeline.settle()
+        pipeline.close()
     return time.perf_counter() - started, tokens
 
 

@@ -12,7 +12,9 @@ A `RolloutWorker` owns a `GenerationEngine` (HF/torch) and runs it against the r
   first, resumed from their logged tokens by re-prefill), steps the engine, buffers each sample's
   new tokens and flushes a sample when it has `flush_tokens` unflushed tokens, its oldest
   unflushed token is `flush_ms` old, or it finished (eos / length: a fenced finishing flush). All
-  due flushes of an engine step go in one round trip (`TokenLog.log`). A rejected flush means the
+  due flushes of an engine step go in one round trip (`TokenLog.log`), pipelined: it runs on a
+  background thread while the engine computes the next step (`infra.flush_pipeline`), and is
+  settled before the next batch, a release or an idle wait. A rejected flush means the
   lease was revoked (the sample was reaped or stolen): the sample is dropped from the engine with
   no further writes;
 * control messages (`InstanceRegistry.request`):
@@ -43,6 +45,7 @@ the step) after `TokenLog.enqueue_step`; workers read it with `current_step` eve
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -58,6 +61,7 @@ from typing import Any
 import redis
 from pydantic import Field, model_validator
 
+from infra.flush_pipeline import FlushPipeline
 from infra.redis_embedded import RedisSettings
 from infra.registry import CapacityClass, InstanceInfo, InstanceRegistry
 from infra.tokenlog import Claim, Flush, TokenLog
@@ -225,6 +229,7 @@ class RolloutWorker:
         self.config = config
         self.client = client or RedisSettings(url=config.redis_url).client()
         self.tokenlog = TokenLog(self.client, config.run_id)
+        self._flusher = FlushPipeline(self.tokenlog)
         self.registry = InstanceRegistry(self.client, config.run_id, ttl_s=config.ttl_s)
         self.engine = engine
         self.stats = WorkerStats()
@@ -307,6 +312,7 @@ class RolloutWorker:
         finally:
             self._hb_stop.set()
             beat.join()
+            self._flusher.close()
             try:
                 self.registry.deregister(cfg.instance_id)
             except redis.RedisError:
@@ -333,9 +339,9 @@ class RolloutWorker:
                 self._maybe_claim()
                 if engine.has_work():
                     self._absorb(engine.step())
-                    self._flush(force=False)
+                    self._flush(force=False)  # its round trip overlaps the next engine step
                 else:
-                    self._flush(force=True)
+                    self._flush(force=True, wait=True)
                     self._idle()
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 # Buffers are kept; flushes carry offsets, so retrying them later is exactly-once.
@@ -449,10 +455,12 @@ class RolloutWorker:
             if chunk.finish_reason is not None:
                 held.finish = chunk.finish_reason
 
-    def _flush(self, force: bool, only: list[_Held] | None = None) -> None:
-        """One round trip for every due flush (all of `only`'s pending tokens if given)."""
+    def _flush(self, force: bool, only: list[_Held] | None = None, wait: bool = False) -> None:
+        """Submit one round trip for every due flush (all of `only`'s pending tokens if given)
+        to the flush pipeline, after settling the one in flight; `wait` settles this one too."""
+        self._flusher.settle()
         if only is not None:
-            due = [h for h in only if h.tokens or h.finish]
+            due = [h for h in only if self.held.get(h.sample_id) is h and (h.tokens or h.finish)]
         else:
             now = time.monotonic()
             k, t = self.config.flush_tokens, self._flush_s
@@ -461,20 +469,31 @@ class RolloutWorker:
                 if h.finish is not None
                 or (h.tokens and (force or len(h.tokens) >= k or now - h.since >= t))
             ]
-        if not due:
-            return
-        instance = self.config.instance_id
-        results = self.tokenlog.log(
-            Flush(h.sample_id, instance, h.epoch, h.tokens, h.logprobs, h.logged, h.finish) for h in due
-        )
-        self.stats.flushes += 1
-        for held, ok in zip(due, results):
+        if due:
+            instance = self.config.instance_id
+            batch = [(h, len(h.tokens), h.finish) for h in due]
+            flushes = [
+                Flush(h.sample_id, instance, h.epoch, h.tokens[:n], h.logprobs[:n], h.logged, finish)
+                for h, n, finish in batch
+            ]
+            self._flusher.submit(flushes, functools.partial(self._flushed, batch, time.monotonic()))
+            self.stats.flushes += 1
+        if wait:
+            self._flusher.settle()
+
+    def _flushed(self, batch: list[tuple[_Held, int, str | None]], submitted: float, results: list[bool]) -> None:
+        """Apply a settled batch: accepted tokens become logged, a rejection drops the sample."""
+        for (held, count, finish), ok in zip(batch, results):
+            if self.held.get(held.sample_id) is not held:
+                continue  # re-claimed under a new lease meanwhile: this flush was fenced off
             if not ok:
                 self._drop(held, "flush rejected")
                 continue
-            held.logged += len(held.tokens)
-            held.tokens, held.logprobs = [], []
-            if held.finish is not None:
+            held.logged += count
+            del held.tokens[:count], held.logprobs[:count]
+            if held.tokens:  # generated while the round trip was in flight
+                held.since = submitted
+            if finish is not None:
                 del self.held[held.sample_id]
                 self.stats.finished += 1
 
@@ -502,7 +521,7 @@ class RolloutWorker:
         for held in samples:
             if held.finish is None:
                 self._engine_release(held.sample_id)
-        self._flush(force=True, only=samples)  # finished ones complete instead of migrating
+        self._flush(force=True, only=samples, wait=True)  # finished ones complete, not migrate
         instance = self.config.instance_id
         for held in samples:
             if self.held.get(held.sample_id) is not held:
