@@ -45,6 +45,7 @@ def rl_step(session_key: str, step: int, evaluate: bool, checkpoint: bool) -> di
         "tokens_per_s": rollout["tokens"] / max(rollout["seconds"], 1e-9),
         "rollout_s": rollout["seconds"],
         "train_s": metrics["seconds"],
+        "train_overlap_s": metrics.get("train_overlap_s", 0.0),
         "entropy": metrics["entropy"],
         "grad_norm": metrics["grad_norm"],
         "kl": metrics["kl"],

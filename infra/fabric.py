@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import redis
@@ -63,6 +64,9 @@ class FabricConfig(Section):
     """Reaping, stealing and adaptive offload."""
     ready_timeout_s: float = Field(180.0, gt=0)
     """How long to wait for the first instance to register before failing the step."""
+    stream_training: bool = True
+    """Score each group and accumulate its gradient as soon as it completes, while the rest of
+    the step is still generating (False: train once the whole step is collected)."""
 
 
 class RolloutFabric:
@@ -115,8 +119,10 @@ class RolloutFabric:
             time.sleep(0.2)
 
     def rollout(self, tokenizer, records: list[PromptRecord], step: int, version: int,
-                rollout: RolloutConfig, run_seed: int) -> tuple[list[Sample], StepReport]:
-        """Roll out one step on the instances; samples of delivered groups, sorted by id."""
+                rollout: RolloutConfig, run_seed: int,
+                on_group: Callable[[list[Sample]], None] | None = None) -> tuple[list[Sample], StepReport]:
+        """Roll out one step on the instances; samples of delivered groups, sorted by id. Each
+        complete group also goes to `on_group` (its samples in order) as soon as it is done."""
         self._wait_for_instances()
         sampling = {"temperature": rollout.temperature, "top_p": rollout.top_p, "top_k": rollout.top_k}
         groups = [
@@ -127,13 +133,15 @@ class RolloutFabric:
         collected: dict[int, list[Sample]] = {}
         lock = threading.Lock()
 
-        def on_group(group_id: int, group_records) -> None:
+        def deliver(group_id: int, group_records) -> None:
+            samples = sorted(samples_of_group(group_records), key=lambda s: int(s.sample_id.rsplit("/", 1)[1]))
+            if on_group is not None:
+                on_group(samples)
             with lock:
-                collected[group_id] = samples_of_group(group_records)
+                collected[group_id] = samples
 
-        report = self.controller.run_step(step, version, groups, on_group)
-        samples = [s for group in sorted(collected) for s in sorted(collected[group], key=lambda s: int(s.sample_id.rsplit("/", 1)[1]))]
-        return samples, report
+        report = self.controller.run_step(step, version, groups, deliver)
+        return [s for group in sorted(collected) for s in collected[group]], report
 
     def preemptions(self) -> int:
         return sum(1 for r in self.provider.list() if r.reason in ("preempted", "preempted_silent"))

@@ -22,6 +22,7 @@ STEP_COLUMNS = (
     ("tokens_per_s", "tokens/s", "{:.0f}"),
     ("rollout_s", "rollout s", "{:.2f}"),
     ("train_s", "train s", "{:.2f}"),
+    ("train_overlap_s", "train during rollout s", "{:.2f}"),
     ("step_s", "step s", "{:.2f}"),
     ("entropy", "entropy", "{:.3f}"),
     ("preemptions", "preemptions", "{:d}"),

@@ -6,6 +6,10 @@ key, and every task receives only that key, a step number and file paths. Per st
 writes ``<run>/steps/<step>/rollout.jsonl`` (token ids and log-probs of every sample),
 ``scores.json`` and ``metrics.json``; the checkpoint carries the data cursor, so a run resumed
 from its latest checkpoint re-draws exactly the prompts it would have drawn.
+
+With the fabric, each group is scored and its gradient accumulated as soon as it completes
+(`rl.streaming.StreamedStep`, during the `rollout` task), so the `train` task only checks the
+streamed samples against the step's scores and takes the optimizer step.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from rl.prompt_source import PromptSource
 from rl.rewards import FORMAT_PATTERNS, make_reward_fn
 from rl.rollout import build_requests, read_samples, samples_from_results, write_samples
 from rl.scoring import score_samples
+from rl.streaming import StreamedStep
 from rl.trainer import TrainBatch, Trainer
 
 
@@ -91,6 +96,8 @@ class TrainingSession:
             self.resumed_from = self.trainer.step
         self.engine.policy_version = self.trainer.step
         self.fabric: RolloutFabric | None = None
+        self._stream: tuple[int, StreamedStep] | None = None
+        """The step whose groups are being trained while they arrive (fabric rollout only)."""
         if config.fabric.enabled:
             # A fresh Redis namespace per session: a resumed run redoes the steps after its
             # checkpoint with the same seeds, so nothing of an earlier attempt may be reused.
@@ -128,8 +135,19 @@ class TrainingSession:
             results = self.engine.generate(requests)
             samples = samples_from_results(requests, results, self.step)
         else:
+            if self.step != step - 1:
+                raise RuntimeError(f"trainer is at step {self.step}; cannot roll out step {step}")
+            self._abandon_stream()
+            stream = None
+            if self.config.fabric.stream_training:
+                stream = StreamedStep(
+                    self.trainer, self._records(), self.tokenizer, self.reward_fn, self.correctness_fn,
+                    self.config.grpo,
+                )
+                self._stream = (step, stream)
             samples, report = self.fabric.rollout(
-                self.tokenizer, self._records(), step, self.step, self.config.rollout, self.config.run.seed
+                self.tokenizer, self._records(), step, self.step, self.config.rollout, self.config.run.seed,
+                on_group=None if stream is None else stream.add,
             )
             fabric_stats = {
                 "tokens_wasted": report.tokens_wasted, "migrations": report.migrations,
@@ -167,12 +185,26 @@ class TrainingSession:
             [s.prompt_ids for s in samples], [s.response_ids for s in samples],
             [s.logprobs for s in samples], advantages,
         )
-        metrics = self.trainer.train_step(batch)
+        streamed = self._stream[1] if self._stream and self._stream[0] == step else None
+        self._stream = None
+        if streamed is not None and streamed.covers(samples):
+            metrics = streamed.finish(samples, advantages)
+            metrics.update(streamed_groups=streamed.groups, train_overlap_s=streamed.busy_s)
+        else:
+            if streamed is not None:  # e.g. a retried rollout task: train the batch as a whole
+                streamed.abandon()
+            metrics = self.trainer.train_step(batch)
         self.engine.policy_version = self.step
         if self.fabric is not None:
             self.fabric.publish(self.step, self.model.state_dict())
         metrics["seconds"] = time.perf_counter() - started
         return metrics
+
+    def _abandon_stream(self) -> None:
+        """Drop a streamed step that was never trained (its rollout is being redone)."""
+        if self._stream is not None:
+            self._stream[1].abandon()
+            self._stream = None
 
     def evaluate(self) -> float:
         eval_config = self.config.eval

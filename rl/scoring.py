@@ -20,6 +20,21 @@ class Scores:
     correct: list[bool]
 
 
+def score_group(
+    samples: list[Sample], record: PromptRecord, tokenizer, reward_fn: RewardFn,
+    correctness_fn: RewardFn, grpo: GRPOConfig,
+) -> Scores:
+    """Rewards, correctness and group-normalised advantages of the responses to one prompt."""
+    texts = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
+    rewards = [reward_fn(text, record.answer) for text in texts]
+    correct = [correctness_fn(text, record.answer) > 0 for text in texts]
+    advantages = group_advantages(
+        torch.tensor(rewards, dtype=torch.float32), len(samples),
+        normalize_std=grpo.normalize_std, eps=grpo.eps,
+    )
+    return Scores(rewards, advantages.tolist(), correct)
+
+
 def score_samples(
     samples: list[Sample], records: list[PromptRecord], tokenizer, reward_fn: RewardFn,
     correctness_fn: RewardFn, group_size: int, grpo: GRPOConfig,
@@ -34,12 +49,11 @@ def score_samples(
             f"samples must come in complete consecutive groups of {group_size} for the "
             f"{len(records)} prompts; got groups {groups}"
         )
-    texts = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
-    answers = [records[s.group].answer for s in samples]
-    rewards = [reward_fn(text, answer) for text, answer in zip(texts, answers)]
-    correct = [correctness_fn(text, answer) > 0 for text, answer in zip(texts, answers)]
-    advantages = group_advantages(
-        torch.tensor(rewards, dtype=torch.float32), group_size,
-        normalize_std=grpo.normalize_std, eps=grpo.eps,
-    )
-    return Scores(rewards, advantages.tolist(), correct)
+    total = Scores([], [], [])
+    for start in range(0, len(samples), group_size):
+        group = samples[start : start + group_size]
+        scores = score_group(group, records[group[0].group], tokenizer, reward_fn, correctness_fn, grpo)
+        total.rewards += scores.rewards
+        total.advantages += scores.advantages
+        total.correct += scores.correct
+    return total

@@ -2,8 +2,11 @@
 
 `train_step(batch)` does one optimizer step on a batch of scored responses (one RL step):
 recompute the old log-probs with the current policy (optional), compute per-token log-probs
-with gradient in micro-batches, accumulate the GRPO loss weighted so that the micro-batched
-gradient equals the full-batch one, clip, step. It knows nothing of rollout or orchestration;
+with gradient in micro-batches, accumulate the GRPO loss so that the micro-batched gradient
+equals the full-batch one, clip, step. The same step can be streamed: `begin_step()`, then
+`accumulate(batch)` for each piece as it arrives (a complete group while the rollout's tail is
+still generating), then `finish_step()`; the gradient is the same as one `train_step` on the
+union of the pieces. It knows nothing of rollout or orchestration;
 it sees token ids, rollout log-probs and advantages. Checkpointing is `rl.checkpoint`.
 """
 
@@ -11,7 +14,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -42,6 +45,21 @@ class TrainBatch:
 
     def __len__(self) -> int:
         return len(self.response_ids)
+
+
+@dataclass
+class _Accumulation:
+    """Running sums of the step in progress (see `Trainer.accumulate`)."""
+
+    tokens: float = 0.0
+    sequences: float = 0.0
+    weight: float = 0.0
+    """Divisor of the summed loss: `tokens` (token aggregation) or `sequences` (sequence)."""
+    sums: dict[str, float] = field(default_factory=dict)
+    """Each loss metric times the weight of the micro-batch it was measured on."""
+    entropy: float = 0.0
+    logprob_gap: float = 0.0
+    batches: int = 0
 
 
 @dataclass
@@ -96,6 +114,7 @@ class Trainer:
             self.optimizer, lambda step: min(1.0, (step + 1) / (optim.warmup_steps + 1))
         )
         self.step = 0
+        self._pending: _Accumulation | None = None
 
     def _response_logits(self, model: torch.nn.Module, packed: _Packed) -> Tensor:
         """Logits at the positions predicting each response token: [B, T_resp, V]."""
@@ -116,26 +135,47 @@ class Trainer:
         """One optimizer step on `batch`; returns averaged metrics."""
         if not len(batch):
             raise ValueError("empty TrainBatch")
+        self.begin_step()
+        self.accumulate(batch)
+        return self.finish_step()
+
+    # -- streaming: one optimizer step over batches that arrive one by one --------------------
+
+    def begin_step(self) -> None:
+        """Start accumulating the gradient of a step whose batches arrive piecewise (e.g. one
+        complete group at a time while the rollout's tail is still generating)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self._pending = _Accumulation()
+
+    @property
+    def accumulating(self) -> bool:
+        """Whether `begin_step` was called and `finish_step` not yet."""
+        return self._pending is not None
+
+    def accumulate(self, batch: TrainBatch) -> None:
+        """Add `batch`'s loss gradient to the step in progress.
+
+        Each micro-batch backpropagates its loss *summed* over its tokens (token aggregation) or
+        over its sequences (sequence aggregation); `finish_step` divides the gradient by the
+        step's total count. The result equals the gradient of the loss over the union of every
+        accumulated batch, whatever their number, sizes or order (up to float rounding).
+        """
+        acc = self._pending
+        if acc is None:
+            raise RuntimeError("accumulate() outside a step: call begin_step() first")
         self.model.train()
         size = self.optim_config.micro_batch_size
-        chunks = [range(i, min(i + size, len(batch))) for i in range(0, len(batch), size)]
-        total_tokens = sum(len(r) for r in batch.response_ids)
-        if total_tokens == 0:
-            raise ValueError("TrainBatch has no response tokens")
-        num_sequences = sum(1 for r in batch.response_ids if r)
-        self.optimizer.zero_grad(set_to_none=True)
-        sums: dict[str, float] = {}
-        entropy_sum = 0.0
-        for chunk in chunks:
+        for start in range(0, len(batch), size):
+            chunk = range(start, min(start + size, len(batch)))
             prompts = [batch.prompt_ids[i] for i in chunk]
             responses = [batch.response_ids[i] for i in chunk]
             packed = _pack(prompts, responses, self.pad_token_id)
             mask = packed.response_mask
+            if not mask.any():
+                continue
             rollout_lp = torch.zeros_like(mask)
             for row, i in enumerate(chunk):
                 rollout_lp[row, : len(batch.rollout_logprobs[i])] = torch.tensor(batch.rollout_logprobs[i])
-            if not mask.any():
-                continue
             with torch.no_grad():
                 ref_lp = self._logprobs(self.reference, packed)[0] if self.reference is not None else None
                 if self.optim_config.recompute_logprobs:
@@ -150,21 +190,34 @@ class Trainer:
                 clip_eps=self.grpo.clip_eps, clip_eps_high=self.grpo.clip_eps_high,
                 kl_coef=self.grpo.kl_coef, ref_logp=ref_lp, aggregation=self.grpo.aggregation,
             )
-            chunk_tokens = float(mask.sum())
-            # Weight each micro-batch so the accumulated gradient equals the full-batch loss's.
-            if self.grpo.aggregation == "token":
-                share = chunk_tokens / total_tokens
-            else:
-                share = float((mask.sum(1) > 0).sum()) / num_sequences
-            (loss * share).backward()
+            tokens = float(mask.sum())
+            sequences = float((mask.sum(1) > 0).sum())
+            weight = tokens if self.grpo.aggregation == "token" else sequences
+            (loss * weight).backward()
+            acc.tokens += tokens
+            acc.sequences += sequences
+            acc.weight += weight
             for key, value in metrics.items():
-                sums[key] = sums.get(key, 0.0) + value * share
+                acc.sums[key] = acc.sums.get(key, 0.0) + value * weight
             with torch.no_grad():
                 entropy = entropy_from_logits(logits.detach() / self.temperature)
-                entropy_sum += float((entropy * mask).sum())
-                sums["rollout_logprob_gap"] = sums.get("rollout_logprob_gap", 0.0) + float(
-                    ((old_lp - rollout_lp).abs() * mask).sum()
-                ) / total_tokens
+                acc.entropy += float((entropy * mask).sum())
+                acc.logprob_gap += float(((old_lp - rollout_lp).abs() * mask).sum())
+        acc.batches += 1
+        self.model.eval()
+
+    def finish_step(self) -> dict[str, float]:
+        """Normalise the accumulated gradient, clip, step; returns the step's averaged metrics."""
+        acc = self._pending
+        if acc is None:
+            raise RuntimeError("finish_step() outside a step: call begin_step() first")
+        self._pending = None
+        if acc.tokens == 0:
+            self.optimizer.zero_grad(set_to_none=True)
+            raise ValueError("the step has no response tokens to train on")
+        for parameter in self.model.parameters():
+            if parameter.grad is not None:
+                parameter.grad.div_(acc.weight)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_config.max_grad_norm)
         if not math.isfinite(float(grad_norm)):
             self.optimizer.zero_grad(set_to_none=True)
@@ -173,13 +226,20 @@ class Trainer:
         self.scheduler.step()
         self.step += 1
         self.model.eval()
-        sums.update(
+        metrics = {key: value / acc.weight for key, value in acc.sums.items()}
+        metrics.update(
+            rollout_logprob_gap=acc.logprob_gap / acc.tokens,
             grad_norm=float(grad_norm),
-            entropy=entropy_sum / total_tokens,
+            entropy=acc.entropy / acc.tokens,
             lr=self.optimizer.param_groups[0]["lr"],
-            response_tokens=float(total_tokens),
+            response_tokens=acc.tokens,
         )
-        return sums
+        return metrics
+
+    def abandon_step(self) -> None:
+        """Drop an accumulated, unfinished step (the policy is unchanged)."""
+        self._pending = None
+        self.optimizer.zero_grad(set_to_none=True)
 
     def state_dict(self) -> dict:
         return {

@@ -54,6 +54,7 @@ def test_fabric_run_with_preemptions_matches_in_process_generation(prefect_harne
         assert all(0 < len(s.response_ids) <= 48 and len(s.logprobs) == len(s.response_ids) for s in samples)
         metrics = json.loads((run_dir / "steps" / f"{step:06d}" / "metrics.json").read_text())
         assert metrics["groups_dropped"] == 0
+        assert metrics["train_overlap_s"] > 0, "groups should be trained as they complete, during the rollout"
 
     totals = [json.loads((run_dir / "steps" / f"{s:06d}" / "metrics.json").read_text()) for s in (1, 2, 3)]
     migrations = sum(m["migrations"] for m in totals)

@@ -77,6 +77,58 @@ def test_micro_batching_gives_the_full_batch_update(aggregation, recompute):
         assert m64["clip_fraction"] > 0  # the off-policy log-probs made the clip matter
 
 
+def _subset(batch: TrainBatch, rows: list[int]) -> TrainBatch:
+    return TrainBatch(
+        [batch.prompt_ids[i] for i in rows], [batch.response_ids[i] for i in rows],
+        [batch.rollout_logprobs[i] for i in rows], [batch.advantages[i] for i in rows],
+    )
+
+
+@pytest.mark.parametrize("aggregation", ["token", "sequence"])
+def test_streamed_pieces_in_any_order_give_the_whole_batch_update(aggregation):
+    """Groups arriving one by one (as the rollout completes them) train exactly like one batch."""
+    batch = random_batch(size=12)
+    results = []
+    for pieces in ([list(range(12))], [[9, 10, 11], [0, 1, 2], [6, 7, 8], [3, 4, 5]]):
+        model = tiny_model()
+        trainer = Trainer(model, PAD, GRPOConfig(aggregation=aggregation),
+                          OptimConfig(lr=1e-4, micro_batch_size=2, max_grad_norm=1e9))
+        trainer.begin_step()
+        for rows in pieces:
+            trainer.accumulate(_subset(batch, rows))
+        metrics = trainer.finish_step()
+        grads = {k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None}
+        results.append((params(model), grads, metrics))
+    (p1, g1, m1), (p4, g4, m4) = results
+    for name in g1:
+        torch.testing.assert_close(g1[name], g4[name], rtol=1e-4, atol=1e-6, msg=name)
+    for name in p1:
+        torch.testing.assert_close(p1[name], p4[name], rtol=0, atol=1e-5, msg=name)
+    for key in ("loss", "policy_loss", "grad_norm", "entropy", "response_tokens"):
+        assert m1[key] == pytest.approx(m4[key], rel=1e-4, abs=1e-6), key
+
+
+def test_streaming_protocol_errors_and_abandon():
+    model = tiny_model()
+    trainer = Trainer(model, PAD, GRPOConfig(), OptimConfig(lr=1e-2))
+    before = params(model)
+    with pytest.raises(RuntimeError, match="begin_step"):
+        trainer.accumulate(random_batch(size=2))
+    with pytest.raises(RuntimeError, match="begin_step"):
+        trainer.finish_step()
+    trainer.begin_step()
+    trainer.accumulate(random_batch(size=4))
+    assert trainer.accumulating
+    trainer.abandon_step()
+    assert not trainer.accumulating and trainer.step == 0
+    assert all(p.grad is None for p in model.parameters())
+    for name, value in params(model).items():
+        torch.testing.assert_close(value, before[name], rtol=0, atol=0)
+    trainer.begin_step()
+    with pytest.raises(ValueError, match="no response tokens"):
+        trainer.finish_step()
+
+
 @pytest.mark.parametrize("aggregation", ["token", "sequence"])
 def test_aggregation_weights_match_a_direct_computation(aggregation):
     """The trainer's loss equals the hand-computed GRPO loss (recompute: ratio 1, loss = -A mean)."""

@@ -1,0 +1,89 @@
+"""StreamedStep: groups trained as they arrive give the whole-step update, and mismatches are caught."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from rl.config import GRPOConfig, OptimConfig
+from rl.datasets import PromptRecord
+from rl.models import TinyLlamaShape, build_tiny_llama
+from rl.rewards import make_reward_fn
+from rl.rollout import Sample
+from rl.scoring import score_samples
+from rl.streaming import StreamedStep
+from rl.trainer import TrainBatch, Trainer
+
+SHAPE = TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
+GROUP = 4
+
+
+def _step_data(tokenizer):
+    """Two prompts, four responses each, some right and some wrong."""
+    records = [PromptRecord("12+30=", "42", 1), PromptRecord("7+8=", "15", 2)]
+    rng = random.Random(0)
+    samples = []
+    for group, record in enumerate(records):
+        prompt_ids = tokenizer(record.prompt).input_ids
+        for index in range(GROUP):
+            text = record.answer if index % 2 == 0 else str(rng.randint(0, 99))
+            response = tokenizer(text, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+            samples.append(Sample(f"1/{group}/{index}", group, prompt_ids, response,
+                                  [-1.0 - 0.1 * j for j in range(len(response))], "eos", 0))
+    return records, samples
+
+
+def _trainer(seed: int = 0):
+    model, tokenizer = build_tiny_llama(SHAPE, seed=seed)
+    return Trainer(model, tokenizer.pad_token_id, GRPOConfig(), OptimConfig(lr=1e-3, micro_batch_size=3)), tokenizer
+
+
+def _stream(trainer, tokenizer, records):
+    reward = make_reward_fn("exact_match")
+    return StreamedStep(trainer, records, tokenizer, reward, reward, GRPOConfig())
+
+
+def test_groups_streamed_out_of_order_give_the_whole_step_update():
+    whole, tokenizer = _trainer()
+    records, samples = _step_data(tokenizer)
+    reward = make_reward_fn("exact_match")
+    scores = score_samples(samples, records, tokenizer, reward, reward, GROUP, GRPOConfig())
+    assert 0 < sum(scores.correct) < len(samples)
+    whole.train_step(TrainBatch([s.prompt_ids for s in samples], [s.response_ids for s in samples],
+                                [s.logprobs for s in samples], scores.advantages))
+
+    streamed, _ = _trainer()
+    stream = _stream(streamed, tokenizer, records)
+    stream.add(samples[GROUP:])
+    stream.add(samples[:GROUP])
+    assert stream.groups == 2 and stream.covers(samples) and stream.busy_s > 0
+    stream.finish(samples, scores.advantages)
+    assert streamed.step == whole.step == 1
+    for (name, a), (_, b) in zip(whole.model.named_parameters(), streamed.model.named_parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=name)
+
+
+def test_a_missing_group_or_a_different_advantage_is_refused():
+    trainer, tokenizer = _trainer()
+    records, samples = _step_data(tokenizer)
+    stream = _stream(trainer, tokenizer, records)
+    stream.add(samples[:GROUP])
+    assert not stream.covers(samples)
+    with pytest.raises(ValueError, match="streamed 4 samples but the step has 8"):
+        stream.finish(samples, [0.0] * len(samples))
+    stream.add(samples[GROUP:])
+    with pytest.raises(RuntimeError, match="differs from the step's"):
+        stream.finish(samples, [5.0] * len(samples))
+    assert trainer.step == 0
+
+
+def test_a_group_mixing_prompts_is_rejected_and_abandon_restores_the_trainer():
+    trainer, tokenizer = _trainer()
+    records, samples = _step_data(tokenizer)
+    stream = _stream(trainer, tokenizer, records)
+    with pytest.raises(ValueError, match="one prompt's samples"):
+        stream.add(samples[GROUP - 1 : GROUP + 1])
+    stream.abandon()
+    assert not trainer.accumulating
