@@ -6,7 +6,8 @@ dropped. Each poll builds a `ClusterSnapshot` from the registry and the token lo
 pure policies:
 
 1. **reap** (`infra.policies.reaper`): a silent instance's samples go back to the queue with their
-   tokens (the epoch bump fences the zombie) and the instance is deregistered;
+   tokens (the epoch bump fences the zombie) and the instance is deregistered; so do the samples
+   of an owner that is not registered at all (it deregistered without handing them back);
 2. **offload** (`OffloadController.should_release`): past `T_local`, while a spot (rollout-only)
    instance is alive, reserved instances get ``{"op": "release_all", "step": s}`` and go train;
    if the last spot instance dies they get ``{"op": "resume", "step": s}`` and generate again;
@@ -184,6 +185,9 @@ class RolloutController:
         self.registry = InstanceRegistry(client, run_id)
         self._prefix = f"rlb:{{{run_id}}}:ctl:"
         self._steal_at: dict[str, float] = {}
+        self._orphan_scan_at = float("-inf")
+        self._orphan_seen: dict[str, float] = {}
+        """Unregistered owners of running samples, and when each was first seen so."""
 
     def _key(self, name: str, step: int | None = None) -> str:
         return self._prefix + name + ("" if step is None else f":{step}")
@@ -311,9 +315,27 @@ class RolloutController:
                 decision.instance_id, decision.reason, samples,
             )
             dead.add(decision.instance_id)
+        self._reap_orphans(log, snapshot)
         return replace(snapshot, instances=tuple(
             replace(i, alive=False) if i.instance_id in dead else i for i in snapshot.instances
         ))
+
+    def _reap_orphans(self, log: TokenLog, snapshot: ClusterSnapshot) -> None:
+        """Reap owners of running samples that are not registered (one that deregistered
+        without handing its samples back), once seen so for a whole reap timeout."""
+        if snapshot.now - self._orphan_scan_at < self.config.reap_timeout_s / 2:
+            return
+        self._orphan_scan_at = snapshot.now
+        registered = {i.instance_id for i in snapshot.instances}
+        orphans = log.owners() - registered
+        self._orphan_seen = {o: self._orphan_seen.get(o, snapshot.now) for o in orphans}
+        for owner, since in list(self._orphan_seen.items()):
+            if snapshot.now - since < self.config.reap_timeout_s:
+                continue
+            samples = log.reap(owner)
+            del self._orphan_seen[owner]
+            self.redis.hincrby(self._key("step", snapshot.step.step), "reaped_instances", 1)
+            logger.warning("reaped %s (unregistered owner): %d samples requeued", owner, samples)
 
     def _offload(self, offload: OffloadController, snapshot: ClusterSnapshot) -> bool:
         """Tell reserved instances to release at `T_local` (or to resume when no spot instance

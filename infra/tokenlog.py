@@ -70,6 +70,11 @@ def _pack(typecode: str, values: Iterable[Any]) -> bytes:
     return packed.tobytes()
 
 
+def _glob_escape(text: str) -> str:
+    """`text` as a literal inside a Redis MATCH pattern."""
+    return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
+
+
 def _unpack(typecode: str, data: bytes | None) -> list:
     packed = array(typecode)
     packed.frombytes(data or b"")
@@ -614,6 +619,14 @@ class TokenLog:
         """Requeue every sample of a dead instance (its epochs bump, fencing the zombie); a
         sample reaped `max_reaps` times fails instead. Returns how many samples were taken."""
         return int(self._run("release_all", instance_id, 1, self.max_reaps))
+
+    def owners(self) -> set[str]:
+        """Every instance that runs at least one sample of this run (a SCAN of ``own:*``)."""
+        start = len(f"{self.prefix}own:")
+        return {
+            key[start:].decode() if isinstance(key, bytes) else key[start:]
+            for key in self.client.scan_iter(match=f"{_glob_escape(self.prefix)}own:*", count=1000)
+        }
 
     # --- the trainer's side --------------------------------------------------------------------
 

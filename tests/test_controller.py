@@ -265,6 +265,28 @@ def test_silent_instance_is_reaped_and_its_zombie_fenced(redis_client, run_id, f
     assert not a.registry.heartbeat("a", 0, 4, 0), "a reaped instance is told to stop"
 
 
+def test_samples_of_an_unregistered_owner_are_reaped(redis_client, run_id, fleet, background):
+    """An instance that deregistered without handing its samples back does not stall the step."""
+    groups = make_groups(1, 4, max_new=32)
+    length = group_length({0: 30})
+    log = TokenLog(redis_client, run_id)
+    a = fleet("a", length)
+    controller = RolloutController(redis_client, run_id, ControllerConfig(reap_timeout_s=0.4, poll_s=0.05))
+    done = background.submit(controller.run_step, 0, 0, groups, ignore)
+    wait_for(lambda: len(a.held) == 4 and all(len(t) >= 3 for t in a.tokens.values()))
+    a.stop()
+    a.registry.deregister("a")
+    assert log.owners() == {"a"}
+    prefixes = {r.sample_id: r.token_ids for r in log.read_group(0, 0)}
+    b = fleet("b", length, tick_s=0.03)
+    report = done.result(timeout=20)
+
+    assert_complete(log, 0, groups, length)
+    assert {c.sample_id: c.generated_ids for c in b.claims} == prefixes
+    assert (report.reaped_instances, report.reaped_samples, report.migrations) == (1, 4, 4)
+    assert log.owners() == set()
+
+
 def test_idle_instance_steals_from_an_overloaded_one(redis_client, run_id, fleet, background):
     groups = make_groups(1, 4, max_new=64)
     length = group_length({0: 60})
