@@ -99,5 +99,10 @@ def worker(ctx: typer.Context) -> None:
     raise typer.Exit(worker_main(list(ctx.args)))
 
 
+from flows.cost_command import cost  # noqa: E402  (the command lives in its own module)
+
+app.command(name="cost")(cost)
+
+
 if __name__ == "__main__":
     app()

@@ -1,0 +1,145 @@
+"""`rlboost cost --run ID`: a run's cost report from the ledger, printed as rich tables and exported.
+
+Reads the ledger at `--db` (default `$RLBOOST_LEDGER_URL`, else `sqlite:///.rlboost/ledger.sqlite`),
+builds the run's `infra.ledger.report.CostReport` and prints per-step costs, spend per capacity
+class and the run totals (including the savings against an on-demand-only run). `--csv` writes one
+row per step plus a `total` row (run totals: it includes the instance time no step used, so it
+exceeds the sum of the step rows); `--json` writes the whole report. An unknown run, a missing
+price or an unreachable database exits with status 1 and a message saying how to fix it.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from pydantic import TypeAdapter
+from rich.console import Console
+from rich.table import Table
+
+from infra.ledger import Ledger, LedgerUnavailable, UnknownRun
+from infra.ledger.report import CostReport, StepCost
+from infra.pricing import PriceNotFound
+
+RunIdOption = Annotated[str, typer.Option("--run", help="Run id in the ledger (the rollout fabric's run id, e.g. grpo-demo-1a2b3c4d).")]
+DbOption = Annotated[Optional[str], typer.Option("--db", help="Ledger database URL (default: $RLBOOST_LEDGER_URL, else sqlite:///.rlboost/ledger.sqlite).")]
+CsvOption = Annotated[Optional[Path], typer.Option("--csv", help="Write the per-step costs and a total row to this CSV file.")]
+JsonOption = Annotated[Optional[Path], typer.Option("--json", help="Write the whole report to this JSON file.")]
+
+_json_time = TypeAdapter(datetime)
+
+
+def cost(run: RunIdOption, db: DbOption = None, csv_path: CsvOption = None, json_path: JsonOption = None) -> None:
+    """Cost of a run: per step, per million tokens, spot vs on-demand, and the savings against on-demand only."""
+    console = Console()
+    try:
+        ledger = Ledger(db, create=False)
+        try:
+            report = ledger.report(run)
+        finally:
+            ledger.close()
+    except (LedgerUnavailable, UnknownRun, PriceNotFound) as error:
+        console.print("[red]cost report failed[/red]")
+        console.print(str(error), markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+    console.print(steps_table(report))
+    console.print(classes_table(report))
+    console.print(summary_table(report))
+    if csv_path:
+        write_csv(report, csv_path)
+        console.print(f"wrote {csv_path}")
+    if json_path:
+        json_path.write_text(json.dumps(report.as_dict(), indent=2) + "\n")
+        console.print(f"wrote {json_path}")
+
+
+def _usd(value: float | None) -> str:
+    return "" if value is None else f"{value:,.2f}" if abs(value) >= 100 else f"{value:.4f}"
+
+
+def steps_table(report: CostReport) -> Table:
+    table = Table(title=f"cost per step of run {report.run_id}")
+    for header in ("step", "instances", "inst-s", "generated", "wasted", "trained", "preempted",
+                   "cost $", "spot $", "$/M gen", "$/M trained", "on-demand $"):
+        table.add_column(header, justify="right")
+    for s in report.steps:
+        table.add_row(str(s.step), str(s.instances), f"{s.instance_seconds:.0f}", str(s.tokens_generated),
+                      str(s.tokens_wasted), str(s.tokens_trained), str(s.preemptions), _usd(s.cost_usd),
+                      _usd(s.spot_usd), _usd(s.usd_per_million_generated), _usd(s.usd_per_million_trained),
+                      _usd(s.ondemand_only_usd))
+    return table
+
+
+def classes_table(report: CostReport) -> Table:
+    table = Table(title="spend per capacity class")
+    table.add_column("class")
+    for header in ("instances", "instance-hours", "spend $", "on-demand-only $", "preemptions"):
+        table.add_column(header, justify="right")
+    for c in report.classes:
+        table.add_row(c.capacity_class, str(c.instances), f"{c.instance_hours:.3f}", _usd(c.spend_usd),
+                      _usd(c.ondemand_only_usd), str(c.preemptions))
+    return table
+
+
+def _share(part: float, whole: float) -> str:
+    return f" ({part / whole:.0%})" if whole else ""
+
+
+def summary_table(report: CostReport) -> Table:
+    table = Table(title=f"run {report.run_id} ({report.run_name or 'unnamed'}): totals", show_header=False)
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    end = report.ended_at or report.as_of
+    rows = [
+        ("period (UTC)", f"{report.started_at:%Y-%m-%d %H:%M:%S} -> {end:%Y-%m-%d %H:%M:%S}"
+                         + ("" if report.ended_at else " (still running)")),
+        ("total $ (instances + egress)", _usd(report.total_usd)),
+        ("spot $", _usd(report.spend("spot")) + _share(report.spend("spot"), report.total_usd)),
+        ("on-demand $", _usd(report.spend("ondemand")) + _share(report.spend("ondemand"), report.total_usd)),
+        ("reserved $", _usd(report.spend("reserved")) + _share(report.spend("reserved"), report.total_usd)),
+        ("weight egress $", f"{_usd(report.egress_usd)} ({report.transfer_bytes / 1e9:.2f} GB)"),
+        ("not attributed to a step $", _usd(report.unattributed_usd) + " (boot, idle, notice periods)"),
+        ("tokens generated / trained", f"{report.tokens_generated:,} / {report.tokens_trained:,}"),
+        ("tokens wasted", f"{report.tokens_wasted:,}" + _share(report.tokens_wasted, report.tokens_generated)),
+        ("$ per million generated tokens", _usd(report.usd_per_million_generated)),
+        ("$ per million trained tokens", _usd(report.usd_per_million_trained)),
+        ("preemptions / evictions", f"{report.preemptions} / {report.evictions}"),
+        ("on-demand-only run $", _usd(report.ondemand_only_usd)),
+        ("savings $", _usd(report.savings_usd)
+                      + ("" if report.savings_fraction is None else f" ({report.savings_fraction:.0%})")),
+    ]
+    for what, value in rows:
+        table.add_row(what, value)
+    return table
+
+
+def _total_row(report: CostReport) -> dict[str, object]:
+    return {
+        "step": "total",
+        "started_at": _json_time.dump_python(report.started_at, mode="json"),
+        "ended_at": _json_time.dump_python(report.ended_at or report.as_of, mode="json"),
+        "instances": len(report.instances),
+        "instance_seconds": sum(i.billed_seconds for i in report.instances),
+        "tokens_generated": report.tokens_generated,
+        "tokens_wasted": report.tokens_wasted,
+        "tokens_trained": report.tokens_trained,
+        "preemptions": report.preemptions,
+        "cost_usd": report.total_usd,
+        "spot_usd": report.spend("spot"),
+        "ondemand_only_usd": report.ondemand_only_usd,
+        "usd_per_million_generated": report.usd_per_million_generated,
+        "usd_per_million_trained": report.usd_per_million_trained,
+    }
+
+
+def write_csv(report: CostReport, path: Path) -> None:
+    """One row per step (the `StepCost` fields) and a final `total` row of run totals."""
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(StepCost.model_fields))
+        writer.writeheader()
+        writer.writerows(step.model_dump(mode="json") for step in report.steps)
+        writer.writerow(_total_row(report))

@@ -1,0 +1,193 @@
+"""The cost ledger's tables as SQLAlchemy 2 typed declarative models.
+
+One row per run, per RL step, per instance (its lifecycle), per (step, instance) usage, per weight
+transfer and per price quote. Every table is keyed by the natural identity of what it records
+(`run_id` first), which is what makes the writes of `infra.ledger.recorder` idempotent upserts.
+Times are timezone-aware UTC datetimes (`UtcDateTime`, stored as TIMESTAMP WITH TIME ZONE on
+PostgreSQL and as ISO text on SQLite). Money is USD, durations are seconds.
+
+The schema is created and changed only by the Alembic migrations in `infra/ledger/migrations`;
+a test checks that they produce exactly these models.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    Double,
+    ForeignKey,
+    ForeignKeyConstraint,
+    Integer,
+    MetaData,
+    String,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+CAPACITY_CLASSES = ("reserved", "ondemand", "spot")
+INSTANCE_STATES = ("running", "terminating", "terminated")
+TERMINATION_REASONS = ("preempted", "preempted_silent", "evicted", "scaled_down", "finished", "crashed")
+"""Why an instance ended: the provider's reasons (`infra.providers.base.TerminationReason`) plus
+`evicted` (reaped by the controller after its heartbeat lapsed)."""
+PREEMPTION_REASONS = ("preempted", "preempted_silent")
+
+NAMING_CONVENTION = {
+    "pk": "pk_%(table_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "ix": "ix_%(table_name)s_%(column_0_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+}
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """An aware datetime, stored in UTC and read back as UTC on every backend. Naive values are refused."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value}: give the ledger timezone-aware times or epoch seconds")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _one_of(column: str, values: tuple[str, ...]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {datetime: UtcDateTime(), float: Double()}
+
+
+class Run(Base):
+    """One training run (one rollout fabric session)."""
+
+    __tablename__ = "runs"
+
+    run_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    name: Mapped[str | None] = mapped_column(String(256))
+    """The run's configured name (`run.name`); several run ids may share it (resumes)."""
+    started_at: Mapped[datetime]
+    ended_at: Mapped[datetime | None]
+
+
+class Step(Base):
+    """One RL step of a run."""
+
+    __tablename__ = "steps"
+    __table_args__ = (CheckConstraint("tokens_trained >= 0", name="tokens_trained_nonnegative"),)
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.run_id", ondelete="CASCADE"), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    started_at: Mapped[datetime]
+    ended_at: Mapped[datetime | None]
+    tokens_trained: Mapped[int | None] = mapped_column(BigInteger)
+    """Response tokens in the step's training batch (None until the step has trained)."""
+
+
+class Instance(Base):
+    """One instance of a run, with its lifecycle as last recorded."""
+
+    __tablename__ = "instances"
+    __table_args__ = (
+        CheckConstraint(_one_of("capacity_class", CAPACITY_CLASSES), name="capacity_class"),
+        CheckConstraint(_one_of("state", INSTANCE_STATES), name="state"),
+        CheckConstraint(_one_of("reason", TERMINATION_REASONS), name="reason"),
+        CheckConstraint("price_per_hour >= 0", name="price_nonnegative"),
+    )
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.run_id", ondelete="CASCADE"), primary_key=True)
+    instance_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    pool: Mapped[str] = mapped_column(String(128))
+    provider: Mapped[str] = mapped_column(String(32))
+    """`local`, `gcp` or `azure`."""
+    zone: Mapped[str | None] = mapped_column(String(64))
+    """Zone or region the instance ran in (None for local pools: priced in the reference region)."""
+    machine_type: Mapped[str] = mapped_column(String(128))
+    capacity_class: Mapped[str] = mapped_column(String(16))
+    price_per_hour: Mapped[float | None]
+    """What one hour of the instance costs (None: priced from the catalog by the report)."""
+    launched_at: Mapped[datetime]
+    ready_at: Mapped[datetime | None]
+    """When it could first generate (engine loaded, weights pulled)."""
+    notice_at: Mapped[datetime | None]
+    terminated_at: Mapped[datetime | None]
+    state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(String(32))
+    exit_code: Mapped[int | None]
+
+
+class Usage(Base):
+    """What one instance did during one step."""
+
+    __tablename__ = "usage"
+    __table_args__ = (
+        ForeignKeyConstraint(["run_id", "step"], ["steps.run_id", "steps.step"], ondelete="CASCADE"),
+        ForeignKeyConstraint(["run_id", "instance_id"], ["instances.run_id", "instances.instance_id"], ondelete="CASCADE"),
+        CheckConstraint("seconds >= 0 AND tokens_generated >= 0 AND tokens_wasted >= 0", name="nonnegative"),
+    )
+
+    run_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    instance_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    seconds: Mapped[float]
+    """Instance-seconds the instance spent on the step."""
+    tokens_generated: Mapped[int] = mapped_column(BigInteger)
+    """Tokens it generated for the step, wasted ones included."""
+    tokens_wasted: Mapped[int] = mapped_column(BigInteger)
+    """Generated tokens that were lost (never flushed, or discarded) and generated again."""
+
+
+class WeightTransfer(Base):
+    """One instance pulling one policy version from one source."""
+
+    __tablename__ = "weight_transfers"
+    __table_args__ = (
+        ForeignKeyConstraint(["run_id", "instance_id"], ["instances.run_id", "instances.instance_id"], ondelete="CASCADE"),
+        CheckConstraint("bytes >= 0 AND egress_usd >= 0", name="nonnegative"),
+    )
+
+    run_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    instance_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    source: Mapped[str] = mapped_column(String(128), primary_key=True)
+    """`trainer`, `store` or the peer instance id the bytes came from."""
+    step: Mapped[int | None]
+    """The step the transfer served (None: not attributed to a step)."""
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    egress_usd: Mapped[float]
+    """What moving the bytes cost (cross-region or internet egress), USD."""
+    transferred_at: Mapped[datetime | None]
+
+
+class PriceQuote(Base):
+    """A price a provider quoted for a pool at a time."""
+
+    __tablename__ = "price_quotes"
+    __table_args__ = (
+        CheckConstraint(_one_of("capacity_class", CAPACITY_CLASSES), name="capacity_class"),
+        CheckConstraint("usd_per_hour >= 0", name="price_nonnegative"),
+    )
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.run_id", ondelete="CASCADE"), primary_key=True)
+    pool: Mapped[str] = mapped_column(String(128), primary_key=True)
+    quoted_at: Mapped[datetime] = mapped_column(primary_key=True)
+    provider: Mapped[str] = mapped_column(String(32))
+    machine_type: Mapped[str] = mapped_column(String(128))
+    zone: Mapped[str | None] = mapped_column(String(64))
+    capacity_class: Mapped[str] = mapped_column(String(16))
+    usd_per_hour: Mapped[float]

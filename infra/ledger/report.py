@@ -1,0 +1,264 @@
+"""What a run cost: pure computations from a run's ledger rows (`RunRecords`) to a `CostReport`.
+
+Definitions (USD; an instance's *price* is its recorded `price_per_hour`, else the catalog's price
+for its class at its launch; its *on-demand price* is its recorded price if it is an on-demand
+instance, else the catalog's on-demand list price of its machine type in its region at launch):
+
+- **Spend** of an instance: its billed seconds (launch to termination; one still running is billed
+  up to `as_of`, default the run's end) times its price. `total_usd` = all instances' spend plus
+  the egress cost of weight transfers.
+- **Step cost**: the instance-seconds recorded for the step (usage rows) times each instance's
+  price, plus the egress of transfers attributed to the step. `unattributed_usd` = total minus the
+  step costs: boots, weight loads, idle time between steps and preemption notices.
+- **$ per million tokens**: total (or step) cost per million tokens generated (wasted included)
+  and per million tokens trained (the steps' `tokens_trained`).
+- **On-demand-only counterfactual**: the same work at the measured throughput, i.e. the same
+  instance-seconds of the same machine types, bought at on-demand prices (plus the same egress).
+  `savings_usd` = counterfactual minus actual total; `savings_fraction` = savings / counterfactual.
+- **Preemptions**: instances that ended `preempted` or `preempted_silent`; a step counts those
+  whose notice (or end) fell within it. **Evictions**: instances the controller reaped.
+
+A price the ledger lacks and the catalog cannot give raises `PriceNotFound` naming the instance.
+`CostReport.as_dict()` is the whole report as JSON-ready data; `summary()` the flat run totals.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+from typing import Protocol
+
+from pydantic import BaseModel
+
+from infra.ledger.models import CAPACITY_CLASSES, PREEMPTION_REASONS, Instance, Usage
+from infra.ledger.reader import RunRecords
+from infra.pricing.catalog import PriceNotFound
+
+MILLION = 1_000_000
+SECONDS_PER_HOUR = 3600.0
+
+
+class PriceSource(Protocol):
+    """Where prices the ledger lacks come from (an `infra.pricing.Catalog`)."""
+
+    def price(self, provider: str, machine_type: str, region: str | None, capacity_class: str, at: datetime | None) -> float: ...
+
+
+class InstanceCost(BaseModel):
+    instance_id: str
+    pool: str
+    capacity_class: str
+    machine_type: str
+    usd_per_hour: float
+    ondemand_usd_per_hour: float
+    billed_seconds: float
+    spend_usd: float
+    ondemand_only_usd: float
+    reason: str | None
+
+
+class StepCost(BaseModel):
+    step: int
+    started_at: datetime
+    ended_at: datetime | None
+    instances: int
+    """Instances with usage in the step."""
+    instance_seconds: float
+    tokens_generated: int
+    tokens_wasted: int
+    tokens_trained: int
+    preemptions: int
+    cost_usd: float
+    spot_usd: float
+    """The part of `cost_usd` spent on spot instances."""
+    ondemand_only_usd: float
+    usd_per_million_generated: float | None
+    usd_per_million_trained: float | None
+
+
+class ClassSpend(BaseModel):
+    capacity_class: str
+    instances: int
+    instance_hours: float
+    spend_usd: float
+    ondemand_only_usd: float
+    preemptions: int
+
+
+class CostReport(BaseModel):
+    run_id: str
+    run_name: str | None
+    started_at: datetime
+    ended_at: datetime | None
+    as_of: datetime
+    """Instances without a termination time are billed up to this time."""
+    steps: list[StepCost]
+    classes: list[ClassSpend]
+    """Spend per capacity class (reserved, ondemand, spot), classes with instances only."""
+    instances: list[InstanceCost]
+    instance_spend_usd: float
+    egress_usd: float
+    transfer_bytes: int
+    total_usd: float
+    attributed_usd: float
+    unattributed_usd: float
+    tokens_generated: int
+    tokens_wasted: int
+    tokens_trained: int
+    usd_per_million_generated: float | None
+    usd_per_million_trained: float | None
+    preemptions: int
+    evictions: int
+    ondemand_only_usd: float
+    savings_usd: float
+    savings_fraction: float | None
+
+    def spend(self, capacity_class: str) -> float:
+        """Spend on instances of one capacity class."""
+        return sum((c.spend_usd for c in self.classes if c.capacity_class == capacity_class), 0.0)
+
+    def summary(self) -> dict[str, object]:
+        """The run totals as one flat dict (for the run summary artifact)."""
+        totals = self.model_dump(mode="json", exclude={"steps", "classes", "instances"})
+        totals.update({f"spend_{name}_usd": self.spend(name) for name in CAPACITY_CLASSES})
+        totals["steps"] = len(self.steps)
+        return totals
+
+    def as_dict(self) -> dict[str, object]:
+        """The whole report as JSON-ready data."""
+        return self.model_dump(mode="json")
+
+
+def _per_million(usd: float, tokens: int) -> float | None:
+    return usd * MILLION / tokens if tokens else None
+
+
+def _catalog_price(prices: PriceSource, instance: Instance, capacity_class: str, purpose: str) -> float:
+    try:
+        return prices.price(instance.provider, instance.machine_type, instance.zone, capacity_class, instance.launched_at)
+    except PriceNotFound as error:
+        raise PriceNotFound(
+            f"instance {instance.instance_id} (pool {instance.pool}, {instance.capacity_class}) needs {purpose}: {error}"
+        ) from None
+
+
+def hourly_price(instance: Instance, prices: PriceSource) -> float:
+    """What one hour of the instance costs: its recorded price, else the catalog's for its class."""
+    if instance.price_per_hour is not None:
+        return instance.price_per_hour
+    return _catalog_price(prices, instance, instance.capacity_class, "a price (none was recorded)")
+
+
+def ondemand_price(instance: Instance, prices: PriceSource) -> float:
+    """One on-demand hour of the instance's machine type: its own price if it is on-demand."""
+    if instance.capacity_class == "ondemand" and instance.price_per_hour is not None:
+        return instance.price_per_hour
+    return _catalog_price(prices, instance, "ondemand", "an on-demand price for the counterfactual")
+
+
+def billed_seconds(instance: Instance, as_of: datetime) -> float:
+    """Seconds from launch to termination (or `as_of` if it has not terminated)."""
+    end = instance.terminated_at or as_of
+    return max((end - instance.launched_at).total_seconds(), 0.0)
+
+
+def _preempted_at(instance: Instance) -> datetime | None:
+    if instance.reason not in PREEMPTION_REASONS:
+        return None
+    return instance.notice_at or instance.terminated_at
+
+
+def _count_within(times: Iterable[datetime], start: datetime, end: datetime) -> int:
+    return sum(1 for t in times if start <= t < end)
+
+
+def _instance_costs(records: RunRecords, prices: PriceSource, as_of: datetime) -> list[InstanceCost]:
+    costs = []
+    for i in records.instances:
+        rate, ondemand_rate, seconds = hourly_price(i, prices), ondemand_price(i, prices), billed_seconds(i, as_of)
+        costs.append(InstanceCost(
+            instance_id=i.instance_id, pool=i.pool, capacity_class=i.capacity_class, machine_type=i.machine_type,
+            usd_per_hour=rate, ondemand_usd_per_hour=ondemand_rate, billed_seconds=seconds, reason=i.reason,
+            spend_usd=seconds * rate / SECONDS_PER_HOUR, ondemand_only_usd=seconds * ondemand_rate / SECONDS_PER_HOUR,
+        ))
+    return costs
+
+
+def _step_costs(records: RunRecords, instances: list[InstanceCost], as_of: datetime) -> list[StepCost]:
+    by_id = {i.instance_id: i for i in instances}
+    preemption_times = [t for i in records.instances if (t := _preempted_at(i)) is not None]
+    egress_by_step: dict[int | None, float] = defaultdict(float)
+    for transfer in records.transfers:
+        egress_by_step[transfer.step] += transfer.egress_usd
+    usage_by_step: dict[int, list[Usage]] = defaultdict(list)
+    for usage in records.usage:
+        usage_by_step[usage.step].append(usage)
+
+    def usd(rows: list[Usage], hourly: Callable[[InstanceCost], float]) -> float:
+        return sum(u.seconds * hourly(by_id[u.instance_id]) for u in rows) / SECONDS_PER_HOUR
+
+    def own(cost: InstanceCost) -> float:
+        return cost.usd_per_hour
+
+    def ondemand(cost: InstanceCost) -> float:
+        return cost.ondemand_usd_per_hour
+
+    steps = []
+    for step in records.steps:
+        rows, egress = usage_by_step[step.step], egress_by_step[step.step]
+        cost = egress + usd(rows, own)
+        generated, trained = sum(u.tokens_generated for u in rows), step.tokens_trained or 0
+        steps.append(StepCost(
+            step=step.step, started_at=step.started_at, ended_at=step.ended_at,
+            instances=len(rows), instance_seconds=sum(u.seconds for u in rows),
+            tokens_generated=generated, tokens_wasted=sum(u.tokens_wasted for u in rows), tokens_trained=trained,
+            preemptions=_count_within(preemption_times, step.started_at, step.ended_at or as_of),
+            cost_usd=cost,
+            spot_usd=usd([u for u in rows if by_id[u.instance_id].capacity_class == "spot"], own),
+            ondemand_only_usd=egress + usd(rows, ondemand),
+            usd_per_million_generated=_per_million(cost, generated),
+            usd_per_million_trained=_per_million(cost, trained),
+        ))
+    return steps
+
+
+def _class_spends(instances: list[InstanceCost]) -> list[ClassSpend]:
+    classes = []
+    for name in CAPACITY_CLASSES:
+        members = [c for c in instances if c.capacity_class == name]
+        if members:
+            classes.append(ClassSpend(
+                capacity_class=name, instances=len(members),
+                instance_hours=sum(c.billed_seconds for c in members) / SECONDS_PER_HOUR,
+                spend_usd=sum(c.spend_usd for c in members),
+                ondemand_only_usd=sum(c.ondemand_only_usd for c in members),
+                preemptions=sum(1 for c in members if c.reason in PREEMPTION_REASONS),
+            ))
+    return classes
+
+
+def build_report(records: RunRecords, prices: PriceSource, as_of: datetime | None = None) -> CostReport:
+    """The `CostReport` of one run (definitions in the module docstring)."""
+    run = records.run
+    as_of = as_of or run.ended_at or datetime.now(UTC)
+    instances = _instance_costs(records, prices, as_of)
+    steps = _step_costs(records, instances, as_of)
+    egress = sum(t.egress_usd for t in records.transfers)
+    total = egress + sum(c.spend_usd for c in instances)
+    attributed = sum(s.cost_usd for s in steps)
+    ondemand_only = egress + sum(c.ondemand_only_usd for c in instances)
+    generated = sum(s.tokens_generated for s in steps)
+    trained = sum(s.tokens_trained for s in steps)
+    return CostReport(
+        run_id=run.run_id, run_name=run.name, started_at=run.started_at, ended_at=run.ended_at, as_of=as_of,
+        steps=steps, classes=_class_spends(instances), instances=instances,
+        instance_spend_usd=total - egress, egress_usd=egress, transfer_bytes=sum(t.bytes for t in records.transfers),
+        total_usd=total, attributed_usd=attributed, unattributed_usd=total - attributed,
+        tokens_generated=generated, tokens_wasted=sum(s.tokens_wasted for s in steps), tokens_trained=trained,
+        usd_per_million_generated=_per_million(total, generated), usd_per_million_trained=_per_million(total, trained),
+        preemptions=sum(1 for i in records.instances if i.reason in PREEMPTION_REASONS),
+        evictions=sum(1 for i in records.instances if i.reason == "evicted"),
+        ondemand_only_usd=ondemand_only, savings_usd=ondemand_only - total,
+        savings_fraction=(ondemand_only - total) / ondemand_only if ondemand_only else None,
+    )
