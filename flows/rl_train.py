@@ -26,7 +26,7 @@ from infra.config import RunConfig, load_config
 from infra.reporting import plot_curves, step_progress, step_table_rows, summary_markdown, summary_table
 from infra.session import close_session, get_session, open_session
 from tasks.pretraining import ensure_base_model
-from tasks.training import checkpoint_task, evaluate_task, rollout_task, score_task, train_task
+from tasks.training import account_task, checkpoint_task, evaluate_task, rollout_task, score_task, train_task
 
 
 @flow(name="rl-step", flow_run_name="step-{step}", persist_result=False)
@@ -36,6 +36,7 @@ def rl_step(session_key: str, step: int, evaluate: bool, checkpoint: bool) -> di
     rollout = rollout_task(session_key, step)
     scores = score_task(session_key, step, rollout["path"])
     metrics = train_task(session_key, step, rollout["path"], scores["path"])
+    cost = account_task(session_key, step, int(metrics["response_tokens"]))
     row: dict[str, Any] = {
         "step": step,
         "reward": scores["reward"],
@@ -49,6 +50,7 @@ def rl_step(session_key: str, step: int, evaluate: bool, checkpoint: bool) -> di
         "entropy": metrics["entropy"],
         "grad_norm": metrics["grad_norm"],
         "kl": metrics["kl"],
+        "cost_usd": cost["cost_usd"],
     }
     row.update({k: v for k, v in rollout.items() if k not in ("path", "tokens", "seconds")})
     row["step_s"] = time.perf_counter() - started
@@ -67,14 +69,20 @@ def _artifact_key(name: str) -> str:
 
 
 @flow(name="rl-train", log_prints=False, persist_result=False)
-def rl_train(config_path: str | None = None, overrides: dict[str, Any] | None = None) -> dict:
-    """Train a policy with GRPO for `run.steps` steps (resuming from the run's latest checkpoint)."""
+def rl_train(config_path: str | None = None, overrides: dict[str, Any] | None = None, extra_steps: int | None = None) -> dict:
+    """Train a policy with GRPO for `run.steps` steps (resuming from the run's latest checkpoint);
+    with `extra_steps`, train that many steps beyond the latest checkpoint instead (nightly runs)."""
+    if extra_steps is not None and extra_steps < 1:
+        raise ValueError(f"extra_steps must be at least 1, got {extra_steps}")
     config: RunConfig = load_config(config_path, overrides)
     logger = get_run_logger()
     ensure_base_model(config)
     key = f"{config.run.name}-{uuid.uuid4().hex[:8]}"
     session = open_session(key, config)
     try:
+        if extra_steps is not None:
+            steps = session.step + extra_steps
+            config = config.model_copy(update={"run": config.run.model_copy(update={"steps": steps})})
         return _train_loop(config, key, session, logger)
     finally:
         close_session(key)
@@ -121,6 +129,8 @@ def _train_loop(config: RunConfig, key: str, session, logger) -> dict:
         "minutes_this_run": (time.perf_counter() - began) / 60,
         "curves_png": str(plot),
         "checkpoint": str(session.checkpoint_dir),
+        **_cost_summary(session.cost_summary()),
+        "ledger_run_id": session.run_id,
     }
     console.print(summary_table(summary))
     create_table_artifact(
@@ -129,6 +139,13 @@ def _train_loop(config: RunConfig, key: str, session, logger) -> dict:
     )
     create_markdown_artifact(key=_artifact_key(f"{config.run.name}-summary"), markdown=summary_markdown(summary, plot))
     return summary
+
+
+def _cost_summary(costs: dict) -> dict:
+    """The cost figures the run summary shows (all of them: `rlboost cost --run <ledger run id>`)."""
+    keys = ("total_usd", "spend_spot_usd", "spend_reserved_usd", "usd_per_million_generated",
+            "usd_per_million_trained", "tokens_wasted", "preemptions", "ondemand_only_usd", "savings_usd")
+    return {key: costs[key] for key in keys if costs.get(key) is not None}
 
 
 def run_training(config_path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> dict:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field, ValidationError
 from pydantic_core import PydanticUndefined
 
 from infra.fabric import FabricConfig
+from infra.ledger import LedgerConfig
 from rl.config import (
     DataConfig,
     EvalConfig,
@@ -66,6 +67,7 @@ class RunConfig(Section):
     eval: EvalConfig = EvalConfig()
     pretrain: PretrainConfig = PretrainConfig()
     fabric: FabricConfig = FabricConfig()
+    ledger: LedgerConfig = LedgerConfig()
 
 
 class ConfigError(ValueError):

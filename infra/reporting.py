@@ -28,6 +28,7 @@ STEP_COLUMNS = (
     ("preemptions", "preemptions", "{:d}"),
     ("migrations", "migrations", "{:d}"),
     ("tokens_wasted", "tokens wasted", "{:d}"),
+    ("cost_usd", "cost $", "{:.4f}"),
 )
 
 

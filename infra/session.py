@@ -23,8 +23,10 @@ from pathlib import Path
 
 import torch
 
+from infra.accounting import RunAccounting
 from infra.config import RunConfig
 from infra.fabric import RolloutFabric
+from infra.ledger import Ledger
 from rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rl.engine import HFEngine, SamplingParams
 from rl.evaluation import evaluate_accuracy
@@ -98,12 +100,26 @@ class TrainingSession:
         self.fabric: RolloutFabric | None = None
         self._stream: tuple[int, StreamedStep] | None = None
         """The step whose groups are being trained while they arrive (fabric rollout only)."""
-        if config.fabric.enabled:
-            # A fresh Redis namespace per session: a resumed run redoes the steps after its
-            # checkpoint with the same seeds, so nothing of an earlier attempt may be reused.
-            run_id = f"{config.run.name}-{uuid.uuid4().hex[:8]}"
-            self.fabric = RolloutFabric(config.fabric, run_id, self.directory, config.model.path)
-            self.fabric.publish(self.step, self.model.state_dict())
+        # One id per session: the fabric's Redis namespace (a resumed run redoes the steps after
+        # its checkpoint with the same seeds, so nothing of an earlier attempt may be reused) and
+        # the run's rows in the cost ledger.
+        self.run_id = f"{config.run.name}-{uuid.uuid4().hex[:8]}"
+        self._step_usage: dict[int, tuple[dict[str, int], int]] = {}
+        """Per step in progress: tokens each instance generated, tokens wasted (for the ledger)."""
+        ledger = Ledger(config.ledger.resolved_url())
+        try:
+            if config.fabric.enabled:
+                self.fabric = RolloutFabric(config.fabric, self.run_id, self.directory, config.model.path)
+                self.fabric.publish(self.step, self.model.state_dict())
+            self.accounting = RunAccounting(
+                ledger, self.run_id, config.run.name, config.fabric.pools if self.fabric else (),
+                self.fabric.provider if self.fabric else None,
+            )
+        except BaseException:
+            ledger.close()
+            if self.fabric is not None:
+                self.fabric.close()
+            raise
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -127,6 +143,7 @@ class TrainingSession:
     def rollout(self, step: int) -> dict:
         """Generate the step's samples (in process, or on the fabric's instances)."""
         started = time.perf_counter()
+        self.accounting.begin_step(step)
         fabric_stats = {}
         if self.fabric is None:
             requests = build_requests(
@@ -149,6 +166,7 @@ class TrainingSession:
                 self.tokenizer, self._records(), step, self.step, self.config.rollout, self.config.run.seed,
                 on_group=None if stream is None else stream.add,
             )
+            self._step_usage[step] = (dict(report.instance_tokens), report.tokens_wasted)
             fabric_stats = {
                 "tokens_wasted": report.tokens_wasted, "migrations": report.migrations,
                 "reaped_instances": report.reaped_instances, "steals": report.steals,
@@ -200,6 +218,16 @@ class TrainingSession:
         metrics["seconds"] = time.perf_counter() - started
         return metrics
 
+    def account(self, step: int, tokens_trained: int) -> dict:
+        """Record the step in the cost ledger (instances, their usage, the step); returns its cost."""
+        instance_tokens, wasted = self._step_usage.pop(step, ({}, 0))
+        self.accounting.end_step(step, tokens_trained, instance_tokens, wasted)
+        return {"cost_usd": self.accounting.step_cost_usd(step) or 0.0}
+
+    def cost_summary(self) -> dict[str, object]:
+        """The run's cost report so far, as one flat dict."""
+        return self.accounting.summary()
+
     def _abandon_stream(self) -> None:
         """Drop a streamed step that was never trained (its rollout is being redone)."""
         if self._stream is not None:
@@ -233,8 +261,12 @@ class TrainingSession:
 
 
     def close(self) -> None:
-        if self.fabric is not None:
-            self.fabric.close()
+        try:
+            if self.fabric is not None:
+                self.fabric.close()
+        finally:
+            self.accounting.finish()
+            self.accounting.ledger.close()
 
 
 _SESSIONS: dict[str, TrainingSession] = {}

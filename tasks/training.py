@@ -42,3 +42,9 @@ def evaluate_task(session_key: str) -> float:
 def checkpoint_task(session_key: str) -> str:
     """Write an atomic checkpoint (policy, optimizer, RNG, data cursor, history); returns its path."""
     return get_session(session_key).checkpoint()
+
+
+@task(name="account", **TASK_OPTIONS)
+def account_task(session_key: str, step: int, tokens_trained: int) -> dict:
+    """Record the step in the cost ledger (instances, their usage, the step); returns its cost in USD."""
+    return get_session(session_key).account(step, tokens_trained)

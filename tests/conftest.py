@@ -15,6 +15,21 @@ def _one_torch_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _ledger_in_a_temporary_database(tmp_path_factory):
+    """Training runs in tests record their costs in a throwaway SQLite ledger, not .rlboost/."""
+    import os
+
+    url = f"sqlite:///{tmp_path_factory.mktemp('ledger') / 'ledger.sqlite'}"
+    previous = os.environ.get("RLBOOST_LEDGER_URL")
+    os.environ["RLBOOST_LEDGER_URL"] = url
+    yield url
+    if previous is None:
+        os.environ.pop("RLBOOST_LEDGER_URL", None)
+    else:
+        os.environ["RLBOOST_LEDGER_URL"] = previous
+
+
 @pytest.fixture(scope="session")
 def prefect_harness():
     """One ephemeral Prefect server (SQLite) for the whole session."""

@@ -11,6 +11,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId, TaskRunFilter, TaskRunFilterFlowRunId
 
 from flows.rl_train import rl_train
+from infra.ledger import Ledger
 from rl.models import TinyLlamaShape, build_tiny_llama, save_model
 
 pytestmark = pytest.mark.integration
@@ -68,7 +69,11 @@ def test_two_steps_then_resume(prefect_harness, base_model, tmp_path):
     steps = sorted(r.name for r in runs if r.name.startswith("step-"))
     assert steps == ["step-1", "step-2"]
     assert all(r.state.is_completed() for r in runs)
-    assert tasks["step-1"] == ["checkpoint", "evaluate", "rollout", "score", "train"]
+    assert tasks["step-1"] == ["account", "checkpoint", "evaluate", "rollout", "score", "train"]
+    with Ledger() as ledger:  # the tests' ledger (RLBOOST_LEDGER_URL, tests/conftest.py)
+        costs = ledger.report(summary["ledger_run_id"])
+    assert [s.step for s in costs.steps] == [1, 2]
+    assert all(s.ended_at is not None and s.tokens_trained > 0 for s in costs.steps)
 
     async def artifacts():
         async with get_client() as client:
