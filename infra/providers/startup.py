@@ -1,0 +1,69 @@
+"""The boot script of a cloud instance (GCE `startup-script`, Azure custom data).
+
+`render_startup_script` writes a bash script that installs the project into a virtual environment
+and then runs, under the preemption watcher of its cloud (`python -m infra.watchers gce|azure`),
+the Prefect worker of the instance's pool: `prefect worker start --pool <pool>`. The watcher turns
+the cloud's preemption notice into SIGTERM for the worker and the flow runs it started (the rollout
+worker drains on SIGTERM). Every value is shell-quoted; the script carries no credentials (the VM
+reaches Prefect and the token log with its own identity and network).
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from infra.providers.base import PoolSpec
+
+WatcherKind = Literal["gce", "azure"]
+
+
+class WorkerBootstrap(BaseModel):
+    """How a cloud instance installs the project and joins its pool's Prefect work pool."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
+
+    install: str = Field("rlboost[gcp,azure]", min_length=1)
+    """pip requirement of the project, e.g. `rlboost[gcp] @ git+https://github.com/you/rlboost@v0.1.0`."""
+    prefect_api_url: str | None = None
+    """`PREFECT_API_URL` of the workers (None: whatever the image configures)."""
+    install_dir: str = "/opt/rlboost"
+    """Where the virtual environment is created (`<install_dir>/venv`)."""
+    python: str = "python3"
+    """Interpreter that creates the virtual environment (3.11 or newer)."""
+    grace_s: float = Field(25.0, gt=0)
+    """After the notice, how long the worker may drain before it is killed (both clouds give 30 s)."""
+
+
+def render_startup_script(
+    bootstrap: WorkerBootstrap, *, pool: PoolSpec, instance_id: str, run_id: str, watcher: WatcherKind
+) -> str:
+    """The boot script of one instance of `pool`."""
+    q = shlex.quote
+    venv = f"{bootstrap.install_dir.rstrip('/')}/venv"
+    env = {
+        "RLBOOST_RUN_ID": run_id,
+        "RLBOOST_POOL": pool.name,
+        "RLBOOST_INSTANCE_ID": instance_id,
+        "RLBOOST_CAPACITY_CLASS": pool.capacity_class,
+    }
+    if bootstrap.prefect_api_url is not None:
+        env["PREFECT_API_URL"] = bootstrap.prefect_api_url
+    watch = [
+        f"{venv}/bin/python", "-m", "infra.watchers", watcher,
+        *(["--instance", instance_id] if watcher == "azure" else []),
+        "--grace-s", str(bootstrap.grace_s), "--",
+        f"{venv}/bin/prefect", "worker", "start", "--pool", pool.name, "--name", instance_id,
+    ]
+    lines = [
+        "#!/bin/bash",
+        f"# rlboost rollout instance {instance_id} of pool {pool.name}: install, then serve the pool's work queue.",
+        "set -euo pipefail",
+        *(f"export {key}={q(value)}" for key, value in env.items()),
+        f"{q(bootstrap.python)} -m venv {q(venv)}",
+        f"{q(venv + '/bin/python')} -m pip install --quiet {q(bootstrap.install)}",
+        "exec " + " ".join(q(part) for part in watch),
+    ]
+    return "\n".join(lines) + "\n"
