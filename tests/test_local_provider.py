@@ -295,3 +295,14 @@ def test_pool_spec_trace_availability():
     # The 10.8 h trace replays in 27 s (wall) and visits every capacity of the pool.
     assert {schedule.capacity_at(t / 10) for t in range(265)} == {0, 1, 2, 3}
     assert any(change.delta < 0 for change in schedule.events_between(0.0, 26.5))
+
+
+def test_a_cloud_pool_is_refused(tmp_path):
+    provider = LocalProvider(factory(tmp_path, "sleep"), log_dir=tmp_path)
+    cloud = spot(provider="gcp", gcp={"project": "my-rl-project", "zones": ["us-central1-a"], "image": "projects/x/global/images/y"})
+    try:
+        with pytest.raises(ValueError, match="pool spot: provider 'gcp' is not local"):
+            provider.launch(cloud, 1)
+        assert provider.list() == []
+    finally:
+        provider.shutdown()

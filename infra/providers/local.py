@@ -104,6 +104,11 @@ class LocalProvider(Provider):
     def launch(self, pool: PoolSpec, count: int) -> builtins.list[InstanceHandle]:
         """Raise the pool's target by `count` (up to `pool.size`) and start what capacity allows
         now; the rest start on a later `tick()` when capacity returns."""
+        if pool.provider != "local":
+            raise ValueError(
+                f"pool {pool.name}: provider {pool.provider!r} is not local; the local provider runs "
+                "only `provider: local` pools (cloud pools go to their cloud's provider)"
+            )
         with self._lock:
             self._check_open()
             state = self._pool(pool)
