@@ -13,6 +13,7 @@ from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
 
 from infra.capacity_manager import CapacityManager
+from infra.ledger import Ledger
 from infra.providers.base import InstanceHandle, InstanceRecord, PoolSpec, PreemptionEvent, Provider, StopReason
 from infra.providers.errors import PoolConfigError
 from infra.providers.gcp import GcpProvider
@@ -170,8 +171,10 @@ def test_duplicate_pool_names_are_refused():
 # -- end to end: GCP provider + fake Compute Engine -------------------------------------------------
 
 
-def test_keeps_a_gcp_spot_pool_at_target_through_preemptions_and_a_zone_running_out():
+def test_keeps_a_gcp_spot_pool_at_target_through_preemptions_and_a_zone_running_out(tmp_path):
     clock = Clock()
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    ledger.start_run("e2e", name="capacity", started_at=clock())
     spot = PoolSpec.model_validate({
         "name": "l4-spot", "provider": "gcp", "capacity_class": "spot", "size": 3, "min_size": 3,
         "machine_type": "g2-standard-8", "price_per_hour": 0.5, "max_price_per_hour": 1.0, "notice_s": 30,
@@ -183,7 +186,8 @@ def test_keeps_a_gcp_spot_pool_at_target_through_preemptions_and_a_zone_running_
         provider = GcpProvider(
             run_id="e2e", bootstrap=WorkerBootstrap(), credentials=AnonymousCredentials(),
             client_options=ClientOptions(api_endpoint=gce.url), live_prices=False, clock=clock,
-            sleep=lambda s: None, on_change=changes.append, backoff_s=120.0,
+            sleep=lambda s: None, backoff_s=120.0,
+            on_change=lambda r: (changes.append(r), ledger.record_instance("e2e", r, provider="gcp", zone=r.zone)),
         )
         manager = CapacityManager(provider, [spot], clock=clock)
 
@@ -251,3 +255,15 @@ def test_keeps_a_gcp_spot_pool_at_target_through_preemptions_and_a_zone_running_
         assert steps[-1] == record
         expected = ["running", "terminating", "terminated"] if record.state == "terminated" else ["running"]
         assert [s.state for s in steps] == expected
+
+    # The ledger holds each instance's lifetime and cost, as the provider saw them.
+    ledger.finish_run("e2e", ended_at=clock())
+    costs = {c.instance_id: c for c in ledger.report("e2e").instances}
+    ledger.close()
+    assert costs.keys() == {r.instance_id for r in records}
+    for record in records:
+        end = record.terminated_at if record.terminated_at is not None else clock()
+        cost = costs[record.instance_id]
+        assert cost.reason == record.reason
+        assert cost.billed_seconds == pytest.approx(end - record.launched_at)
+        assert cost.spend_usd == pytest.approx(cost.billed_seconds / 3600 * 0.479872)
