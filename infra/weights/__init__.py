@@ -1,0 +1,53 @@
+"""Pull-based weight transfer (DESIGN §6): the trainer publishes each policy version once; every
+instance pulls it when it is ready, from peers that already hold it, falling back to the store.
+
+Trainer::
+
+    publisher = WeightPublisher(config, redis_client, run_id, run_dir=run_dir)
+    publisher.publish(version, model.state_dict())   # host copy, then background work
+    publisher.close()
+
+Rollout instance::
+
+    puller = WeightPuller(config, redis_client, run_id, instance_id, run_dir=run_dir)
+    state_dict = puller.pull(version)                # complete and verified, or PullError
+    puller.close()
+
+`latest` lives on the interim path's Redis key and channel (`infra.weights_file.latest_version`,
+`weights_channel`), so a worker keeps watching it the same way.
+
+Modules, one job each:
+
+* `config`      `WeightsConfig`, the settings both sides share;
+* `manifest`    a version as a manifest plus safetensors byte chunks (encode, verify, decode);
+* `store`       the fsspec object store: chunks first, manifest last; list, read, delete;
+* `retention`   which store versions to delete (pure policy);
+* `holders`     Redis state: latest, manifest digests, holders, pull leases (with TTLs);
+* `auth`        HMAC request signatures with the shared secret;
+* `admission`   bounded concurrent uploads per server, earliest puller first;
+* `bandwidth`   an emulated uplink cap (benchmarks on one machine);
+* `peer_server` the HTTP server (starlette + uvicorn) serving versions held in memory;
+* `peer_client` signed GETs against peer servers (keep-alive, timeouts, error classes);
+* `publisher`   the trainer side;
+* `puller`      the instance side;
+* `instance`    a standalone pulling-and-serving process (tests, benchmark).
+"""
+
+from infra.weights.config import WeightsConfig
+from infra.weights.manifest import EncodedVersion, Manifest, ManifestError
+from infra.weights.publisher import PublishError, WeightPublisher
+from infra.weights.puller import PullError, PullReport, WeightPuller
+from infra.weights.store import WeightStore
+
+__all__ = [
+    "EncodedVersion",
+    "Manifest",
+    "ManifestError",
+    "PublishError",
+    "PullError",
+    "PullReport",
+    "WeightPublisher",
+    "WeightPuller",
+    "WeightStore",
+    "WeightsConfig",
+]

@@ -1,0 +1,164 @@
+"""`HolderRegistry`: the run's weight-transfer state in Redis.
+
+This module owns
+
+* `latest`: the newest announced version, on the same key and pub/sub channel as the interim
+  `infra.weights_file` (``rlb:{<run_id>}:latest_version``, ``rlb:{<run_id>}:weights``); `announce`
+  only ever moves it forward (one Lua script: SET if greater, then PUBLISH);
+* manifest digests: the sha256 of each published version's manifest, written by the trainer
+  before it announces the version; a puller checks the manifest it fetched from any source
+  against it, and every chunk against the manifest;
+* holders: which peer URLs serve which version;
+* pull leases: which versions instances are pulling right now, so that store retention keeps them.
+
+Holder and lease entries expire `ttl_s` after their last refresh (on the Redis server's clock).
+The registry refreshes its own entries from a daemon thread every `ttl_s / 3`, so a killed process
+stops being offered as a holder (and stops protecting a version) within `ttl_s`; `close` removes
+them at once.
+
+Key layout (``P = "rlb:{<run_id>}:w:"``): ``P manifests`` (hash: version -> manifest sha256),
+``P holders:<version>`` (sorted set: URL scored by expiry, ms), ``P leases`` (sorted set:
+``<version>:<owner>`` scored by expiry, ms).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+
+import redis
+
+from infra.weights_file import latest_version, latest_version_key, weights_channel
+
+log = logging.getLogger(__name__)
+
+_ADVANCE = """
+local cur = redis.call('GET', KEYS[1])
+if cur and tonumber(cur) >= tonumber(ARGV[1]) then return 0 end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('PUBLISH', KEYS[2], ARGV[1])
+return 1
+"""
+_REFRESH = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+_LIVE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
+"""
+
+
+class HolderRegistry:
+    def __init__(self, client: redis.Redis, run_id: str, ttl_s: float) -> None:
+        if ttl_s <= 0:
+            raise ValueError(f"ttl_s must be > 0, got {ttl_s}")
+        self.client = client
+        self.run_id = run_id
+        self.ttl_ms = max(1, int(ttl_s * 1000))
+        self._prefix = f"rlb:{{{run_id}}}:w:"
+        self._advance = client.register_script(_ADVANCE)
+        self._refresh = client.register_script(_REFRESH)
+        self._live = client.register_script(_LIVE)
+        self._own: set[tuple[str, str]] = set()
+        """(key, member) entries this process keeps alive."""
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._heartbeat = threading.Thread(target=self._keep_alive, name=f"weights-holders-{run_id}", daemon=True)
+        self._heartbeat.start()
+
+    # latest ------------------------------------------------------------------------------------
+
+    def announce(self, version: int) -> bool:
+        """Make `version` the latest if it is newer (and PUBLISH it); whether it advanced."""
+        keys = [latest_version_key(self.run_id), weights_channel(self.run_id)]
+        return bool(self._advance(keys=keys, args=[version]))
+
+    def latest(self) -> int | None:
+        return latest_version(self.client, self.run_id)
+
+    # manifest digests -----------------------------------------------------------------------
+
+    def record_manifest(self, version: int, sha256: str) -> None:
+        self.client.hset(self._prefix + "manifests", str(version), sha256)
+
+    def manifest_sha256(self, version: int) -> str | None:
+        value = self.client.hget(self._prefix + "manifests", str(version))
+        return None if value is None else value.decode()
+
+    def forget_manifests(self, versions: Iterable[int]) -> None:
+        fields = [str(v) for v in versions]
+        if fields:
+            self.client.hdel(self._prefix + "manifests", *fields)
+
+    def recorded_versions(self) -> list[int]:
+        return sorted(int(v) for v in self.client.hkeys(self._prefix + "manifests"))
+
+    # holders --------------------------------------------------------------------------------
+
+    def _holders_key(self, version: int) -> str:
+        return f"{self._prefix}holders:{version}"
+
+    def holders(self, version: int) -> list[str]:
+        """Base URLs of the live servers that hold `version`."""
+        return [url.decode() for url in self._live(keys=[self._holders_key(version)])]
+
+    def hold(self, version: int, url: str) -> None:
+        """Announce that `url` serves `version` (kept alive until `unhold` or `close`)."""
+        self._add((self._holders_key(version), url))
+
+    def unhold(self, version: int, url: str) -> None:
+        self._remove((self._holders_key(version), url))
+
+    # pull leases ------------------------------------------------------------------------------
+
+    def lease(self, version: int, owner: str) -> None:
+        """Mark `version` as being pulled by `owner` (until `unlease` or `close`)."""
+        self._add((self._prefix + "leases", f"{version}:{owner}"))
+
+    def unlease(self, version: int, owner: str) -> None:
+        self._remove((self._prefix + "leases", f"{version}:{owner}"))
+
+    def leased_versions(self) -> set[int]:
+        return {int(member.decode().split(":", 1)[0]) for member in self._live(keys=[self._prefix + "leases"])}
+
+    # own entries ----------------------------------------------------------------------------
+
+    # The lock also orders Redis writes: a refresh never re-adds an entry just removed.
+
+    def _add(self, entry: tuple[str, str]) -> None:
+        with self._lock:
+            self._own.add(entry)
+            self._refresh(keys=[entry[0]], args=[entry[1], self.ttl_ms])
+
+    def _remove(self, entry: tuple[str, str]) -> None:
+        with self._lock:
+            self._own.discard(entry)
+            self.client.zrem(entry[0], entry[1])
+
+    def _keep_alive(self) -> None:
+        while not self._stop.wait(self.ttl_ms / 3000):
+            try:
+                with self._lock:
+                    for key, member in self._own:
+                        self._refresh(keys=[key], args=[member, self.ttl_ms])
+            except redis.RedisError as exc:
+                log.warning("could not refresh weight holder/lease entries: %s", exc)
+
+    def close(self) -> None:
+        """Stop refreshing and remove this process's entries."""
+        self._stop.set()
+        self._heartbeat.join(timeout=5)
+        with self._lock:
+            entries, self._own = list(self._own), set()
+        for key, member in entries:
+            try:
+                self.client.zrem(key, member)
+            except redis.RedisError as exc:
+                log.warning("could not remove weight holder/lease entry %s: %s", member, exc)

@@ -1,0 +1,214 @@
+"""`PeerServer`: serves complete versions held in memory to other instances over HTTP.
+
+A starlette app on uvicorn, in a background thread, on a free port of `host`. The trainer runs
+one (the first seed of every version) and so does every instance that serves what it pulled.
+Routes mirror the store's layout, so a source is just a base URL:
+
+    GET /weights/v<version>/manifest.json         the manifest (not rate-limited, no slot)
+    GET /weights/v<version>/chunk-00000.safetensors  one chunk's bytes
+
+Only complete versions are ever `offer`ed (an `EncodedVersion` is all of a version), so a server
+never serves part of one; `withdraw` stops serving a version (404 from then on; uploads already
+under way finish from the bytes they hold).
+
+Every request must carry a valid `infra.weights.auth` signature; one without, or with a wrong or
+stale one, gets 401 with an empty body, whatever the path. Chunk uploads take one of
+`max_uploads` slots (`infra.weights.admission`: a waiting request is admitted earliest puller first,
+from the `X-RLB-Pull-Started` / `X-RLB-Progress` request headers, and refused with 503 after
+`queue_timeout_s`). An optional `upload_cap_bytes_s` limits the server's total upload rate
+(`infra.weights.bandwidth`), to emulate a NIC on one machine. An upload stops as soon as its client
+disconnects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import socket
+import threading
+import time
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from infra.weights.admission import Priority, UploadSlots, priority
+from infra.weights.auth import SCHEME, is_authorized
+from infra.weights.bandwidth import UploadCap
+from infra.weights.config import WeightsConfig
+from infra.weights.manifest import MANIFEST_FILE, EncodedVersion
+
+PROGRESS_HEADER = "x-rlb-progress"
+"""Request header: bytes of the version the puller already holds (verified)."""
+PULL_STARTED_HEADER = "x-rlb-pull-started"
+"""Request header: unix seconds at which the puller started pulling the version."""
+_PIECE = 256 * 1024
+_EMPTY_HEADERS = [(b"content-length", b"0")]
+
+
+async def _send_empty(send, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": _EMPTY_HEADERS + headers})
+    await send({"type": "http.response.body", "body": b""})
+
+
+class _RequireSignature:
+    """ASGI middleware: 401 with no body for any request without a valid signature."""
+
+    def __init__(self, app, secret: bytes, max_skew_s: float) -> None:
+        self.app = app
+        self.secret = secret
+        self.max_skew_s = max_skew_s
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+            if not is_authorized(self.secret, header, scope["method"], scope["path"], self.max_skew_s):
+                await _send_empty(send, 401, [(b"www-authenticate", SCHEME.encode())])
+                return
+        await self.app(scope, receive, send)
+
+
+class _ChunkUpload:
+    """The ASGI response of one chunk: wait for a slot, then stream the bytes under the cap."""
+
+    def __init__(self, body: bytes, rank: Priority, server: PeerServer) -> None:
+        self.body = body
+        self.rank = rank
+        self.server = server
+
+    async def __call__(self, scope, receive, send) -> None:
+        server = self.server
+        if not await server.slots.acquire(self.rank, server.queue_timeout_s):
+            await _send_empty(send, 503, [(b"retry-after", b"1")])
+            return
+        upload = asyncio.current_task()
+        client_gone = False
+
+        async def stop_when_client_disconnects() -> None:
+            nonlocal client_gone
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            client_gone = True
+            upload.cancel()
+
+        watcher = asyncio.create_task(stop_when_client_disconnects())
+        try:
+            headers = [(b"content-length", str(len(self.body)).encode()), (b"content-type", b"application/octet-stream")]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            view = memoryview(self.body)
+            for offset in range(0, len(view), _PIECE):
+                piece = view[offset : offset + _PIECE]
+                if server.cap is not None:
+                    await server.cap.take(len(piece))
+                server.bytes_sent += len(piece)
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not client_gone:
+                raise
+        finally:
+            watcher.cancel()
+            server.slots.release()
+
+
+class PeerServer:
+    def __init__(
+        self,
+        secret: bytes,
+        *,
+        host: str = "127.0.0.1",
+        advertise_host: str | None = None,
+        max_uploads: int = 2,
+        queue_timeout_s: float = 2.0,
+        max_clock_skew_s: float = 60.0,
+        upload_cap_bytes_s: float | None = None,
+        start_timeout_s: float = 30.0,
+    ) -> None:
+        self.slots = UploadSlots(max_uploads)
+        self.cap = UploadCap(upload_cap_bytes_s) if upload_cap_bytes_s else None
+        self.queue_timeout_s = queue_timeout_s
+        self.bytes_sent = 0
+        """Chunk bytes uploaded so far (all versions, all clients)."""
+        self._versions: dict[int, tuple[EncodedVersion, dict[str, int]]] = {}
+        self._lock = threading.Lock()
+        app = Starlette(
+            routes=[Route("/weights/v{version:int}/{name}", self._get)],
+            middleware=[Middleware(_RequireSignature, secret=secret, max_skew_s=max_clock_skew_s)],
+        )
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, 0))
+        port = sock.getsockname()[1]
+        advertised = advertise_host or host
+        self.url = f"http://{f'[{advertised}]' if ':' in advertised else advertised}:{port}"
+        """Base URL other processes use to reach this server."""
+        config = uvicorn.Config(
+            app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=1
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, name=f"peer-server-{port}", daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + start_timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"peer server on {host}:{port} did not start")
+            time.sleep(0.01)
+
+    @classmethod
+    def from_config(cls, config: WeightsConfig) -> PeerServer:
+        cap = config.upload_cap_mb_s * 2**20 if config.upload_cap_mb_s else None
+        return cls(
+            config.secret(),
+            host=config.bind_host,
+            advertise_host=config.advertise_host,
+            max_uploads=config.max_uploads_per_peer,
+            queue_timeout_s=config.queue_timeout_s,
+            max_clock_skew_s=config.max_clock_skew_s,
+            upload_cap_bytes_s=cap,
+        )
+
+    def offer(self, encoded: EncodedVersion) -> None:
+        """Serve this (complete) version from now on."""
+        files = {info.file: info.index for info in encoded.manifest.chunks}
+        with self._lock:
+            self._versions[encoded.version] = (encoded, files)
+
+    def withdraw(self, version: int) -> None:
+        with self._lock:
+            self._versions.pop(version, None)
+
+    def versions(self) -> list[int]:
+        with self._lock:
+            return sorted(self._versions)
+
+    async def _get(self, request: Request):
+        version = request.path_params["version"]
+        name = request.path_params["name"]
+        with self._lock:
+            held = self._versions.get(version)
+        if held is None:
+            return Response(status_code=404)
+        encoded, files = held
+        if name == MANIFEST_FILE:
+            return Response(encoded.manifest_bytes, media_type="application/json")
+        index = files.get(name)
+        if index is None:
+            return Response(status_code=404)
+        try:
+            progress = int(request.headers.get(PROGRESS_HEADER, "0"))
+            started = float(request.headers.get(PULL_STARTED_HEADER, "inf"))
+        except ValueError:
+            return Response(status_code=400)
+        if math.isnan(started):
+            return Response(status_code=400)
+        return _ChunkUpload(encoded.chunks[index], priority(progress, started), self)
+
+    def close(self) -> None:
+        """Stop serving (uploads in flight are cut after a one-second grace period)."""
+        self._server.should_exit = True
+        self._thread.join(timeout=10)

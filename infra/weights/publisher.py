@@ -1,0 +1,214 @@
+"""`WeightPublisher`: the trainer side of weight transfer. Publishes each version once.
+
+    publisher = WeightPublisher(config, redis_client, run_id, run_dir=run_dir)
+    publisher.publish(version, model.state_dict())   # returns after a host copy of the weights
+    ...                                              # the trainer keeps training meanwhile
+    publisher.close()                                # finishes pending work, stops serving
+
+`publish(version, state_dict)` copies the tensors to host memory (the trainer may update its
+parameters right after) and hands the copy to a background thread, which, in order:
+
+1. encodes it (`infra.weights.manifest`: safetensors chunks of `chunk_mb`, sha256 each) and
+   records the manifest's sha256 in Redis;
+2. if `serve_from_trainer`: serves it from memory (`PeerServer`, the first seed), registers the
+   trainer as its holder and announces `latest = version` (Redis key + PUBLISH, only forward);
+   the newest `keep_in_memory` versions stay served;
+3. queues it for the store.
+
+A second background thread uploads to the store (`WeightStore.write`: chunks, then the manifest),
+always the newest encoded version (one superseded before its upload started is not uploaded), then
+applies retention (`infra.weights.retention`: the `keep_versions` newest complete versions and any
+version being pulled stay). Without `serve_from_trainer`, `latest` is announced only once the
+version is in the store.
+
+The trainer never waits on the network: `publish` blocks only while two snapshots are already
+waiting to be encoded. A store failure is logged (`last_upload_error`): peers still serve the
+version. Anything that makes a version unreachable (encoding or Redis failing, or the store
+failing when the trainer does not serve) is raised, as `PublishError`, by the next `publish` or
+`flush`, and by every one after: the publisher stops there; close it and start a new one.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+
+import redis
+import torch
+
+from infra.weights.config import WeightsConfig
+from infra.weights.holders import HolderRegistry
+from infra.weights.manifest import EncodedVersion, encode
+from infra.weights.peer_server import PeerServer
+from infra.weights.retention import versions_to_delete
+from infra.weights.store import WeightStore
+
+log = logging.getLogger(__name__)
+
+
+class PublishError(RuntimeError):
+    """A published version could not be made available (the cause is chained)."""
+
+
+class WeightPublisher:
+    def __init__(
+        self,
+        config: WeightsConfig,
+        redis_client: redis.Redis,
+        run_id: str,
+        run_dir: str | Path | None = None,
+    ) -> None:
+        self.config = config
+        self.store = WeightStore(config.resolve_store_url(run_dir), config.store_options)
+        self.server = PeerServer.from_config(config) if config.serve_from_trainer else None
+        self.registry = HolderRegistry(redis_client, run_id, config.holder_ttl_s)
+        self.last_upload_error: Exception | None = None
+        self._snapshots: queue.Queue[tuple[int, int | None, dict[str, torch.Tensor]] | None] = queue.Queue(maxsize=2)
+        self._served: dict[int, EncodedVersion] = {}
+        self._state = threading.Condition()
+        self._published: int | None = None
+        self._upload_next: EncodedVersion | None = None
+        self._done_through = -1
+        """Newest version whose whole pipeline (encode, serve, announce, store) has finished."""
+        self._failure: BaseException | None = None
+        self._closed = False
+        """close() was called: no more publish()."""
+        self._closing = False
+        """The encoder has stopped: the uploader finishes what it has, then stops."""
+        self._encoder = threading.Thread(target=self._encode_loop, name=f"weights-encode-{run_id}", daemon=True)
+        self._uploader = threading.Thread(target=self._upload_loop, name=f"weights-upload-{run_id}", daemon=True)
+        self._encoder.start()
+        self._uploader.start()
+
+    @property
+    def url(self) -> str | None:
+        """Base URL of the trainer's peer server (None when it does not serve)."""
+        return self.server.url if self.server else None
+
+    def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Publish `version` (greater than every version published before); returns quickly."""
+        self._raise_failure()
+        with self._state:
+            if self._closed:
+                raise RuntimeError("publish() after close()")
+            parent = self._published
+        if parent is not None and version <= parent:
+            raise ValueError(f"versions only move forward: published {parent}, then {version}")
+        snapshot = {name: tensor.detach().to("cpu", copy=True) for name, tensor in state_dict.items()}
+        with self._state:
+            self._published = version
+        self._snapshots.put((version, parent, snapshot))
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every published version is encoded, served, announced and stored (or its
+        upload failed or was superseded). TimeoutError after `timeout` seconds."""
+        with self._state:
+            done = self._state.wait_for(
+                lambda: self._failure is not None or self._published is None or self._done_through >= self._published,
+                timeout,
+            )
+        self._raise_failure()
+        if not done:
+            raise TimeoutError(f"weights v{self._published} not published within {timeout} s")
+
+    def close(self) -> None:
+        """Finish pending work, then stop serving and leave the registry. Idempotent."""
+        with self._state:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            self.flush()
+        finally:
+            self._snapshots.put(None)
+            self._encoder.join()
+            with self._state:
+                self._closing = True
+                self._state.notify_all()
+            self._uploader.join()
+            if self.server is not None:
+                self.server.close()
+            self.registry.close()
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            raise PublishError(f"weight publication failed: {self._failure}") from self._failure
+
+    def _fail(self, exc: BaseException) -> None:
+        log.exception("weight publication failed")
+        with self._state:
+            self._failure = exc
+            self._state.notify_all()
+
+    def _encode_loop(self) -> None:
+        while (item := self._snapshots.get()) is not None:
+            version, parent, snapshot = item
+            del item
+            try:
+                encoded = encode(snapshot, version, self.config.chunk_bytes, parent=parent)
+                del snapshot
+                self.registry.record_manifest(version, encoded.manifest_sha256)
+                if self.server is not None:
+                    self._serve(encoded)
+                    self.registry.announce(version)
+            except Exception as exc:
+                self._fail(exc)
+                continue
+            with self._state:
+                self._upload_next = encoded
+                self._state.notify_all()
+
+    def _serve(self, encoded: EncodedVersion) -> None:
+        self.server.offer(encoded)
+        self.registry.hold(encoded.version, self.server.url)
+        with self._state:
+            self._served[encoded.version] = encoded
+            evicted = sorted(self._served)[: -self.config.keep_in_memory]
+            for old in evicted:
+                del self._served[old]
+        for old in evicted:
+            self.registry.unhold(old, self.server.url)
+            self.server.withdraw(old)
+
+    def _upload_loop(self) -> None:
+        while True:
+            with self._state:
+                self._state.wait_for(lambda: self._upload_next is not None or self._closing)
+                if self._upload_next is None:
+                    return
+                encoded, self._upload_next = self._upload_next, None
+            try:
+                self.store.write(encoded)
+                if self.server is None:
+                    self.registry.announce(encoded.version)
+            except Exception as exc:
+                self.last_upload_error = exc
+                if self.server is None:
+                    self._fail(exc)
+                else:
+                    log.warning("weights v%d: upload to %s failed (the trainer serves it): %s", encoded.version, self.store.url, exc)
+            else:
+                self._collect_garbage()
+            with self._state:
+                self._done_through = max(self._done_through, encoded.version)
+                self._state.notify_all()
+
+    def _collect_garbage(self) -> None:
+        """Apply retention to the store; a failure is only logged (the next upload tries again)."""
+        try:
+            self._delete_expired_versions()
+        except Exception as exc:
+            log.warning("weights: store retention failed, will retry after the next upload: %s", exc)
+
+    def _delete_expired_versions(self) -> None:
+        leased = self.registry.leased_versions()
+        for version in versions_to_delete(self.store.versions(), leased, self.config.keep_versions):
+            self.store.delete(version)
+        with self._state:
+            served = set(self._served)
+        kept = set(self.store.complete_versions()) | served | leased
+        newest_kept = max(kept, default=-1)
+        self.registry.forget_manifests(v for v in self.registry.recorded_versions() if v not in kept and v < newest_kept)

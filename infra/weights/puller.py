@@ -1,0 +1,350 @@
+"""`WeightPuller`: the instance side of weight transfer. Pulls a version, then serves it to peers.
+
+    puller = WeightPuller(config, redis_client, run_id, instance_id, run_dir=run_dir)
+    state_dict = puller.pull(version)      # blocks until the whole version is here and verified
+    engine.load_weights(state_dict)
+    ...
+    puller.close()
+
+`pull(version)`:
+
+1. leases the version in Redis (store retention will not delete it meanwhile);
+2. fetches its manifest from any holder or the store and checks it against the sha256 the
+   trainer recorded in Redis (`HolderRegistry.manifest_sha256`);
+3. downloads the chunks `parallel_fetches` at a time, striped over every live holder of the
+   version (the trainer and instances that already have it, re-read from Redis every 0.1 s so new
+   holders join in mid-pull), at most `max_uploads_per_peer + 2` requests per holder (two more
+   than its upload slots: while this puller is first in the holder's order, see
+   `infra.weights.admission`, a slot freed by one of its chunks goes straight to its next request,
+   and one more is still waiting when the other slot frees up before it has asked again);
+4. verifies each chunk's size and sha256. A source that fails (connection error or reset, HTTP
+   error, a corrupt chunk, or a transfer slower than `chunk_timeout_s`) is dropped for the rest of
+   the pull and the chunk goes to another holder; a chunk that no holder can provide comes from the
+   store (which, if it fails, is tried again a second later). A 503 (the holder is busy) only sends
+   the request again. If nothing at all can be tried, every source gets another chance after a
+   second, until `pull_timeout_s`;
+5. once every chunk is verified, keeps the version in memory (the newest `keep_in_memory`), serves
+   it from its `PeerServer` and registers as a holder (if `serve_from_peers`), and returns the
+   decoded state dict.
+
+A pull either returns the complete version or raises `PullError`, keeping nothing of it: an
+instance never loads or serves a partial version. Versions only move forward: pulling one older
+than the newest held raises ValueError; pulling a held one returns it again. One pull at a time.
+`last_report` (a `PullReport`) says where the bytes came from and what failed.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+import torch
+
+from infra.weights.config import WeightsConfig
+from infra.weights.holders import HolderRegistry
+from infra.weights.manifest import MANIFEST_FILE, EncodedVersion, Manifest, chunk_is_valid, decode, sha256_hex
+from infra.weights.peer_client import PeerClient, SourceBusy, SourceFailed
+from infra.weights.peer_server import PROGRESS_HEADER, PULL_STARTED_HEADER, PeerServer
+from infra.weights.store import WeightStore
+
+log = logging.getLogger(__name__)
+
+STORE = "store"
+"""Source name of the object store in a `PullReport`."""
+_HOLDERS_REFRESH_S = 0.1
+_RETRY_BACKOFF_S = 1.0
+
+
+class PullError(RuntimeError):
+    """A version could not be pulled completely; nothing of it was kept."""
+
+
+@dataclass
+class PullReport:
+    version: int
+    instance_id: str
+    manifest_sha256: str = ""
+    """sha256 of the version's manifest (the trainer's digest; every chunk was checked against it)."""
+    seconds: float = 0.0
+    """Wall time of the whole pull, decoding included (set when it succeeds)."""
+    bytes: int = 0
+    """Verified chunk bytes received."""
+    bytes_by_source: dict[str, int] = field(default_factory=dict)
+    """Verified chunk bytes per source (a peer's base URL, or `STORE`)."""
+    failures: list[str] = field(default_factory=list)
+    """One line per failed attempt: source, what, why."""
+
+
+def _from_store(read: Callable[..., bytes], *args) -> bytes:
+    """A store read; any error of the fsspec backend (they differ per backend) as `SourceFailed`."""
+    try:
+        return read(*args)
+    except Exception as exc:
+        raise SourceFailed(f"{type(exc).__name__}: {exc}") from exc
+
+
+class WeightPuller:
+    def __init__(
+        self,
+        config: WeightsConfig,
+        redis_client: redis.Redis,
+        run_id: str,
+        instance_id: str,
+        run_dir: str | Path | None = None,
+    ) -> None:
+        self.config = config
+        self.instance_id = instance_id
+        self.store = WeightStore(config.resolve_store_url(run_dir), config.store_options)
+        self.peers = PeerClient(config.secret(), config) if config.serves else None
+        """None when nobody serves over HTTP (store only)."""
+        self.server = PeerServer.from_config(config) if config.serve_from_peers else None
+        self.registry = HolderRegistry(redis_client, run_id, config.holder_ttl_s)
+        self._held: dict[int, EncodedVersion] = {}
+        self._fetchers = ThreadPoolExecutor(config.parallel_fetches, thread_name_prefix=f"pull-{instance_id}")
+        self._pulling = threading.Lock()
+        self.last_report: PullReport | None = None
+        """The report of the latest pull (updated while it runs)."""
+
+    @property
+    def url(self) -> str | None:
+        """Base URL of this instance's peer server (None when it does not serve)."""
+        return self.server.url if self.server else None
+
+    @property
+    def held_versions(self) -> list[int]:
+        return sorted(self._held)
+
+    def pull(self, version: int) -> dict[str, torch.Tensor]:
+        """The complete, verified state dict of `version` (see the module docstring)."""
+        with self._pulling:
+            if version in self._held:
+                held = self._held[version]
+                return decode(held.manifest, held.chunks)
+            if self._held and version < max(self._held):
+                raise ValueError(f"versions only move forward: {self.instance_id} holds {max(self._held)}, asked for {version}")
+            report = PullReport(version=version, instance_id=self.instance_id)
+            self.last_report = report
+            started = time.monotonic()
+            self.registry.lease(version, self.instance_id)
+            try:
+                encoded = self._download(version, report)
+            finally:
+                self.registry.unlease(version, self.instance_id)
+            self._hold(encoded)
+            state_dict = decode(encoded.manifest, encoded.chunks)
+            report.seconds = time.monotonic() - started
+            return state_dict
+
+    def _holders(self, version: int) -> list[str]:
+        """Live holders of `version` other than this instance (none if HTTP is off)."""
+        if self.peers is None:
+            return []
+        return [url for url in self.registry.holders(version) if url != self.url]
+
+    def _download(self, version: int, report: PullReport) -> EncodedVersion:
+        expected = self.registry.manifest_sha256(version)
+        if expected is None:
+            raise PullError(
+                f"version {version} has no manifest digest in Redis: it was never published in run "
+                f"{self.registry.run_id}, or it was garbage-collected"
+            )
+        deadline = time.monotonic() + self.config.pull_timeout_s
+        report.manifest_sha256 = expected
+        manifest_bytes = self._manifest(version, expected, deadline, report)
+        manifest = Manifest.from_bytes(manifest_bytes)
+        download = _ChunkDownload(
+            manifest,
+            holders=lambda: self._holders(version),
+            fetch=self._fetch_chunk,
+            executor=self._fetchers,
+            config=self.config,
+            deadline=deadline,
+            report=report,
+        )
+        return EncodedVersion(manifest=manifest, manifest_bytes=manifest_bytes, chunks=download.run())
+
+    def _manifest(self, version: int, expected_sha256: str, deadline: float, report: PullReport) -> bytes:
+        """The manifest's bytes from any holder or the store, checked against the published sha256."""
+        path = f"/weights/v{version}/{MANIFEST_FILE}"
+        while time.monotonic() < deadline:
+            holders = self._holders(version)
+            random.shuffle(holders)
+            for source in [*holders, STORE]:
+                try:
+                    if source == STORE:
+                        data = _from_store(self.store.read_manifest_bytes, version)
+                    else:
+                        data = self.peers.get(source, path, {})
+                except (SourceBusy, SourceFailed) as exc:
+                    report.failures.append(f"{source}: manifest: {exc or 'busy'}")
+                    continue
+                if sha256_hex(data) == expected_sha256:
+                    return data
+                report.failures.append(f"{source}: manifest: sha256 does not match the published one")
+            time.sleep(_RETRY_BACKOFF_S)
+        raise PullError(
+            f"version {version}: no source delivered its manifest within {self.config.pull_timeout_s:.0f} s; "
+            f"last failures: {report.failures[-3:]}"
+        )
+
+    def _fetch_chunk(self, manifest: Manifest, index: int, source: str, priority_headers: dict[str, str]) -> bytes:
+        file = manifest.chunks[index].file
+        if source == STORE:
+            return _from_store(self.store.read_chunk, manifest.version, file)
+        return self.peers.get(source, f"/weights/v{manifest.version}/{file}", priority_headers)
+
+    def _hold(self, encoded: EncodedVersion) -> None:
+        """Keep a complete version; serve and advertise it; forget versions beyond keep_in_memory."""
+        self._held[encoded.version] = encoded
+        if self.server is not None:
+            self.server.offer(encoded)
+            self.registry.hold(encoded.version, self.server.url)
+        for old in sorted(self._held)[: -self.config.keep_in_memory]:
+            if self.server is not None:
+                self.registry.unhold(old, self.server.url)
+                self.server.withdraw(old)
+            del self._held[old]
+
+    def close(self) -> None:
+        """Leave the registry, stop serving, and release threads and connections."""
+        self.registry.close()
+        if self.server is not None:
+            self.server.close()
+        self._fetchers.shutdown(wait=True, cancel_futures=True)
+        if self.peers is not None:
+            self.peers.close()
+
+
+class _ChunkDownload:
+    """The chunk scheduler of one pull (steps 3 and 4 of the module docstring)."""
+
+    def __init__(
+        self,
+        manifest: Manifest,
+        *,
+        holders: Callable[[], list[str]],
+        fetch: Callable[[Manifest, int, str, dict[str, str]], bytes],
+        executor: ThreadPoolExecutor,
+        config: WeightsConfig,
+        deadline: float,
+        report: PullReport,
+    ) -> None:
+        self.manifest = manifest
+        self.list_holders = holders
+        self.fetch = fetch
+        self.executor = executor
+        self.parallel = config.parallel_fetches
+        self.per_holder_limit = config.max_uploads_per_peer + 2
+        self.pull_timeout_s = config.pull_timeout_s
+        self.deadline = deadline
+        self.report = report
+        self.pull_started = time.time()
+        self.progress = 0
+        """Verified bytes so far (sent to holders, with `pull_started`, as this pull's priority)."""
+        self.pending: list[int] = list(range(len(manifest.chunks)))
+        self.results: dict[int, bytes] = {}
+        self.failed_on: dict[int, set[str]] = {}
+        """Sources that already failed to deliver a chunk."""
+        self.dropped: set[str] = set()
+        """Holders that failed once: not asked again during this pull."""
+        self.in_flight: dict[Future, tuple[int, str]] = {}
+        self.per_source: Counter[str] = Counter()
+        self.holders: list[str] = []
+        self.store_retry_at = 0.0
+
+    def run(self) -> tuple[bytes, ...]:
+        total = len(self.manifest.chunks)
+        next_refresh = 0.0
+        try:
+            while len(self.results) < total:
+                now = time.monotonic()
+                if now > self.deadline:
+                    raise PullError(
+                        f"version {self.manifest.version}: {len(self.results)} of {total} chunks after "
+                        f"{self.pull_timeout_s:.0f} s; last failures: {self.report.failures[-3:]}"
+                    )
+                if now >= next_refresh:
+                    self.holders = self.list_holders()
+                    next_refresh = now + _HOLDERS_REFRESH_S
+                self._assign()
+                if not self.in_flight:  # no source can be tried: give them all another chance
+                    time.sleep(_RETRY_BACKOFF_S)
+                    self.dropped.clear()
+                    self.failed_on.clear()
+                    self.store_retry_at = 0.0
+                    continue
+                done, _ = wait(self.in_flight, timeout=_HOLDERS_REFRESH_S, return_when=FIRST_COMPLETED)
+                for future in done:
+                    self._settle(future)
+        finally:
+            for future in self.in_flight:
+                future.cancel()
+        return tuple(self.results[i] for i in range(total))
+
+    def _choose(self, chunk: int) -> str | None:
+        """The least busy holder that may serve `chunk`; the store if no holder can; None to wait."""
+        failed = self.failed_on.get(chunk, ())
+        candidates = [h for h in self.holders if h not in self.dropped and h not in failed]
+        if candidates:
+            free = [h for h in candidates if self.per_source[h] < self.per_holder_limit]
+            return min(free, key=lambda h: (self.per_source[h], random.random())) if free else None
+        return STORE if time.monotonic() >= self.store_retry_at else None
+
+    def _assign(self) -> None:
+        blocked = False  # a chunk nothing failed on had to wait: so will every such chunk
+        for chunk in list(self.pending):
+            if len(self.in_flight) >= self.parallel:
+                return
+            fresh = chunk not in self.failed_on
+            if fresh and blocked:
+                continue
+            source = self._choose(chunk)
+            if source is None:
+                blocked = blocked or fresh
+                continue
+            self.pending.remove(chunk)
+            self.per_source[source] += 1
+            headers = {PROGRESS_HEADER: str(self.progress), PULL_STARTED_HEADER: repr(self.pull_started)}
+            future = self.executor.submit(self._fetch_verified, chunk, source, headers)
+            self.in_flight[future] = (chunk, source)
+
+    def _fetch_verified(self, chunk: int, source: str, headers: dict[str, str]) -> bytes:
+        """On a fetch thread: the chunk's bytes, checked against the manifest."""
+        data = self.fetch(self.manifest, chunk, source, headers)
+        if not chunk_is_valid(self.manifest.chunks[chunk], data):
+            raise SourceFailed("corrupt: size or sha256 does not match the manifest")
+        return data
+
+    def _settle(self, future: Future) -> None:
+        chunk, source = self.in_flight.pop(future)
+        self.per_source[source] -= 1
+        try:
+            data = future.result()
+        except SourceBusy:
+            self.pending.insert(0, chunk)
+            return
+        except SourceFailed as exc:
+            self._failed(chunk, source, str(exc))
+            return
+        self.results[chunk] = data
+        self.progress += len(data)
+        self.report.bytes += len(data)
+        self.report.bytes_by_source[source] = self.report.bytes_by_source.get(source, 0) + len(data)
+
+    def _failed(self, chunk: int, source: str, why: str) -> None:
+        self.report.failures.append(f"{source}: chunk {chunk}: {why}")
+        log.warning("weights v%d: %s: chunk %d: %s", self.manifest.version, source, chunk, why)
+        self.failed_on.setdefault(chunk, set()).add(source)
+        if source == STORE:
+            self.store_retry_at = time.monotonic() + _RETRY_BACKOFF_S
+        else:
+            self.dropped.add(source)
+        self.pending.insert(0, chunk)
