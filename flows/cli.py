@@ -103,6 +103,11 @@ from flows.cost_command import cost  # noqa: E402  (the command lives in its own
 
 app.command(name="cost")(cost)
 
+from flows.stack_commands import down, up  # noqa: E402  (the stack commands live in their own module)
+
+app.command(name="up")(up)
+app.command(name="down")(down)
+
 
 if __name__ == "__main__":
     app()

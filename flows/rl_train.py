@@ -137,7 +137,10 @@ def _train_loop(config: RunConfig, key: str, session, logger) -> dict:
         key=_artifact_key(f"{config.run.name}-steps"), table=step_table_rows(history.steps),
         description="Every RL step of the run",
     )
-    create_markdown_artifact(key=_artifact_key(f"{config.run.name}-summary"), markdown=summary_markdown(summary, plot))
+    create_markdown_artifact(
+        key=_artifact_key(f"{config.run.name}-summary"), markdown=summary_markdown(summary, plot),
+        description="Accuracy gain, reward, tokens and cost of the run, with its curves",
+    )
     return summary
 
 

@@ -1,18 +1,62 @@
 """The `rollout-instance` flow: one rollout worker as a Prefect flow run on its pool.
 
-The flow runs `infra.worker.RolloutWorker` until it is stopped — SIGTERM (a preemption notice,
-delivered by the Prefect worker or the cloud), a `drain` control message, or eviction — and
-returns how it stopped. A worker that stops with an error fails the flow run, so the UI shows it.
+The flow runs `infra.worker.RolloutWorker` until it is stopped and ends in a state that says how:
+
+- a `drain` control message (the end of training) or an eviction: **Completed** (returns 0);
+- SIGTERM or SIGINT (a preemption notice, delivered by the instance's provider or the cloud's
+  watcher): the worker stops claiming, flushes and hands back its samples, and the flow ends
+  **Crashed** with a message naming the signal, so the UI shows the preemption;
+- a worker error: **Failed**.
+
+A preemption without notice (SIGKILL) leaves the run Running with nobody to report it; the
+heartbeat automation in `deployments/automations/` marks it Crashed.
+
+The Redis URL (it carries the password) may come from the `RLBOOST_REDIS_URL` environment
+variable instead of a parameter, so that it stays out of the flow run's parameters in the UI.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from prefect import flow, get_run_logger
+from prefect.states import Crashed, State
 
+from infra.fabric import REDIS_URL_ENV
 from infra.worker import RolloutWorker, WorkerConfig
+
+
+class PreemptionNotice:
+    """Records the first stop signal the instance receives and asks the worker to drain."""
+
+    def __init__(self, worker: RolloutWorker) -> None:
+        self.worker = worker
+        self.signal_name: str | None = None
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        name = signal.Signals(signum).name
+        if self.signal_name is None:
+            self.signal_name = name
+        self.worker.request_stop(name)
+
+    @contextmanager
+    def installed(self) -> Iterator[PreemptionNotice]:
+        """Handle SIGTERM and SIGINT for the block (main thread only), then restore the handlers."""
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield self
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 @flow(name="rollout-instance", flow_run_name="{pool}/{instance_id}", persist_result=False)
@@ -20,23 +64,43 @@ def rollout_instance(
     pool: str,
     instance_id: str,
     run_id: str,
-    redis_url: str,
     model_path: str,
-    weights_dir: str,
+    redis_url: str | None = None,
     capacity_class: str = "spot",
     price_per_hour: float = 0.0,
     slots: int = 8,
-) -> int:
-    """Serve rollout for `run_id` from `pool` until stopped; returns the worker's exit code (0)."""
+    flush_tokens: int = 16,
+    flush_ms: float = 250.0,
+    heartbeat_s: float = 1.0,
+    ttl_s: float = 3.0,
+) -> int | State:
+    """Serve rollout for `run_id` from `pool` until stopped: 0 after a drain, a Crashed state
+    after a preemption notice."""
+    url = redis_url or os.environ.get(REDIS_URL_ENV)
+    if not url:
+        raise ValueError(
+            f"rollout instance {instance_id}: no Redis URL; pass the redis_url parameter or set "
+            f"{REDIS_URL_ENV} in the environment of the instance's Prefect worker"
+        )
     worker = RolloutWorker(WorkerConfig(
-        redis_url=redis_url, run_id=run_id, instance_id=instance_id, pool=pool,
+        redis_url=url, run_id=run_id, instance_id=instance_id, pool=pool,
         capacity_class=capacity_class, price_per_hour=price_per_hour,
-        model_path=Path(model_path), weights_dir=Path(weights_dir), slots=slots,
+        model_path=Path(model_path), slots=slots,
+        flush_tokens=flush_tokens, flush_ms=flush_ms, heartbeat_s=heartbeat_s, ttl_s=ttl_s,
     ))
-    if threading.current_thread() is threading.main_thread():
-        worker.install_signal_handlers()
-    get_run_logger().info("rollout instance %s serving run %s from pool %s", instance_id, run_id, pool)
-    code = worker.run()
+    logger = get_run_logger()
+    logger.info("rollout instance %s serving run %s from pool %s", instance_id, run_id, pool)
+    with PreemptionNotice(worker).installed() as notice:
+        code = worker.run()
     if code != 0:
         raise RuntimeError(f"rollout instance {instance_id} stopped with exit code {code}; see its log")
+    if notice.signal_name is not None:
+        stats = worker.stats
+        message = (
+            f"preempted: {notice.signal_name} received; instance {instance_id} stopped claiming and handed "
+            f"back its samples ({stats.finished} finished, {stats.released} released, {stats.tokens} tokens generated)"
+        )
+        logger.warning(message)
+        return Crashed(message=message)
+    logger.info("rollout instance %s drained: %d samples finished", instance_id, worker.stats.finished)
     return code

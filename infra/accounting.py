@@ -3,7 +3,8 @@
 `RunAccounting` writes into the cost ledger (`infra.ledger`, DESIGN section 7):
 
 * at the start, the run and a price quote for every pool;
-* per RL step, when it starts and ends and how many response tokens it trained on; every
+* per RL step, when it starts and ends and how many response tokens it trained on; the weight
+  pulls the instances reported (bytes per source: trainer, peer or store; local egress is free); every
   instance the provider has run so far, with its lifecycle (launch, notice, termination and its
   reason: preempted, silently preempted, scaled down, finished, crashed); and each instance's
   share of the step: the seconds it was up inside the step and the tokens it generated (the
@@ -25,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from infra.ledger import Ledger
 from infra.providers.base import InstanceRecord, PoolSpec, Provider
+from infra.weights.shared import Transfer
 
 STOPPED_REASONS = ("preempted", "preempted_silent", "crashed")
 
@@ -34,11 +36,13 @@ class RunAccounting:
 
     def __init__(
         self, ledger: Ledger, run_id: str, name: str, pools: Sequence[PoolSpec], provider: Provider | None,
-        clock: Callable[[], float] = time.time,
+        transfers: Callable[[], Sequence[Transfer]] | None = None, clock: Callable[[], float] = time.time,
     ) -> None:
+        """`transfers` returns the weight pulls reported since its last call (`RolloutFabric.drain_transfers`)."""
         self.ledger = ledger
         self.run_id = run_id
         self.provider = provider
+        self.transfers = transfers
         self.clock = clock
         self._providers = {pool.name: pool.provider for pool in pools}
         self._step_started: dict[int, float] = {}
@@ -74,6 +78,11 @@ class RunAccounting:
                     tokens_generated=generated + wasted.get(record.instance_id, 0),
                     tokens_wasted=wasted.get(record.instance_id, 0),
                 )
+        for transfer in self.transfers() if self.transfers is not None else ():
+            self.ledger.record_transfer(
+                self.run_id, transfer.instance_id, transfer.version, source=transfer.source,
+                nbytes=transfer.nbytes, step=step, transferred_at=ended,
+            )
         self.ledger.record_step(self.run_id, step, started_at=started, ended_at=ended, tokens_trained=tokens_trained)
 
     def step_cost_usd(self, step: int) -> float | None:

@@ -10,25 +10,34 @@ same `rl.rollout.Sample` form as the in-process path.
 
 from __future__ import annotations
 
+import os
+import secrets
 import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
+from typing import Literal
 
 import redis
 from pydantic import Field
 
 from infra.controller import ControllerConfig, RolloutController, StepReport, samples_of_group
-from infra.providers.base import PoolSpec
+from infra.providers.base import PoolSpec, Provider
 from infra.providers.local import LocalProvider
 from infra.redis_embedded import EmbeddedRedis
 from infra.registry import InstanceRegistry
 from infra.tokenlog import GroupSpec, TokenLog
-from infra.weights_file import publish_weights
+from infra.weights import WeightPublisher, WeightsConfig
+from infra.weights.puller import STORE
+from infra.weights.shared import Transfer, drain_transfers, share_config
 from rl.config import RolloutConfig, Section
 from rl.datasets import PromptRecord
 from rl.rollout import Sample, step_seed
+
+REDIS_URL_ENV = "RLBOOST_REDIS_URL"
+"""Environment variable naming the Redis to use when `fabric.redis_url` is unset."""
 
 
 class WorkerSettings(Section):
@@ -55,11 +64,18 @@ class FabricConfig(Section):
     enabled: bool = False
     """Roll out on worker instances (True) or in the training process (False)."""
     redis_url: str | None = None
-    """Redis of the run; None starts an embedded redis-server on a free loopback port."""
+    """Redis of the run; None uses `RLBOOST_REDIS_URL` from the environment (set by `rlboost up`'s
+    workers) or else starts an embedded redis-server on a free loopback port."""
     pools: tuple[PoolSpec, ...] = ()
     """Instance pools: at least one; a `reserved` pool is the training cluster's share of rollout."""
+    instances: Literal["process", "prefect"] = "process"
+    """How local pools run an instance: `process` (a process group running `rlboost worker`) or
+    `prefect` (a process group running a Prefect worker for its pool and a `rollout-instance/<pool>`
+    flow run, shown in the Prefect UI; needs a Prefect server with prefect.yaml deployed: `rlboost up`)."""
     worker: WorkerSettings = WorkerSettings()
     """Rollout instance settings."""
+    weights: WeightsConfig = WeightsConfig()
+    """How instances get each policy version: object store, peer-to-peer pull, retention."""
     controller: ControllerConfig = ControllerConfig()
     """Reaping, stealing and adaptive offload."""
     ready_timeout_s: float = Field(180.0, gt=0)
@@ -76,21 +92,38 @@ class RolloutFabric:
         self.config = config
         self.run_id = run_id
         self.model_path = Path(model_path)
-        self.weights_dir = run_dir / "weights"
-        self.weights_dir.mkdir(parents=True, exist_ok=True)
+        self.run_dir = Path(run_dir)
         self._redis_server: EmbeddedRedis | None = None
-        if config.redis_url is None:
+        configured_redis = config.redis_url or os.environ.get(REDIS_URL_ENV)
+        if configured_redis is None:
             self._redis_server = EmbeddedRedis()
             self._redis_server.start()
-        self.redis_url = self._redis_server.url if self._redis_server else config.redis_url
+        self.redis_url = self._redis_server.url if self._redis_server else configured_redis
         self.redis = redis.Redis.from_url(self.redis_url)
         self.log = TokenLog(self.redis, run_id)
         self.registry = InstanceRegistry(self.redis, run_id, ttl_s=config.worker.ttl_s)
         self.controller = RolloutController(self.redis, run_id, config.controller, clock=time.time)
-        self.provider = LocalProvider(self._worker_command, log_dir=run_dir / "instances")
+        if config.weights.serves:
+            # Local instances inherit the trainer's environment: one random secret per session
+            # unless the user set one (which remote instances need too).
+            os.environ.setdefault(config.weights.secret_env, secrets.token_hex(32))
+        share_config(self.redis, run_id, config.weights, run_dir)
+        self.weights = WeightPublisher(config.weights, self.redis, run_id, run_dir=run_dir)
+        self.provider = self._select_provider(run_dir / "instances")
         for pool in config.pools:
             self.provider.launch(pool, pool.size)
         self.provider.start()
+
+    def _select_provider(self, log_dir: Path) -> Provider:
+        if self.config.instances == "prefect":
+            from infra.providers.prefect_local import InstanceRunSpec, PrefectLocalProvider
+
+            spec = InstanceRunSpec(
+                run_id=self.run_id, redis_url=self.redis_url, model_path=self.model_path,
+                worker=self.config.worker,
+            )
+            return PrefectLocalProvider(spec, log_dir=log_dir)
+        return LocalProvider(self._worker_command, log_dir=log_dir)
 
     def _worker_command(self, pool: PoolSpec, instance_id: str) -> list[str]:
         w = self.config.worker
@@ -99,14 +132,16 @@ class RolloutFabric:
             "--redis-url", self.redis_url, "--run-id", self.run_id, "--instance-id", instance_id,
             "--pool", pool.name, "--capacity-class", pool.capacity_class,
             "--price-per-hour", str(pool.price_per_hour),
-            "--model", str(self.model_path), "--weights-dir", str(self.weights_dir),
+            "--model", str(self.model_path),
             "--slots", str(w.slots), "--flush-tokens", str(w.flush_tokens), "--flush-ms", str(w.flush_ms),
             "--heartbeat-s", str(w.heartbeat_s), "--ttl-s", str(w.ttl_s),
             *(["--restart-from-scratch"] if w.restart_from_scratch else []),
         ]
 
     def publish(self, version: int, state_dict) -> None:
-        publish_weights(self.redis, self.run_id, self.weights_dir, version, state_dict)
+        """Make `version` available to the instances (served from memory at once, stored in the
+        background) and announce it; returns without waiting on the network."""
+        self.weights.publish(version, state_dict)
 
     def _wait_for_instances(self) -> None:
         deadline = time.time() + self.config.ready_timeout_s
@@ -114,7 +149,7 @@ class RolloutFabric:
             if time.time() > deadline:
                 raise TimeoutError(
                     f"no rollout instance registered within {self.config.ready_timeout_s:.0f} s; "
-                    f"see the instance logs under {self.weights_dir.parent / 'instances'}"
+                    f"see the instance logs under {self.run_dir / 'instances'}"
                 )
             time.sleep(0.2)
 
@@ -146,8 +181,22 @@ class RolloutFabric:
     def preemptions(self) -> int:
         return sum(1 for r in self.provider.list() if r.reason in ("preempted", "preempted_silent"))
 
+    def drain_transfers(self) -> list[Transfer]:
+        """Weight pulls the instances reported since the last call, bytes summed per instance,
+        version and kind of source: `trainer`, `store` or `peer`."""
+        def source(url: str) -> str:
+            return "trainer" if url == self.weights.url else url if url == STORE else "peer"
+
+        merged: dict[tuple[str, int, str], Transfer] = {}
+        for t in drain_transfers(self.redis, self.run_id):
+            key = (t.instance_id, t.version, source(t.source))
+            seen = merged.get(key)
+            merged[key] = replace(t, source=key[2], nbytes=t.nbytes + (seen.nbytes if seen else 0))
+        return list(merged.values())
+
     def close(self) -> None:
         self.provider.shutdown()
+        self.weights.close()
         self.redis.close()
         if self._redis_server is not None:
             self._redis_server.stop()

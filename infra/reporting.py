@@ -3,6 +3,8 @@ markdown for Prefect artifacts), and the reward/accuracy curve as a PNG."""
 
 from __future__ import annotations
 
+import base64
+
 from pathlib import Path
 
 import matplotlib
@@ -68,17 +70,23 @@ def summary_table(summary: dict) -> Table:
 
 
 def summary_markdown(summary: dict, plot_path: Path | None) -> str:
+    """The run summary as markdown: the metrics table, then the curves PNG embedded as a data URI
+    (a Prefect markdown artifact cannot reach files on the machine that ran the flow)."""
     lines = [f"# rl-train {summary['run']}", "", "| metric | value |", "|---|---|"]
     for key, value in summary.items():
         lines.append(f"| {key.replace('_', ' ')} | {value:.3f} |" if isinstance(value, float) else f"| {key.replace('_', ' ')} | {value} |")
     if plot_path:
-        lines += ["", f"Reward and accuracy curves: `{plot_path}`"]
+        encoded = base64.b64encode(Path(plot_path).read_bytes()).decode()
+        lines += ["", "## Reward, accuracy and cost per step", "",
+                  f"![reward, accuracy and cost curves](data:image/png;base64,{encoded})", "",
+                  f"(also at `{plot_path}`)"]
     return "\n".join(lines)
 
 
 def plot_curves(rows: list[dict], evals: list[tuple[int, float]], path: Path) -> Path:
-    """Training reward per step and held-out sampled accuracy per evaluation, in one PNG."""
-    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+    """Training reward per step and held-out sampled accuracy per evaluation (top), and the cost
+    of each step with the run's cumulative cost (bottom), in one PNG."""
+    fig, (ax, cost_ax) = plt.subplots(2, 1, figsize=(8, 6.5), dpi=110, height_ratios=(3, 2), sharex=True)
     steps = [r["step"] for r in rows]
     ax.plot(steps, [r["reward"] for r in rows], color="#9bb7d4", linewidth=1, label="train reward (batch mean)")
     if len(rows) >= 10:
@@ -87,12 +95,21 @@ def plot_curves(rows: list[dict], evals: list[tuple[int, float]], path: Path) ->
         ax.plot(steps, smooth, color="#1f5fa8", linewidth=2, label=f"train reward ({window}-step mean)")
     if evals:
         ax.plot([s for s, _ in evals], [a for _, a in evals], "o-", color="#d1495b", linewidth=2, label="held-out accuracy (T=1)")
-    ax.set_xlabel("RL step (policy version)")
     ax.set_ylabel("exact match")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
-    ax.set_title("GRPO: reward and held-out sampled accuracy")
+    ax.set_title("GRPO: reward, held-out sampled accuracy and cost")
+    costs = [r.get("cost_usd") or 0.0 for r in rows]
+    cost_ax.bar(steps, costs, color="#8fbc8f", width=1.0, label="cost of the step ($)")
+    cost_ax.set_ylabel("$ per step")
+    cost_ax.set_xlabel("RL step (policy version)")
+    cost_ax.grid(alpha=0.3)
+    total_ax = cost_ax.twinx()
+    total_ax.plot(steps, [sum(costs[: i + 1]) for i in range(len(costs))], color="#2e7d32", linewidth=2, label="cumulative ($)")
+    total_ax.set_ylabel("cumulative $")
+    handles = cost_ax.get_legend_handles_labels()[0] + total_ax.get_legend_handles_labels()[0]
+    cost_ax.legend(handles, [h.get_label() for h in handles], loc="upper left")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)

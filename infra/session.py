@@ -114,6 +114,7 @@ class TrainingSession:
             self.accounting = RunAccounting(
                 ledger, self.run_id, config.run.name, config.fabric.pools if self.fabric else (),
                 self.fabric.provider if self.fabric else None,
+                transfers=self.fabric.drain_transfers if self.fabric else None,
             )
         except BaseException:
             ledger.close()

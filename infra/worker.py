@@ -6,8 +6,9 @@ A `RolloutWorker` owns a `GenerationEngine` (HF/torch) and runs it against the r
   held, free slots, running samples); a heartbeat answered False means it was evicted: it stops;
 * it follows the **current step** the controller publishes (`set_current_step` / `current_step`
   below). When its engine's policy version differs from the step's and it holds no running
-  sample, it loads that version from the weights directory (`infra.weights_file`; it waits while
-  the file is not there yet), then claims;
+  sample, it pulls that version once it is announced (`infra.weights.WeightPuller`, with the
+  settings the trainer shared in Redis: striped over the peers that hold it and the trainer,
+  verified, store as fallback), serves it to later pullers, then claims;
 * late binding: it claims up to its free slots of the current step (partially generated samples
   first, resumed from their logged tokens by re-prefill), steps the engine, buffers each sample's
   new tokens and flushes a sample when it has `flush_tokens` unflushed tokens, its oldest
@@ -23,7 +24,8 @@ A `RolloutWorker` owns a `GenerationEngine` (HF/torch) and runs it against the r
   (fewest tokens). Either way it pauses claiming for `STEAL_HOLDOFF_S`, so the idle instance the
   controller balances toward gets them (claims prefer partially generated samples).
   ``{"op": "release_all"[, "step": s]}`` (end of `T_local`) flushes and hands back everything and
-  stops claiming for step s (default: the current step) until ``{"op": "resume"}`` or a new step.
+  stops claiming for step s (default: the current step; s may be a step not started yet) until
+  ``{"op": "resume"}`` or another step starts.
   ``{"op": "drain"}`` is a SIGTERM;
 * **SIGTERM is the preemption notice**: it stops claiming, flushes and releases every sample
   (fenced, then a sweep of anything it still owns), deregisters and exits 0 — milliseconds, well
@@ -65,7 +67,9 @@ from infra.flush_pipeline import FlushPipeline
 from infra.redis_embedded import RedisSettings
 from infra.registry import CapacityClass, InstanceInfo, InstanceRegistry
 from infra.tokenlog import Claim, Flush, TokenLog
-from infra.weights_file import has_version, load_version
+from infra.weights import PullError, WeightPuller
+from infra.weights.shared import report_transfer, shared_config
+from infra.weights.holders import latest_version
 from rl.config import Section
 from rl.engine import GenerationEngine
 
@@ -132,8 +136,6 @@ class WorkerConfig(Section):
     """What the instance costs, for the controller and the ledger."""
     model_path: Path
     """Base Hugging Face model directory: architecture, tokenizer, and the weights of version 0."""
-    weights_dir: Path
-    """Directory of published versions (`infra.weights_file`: ``v<version>.safetensors``)."""
     slots: int = Field(8, ge=1)
     """Samples generated concurrently (claimed at most)."""
     flush_tokens: int = Field(16, ge=1)
@@ -230,6 +232,7 @@ class RolloutWorker:
         self.client = client or RedisSettings(url=config.redis_url).client()
         self.tokenlog = TokenLog(self.client, config.run_id)
         self._flusher = FlushPipeline(self.tokenlog)
+        self._puller: WeightPuller | None = None
         self.registry = InstanceRegistry(self.client, config.run_id, ttl_s=config.ttl_s)
         self.engine = engine
         self.stats = WorkerStats()
@@ -313,6 +316,8 @@ class RolloutWorker:
             self._hb_stop.set()
             beat.join()
             self._flusher.close()
+            if self._puller is not None:
+                self._puller.close()
             try:
                 self.registry.deregister(cfg.instance_id)
             except redis.RedisError:
@@ -365,7 +370,8 @@ class RolloutWorker:
         step = current_step(self.client, self.config.run_id)
         if step != self._step:
             if step is not None and (self._step is None or step[0] != self._step[0]):
-                self._paused_step = None  # a new step ends a release_all pause
+                if self._paused_step != step[0]:
+                    self._paused_step = None  # a new step ends a release_all pause for another
                 log.info("step %d (policy version %d)", *step)
             self._step = step
             self._claim_after = 0.0
@@ -374,6 +380,8 @@ class RolloutWorker:
         self._maybe_load_weights()
 
     def _maybe_load_weights(self) -> None:
+        """Pull the current step's version once it is announced (DESIGN section 6), from peers
+        that hold it or the trainer, else the store; a failed pull is retried at the next poll."""
         engine = self.engine
         assert engine is not None
         if self._step is None or self.held or self._stop.is_set():
@@ -381,16 +389,33 @@ class RolloutWorker:
         version = self._step[1]
         if engine.policy_version == version:
             return
-        if not has_version(self.config.weights_dir, version):
+        announced = latest_version(self.client, self.config.run_id)
+        puller = self._puller or self._open_puller()
+        if announced is None or announced < version or puller is None:
             if self._missing_version != version:
-                log.info("waiting for weights of version %d in %s", version, self.config.weights_dir)
+                log.info("waiting for policy version %d to be announced (latest: %s)", version, announced)
                 self._missing_version = version
             return
-        started = time.monotonic()
-        engine.load_weights(load_version(self.config.weights_dir, version), version)
+        try:
+            state = puller.pull(version)
+        except PullError as exc:
+            log.warning("pulling policy version %d failed (%s); retrying", version, exc)
+            return
+        engine.load_weights(state, version)
         self.stats.weight_loads += 1
         self._claim_after = 0.0
-        log.info("loaded policy version %d in %.2f s", version, time.monotonic() - started)
+        report = puller.last_report
+        if report is not None:
+            report_transfer(self.client, self.config.run_id, report)
+            log.info("loaded policy version %d (%d bytes) in %.2f s", version, report.bytes, report.seconds)
+
+    def _open_puller(self) -> WeightPuller | None:
+        """The weight puller, made from the settings the trainer shared (None before that)."""
+        settings = shared_config(self.client, self.config.run_id)
+        if settings is None:
+            return None
+        self._puller = WeightPuller(settings, self.client, self.config.run_id, self.config.instance_id)
+        return self._puller
 
     def _can_claim(self) -> bool:
         if self._stop.is_set() or self._step is None or self.engine is None:
@@ -616,7 +641,6 @@ def _parser() -> argparse.ArgumentParser:
                    choices=["reserved", "ondemand", "spot"], help="env RLBOOST_CAPACITY_CLASS (default spot)")
     p.add_argument("--price-per-hour", type=float, default=0.0)
     p.add_argument("--model", required=True, type=Path, help="base HF model directory (version 0)")
-    p.add_argument("--weights-dir", required=True, type=Path, help="directory of v<N>.safetensors")
     defaults = WorkerConfig.model_fields
     p.add_argument("--slots", type=int, default=defaults["slots"].default)
     p.add_argument("--flush-tokens", type=int, default=defaults["flush_tokens"].default)
@@ -648,7 +672,7 @@ def main(argv: list[str] | None = None) -> int:
     config = WorkerConfig(
         redis_url=args.redis_url, run_id=args.run_id, instance_id=instance_id, pool=args.pool,
         capacity_class=args.capacity_class, price_per_hour=args.price_per_hour,
-        model_path=args.model, weights_dir=args.weights_dir, slots=args.slots,
+        model_path=args.model, slots=args.slots,
         flush_tokens=args.flush_tokens, flush_ms=args.flush_ms, heartbeat_s=args.heartbeat_s,
         ttl_s=args.ttl_s, max_batch_size=args.max_batch_size, poll_ms=args.poll_ms,
         device=args.device, restart_from_scratch=args.restart_from_scratch,

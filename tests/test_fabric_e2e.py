@@ -10,6 +10,7 @@ import json
 import pytest
 
 from flows.rl_train import rl_train
+from infra.ledger import Ledger
 from infra.config import load_config
 from rl.engine import HFEngine
 from rl.models import TinyLlamaShape, build_tiny_llama, load_model, save_model
@@ -43,6 +44,10 @@ def test_fabric_run_with_preemptions_matches_in_process_generation(prefect_harne
     }
     state = rl_train(overrides=overrides, return_state=True)
     assert state.is_completed(), state
+    with Ledger() as ledger:  # every step's instances, usage and weight pulls were recorded
+        costs = ledger.report(state.result()["ledger_run_id"])
+    assert [s.step for s in costs.steps] == [1, 2, 3] and costs.total_usd > 0
+    assert costs.transfer_bytes > 0 and costs.tokens_generated > 0
     run_dir = tmp_path / "runs" / "fabric-e2e"
     config = load_config(None, overrides)
 

@@ -1,21 +1,68 @@
-"""prefect.yaml names real flows: every deployment entrypoint loads, and its parameters validate."""
+"""prefect.yaml, the work-pool template and the zombie automation are consistent with the code:
+every entrypoint loads, training parameters validate, every pool of the demo configuration has a
+rollout-instance deployment on its own work pool, the nightly deployment is scheduled and resumes
+with extra steps, and the automation is Prefect's documented heartbeat pattern."""
 
+import json
+from datetime import timedelta
 from pathlib import Path
 
 import yaml
+from prefect.events.schemas.automations import AutomationCore, Posture
 from prefect.flows import load_flow_from_entrypoint
+
+from infra.config import load_config
+from infra.stack import ROLLOUT_ENTRYPOINT, WORK_POOL_TEMPLATE, ZOMBIE_AUTOMATION, check_pools, read_project
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_deployment_entrypoints_load_and_parameters_match():
-    project = yaml.safe_load((ROOT / "prefect.yaml").read_text())
-    names = {}
-    for deployment in project["deployments"]:
+def _deployments() -> dict[str, dict]:
+    return {d["name"]: d for d in yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]}
+
+
+def test_deployment_entrypoints_load_and_training_parameters_match():
+    flows = {}
+    for name, deployment in _deployments().items():
         flow = load_flow_from_entrypoint(str(ROOT / deployment["entrypoint"]))
-        names[deployment["name"]] = flow.name
-        flow.validate_parameters(deployment.get("parameters", {}))
-        config = deployment.get("parameters", {}).get("config_path")
-        if config:
-            assert (ROOT / config).exists(), config
-    assert names["grpo"] == "rl-train"
+        flows[name] = flow.name
+        if flow.name == "rl-train":
+            flow.validate_parameters(deployment.get("parameters", {}))
+            assert (ROOT / deployment["parameters"]["config_path"]).exists()
+            load_config(ROOT / deployment["parameters"]["config_path"], deployment["parameters"].get("overrides"))
+    assert flows == {"grpo": "rl-train", "grpo-nightly": "rl-train", "reserved": "rollout-instance", "spot": "rollout-instance"}
+
+
+def test_every_demo_pool_has_a_rollout_instance_deployment_on_its_work_pool():
+    pools = check_pools(None, read_project())
+    assert pools == ["reserved", "spot"]
+    for pool in pools:
+        deployment = _deployments()[pool]
+        assert deployment["entrypoint"] == ROLLOUT_ENTRYPOINT and deployment["work_pool"]["name"] == pool
+
+
+def test_nightly_deployment_is_a_cron_schedule_that_resumes_with_extra_steps():
+    nightly = _deployments()["grpo-nightly"]
+    assert nightly["schedules"][0]["cron"] == "0 3 * * *"
+    assert nightly["parameters"]["extra_steps"] >= 1
+    assert nightly["work_pool"] == _deployments()["grpo"]["work_pool"]
+
+
+def test_work_pool_template_keeps_flow_runs_in_the_worker_group_and_sends_heartbeats():
+    template = json.loads(WORK_POOL_TEMPLATE.read_text())
+    variables = template["variables"]["properties"]
+    assert variables["command"]["default"] == "python -m prefect.engine"
+    assert int(variables["env"]["default"]["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"]) == 30
+    assert template["job_configuration"]["command"] == "{{ command }}"
+
+
+def test_zombie_automation_is_the_documented_heartbeat_pattern():
+    automation = AutomationCore.model_validate(yaml.safe_load(ZOMBIE_AUTOMATION.read_text()))
+    trigger = automation.trigger
+    assert trigger.posture == Posture.Proactive
+    assert trigger.after == {"prefect.flow-run.heartbeat"}
+    assert trigger.expect >= {"prefect.flow-run.heartbeat", "prefect.flow-run.Completed", "prefect.flow-run.Crashed"}
+    assert trigger.for_each == {"prefect.resource.id"}
+    assert trigger.within == timedelta(seconds=90)
+    assert [a.type for a in automation.actions] == ["change-flow-run-state"]
+    assert automation.actions[0].state.value == "CRASHED"

@@ -1,8 +1,10 @@
 """The rollout-instance flow runs a real rollout worker as a Prefect flow run: it registers,
-serves work, and completes when drained."""
+serves work, completes when drained, and ends Crashed (saying so) after a preemption notice."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
@@ -15,15 +17,19 @@ from rl.models import TinyLlamaShape, build_tiny_llama, save_model
 pytestmark = pytest.mark.integration
 
 
-def test_rollout_instance_flow_registers_and_completes_on_drain(prefect_harness, redis_url, redis_client, tmp_path):
+def _tiny_model(path):
     model, tokenizer = build_tiny_llama(TinyLlamaShape(hidden_size=64, num_layers=1, num_heads=2, intermediate_size=64))
-    save_model(model, tokenizer, tmp_path / "base")
+    save_model(model, tokenizer, path)
+
+
+def test_rollout_instance_flow_registers_and_completes_on_drain(prefect_harness, redis_url, redis_client, tmp_path):
+    _tiny_model(tmp_path / "base")
     result: dict = {}
 
     def run() -> None:
         result["state"] = rollout_instance(
             pool="spot", instance_id="spot-flow-0", run_id="flow-instance", redis_url=redis_url,
-            model_path=str(tmp_path / "base"), weights_dir=str(tmp_path / "weights"), return_state=True,
+            model_path=str(tmp_path / "base"), return_state=True,
         )
 
     thread = threading.Thread(target=run, daemon=True)
@@ -41,3 +47,37 @@ def test_rollout_instance_flow_registers_and_completes_on_drain(prefect_harness,
     assert not thread.is_alive()
     assert result["state"].is_completed() and result["state"].result() == 0
     assert not any(i.info.instance_id == "spot-flow-0" for i in registry.alive())
+
+
+def test_sigterm_drains_the_instance_and_ends_the_run_crashed(prefect_harness, redis_url, redis_client, tmp_path, monkeypatch):
+    """The notice reaches the flow's process (here: this one, the flow runs on the main thread):
+    the worker hands everything back, deregisters, and the run ends Crashed naming the signal.
+    The Redis URL comes from the environment, as the prefect instance provider passes it."""
+    _tiny_model(tmp_path / "base")
+    monkeypatch.setenv("RLBOOST_REDIS_URL", redis_url)
+    registry = InstanceRegistry(redis_client, "flow-preempt")
+    previous = signal.getsignal(signal.SIGTERM)
+    stop_watching = threading.Event()
+
+    def preempt_once_registered() -> None:
+        deadline = time.time() + 60
+        while not stop_watching.is_set() and time.time() < deadline:
+            if any(i.info.instance_id == "spot-flow-1" for i in registry.alive()):
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=preempt_once_registered, daemon=True)
+    watcher.start()
+    try:
+        state = rollout_instance(
+            pool="spot", instance_id="spot-flow-1", run_id="flow-preempt",
+            model_path=str(tmp_path / "base"), return_state=True,
+        )
+    finally:
+        stop_watching.set()
+        watcher.join()
+    assert state.is_crashed(), state
+    assert state.message.startswith("preempted: SIGTERM received; instance spot-flow-1")
+    assert signal.getsignal(signal.SIGTERM) is previous, "the flow must restore the handler it replaced"
+    assert not registry.all(), "a drained instance deregisters"

@@ -27,7 +27,7 @@ from infra.weights.holders import HolderRegistry
 from infra.weights.manifest import encode, fingerprint
 from infra.weights.peer_server import PeerServer
 from infra.weights.puller import STORE
-from infra.weights_file import weights_channel
+from infra.weights.holders import weights_channel
 
 pytestmark = pytest.mark.integration
 

@@ -4,9 +4,10 @@ reap), a zombie (reaped while alive) and `release_all` all migrate samples witho
 duplicating one.
 
 Four worker processes start once for the module (their start-up, mostly importing torch, is the
-expensive part). Each test uses a new step with a new policy version, and decides which workers
-take part by publishing that version's weights only into their weights directories: a worker
-without the file waits, like one whose weight pull is slow.
+expensive part). Each test uses a new step with a new policy version, published once with a
+`WeightPublisher` (every worker pulls it), and decides which workers take part: the others are
+told `release_all` for that step before it starts (they pull the weights but claim nothing), and
+a worker joins mid-step on `resume`, like one whose weight pull was slow.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from pydantic import ValidationError
 
 from infra.registry import InstanceRegistry
 from infra.tokenlog import GroupSpec, SampleRecord, TokenLog
-from infra.weights_file import latest_version, load_version, publish_weights, weights_channel
+from infra.weights import WeightPublisher, WeightsConfig
+from infra.weights.shared import drain_transfers, share_config
 from infra.worker import WorkerConfig, clear_current_step, current_step, set_current_step
 from rl.engine import GenerationRequest, HFEngine, SamplingParams
 from rl.models import TinyLlamaShape, build_tiny_llama, save_model
@@ -49,32 +51,6 @@ MIN_MATCH = 0.95
 # --- fast unit tests -----------------------------------------------------------------------------
 
 
-def test_weights_file_publish_is_atomic_monotonic_and_keeps_tied_weights(redis_client, tmp_path):
-    run_id = f"wf-{uuid.uuid4().hex[:6]}"
-    model, _ = build_tiny_llama(SHAPE)
-    state = model.state_dict()
-    assert state["lm_head.weight"].data_ptr() == state["model.embed_tokens.weight"].data_ptr()
-    pubsub = redis_client.pubsub()
-    pubsub.subscribe(weights_channel(run_id))
-    pubsub.get_message(timeout=1.0)  # the subscribe confirmation
-    assert latest_version(redis_client, run_id) is None
-    assert publish_weights(redis_client, run_id, tmp_path, 2, state)
-    assert not publish_weights(redis_client, run_id, tmp_path, 1, state)  # older: file only
-    assert latest_version(redis_client, run_id) == 2
-    assert pubsub.get_message(timeout=1.0)["data"] == b"2"
-    assert pubsub.get_message(timeout=0.1) is None  # v1 was not announced
-    pubsub.close()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["v1.safetensors", "v2.safetensors"]
-    loaded = load_version(tmp_path, 2)
-    assert loaded.keys() == state.keys()
-    for name, tensor in state.items():
-        assert torch.equal(loaded[name], tensor)
-    fresh, _ = build_tiny_llama(SHAPE, seed=1)
-    fresh.load_state_dict(loaded, strict=True)
-    with pytest.raises(FileNotFoundError, match="version 3"):
-        load_version(tmp_path, 3)
-
-
 def test_current_step_protocol_is_monotonic(redis_client):
     run_id = f"cs-{uuid.uuid4().hex[:6]}"
     assert current_step(redis_client, run_id) is None
@@ -90,7 +66,7 @@ def test_current_step_protocol_is_monotonic(redis_client):
 
 def test_worker_config_is_strict():
     base = dict(redis_url="redis://x", run_id="r", instance_id="i", pool="p",
-                model_path="m", weights_dir="w")
+                model_path="m")
     assert WorkerConfig(**base).slots == 8
     with pytest.raises(ValidationError, match="extra"):
         WorkerConfig(**base, slot=3)
@@ -115,14 +91,19 @@ class Cluster:
         save_model(self.model, self.tokenizer, root / "base")
         self.procs: dict[str, subprocess.Popen] = {}
         self.states: dict[int, dict[str, torch.Tensor]] = {}
+        settings = WeightsConfig()
+        os.environ.setdefault(settings.secret_env, uuid.uuid4().hex)  # the workers inherit it
+        share_config(self.client, self.run_id, settings, root)
+        self.publisher = WeightPublisher(settings, self.client, self.run_id, run_dir=root)
+        self.takers: dict[int, set[str]] = {}
+        """Per version, the workers that take part in its step."""
 
     # workers
 
     def spawn(self, name: str, slots: int = 8) -> None:
-        (self.root / "weights" / name).mkdir(parents=True)
         args = [
             "--run-id", self.run_id, "--redis-url", self.url,
-            "--model", str(self.root / "base"), "--weights-dir", str(self.root / "weights" / name),
+            "--model", str(self.root / "base"),
             "--slots", str(slots), "--flush-tokens", "2", "--flush-ms", "5",
             "--heartbeat-s", "0.5", "--ttl-s", "3", "--poll-ms", "20",
         ]
@@ -177,11 +158,18 @@ class Cluster:
         return self.states[version]
 
     def publish(self, version: int, *names: str) -> None:
+        """Publish `version` (once) and let `names` take part in its step (at once if it runs)."""
+        if version not in self.takers:
+            self.publisher.publish(version, self.weights(version))
+            self.publisher.flush()
+            self.takers[version] = set()
+        self.takers[version] |= set(names)
         for name in names:
-            publish_weights(self.client, self.run_id, self.root / "weights" / name, version,
-                            self.weights(version))
+            self.registry.request(name, {"op": "resume"})
 
     def start_step(self, step: int, version: int, groups: list[GroupSpec]) -> None:
+        for name in set(WORKERS) - self.takers.get(version, set()):
+            self.registry.request(name, {"op": "release_all", "step": step})  # sits this step out
         assert self.log.enqueue_step(step, version, groups)
         assert set_current_step(self.client, self.run_id, step, version)
 
@@ -251,6 +239,7 @@ def cluster(redis_url, tmp_path_factory):
         yield c
     finally:
         c.stop_all()
+        c.publisher.close()
         for name in c.procs:
             print(f"\n--- {name} (rc {c.procs[name].returncode}) ---\n{c.logs(name)[-1500:]}")
         c.client.close()
@@ -272,6 +261,8 @@ def test_one_worker_completes_a_step(cluster):
     c.wait_complete(step)
     records = c.check_step(step, version, groups, "one worker")
     assert all(r.attempts == 1 and r.migrations == 0 for r in records.values())
+    pulled = [t for t in drain_transfers(c.client, c.run_id) if t.instance_id == "w" and t.version == 1]
+    assert pulled and sum(t.nbytes for t in pulled) > 0  # w pulled v1 and reported the transfer
     w = next(s for s in c.registry.alive() if s.info.instance_id == "w")
     assert (w.info.pool, w.info.capacity_class) == ("local-spot", "spot")
     c.wait(lambda: next(s for s in c.registry.alive() if s.info.instance_id == "w").policy_version == 1,

@@ -13,8 +13,7 @@ Rollout instance::
     state_dict = puller.pull(version)                # complete and verified, or PullError
     puller.close()
 
-`latest` lives on the interim path's Redis key and channel (`infra.weights_file.latest_version`,
-`weights_channel`), so a worker keeps watching it the same way.
+`latest` is a Redis key and a pub/sub channel (`holders.latest_version`, `holders.weights_channel`).
 
 Modules, one job each:
 

@@ -2,9 +2,9 @@
 
 This module owns
 
-* `latest`: the newest announced version, on the same key and pub/sub channel as the interim
-  `infra.weights_file` (``rlb:{<run_id>}:latest_version``, ``rlb:{<run_id>}:weights``); `announce`
-  only ever moves it forward (one Lua script: SET if greater, then PUBLISH);
+* `latest`: the newest announced version (key ``rlb:{<run_id>}:latest_version``, announced on the
+  pub/sub channel ``rlb:{<run_id>}:weights``); `announce` only ever moves it forward (one Lua
+  script: SET if greater, then PUBLISH); `latest_version` reads it without a registry;
 * manifest digests: the sha256 of each published version's manifest, written by the trainer
   before it announces the version; a puller checks the manifest it fetched from any source
   against it, and every chunk against the manifest;
@@ -29,9 +29,23 @@ from collections.abc import Iterable
 
 import redis
 
-from infra.weights_file import latest_version, latest_version_key, weights_channel
-
 log = logging.getLogger(__name__)
+
+
+def latest_version_key(run_id: str) -> str:
+    """Redis key holding the newest announced version (a decimal string)."""
+    return f"rlb:{{{run_id}}}:latest_version"
+
+
+def weights_channel(run_id: str) -> str:
+    """Pub/sub channel on which each newly announced version is published (message: the version)."""
+    return f"rlb:{{{run_id}}}:weights"
+
+
+def latest_version(client: redis.Redis, run_id: str) -> int | None:
+    """The newest announced version, or None before the first announcement."""
+    value = client.get(latest_version_key(run_id))
+    return None if value is None else int(value)
 
 _ADVANCE = """
 local cur = redis.call('GET', KEYS[1])

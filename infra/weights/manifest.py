@@ -6,7 +6,7 @@ chunks), each chunk a self-contained safetensors file held as bytes, and a `Mani
 tensor's dtype, shape and pieces and every chunk's file name, size and sha256. `decode` is the
 inverse: verified chunk bytes back to a state dict equal to the original, copying every byte once.
 
-Every tensor is stored as its own contiguous CPU copy, like `infra.weights_file`: tied weights
+Every tensor is stored as its own contiguous CPU copy: tied weights
 (e.g. `lm_head.weight` and `embed_tokens.weight`) are transferred twice and come back as two
 tensors, so `load_state_dict(strict=True)` works.
 

@@ -1,0 +1,119 @@
+"""Prefect's overhead per RL step: the `rl-step` subflow with its tasks and artifact against the same
+step run by calling the `TrainingSession` methods directly.
+
+The variants run in one process, interleaved step by step (their order rotates), on the demo
+configuration with in-process rollout (`fabric.enabled=false`, so the comparison isolates
+Prefect), each on its own session opened from the same base model: with the same seeds the
+sessions compute exactly the same steps. Evaluation and checkpoints are off. The first `--warmup`
+steps are not counted; results are medians of the per-step differences (robust to other load on a
+shared machine). Prefect talks to `PREFECT_API_URL` if set, else to an ephemeral local server, as
+`rlboost demo` does.
+
+A third variant, `rl-step` with flow-run heartbeats off, shows what Prefect 3.9's per-flow-run
+heartbeat thread costs a subflow: it sleeps in 1 s slices and is joined when the subflow ends.
+
+Prints the per-step times and ends with one JSON line:
+`{"overhead_s_per_step": .., "fraction": .., "overhead_s_per_step_without_step_heartbeats": .., ...}`
+(fraction = overhead / direct step time). Usage: `.venv/bin/python bench/orchestration.py
+[--steps 12 --warmup 2]` (needs the pretrained base model: `rlboost pretrain`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")  # the per-step lines below are the output
+
+import flows  # noqa: E402,F401  (quiet, embedded-friendly Prefect defaults before Prefect is imported)
+from prefect import flow  # noqa: E402
+from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings  # noqa: E402
+
+from flows.rl_train import rl_step  # noqa: E402
+from infra.config import DEFAULT_CONFIG, load_config  # noqa: E402
+from infra.session import TrainingSession, close_session, get_session, open_session  # noqa: E402
+
+VARIANTS = ("prefect", "prefect_no_heartbeat", "direct")
+
+
+def direct_step(session: TrainingSession, step: int) -> None:
+    """The work of `rl_step(evaluate=False, checkpoint=False)` without Prefect: the same session
+    calls in the same order (rollout, score, train, account, record)."""
+    rollout = session.rollout(step)
+    scores = session.score(step, rollout["path"])
+    metrics = session.train(step, rollout["path"], scores["path"])
+    cost = session.account(step, int(metrics["response_tokens"]))
+    session.record(step, {"step": step, "reward": scores["reward"], "tokens": rollout["tokens"],
+                          "train_s": metrics["seconds"], "cost_usd": cost["cost_usd"]})
+
+
+def run_variant(variant: str, key: str, step: int) -> None:
+    if variant == "direct":
+        direct_step(get_session(key), step)
+    elif variant == "prefect_no_heartbeat":
+        with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+            rl_step(key, step, evaluate=False, checkpoint=False)
+    else:
+        rl_step(key, step, evaluate=False, checkpoint=False)
+
+
+@flow(name="bench-orchestration", persist_result=False)
+def compare(steps: int, output_dir: str) -> list[dict]:
+    overrides = {"fabric.enabled": False, "run.steps": steps, "run.checkpoint_every": 10**6, "run.output_dir": output_dir}
+    configs = {variant: load_config(DEFAULT_CONFIG, {**overrides, "run.name": variant.replace("_", "-")}) for variant in VARIANTS}
+    if not (configs["direct"].model.path / "config.json").exists():
+        raise SystemExit(f"no base model at {configs['direct'].model.path}: run `.venv/bin/rlboost pretrain` first")
+    keys = {variant: f"bench-{variant}-{uuid.uuid4().hex[:6]}" for variant in VARIANTS}
+    for variant in VARIANTS:
+        open_session(keys[variant], configs[variant])
+    rows = []
+    try:
+        for step in range(1, steps + 1):
+            timings = {}
+            for variant in VARIANTS[step % 3:] + VARIANTS[:step % 3]:
+                started = time.perf_counter()
+                run_variant(variant, keys[variant], step)
+                timings[variant] = time.perf_counter() - started
+            rows.append({"step": step, **timings})
+            print(f"step {step}: " + "  ".join(f"{v} {timings[v]:.3f} s" for v in VARIANTS), flush=True)
+    finally:
+        for key in keys.values():
+            close_session(key)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=12, help="RL steps per variant")
+    parser.add_argument("--warmup", type=int, default=2, help="first steps not counted")
+    args = parser.parse_args()
+    if args.steps < args.warmup + 3:
+        parser.error("--steps must exceed --warmup by at least 3")
+    with tempfile.TemporaryDirectory(prefix="rlboost-bench-") as output_dir:
+        rows = compare(args.steps, output_dir)
+    measured = rows[args.warmup:]
+    direct = statistics.median(r["direct"] for r in measured)
+    prefect = statistics.median(r["prefect"] for r in measured)
+    overhead = statistics.median(r["prefect"] - r["direct"] for r in measured)
+    without_heartbeats = statistics.median(r["prefect_no_heartbeat"] - r["direct"] for r in measured)
+    print(f"median over {len(measured)} steps: direct {direct:.3f} s, with Prefect {prefect:.3f} s, "
+          f"overhead {overhead:.3f} s per step ({100 * overhead / direct:.0f}% of a step; target <= 1.5 s); "
+          f"{without_heartbeats:.3f} s with the step subflow's heartbeats off")
+    print(json.dumps({
+        "overhead_s_per_step": round(overhead, 4), "fraction": round(overhead / direct, 4),
+        "overhead_s_per_step_without_step_heartbeats": round(without_heartbeats, 4),
+        "direct_step_s": round(direct, 4), "prefect_step_s": round(prefect, 4), "steps_measured": len(measured),
+    }))
+
+
+if __name__ == "__main__":
+    main()

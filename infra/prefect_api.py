@@ -1,0 +1,54 @@
+"""Which Prefect API this process talks to, and a check that it answers.
+
+`current_api_url()` reads the API URL from Prefect's settings (environment, profile or a test
+harness's temporary settings). `check_api(url)` asks the server's `/health` once and fails with
+`PrefectApiUnreachable`, whose message names the URL, what went wrong and how to fix it.
+"""
+
+from __future__ import annotations
+
+import httpx
+
+START_HINT = (
+    "start a local server with `rlboost up` and `export PREFECT_API_URL=...` as it prints, "
+    "or point PREFECT_API_URL at a running Prefect server"
+)
+
+
+class PrefectApiUnreachable(RuntimeError):
+    """No Prefect API answers where the settings point; the message says where and how to fix it."""
+
+
+def current_api_url() -> str | None:
+    """`PREFECT_API_URL` as Prefect resolves it here (None: Prefect would start an ephemeral server)."""
+    from prefect.settings import get_current_settings
+
+    return get_current_settings().api.url
+
+
+def _auth_headers() -> dict[str, str]:
+    from prefect.settings import get_current_settings
+
+    key = get_current_settings().api.key
+    return {"Authorization": f"Bearer {key.get_secret_value()}"} if key else {}
+
+
+def check_api(url: str | None, timeout_s: float = 5.0, *, purpose: str = "this command") -> str:
+    """`url` if a Prefect server answers its health check there; else `PrefectApiUnreachable`."""
+    if not url:
+        raise PrefectApiUnreachable(
+            f"{purpose} needs a running Prefect server, but PREFECT_API_URL is not set; {START_HINT}"
+        )
+    try:
+        response = httpx.get(f"{url.rstrip('/')}/health", headers=_auth_headers(), timeout=timeout_s)
+    except httpx.HTTPError as error:
+        raise PrefectApiUnreachable(
+            f"cannot reach the Prefect API at {url} (PREFECT_API_URL) for {purpose}: "
+            f"{type(error).__name__}: {error or 'no answer'}; {START_HINT}"
+        ) from None
+    if response.status_code != 200:
+        raise PrefectApiUnreachable(
+            f"the Prefect API at {url} (PREFECT_API_URL) answered its health check with HTTP "
+            f"{response.status_code}; is it a Prefect server's /api URL? {START_HINT}"
+        )
+    return url
