@@ -47,10 +47,11 @@ VARIANTS = ("prefect", "prefect_no_heartbeat", "direct")
 
 def direct_step(session: TrainingSession, step: int) -> None:
     """The work of `rl_step(evaluate=False, checkpoint=False)` without Prefect: the same session
-    calls in the same order (rollout, score, train, account, record)."""
+    calls in the same order (rollout, score, train, publish, account, record)."""
     rollout = session.rollout(step)
     scores = session.score(step, rollout["path"])
     metrics = session.train(step, rollout["path"], scores["path"])
+    session.publish(step)
     cost = session.account(step, int(metrics["response_tokens"]))
     session.record(step, {"step": step, "reward": scores["reward"], "tokens": rollout["tokens"],
                           "train_s": metrics["seconds"], "cost_usd": cost["cost_usd"]})

@@ -23,19 +23,23 @@ from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 from rich.console import Console
 
 from infra.config import RunConfig, load_config
-from infra.reporting import plot_curves, step_progress, step_table_rows, summary_markdown, summary_table
+from infra.reporting import artifact_key, plot_curves, step_progress, step_table_rows, summary_markdown, summary_table
 from infra.session import close_session, get_session, open_session
 from tasks.pretraining import ensure_base_model
-from tasks.training import account_task, checkpoint_task, evaluate_task, rollout_task, score_task, train_task
+from tasks.training import (
+    account_task, checkpoint_task, evaluate_task, publish_task, rollout_task, score_task, train_task,
+)
 
 
 @flow(name="rl-step", flow_run_name="step-{step}", persist_result=False)
 def rl_step(session_key: str, step: int, evaluate: bool, checkpoint: bool) -> dict:
-    """One RL step: rollout, score, train (+ evaluate, checkpoint when due)."""
+    """One RL step: rollout (training complete groups as they arrive), score, train, publish the
+    new policy version, account its cost (+ evaluate, checkpoint when due)."""
     started = time.perf_counter()
     rollout = rollout_task(session_key, step)
     scores = score_task(session_key, step, rollout["path"])
     metrics = train_task(session_key, step, rollout["path"], scores["path"])
+    publish_task(session_key, step)
     cost = account_task(session_key, step, int(metrics["response_tokens"]))
     row: dict[str, Any] = {
         "step": step,
@@ -62,10 +66,6 @@ def rl_step(session_key: str, step: int, evaluate: bool, checkpoint: bool) -> di
         table=step_table_rows([row]), description=f"RL step {step}: reward, accuracy, tokens, throughput, timings"
     )
     return row
-
-
-def _artifact_key(name: str) -> str:
-    return "".join(ch if ch.isalnum() else "-" for ch in name.lower())
 
 
 @flow(name="rl-train", log_prints=False, persist_result=False)
@@ -96,7 +96,7 @@ def _train_loop(config: RunConfig, key: str, session, logger) -> dict:
         base = evaluate_task(key)
         logger.info("base policy held-out accuracy (T=%.1f): %.3f", config.eval.temperature, base)
     progress_id = create_progress_artifact(
-        progress=100.0 * start / total, key=_artifact_key(f"{config.run.name}-progress"),
+        progress=100.0 * start / total, key=artifact_key(f"{config.run.name}-progress"),
         description="RL steps completed",
     )
     console = Console()
@@ -134,11 +134,11 @@ def _train_loop(config: RunConfig, key: str, session, logger) -> dict:
     }
     console.print(summary_table(summary))
     create_table_artifact(
-        key=_artifact_key(f"{config.run.name}-steps"), table=step_table_rows(history.steps),
+        key=artifact_key(f"{config.run.name}-steps"), table=step_table_rows(history.steps),
         description="Every RL step of the run",
     )
     create_markdown_artifact(
-        key=_artifact_key(f"{config.run.name}-summary"), markdown=summary_markdown(summary, plot),
+        key=artifact_key(f"{config.run.name}-summary"), markdown=summary_markdown(summary, plot),
         description="Accuracy gain, reward, tokens and cost of the run, with its curves",
     )
     return summary

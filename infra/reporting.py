@@ -34,6 +34,11 @@ STEP_COLUMNS = (
 )
 
 
+def artifact_key(name: str) -> str:
+    """A Prefect artifact key from a run name (lowercase letters, digits and dashes)."""
+    return "".join(ch if ch.isalnum() else "-" for ch in name.lower())
+
+
 def step_progress(console: Console | None = None) -> Progress:
     return Progress(
         TextColumn("[bold]GRPO"),

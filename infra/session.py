@@ -18,6 +18,7 @@ import json
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -141,8 +142,9 @@ class TrainingSession:
         return self.prompts.take(self.cursor, self.config.rollout.prompts_per_step)
 
     # -- the stages of one RL step ---------------------------------------------------------
-    def rollout(self, step: int) -> dict:
-        """Generate the step's samples (in process, or on the fabric's instances)."""
+    def rollout(self, step: int, on_progress: Callable[[int, int], None] | None = None) -> dict:
+        """Generate the step's samples (in process, or on the fabric's instances), telling
+        `on_progress(groups_done, groups_total)` as groups complete (at most every half second)."""
         started = time.perf_counter()
         self.accounting.begin_step(step)
         fabric_stats = {}
@@ -152,6 +154,8 @@ class TrainingSession:
             )
             results = self.engine.generate(requests)
             samples = samples_from_results(requests, results, self.step)
+            if on_progress is not None:
+                on_progress(len(self._records()), len(self._records()))
         else:
             if self.step != step - 1:
                 raise RuntimeError(f"trainer is at step {self.step}; cannot roll out step {step}")
@@ -163,10 +167,18 @@ class TrainingSession:
                     self.config.grpo,
                 )
                 self._stream = (step, stream)
+            progress = _Progress(len(self._records()), on_progress)
+
+            def on_group(group: list) -> None:
+                if stream is not None:
+                    stream.add(group)
+                progress.advance()
+
             samples, report = self.fabric.rollout(
                 self.tokenizer, self._records(), step, self.step, self.config.rollout, self.config.run.seed,
-                on_group=None if stream is None else stream.add,
+                on_group=on_group,
             )
+            progress.finish()
             self._step_usage[step] = (dict(report.instance_tokens), report.tokens_wasted)
             fabric_stats = {
                 "tokens_wasted": report.tokens_wasted, "migrations": report.migrations,
@@ -214,10 +226,18 @@ class TrainingSession:
                 streamed.abandon()
             metrics = self.trainer.train_step(batch)
         self.engine.policy_version = self.step
-        if self.fabric is not None:
-            self.fabric.publish(self.step, self.model.state_dict())
         metrics["seconds"] = time.perf_counter() - started
         return metrics
+
+    def publish(self, step: int) -> dict:
+        """Make policy version `step` available to the rollout instances (returns at once: the
+        version is served from memory and uploaded in the background)."""
+        if self.step != step:
+            raise RuntimeError(f"the policy is at version {self.step}; cannot publish version {step}")
+        started = time.perf_counter()
+        if self.fabric is not None:
+            self.fabric.publish(step, self.model.state_dict())
+        return {"version": step, "seconds": time.perf_counter() - started}
 
     def account(self, step: int, tokens_trained: int) -> dict:
         """Record the step in the cost ledger (instances, their usage, the step); returns its cost."""
@@ -268,6 +288,26 @@ class TrainingSession:
         finally:
             self.accounting.finish()
             self.accounting.ledger.close()
+
+
+class _Progress:
+    """Counts complete groups and reports them, throttled (each report may be an API call)."""
+
+    def __init__(self, total: int, report: Callable[[int, int], None] | None, every_s: float = 0.5) -> None:
+        self.total, self.report, self.every_s = total, report, every_s
+        self.done = 0
+        self._last = float("-inf")
+
+    def advance(self) -> None:
+        self.done += 1
+        now = time.monotonic()
+        if self.report is not None and (self.done == self.total or now - self._last >= self.every_s):
+            self._last = now
+            self.report(self.done, self.total)
+
+    def finish(self) -> None:
+        if self.report is not None and self.done != self.total:
+            self.report(self.done, self.total)  # some groups were dropped
 
 
 _SESSIONS: dict[str, TrainingSession] = {}

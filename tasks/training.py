@@ -7,8 +7,10 @@ numbers and paths. No tensors ever pass through Prefect.
 from __future__ import annotations
 
 from prefect import task
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
+from infra.reporting import artifact_key
 from infra.session import get_session
 
 TASK_OPTIONS = {"cache_policy": NO_CACHE, "persist_result": False}
@@ -16,8 +18,18 @@ TASK_OPTIONS = {"cache_policy": NO_CACHE, "persist_result": False}
 
 @task(name="rollout", **TASK_OPTIONS)
 def rollout_task(session_key: str, step: int) -> dict:
-    """Generate `group_size` responses for each of the step's prompts; write them to rollout.jsonl."""
-    return get_session(session_key).rollout(step)
+    """Generate `group_size` responses for each of the step's prompts; write them to rollout.jsonl.
+    A progress artifact follows the complete groups while the rollout runs."""
+    session = get_session(session_key)
+    artifact = create_progress_artifact(
+        progress=0.0, key=artifact_key(f"{session.config.run.name}-rollout"),
+        description=f"step {step}: complete groups (each is trained as soon as it completes)",
+    )
+
+    def on_progress(done: int, total: int) -> None:
+        update_progress_artifact(artifact, 100.0 * done / total)
+
+    return session.rollout(step, on_progress)
 
 
 @task(name="score", **TASK_OPTIONS)
@@ -30,6 +42,12 @@ def score_task(session_key: str, step: int, rollout_path: str) -> dict:
 def train_task(session_key: str, step: int, rollout_path: str, scores_path: str) -> dict:
     """One GRPO optimizer step on the scored rollout; the policy becomes version `step`."""
     return get_session(session_key).train(step, rollout_path, scores_path)
+
+
+@task(name="publish", **TASK_OPTIONS)
+def publish_task(session_key: str, step: int) -> dict:
+    """Publish policy version `step` to the rollout instances (served at once, stored in the background)."""
+    return get_session(session_key).publish(step)
 
 
 @task(name="evaluate", **TASK_OPTIONS)

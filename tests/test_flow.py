@@ -69,7 +69,7 @@ def test_two_steps_then_resume(prefect_harness, base_model, tmp_path):
     steps = sorted(r.name for r in runs if r.name.startswith("step-"))
     assert steps == ["step-1", "step-2"]
     assert all(r.state.is_completed() for r in runs)
-    assert tasks["step-1"] == ["account", "checkpoint", "evaluate", "rollout", "score", "train"]
+    assert tasks["step-1"] == ["account", "checkpoint", "evaluate", "publish", "rollout", "score", "train"]
     with Ledger() as ledger:  # the tests' ledger (RLBOOST_LEDGER_URL, tests/conftest.py)
         costs = ledger.report(summary["ledger_run_id"])
     assert [s.step for s in costs.steps] == [1, 2]
@@ -81,7 +81,7 @@ def test_two_steps_then_resume(prefect_harness, base_model, tmp_path):
 
     found = asyncio.run(artifacts())
     keys = {a.key for a in found if a.key}
-    assert {"flow-test-summary", "flow-test-steps", "flow-test-progress"} <= keys
+    assert {"flow-test-summary", "flow-test-steps", "flow-test-progress", "flow-test-rollout"} <= keys
     per_step_tables = [a for a in found if a.type == "table" and a.key is None and a.flow_run_id in {r.id for r in runs}]
     assert len(per_step_tables) == 2
 
