@@ -144,7 +144,7 @@ class TrainingSession:
     # -- the stages of one RL step ---------------------------------------------------------
     def rollout(self, step: int, on_progress: Callable[[int, int], None] | None = None) -> dict:
         """Generate the step's samples (in process, or on the fabric's instances), telling
-        `on_progress(groups_done, groups_total)` as groups complete (at most every half second)."""
+        `on_progress(groups_done, groups_total)` as groups complete (at most once a second)."""
         started = time.perf_counter()
         self.accounting.begin_step(step)
         fabric_stats = {}
@@ -293,7 +293,7 @@ class TrainingSession:
 class _Progress:
     """Counts complete groups and reports them, throttled (each report may be an API call)."""
 
-    def __init__(self, total: int, report: Callable[[int, int], None] | None, every_s: float = 0.5) -> None:
+    def __init__(self, total: int, report: Callable[[int, int], None] | None, every_s: float = 1.0) -> None:
         self.total, self.report, self.every_s = total, report, every_s
         self.done = 0
         self._last = float("-inf")

@@ -3,7 +3,8 @@
 GRPO's advantages are normalised within a group, so a group can be scored and its loss gradient
 accumulated as soon as its n responses are done, long before the slowest group of the step. A
 `StreamedStep` is the trainer side of that: the rollout hands it each complete group (`add`, from
-any one thread at a time), it scores the group and calls `Trainer.accumulate`; when the rollout is
+any one thread at a time), it scores the group and, as soon as complete groups fill a micro-batch
+(`optim.micro_batch_size` samples), calls `Trainer.accumulate` on them; when the rollout is
 over, `finish` checks that it saw exactly the step's groups with the advantages the step's scoring
 computed, and takes the optimizer step. The update equals one `Trainer.train_step` on the whole
 step's batch (see `Trainer.accumulate`); only the float summation order differs.
@@ -47,6 +48,8 @@ class StreamedStep:
         self.busy_s = 0.0
         """Seconds spent scoring and accumulating (overlapped with the rollout's tail)."""
         self._lock = threading.Lock()
+        self._pending: list[tuple[Sample, float]] = []
+        """Scored samples not yet accumulated: they wait for a full micro-batch."""
         trainer.begin_step()
 
     def add(self, samples: Sequence[Sample]) -> None:
@@ -59,13 +62,23 @@ class StreamedStep:
             scores = score_group(
                 list(samples), self.records[group], self.tokenizer, self.reward_fn, self.correctness_fn, self.grpo
             )
-            self.trainer.accumulate(TrainBatch(
-                [s.prompt_ids for s in samples], [s.response_ids for s in samples],
-                [s.logprobs for s in samples], scores.advantages,
-            ))
+            self._pending.extend(zip(samples, scores.advantages))
+            if len(self._pending) >= self.trainer.optim_config.micro_batch_size:
+                self._accumulate_pending()
             self.advantages.update((s.sample_id, a) for s, a in zip(samples, scores.advantages))
             self.groups += 1
             self.busy_s += time.perf_counter() - started
+
+    def _accumulate_pending(self) -> None:
+        """Accumulate the scored samples waiting for a full micro-batch (one forward/backward of
+        a full micro-batch costs about as much as one of a single group on a small model)."""
+        if self._pending:
+            samples, advantages = zip(*self._pending)
+            self._pending.clear()
+            self.trainer.accumulate(TrainBatch(
+                [s.prompt_ids for s in samples], [s.response_ids for s in samples],
+                [s.logprobs for s in samples], list(advantages),
+            ))
 
     def covers(self, samples: Sequence[Sample]) -> bool:
         """Whether exactly these samples were accumulated (a retried rollout may differ)."""
@@ -85,8 +98,11 @@ class StreamedStep:
                     f"sample {sample.sample_id}: streamed advantage {self.advantages[sample.sample_id]} "
                     f"differs from the step's {advantage}"
                 )
+        with self._lock:
+            self._accumulate_pending()
         return self.trainer.finish_step()
 
     def abandon(self) -> None:
         """Drop the accumulated gradient (the policy is unchanged)."""
+        self._pending.clear()
         self.trainer.abandon_step()
