@@ -12,7 +12,10 @@ A preemption without notice (SIGKILL) leaves the run Running with nobody to repo
 heartbeat automation in `deployments/automations/` marks it Crashed.
 
 The Redis URL (it carries the password) may come from the `RLBOOST_REDIS_URL` environment
-variable instead of a parameter, so that it stays out of the flow run's parameters in the UI.
+variable instead of a parameter, so that it stays out of the flow run's parameters in the UI. A
+cloud VM has no such environment: its run names a Prefect Secret block (`environment_block`) whose
+value maps variable names to values (the Redis URL, the weights secret); the flow sets those the
+environment lacks before the worker starts.
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -59,6 +61,19 @@ class PreemptionNotice:
                 signal.signal(sig, handler)
 
 
+def load_environment(block: str) -> list[str]:
+    """Set the variables of the Secret block `block` that the environment lacks; their names."""
+    from prefect.blocks.system import Secret
+
+    values = Secret.load(block).get()
+    if not isinstance(values, dict):
+        raise ValueError(f"Secret block {block!r} must hold a mapping of environment variables, not {type(values).__name__}")
+    added = [name for name in values if name not in os.environ]
+    for name in added:
+        os.environ[name] = str(values[name])
+    return added
+
+
 @flow(name="rollout-instance", flow_run_name="{pool}/{instance_id}", persist_result=False)
 def rollout_instance(
     pool: str,
@@ -73,9 +88,12 @@ def rollout_instance(
     flush_ms: float = 250.0,
     heartbeat_s: float = 1.0,
     ttl_s: float = 3.0,
+    environment_block: str | None = None,
 ) -> int | State:
     """Serve rollout for `run_id` from `pool` until stopped: 0 after a drain, a Crashed state
     after a preemption notice."""
+    if environment_block:
+        load_environment(environment_block)
     url = redis_url or os.environ.get(REDIS_URL_ENV)
     if not url:
         raise ValueError(
@@ -85,7 +103,7 @@ def rollout_instance(
     worker = RolloutWorker(WorkerConfig(
         redis_url=url, run_id=run_id, instance_id=instance_id, pool=pool,
         capacity_class=capacity_class, price_per_hour=price_per_hour,
-        model_path=Path(model_path), slots=slots,
+        model_path=model_path, slots=slots,
         flush_tokens=flush_tokens, flush_ms=flush_ms, heartbeat_s=heartbeat_s, ttl_s=ttl_s,
     ))
     logger = get_run_logger()

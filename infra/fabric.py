@@ -1,16 +1,24 @@
-"""The rollout fabric of one run (DESIGN §3-5): Redis, the local instance pools running rollout
+"""The rollout fabric of one run (DESIGN §3-5): Redis, the instance pools running rollout
 workers, weight publication, and the controller that rolls out each step over the token log.
 
 `RolloutFabric` is what the training session uses instead of its in-process engine when
 `fabric.enabled` is set. It starts an embedded Redis unless a URL is configured, launches the
 configured local pools (reserved and spot; spot pools preempted by trace or Poisson schedules),
-publishes each policy version for the workers to load, and returns every step's samples in the
-same `rl.rollout.Sample` form as the in-process path.
+keeps its cloud pools (`provider: gcp|azure`) at target through a `CloudFleet`, publishes each
+policy version for the workers to load, and returns every step's samples in the same
+`rl.rollout.Sample` form as the in-process path.
+
+A cloud VM is a Prefect worker for its pool that runs one `rollout-instance/<pool>` flow run,
+created before the VM (`infra.instance_runs`); the run's secrets reach it through a Prefect Secret
+block and the base model through a copy under the weight store (`infra.model_source`). So cloud
+pools need a Prefect server the VMs reach (`rlboost up`, or `cloud.bootstrap.prefect_api_url`), a
+Redis they reach (`fabric.redis_url`), and a weight store they read (`weights.store_url`).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import sys
 import threading
@@ -18,14 +26,18 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import redis
 from pydantic import Field
 
 from infra.controller import ControllerConfig, RolloutController, StepReport, samples_of_group
-from infra.providers.base import PoolSpec, Provider
+from infra.model_source import upload_model
+from infra.providers.base import InstanceRecord, PoolSpec, Provider
+from infra.providers.cloud_fleet import CloudFleet, check_reachable_by_vms
+from infra.providers.composite import CompositeProvider
 from infra.providers.local import LocalProvider
+from infra.providers.startup import WorkerBootstrap
 from infra.redis_embedded import EmbeddedRedis
 from infra.registry import InstanceRegistry
 from infra.tokenlog import GroupSpec, TokenLog
@@ -35,6 +47,9 @@ from infra.weights.shared import Transfer, drain_transfers, share_config
 from rl.config import RolloutConfig, Section
 from rl.datasets import PromptRecord
 from rl.rollout import Sample, step_seed
+
+if TYPE_CHECKING:
+    from infra.instance_runs import InstanceRuns
 
 REDIS_URL_ENV = "RLBOOST_REDIS_URL"
 """Environment variable naming the Redis to use when `fabric.redis_url` is unset."""
@@ -58,6 +73,27 @@ class WorkerSettings(Section):
     discard them on release, `infra.worker.WorkerConfig.restart_from_scratch`)."""
 
 
+class CloudSettings(Section):
+    """How the cloud pools (`provider: gcp|azure`) of a run start and join it."""
+
+    bootstrap: WorkerBootstrap = WorkerBootstrap()
+    """How each VM installs the project and reaches Prefect (its boot script)."""
+    model_url: str | None = None
+    """fsspec URL the VMs read the base model from (a copy made with `infra.model_source`); None:
+    the run copies `model.path` to `<weights store>/base-model` when it starts."""
+    reconcile_s: float = Field(30.0, gt=0)
+    """Seconds between the capacity manager's reconciles (preemptions seen, replacements started)."""
+    drain_timeout_s: float = Field(60.0, gt=0)
+    """At the end of training, how long the VMs may take to finish their flow runs before they are deleted."""
+    gcp_api_endpoint: str | None = None
+    """Compute Engine API endpoint (e.g. a Private Service Connect address); None: Google's."""
+    azure_base_url: str | None = None
+    """Azure Resource Manager endpoint (e.g. a sovereign cloud's); None: the public one."""
+    live_prices: bool = True
+    """Quote the clouds' published prices (Cloud Billing Catalog, Azure Retail Prices); False: the
+    bundled catalog only."""
+
+
 class FabricConfig(Section):
     """Distributed rollout over a Redis token log and local instance pools."""
 
@@ -78,11 +114,32 @@ class FabricConfig(Section):
     """How instances get each policy version: object store, peer-to-peer pull, retention."""
     controller: ControllerConfig = ControllerConfig()
     """Reaping, stealing and adaptive offload."""
+    cloud: CloudSettings = CloudSettings()
+    """Cloud pools: VM boot script, base model copy, reconcile loop, API endpoints."""
     ready_timeout_s: float = Field(180.0, gt=0)
-    """How long to wait for the first instance to register before failing the step."""
+    """How long to wait for the first instance to register before failing the step (a run with only
+    cloud pools waits for a VM to boot and install the project: allow several minutes)."""
     stream_training: bool = True
     """Score each group and accumulate its gradient as soon as it completes, while the rest of
     the step is still generating (False: train once the whole step is collected)."""
+
+
+def environment_block_name(run_id: str) -> str:
+    """The Prefect Secret block holding a run's instance environment (lowercase letters, digits, dashes)."""
+    return "rlboost-" + re.sub(r"[^a-z0-9-]+", "-", run_id.lower()).strip("-") + "-instances"
+
+
+def cloud_options(cloud: CloudSettings) -> dict[str, dict[str, Any]]:
+    """Keyword arguments of each cloud's provider from the settings (credentials stay the SDKs' defaults)."""
+    gcp: dict[str, Any] = {"live_prices": cloud.live_prices}
+    if cloud.gcp_api_endpoint is not None:
+        from google.api_core.client_options import ClientOptions
+
+        gcp["client_options"] = ClientOptions(api_endpoint=cloud.gcp_api_endpoint)
+    azure: dict[str, Any] = {"live_prices": cloud.live_prices}
+    if cloud.azure_base_url is not None:
+        azure["base_url"] = cloud.azure_base_url
+    return {"gcp": gcp, "azure": azure}
 
 
 class RolloutFabric:
@@ -109,17 +166,65 @@ class RolloutFabric:
             os.environ.setdefault(config.weights.secret_env, secrets.token_hex(32))
         share_config(self.redis, run_id, config.weights, run_dir)
         self.weights = WeightPublisher(config.weights, self.redis, run_id, run_dir=run_dir)
-        self.provider = self._select_provider(run_dir / "instances")
-        for pool in config.pools:
+        self._step = 0
+        local_pools = [pool for pool in config.pools if pool.provider == "local"]
+        providers: dict[str, Provider] = {}
+        if local_pools:
+            providers["local"] = self._select_provider(run_dir / "instances")
+        self.fleet: CloudFleet | None = None
+        self.instance_runs: InstanceRuns | None = None
+        if len(local_pools) < len(config.pools):
+            self.fleet = self._cloud_fleet()
+            providers.update(self.fleet.providers)
+        self.provider = CompositeProvider(providers)
+        for pool in local_pools:
             self.provider.launch(pool, pool.size)
         self.provider.start()
+        if self.fleet is not None:
+            self.fleet.start()
+
+    def _cloud_fleet(self) -> CloudFleet:
+        """The fleet of the cloud pools, with a flow run per VM and the secrets the VMs read."""
+        from infra.instance_runs import InstanceRuns, InstanceRunSpec
+        from infra.prefect_api import check_api, current_api_url
+
+        cloud = self.config.cloud
+        check_reachable_by_vms(self.redis_url, self.config.pools)
+        api_url = check_api(cloud.bootstrap.prefect_api_url or current_api_url(), purpose="cloud pools")
+        from prefect.settings import get_current_settings
+
+        key = get_current_settings().api.key
+        weights = self.config.weights
+        store = weights.resolve_store_url(self.run_dir).rstrip("/")
+        model = cloud.model_url or upload_model(self.model_path, f"{store}/base-model", weights.store_options)
+        spec = InstanceRunSpec(
+            run_id=self.run_id, redis_url=self.redis_url, model=model, worker=self.config.worker,
+            environment_block=environment_block_name(self.run_id),
+        )
+        self.instance_runs = runs = InstanceRuns(spec, api_url, key.get_secret_value() if key else None)
+        environment = {REDIS_URL_ENV: self.redis_url}
+        if weights.serves:
+            environment[weights.secret_env] = os.environ[weights.secret_env]
+        runs.publish_environment(environment)
+        bootstrap = cloud.bootstrap
+        if bootstrap.prefect_api_url is None:
+            bootstrap = bootstrap.model_copy(update={"prefect_api_url": api_url})
+        return CloudFleet(
+            self.config.pools, run_id=self.run_id, redis_url=self.redis_url, bootstrap=bootstrap,
+            on_change=self._cloud_instance_changed, boot_hooks=runs, current_step=lambda: self._step,
+            interval_s=cloud.reconcile_s, options=cloud_options(cloud),
+        )
+
+    def _cloud_instance_changed(self, record: InstanceRecord) -> None:
+        if record.state == "terminated" and self.instance_runs is not None:
+            self.instance_runs.settle([record.instance_id])
 
     def _select_provider(self, log_dir: Path) -> Provider:
         if self.config.instances == "prefect":
             from infra.providers.prefect_local import InstanceRunSpec, PrefectLocalProvider
 
             spec = InstanceRunSpec(
-                run_id=self.run_id, redis_url=self.redis_url, model_path=self.model_path,
+                run_id=self.run_id, redis_url=self.redis_url, model=str(self.model_path.resolve()),
                 worker=self.config.worker,
             )
             return PrefectLocalProvider(spec, log_dir=log_dir)
@@ -143,9 +248,15 @@ class RolloutFabric:
         background) and announce it; returns without waiting on the network."""
         self.weights.publish(version, state_dict)
 
+    def _check_fleet(self) -> None:
+        """Fail the step when the cloud pools are no longer kept (a configuration or credential error)."""
+        if self.fleet is not None and self.fleet.failure is not None:
+            raise self.fleet.failure
+
     def _wait_for_instances(self) -> None:
         deadline = time.time() + self.config.ready_timeout_s
         while not self.registry.alive():
+            self._check_fleet()
             if time.time() > deadline:
                 raise TimeoutError(
                     f"no rollout instance registered within {self.config.ready_timeout_s:.0f} s; "
@@ -158,6 +269,8 @@ class RolloutFabric:
                 on_group: Callable[[list[Sample]], None] | None = None) -> tuple[list[Sample], StepReport]:
         """Roll out one step on the instances; samples of delivered groups, sorted by id. Each
         complete group also goes to `on_group` (its samples in order) as soon as it is done."""
+        self._step = step
+        self._check_fleet()
         self._wait_for_instances()
         sampling = {"temperature": rollout.temperature, "top_p": rollout.top_p, "top_k": rollout.top_k}
         groups = [
@@ -195,6 +308,13 @@ class RolloutFabric:
         return list(merged.values())
 
     def close(self) -> None:
+        if self.fleet is not None:
+            runs = self.instance_runs
+            assert runs is not None
+            timeout_s = self.config.cloud.drain_timeout_s
+            self.fleet.stop(drain=lambda live: runs.drain(live, timeout_s))
+            runs.settle(runs.known(), "ended with the training run before it started this run")
+            runs.remove_environment()
         self.provider.shutdown()
         self.weights.close()
         self.redis.close()

@@ -159,9 +159,9 @@ def find_redis_server() -> str:
     raise FileNotFoundError(f"no redis-server found to run an embedded Redis: {_INSTALL_HINT}")
 
 
-def _free_port() -> int:
+def _free_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
+        probe.bind((host, 0))
         return probe.getsockname()[1]
 
 
@@ -174,7 +174,7 @@ _PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("lin
 
 
 class EmbeddedRedis:
-    """A private redis-server on 127.0.0.1 for the duration of a `with` block.
+    """A private redis-server on 127.0.0.1 (or `host`) for the duration of a `with` block.
 
     Random password, no RDB/AOF persistence, its own process group (a Ctrl-C to the parent does
     not kill it before a clean shutdown), and stopped on exit: SHUTDOWN NOSAVE, then SIGTERM,
@@ -182,7 +182,9 @@ class EmbeddedRedis:
     when started from the main thread) or is stopped at interpreter exit otherwise.
     """
 
-    def __init__(self, *, startup_timeout_s: float = 10.0, binary: str | None = None) -> None:
+    def __init__(self, *, startup_timeout_s: float = 10.0, binary: str | None = None, host: str = "127.0.0.1") -> None:
+        """`host`: the address it listens on (another machine's instances need a routable one)."""
+        self.host = host
         self.startup_timeout_s = startup_timeout_s
         self.binary = binary
         self.password = secrets.token_urlsafe(24)
@@ -194,7 +196,7 @@ class EmbeddedRedis:
     def url(self) -> str:
         if self.port is None:
             raise RuntimeError("the embedded Redis is not running")
-        return f"redis://:{self.password}@127.0.0.1:{self.port}/0"
+        return f"redis://:{self.password}@{self.host}:{self.port}/0"
 
     def __enter__(self) -> EmbeddedRedis:
         self.start()
@@ -228,10 +230,10 @@ class EmbeddedRedis:
     def _launch(self, binary: str) -> bool:
         """Start redis-server on a fresh free port; True once it answers PING as configured."""
         assert self._dir is not None
-        self.port = _free_port()
+        self.port = _free_port(self.host)
         config = self._dir / "redis.conf"
         config.write_text(
-            f"port {self.port}\nbind 127.0.0.1\nrequirepass {self.password}\n"
+            f"port {self.port}\nbind {self.host}\nrequirepass {self.password}\n"
             f'save ""\nappendonly no\ndir "{self._dir}"\ndaemonize no\n'
             f'logfile "{self._dir / "redis.log"}"\n'
         )
@@ -261,14 +263,14 @@ class EmbeddedRedis:
             client.close()
         self._kill()
         raise TimeoutError(
-            f"redis-server did not answer PING on 127.0.0.1:{self.port} within "
+            f"redis-server did not answer PING on {self.host}:{self.port} within "
             f"{self.startup_timeout_s:.0f}s; its log:\n{self._log_tail()}"
         )
 
     def _client(self, socket_timeout: float) -> redis.Redis:
         """A private client that fails at once instead of retrying."""
         return redis.Redis(
-            host="127.0.0.1", port=self.port, password=self.password,
+            host=self.host, port=self.port, password=self.password,
             socket_timeout=socket_timeout, retry=Retry(NoBackoff(), 0),
         )
 

@@ -68,6 +68,7 @@ from infra.redis_embedded import RedisSettings
 from infra.registry import CapacityClass, InstanceInfo, InstanceRegistry
 from infra.tokenlog import Claim, Flush, TokenLog
 from infra.weights import PullError, WeightPuller
+from infra.model_source import fetch_model, is_url
 from infra.weights.shared import report_transfer, shared_config
 from infra.weights.holders import latest_version
 from rl.config import Section
@@ -134,8 +135,10 @@ class WorkerConfig(Section):
     """reserved, ondemand or spot."""
     price_per_hour: float = Field(0.0, ge=0)
     """What the instance costs, for the controller and the ledger."""
-    model_path: Path
-    """Base Hugging Face model directory: architecture, tokenizer, and the weights of version 0."""
+    model_path: str
+    """Base Hugging Face model: architecture, tokenizer, and the weights of version 0. A local
+    directory, or an fsspec URL of a copy published by the training run (`infra.model_source`;
+    read with the run's weight-store options when it lies under the store), downloaded once."""
     slots: int = Field(8, ge=1)
     """Samples generated concurrently (claimed at most)."""
     flush_tokens: int = Field(16, ge=1)
@@ -273,7 +276,7 @@ class RolloutWorker:
         from rl.engine import HFEngine
         from rl.models import load_model
 
-        model, tokenizer = load_model(self.config.model_path)
+        model, tokenizer = load_model(self._local_model())
         self.engine = HFEngine(
             model,
             eos_token_id=tokenizer.eos_token_id,
@@ -283,6 +286,15 @@ class RolloutWorker:
             device=self.config.device,
         )
         return self.engine
+
+    def _local_model(self) -> Path:
+        """The base model's local directory, downloaded first when it is a URL."""
+        location = self.config.model_path
+        if not is_url(location):
+            return fetch_model(location)
+        settings = shared_config(self.client, self.config.run_id)
+        under_store = settings is not None and settings.store_url and location.startswith(settings.store_url.rstrip("/"))
+        return fetch_model(location, settings.store_options if under_store else None)
 
     def run(self) -> int:
         """Register, work until stopped, hand everything back, deregister. Returns the exit code
@@ -640,7 +652,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--capacity-class", default=env("RLBOOST_CAPACITY_CLASS", "spot"),
                    choices=["reserved", "ondemand", "spot"], help="env RLBOOST_CAPACITY_CLASS (default spot)")
     p.add_argument("--price-per-hour", type=float, default=0.0)
-    p.add_argument("--model", required=True, type=Path, help="base HF model directory (version 0)")
+    p.add_argument("--model", required=True, help="base HF model directory or URL (version 0)")
     defaults = WorkerConfig.model_fields
     p.add_argument("--slots", type=int, default=defaults["slots"].default)
     p.add_argument("--flush-tokens", type=int, default=defaults["flush_tokens"].default)

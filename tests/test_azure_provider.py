@@ -117,7 +117,7 @@ def test_spot_launch_asks_for_a_spot_vm_with_max_price_tags_and_the_worker(arm, 
     script = base64.b64decode(props["osProfile"]["customData"]).decode()
     name = body["properties"]["osProfile"]["computerName"]
     assert f"-m infra.watchers azure --instance {name}" in script
-    assert f"prefect worker start --pool t4-spot --name {name}" in script
+    assert f"-m infra.prefect_worker --pool t4-spot --work-queue run-42-{name} --name {name} --limit 1 --run-once" in script
     # The SDK's poller followed the Azure-AsyncOperation documents to the end.
     assert len(arm.requests_to("GET", r"/operations/")) >= 2 * arm.operation_polls
     assert sorted(arm.names()) == sorted(h.instance_id for h in handles)

@@ -100,7 +100,7 @@ def test_spot_launch_asks_for_spot_gpus_labels_and_the_worker(gce, clock):
                                         "scopes": ["https://www.googleapis.com/auth/cloud-platform"]}]
     script = next(i["value"] for i in body["metadata"]["items"] if i["key"] == "startup-script")
     assert "pip install --quiet 'rlboost[gcp]==0.1.0'" in script
-    assert f"prefect worker start --pool t4-spot --name {body['name']}" in script
+    assert f"-m infra.prefect_worker --pool t4-spot --work-queue {RUN}-{body['name']} --name {body['name']} --limit 1 --run-once" in script
     assert "-m infra.watchers gce" in script and "PREFECT_API_URL=http://prefect.internal:4200/api" in script
     # Every insert carried an idempotency key and was waited on through the zone operations API.
     assert all(re.fullmatch(r"[0-9a-f-]{36}", r.query["requestId"]) for r in gce.requests_to("POST", r"/instances$"))
@@ -138,6 +138,43 @@ def test_exhausted_zone_fails_over_to_the_next_and_backs_off(gce, clock, caplog)
     clock.advance(61)
     (handle,) = provider.launch(pool, 1)
     assert provider.describe(handle.instance_id).zone == "us-central1-a"
+
+
+class RecordingHooks:
+    """Boot hooks that record what they were asked (the real ones create Prefect flow runs)."""
+
+    def __init__(self, gce: FakeGce) -> None:
+        self.gce = gce
+        self.prepared: list[str] = []
+        self.undone: list[tuple[str, str]] = []
+
+    def before_boot(self, pool, instance_id: str) -> None:
+        assert not any(name == instance_id for _, name in self.gce.instances), "prepared after the VM exists"
+        self.prepared.append(instance_id)
+
+    def never_booted(self, instance_id: str, why: str) -> None:
+        self.undone.append((instance_id, why))
+
+
+def test_boot_hooks_prepare_every_vm_before_it_exists_and_undo_the_ones_a_zone_refused(gce, clock):
+    hooks = RecordingHooks(gce)
+    provider = make_provider(gce, clock, boot_hooks=hooks)
+    gce.exhaust("us-central1-a")
+    handles = provider.launch(gcp_pool(), 2)
+    # Two names tried in zone a (refused, undone), then two fresh names in zone b (created).
+    created = [h.instance_id for h in handles]
+    assert len(hooks.prepared) == 4 and hooks.prepared[2:] == created
+    assert [name for name, _ in hooks.undone] == hooks.prepared[:2]
+    assert all("ZONE_RESOURCE_POOL_EXHAUSTED" in why for _, why in hooks.undone)
+
+    class Refusing(RecordingHooks):
+        def before_boot(self, pool, instance_id: str) -> None:
+            raise RuntimeError("no Prefect server")
+
+    refusing = make_provider(gce, clock, boot_hooks=Refusing(gce), run_id="other-run")
+    with pytest.raises(RuntimeError, match="no Prefect server"):
+        refusing.launch(gcp_pool(), 1)
+    assert len(gce.names()) == 2, "a VM whose work could not be prepared is not created"
 
 
 def test_quota_blocks_every_zone_of_the_region(gce, clock):

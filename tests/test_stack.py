@@ -122,7 +122,7 @@ def _state(client: SyncPrefectClient, flow_run_id):
 
 def test_preempted_instances_end_crashed_and_unknown_pools_are_refused(stack, tiny_model, tmp_path):
     state, _ = stack
-    spec = InstanceRunSpec(run_id="preempt-test", redis_url=state.redis_url, model_path=tiny_model,
+    spec = InstanceRunSpec(run_id="preempt-test", redis_url=state.redis_url, model=str(tiny_model.resolve()),
                            worker=WorkerSettings(heartbeat_s=0.3, ttl_s=3.0))
     spot = PoolSpec(name="spot", capacity_class="spot", size=2, machine_type="a2-highgpu-1g", price_per_hour=1.1, notice_s=20.0)
     provider = PrefectLocalProvider(spec, api_url=state.api_url, log_dir=tmp_path / "instances")

@@ -73,7 +73,7 @@ def test_unreachable_prefect_api_names_the_url_and_the_fix():
 
 def test_prefect_instances_without_a_reachable_api_fail_before_starting_anything(tmp_path):
     url = f"http://127.0.0.1:{_closed_port()}/api"
-    spec = InstanceRunSpec(run_id="r", redis_url="redis://127.0.0.1:1/0", model_path=Path("m"), worker=WorkerSettings())
+    spec = InstanceRunSpec(run_id="r", redis_url="redis://127.0.0.1:1/0", model="m", worker=WorkerSettings())
     with pytest.raises(PrefectApiUnreachable, match=r"for fabric.instances: prefect: .*rlboost up"):
         PrefectLocalProvider(spec, api_url=url, log_dir=tmp_path)
     assert not list(tmp_path.iterdir())

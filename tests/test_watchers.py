@@ -190,7 +190,7 @@ fi
 """
 
 
-def test_the_boot_script_installs_the_project_and_runs_the_pools_worker_under_the_watcher(tmp_path):
+def test_the_boot_script_installs_the_project_and_runs_the_instances_worker_under_the_watcher(tmp_path):
     pool = PoolSpec.model_validate({
         "name": "t4-spot", "provider": "gcp", "capacity_class": "spot", "size": 2, "machine_type": "n1-standard-4",
         "price_per_hour": 0.2, "gcp": {"project": "rollout-proj", "zones": ["us-central1-a"], "image": "img"},
@@ -209,8 +209,21 @@ def test_the_boot_script_installs_the_project_and_runs_the_pools_worker_under_th
     assert log.read_text().splitlines() == [
         f"python3 -m venv {venv}",
         "python -m pip install --quiet rlboost[gcp] @ git+https://example.com/it's/rlboost",
-        f"python -m infra.watchers gce --grace-s 25.0 -- {venv}/bin/prefect worker start --pool t4-spot --name t4-spot-0a1b2c3d",
+        f"python -m infra.watchers gce --grace-s 25.0 -- {venv}/bin/python -m infra.prefect_worker --pool t4-spot "
+        "--work-queue run 1-t4-spot-0a1b2c3d --name t4-spot-0a1b2c3d --limit 1 --run-once",
     ]
     assert "export RLBOOST_RUN_ID='run 1'" in script and "export PREFECT_API_URL=http://prefect:4200/api" in script
     azure = render_startup_script(bootstrap, pool=pool, instance_id="vm-a", run_id="r", watcher="azure")
     assert "-m infra.watchers azure --instance vm-a --grace-s 25.0 --" in azure
+
+    # An image with the project baked in: no venv, no pip, straight to the worker.
+    log.unlink()
+    baked = render_startup_script(bootstrap.model_copy(update={"install": None}), pool=pool, instance_id="vm-b",
+                                  run_id="r", watcher="gce")
+    done = subprocess.run(["bash", "-c", baked], env={**os.environ, "RLBOOST_TEST_LOG": str(log)},
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert log.read_text().splitlines() == [
+        f"python -m infra.watchers gce --grace-s 25.0 -- {venv}/bin/python -m infra.prefect_worker --pool t4-spot "
+        "--work-queue r-vm-b --name vm-b --limit 1 --run-once",
+    ]

@@ -20,7 +20,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar, Literal, Self
+from typing import Any, ClassVar, Literal, Protocol, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -356,6 +356,23 @@ OnChange = Callable[[InstanceRecord], None]
 """Called with an instance's new record after every lifecycle change (launch, notice, end)."""
 
 
+class BootHooks(Protocol):
+    """What must exist before a cloud instance boots (the Prefect flow run its worker picks up),
+    and its undoing when the instance is never created."""
+
+    def before_boot(self, pool: PoolSpec, instance_id: str) -> None:
+        """Prepare the work of an instance about to be created; an error here creates no VM."""
+
+    def never_booted(self, instance_id: str, why: str) -> None:
+        """Undo `before_boot` for an instance the cloud did not create."""
+
+
+def instance_work_queue(run_id: str, instance_id: str) -> str:
+    """The Prefect work queue of an instance's `rollout-instance` flow run, polled by that
+    instance's worker only."""
+    return f"{run_id}-{instance_id}"
+
+
 def label_value(text: str) -> str:
     """`text` as a label value both clouds accept: lowercase letters, digits, `-`, `_`; 63 at most."""
     return re.sub(r"[^a-z0-9_-]", "-", text.lower())[:LABEL_VALUE_MAX]
@@ -465,12 +482,15 @@ class ZonalCloudProvider(Provider):
         current_step: Callable[[], int] = lambda: 0,
         clock: Callable[[], float] = time.time,
         on_change: OnChange | None = None,
+        boot_hooks: BootHooks | None = None,
         backoff_s: float = 60.0,
         max_backoff_s: float = 900.0,
     ) -> None:
         """`current_step` gives the step label of new instances; `clock` (epoch seconds) times the
-        records and the zone back-offs (`backoff_s` doubling up to `max_backoff_s`)."""
+        records and the zone back-offs (`backoff_s` doubling up to `max_backoff_s`); `boot_hooks`
+        prepare each instance's work before its VM is created."""
         self.run_id = run_id
+        self._boot_hooks = boot_hooks
         self._current_step = current_step
         self._clock = clock
         self._on_change = on_change
@@ -531,7 +551,15 @@ class ZonalCloudProvider(Provider):
             price = self._quote_zone(pool, zone)
             step = self._current_step()
             names = [f"{pool.name}-{uuid.uuid4().hex[:8]}" for _ in range(count - len(started))]
-            created, failure = self._create(pool, zone, names, instance_labels(self.run_id, pool.name, step))
+            if self._boot_hooks is not None:
+                for name in names:
+                    self._boot_hooks.before_boot(pool, name)
+            try:
+                created, failure = self._create(pool, zone, names, instance_labels(self.run_id, pool.name, step))
+            except BaseException as error:
+                self._never_booted(names, f"was not created: {error}")
+                raise
+            self._never_booted([n for n in names if n not in created], f"was not created: {failure}")
             now = self._clock()
             for name in created:
                 record = InstanceRecord(
@@ -631,6 +659,15 @@ class ZonalCloudProvider(Provider):
         self._emit(PreemptionEvent(record.instance_id, pool.name, at, at if silent else at + pool.notice_s, silent))
         log.info("pool %s: %s preempted%s", pool.name, record.instance_id, " without notice" if silent else "")
         return replace(record, state="terminating", notice_at=at, reason="preempted_silent" if silent else "preempted")
+
+    def _never_booted(self, names: Sequence[str], why: str) -> None:
+        if self._boot_hooks is None:
+            return
+        for name in names:
+            try:
+                self._boot_hooks.never_booted(name, why)
+            except Exception:
+                log.exception("could not undo the boot preparation of %s", name)
 
     def _emit(self, event: PreemptionEvent) -> None:
         with self._lock:

@@ -23,7 +23,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from infra.capacity_manager import CapacityManager
-from infra.providers.base import OnChange, PoolSpec, Provider
+from infra.providers.base import BootHooks, OnChange, PoolSpec, Provider
 from infra.providers.composite import CompositeProvider
 from infra.providers.errors import CloudError
 from infra.providers.startup import WorkerBootstrap
@@ -45,23 +45,26 @@ class CloudFleet:
         redis_url: str,
         bootstrap: WorkerBootstrap,
         on_change: OnChange | None = None,
+        boot_hooks: BootHooks | None = None,
+        current_step: Callable[[], int] | None = None,
         interval_s: float = 30.0,
         clock: Callable[[], float] = time.time,
         options: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         """`pools`: the run's pools (local ones are skipped); `redis_url`: the run's Redis, which the
         VMs' workers join; `on_change` gets every cloud instance's record on each change;
-        `interval_s`: seconds between reconciles; `clock` times the providers and the manager;
+        `boot_hooks` prepare each VM's work before it is created; `current_step` labels new VMs
+        with the training step; `interval_s`: seconds between reconciles; `clock` times the providers and the manager;
         `options`: kind -> extra keyword arguments of that kind's provider (credentials, endpoints)."""
         self.pools = tuple(pool for pool in pools if pool.provider != "local")
-        if self.pools:
-            _check_reachable(redis_url, self.pools[0])
+        check_reachable_by_vms(redis_url, self.pools)
         self.providers: dict[str, Provider] = {}
         for pool in self.pools:
             if pool.provider not in self.providers:
                 provider_class = _provider_class(pool)
                 self.providers[pool.provider] = provider_class(
-                    run_id=run_id, bootstrap=bootstrap, on_change=on_change, clock=clock,
+                    run_id=run_id, bootstrap=bootstrap, on_change=on_change, boot_hooks=boot_hooks, clock=clock,
+                    **({"current_step": current_step} if current_step is not None else {}),
                     **(options or {}).get(pool.provider, {}),
                 )
         self.manager = CapacityManager(CompositeProvider(self.providers), self.pools, clock=clock)
@@ -81,13 +84,23 @@ class CloudFleet:
         self._thread = threading.Thread(target=self._run, name="cloud-fleet", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
-        """Stop reconciling (after the reconcile in progress), then delete every cloud instance
-        still running; one that cannot be deleted is logged with its id."""
+    def running(self) -> list[str]:
+        """Ids of the cloud instances running now (as of the last reconcile)."""
+        return [r.instance_id for r in self.manager.provider.list(live_only=True) if r.state == "running"]
+
+    def stop(self, drain: Callable[[list[str]], object] | None = None) -> None:
+        """Stop reconciling (after the reconcile in progress); give `drain` the running instances
+        (to let them finish their work); then delete every cloud instance still running. One that
+        cannot be deleted is logged with its id."""
         if self._thread is not None:
             self._stop.set()
             self._thread.join()
             self._thread = None
+        if drain is not None and self.running():
+            try:
+                drain(self.running())
+            except Exception:
+                log.exception("draining the cloud instances failed; deleting them anyway")
         provider = self.manager.provider
         for record in provider.list(live_only=True):
             if record.state == "running":
@@ -105,8 +118,12 @@ class CloudFleet:
             log.error("cloud pools are no longer kept at target: %s", error)
 
 
-def _check_reachable(redis_url: str, pool: PoolSpec) -> None:
-    """Refuse a Redis on loopback: a cloud VM's 127.0.0.1 is the VM itself."""
+def check_reachable_by_vms(redis_url: str, pools: Sequence[PoolSpec]) -> None:
+    """Refuse a Redis on loopback when there are cloud pools: a cloud VM's 127.0.0.1 is the VM itself."""
+    cloud = [pool for pool in pools if pool.provider != "local"]
+    if not cloud:
+        return
+    pool = cloud[0]
     parts = urlsplit(redis_url)
     host = parts.hostname or "localhost"
     try:

@@ -33,67 +33,22 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 from uuid import UUID
 
-import redis
-from prefect.client.orchestration import SyncPrefectClient
-from prefect.client.schemas.filters import FlowFilter, FlowFilterName
-from prefect.client.schemas.objects import StateType
-from prefect.exceptions import ObjectNotFound
-from prefect.states import Cancelled
-
-from infra.fabric import REDIS_URL_ENV, WorkerSettings
+from infra.fabric import REDIS_URL_ENV
+from infra.instance_runs import InstanceRuns, InstanceRunSpec, UnknownPool
 from infra.prefect_api import check_api, current_api_url
 from infra.providers.base import InstanceHandle, InstanceRecord, PoolSpec, PreemptionEvent, Provider, StopReason
 from infra.providers.local import LocalProvider
-from infra.registry import InstanceRegistry
 from infra.traces import TraceSchedule
 
 log = logging.getLogger(__name__)
 
-DEPLOYMENT_FLOW = "rollout-instance"
-"""Flow name of the instance deployments: `rollout-instance/<pool>`."""
+__all__ = ["InstanceRunSpec", "PrefectLocalProvider", "UnknownPool"]
+
 WORKER_POLL_S = 1
 """How often an instance's Prefect worker polls its queue (`PREFECT_WORKER_QUERY_SECONDS`)."""
-
-
-class UnknownPool(ValueError):
-    """A pool with no `rollout-instance/<pool>` deployment (or work pool) on the Prefect server."""
-
-
-@dataclass(frozen=True)
-class InstanceRunSpec:
-    """What every instance of one run needs: the parameters of its `rollout-instance` flow run
-    (the model path made absolute here: the flow run's working directory is the deployment's)."""
-
-    run_id: str
-    redis_url: str
-    model_path: Path
-    worker: WorkerSettings
-
-    def parameters(self, pool: PoolSpec, instance_id: str) -> dict[str, Any]:
-        w = self.worker
-        return {
-            "pool": pool.name, "instance_id": instance_id, "run_id": self.run_id,
-            "model_path": str(self.model_path.resolve()),
-            "capacity_class": pool.capacity_class, "price_per_hour": pool.price_per_hour,
-            "slots": w.slots, "flush_tokens": w.flush_tokens, "flush_ms": w.flush_ms,
-            "heartbeat_s": w.heartbeat_s, "ttl_s": w.ttl_s,
-        }
-
-
-@dataclass
-class InstanceRun:
-    """The flow run (and the work queue it waits in) of one instance."""
-
-    flow_run_id: UUID
-    work_queue: str
-    pool: str
-    settled: bool = False
-    """The instance ended and its run was checked (and Cancelled if it never started)."""
 
 
 class PrefectLocalProvider(Provider):
@@ -116,10 +71,7 @@ class PrefectLocalProvider(Provider):
         from prefect.settings import get_current_settings
 
         key = get_current_settings().api.key
-        self._api_key = key.get_secret_value() if key else None
-        self._deployments: dict[str, UUID] = {}
-        self._runs: dict[str, InstanceRun] = {}
-        self._lock = threading.Lock()
+        self.runs = InstanceRuns(spec, self.api_url, key.get_secret_value() if key else None)
         self._local = LocalProvider(self._instance_command, schedules=schedules, clock=clock, seed=seed, log_dir=log_dir)
         self._thread: threading.Thread | None = None
         self._stop_thread = threading.Event()
@@ -128,7 +80,7 @@ class PrefectLocalProvider(Provider):
 
     def launch(self, pool: PoolSpec, count: int) -> builtins.list[InstanceHandle]:
         """Check that the pool is deployed, then raise its target as `LocalProvider.launch` does."""
-        self._deployment(pool)
+        self.runs.deployment(pool)
         return self._local.launch(pool, count)
 
     def list(self, live_only: bool = False) -> builtins.list[InstanceRecord]:
@@ -148,8 +100,7 @@ class PrefectLocalProvider(Provider):
 
     def flow_run_id(self, instance_id: str) -> UUID:
         """The `rollout-instance` flow run of an instance; `KeyError` if unknown."""
-        with self._lock:
-            return self._runs[instance_id].flow_run_id
+        return self.runs.flow_run_id(instance_id)
 
     # -- driving --------------------------------------------------------------------------------
 
@@ -181,7 +132,8 @@ class PrefectLocalProvider(Provider):
         """Drain every instance (its run ends Completed) for up to `drain_timeout_s`, then stop
         what is left like `LocalProvider.shutdown(grace_s)` and settle every run."""
         self.stop()
-        self._drain(drain_timeout_s)
+        live = [r.instance_id for r in self._local.list(live_only=True) if r.state == "running"]
+        self.runs.drain(live, drain_timeout_s)
         self._local.shutdown(grace_s)
         self._settle_ended_runs()
 
@@ -193,61 +145,9 @@ class PrefectLocalProvider(Provider):
 
     # -- internals ------------------------------------------------------------------------------
 
-    def _client(self) -> SyncPrefectClient:
-        return SyncPrefectClient(self.api_url, api_key=self._api_key)
-
-    def _deployment(self, pool: PoolSpec) -> UUID:
-        """Id of `rollout-instance/<pool>`; `UnknownPool` if it or its work pool is missing."""
-        if pool.name in self._deployments:
-            return self._deployments[pool.name]
-        name = f"{DEPLOYMENT_FLOW}/{pool.name}"
-        fix = (f"add a `{pool.name}` deployment of flows/rollout_instance.py:rollout_instance on work pool "
-               f"`{pool.name}` to prefect.yaml, then run `rlboost up` (or `prefect --no-prompt deploy --all`)")
-        with self._client() as client:
-            try:
-                deployment = client.read_deployment_by_name(name)
-            except ObjectNotFound:
-                ours = FlowFilter(name=FlowFilterName(any_=[DEPLOYMENT_FLOW]))
-                deployed = sorted(d.name for d in client.read_deployments(flow_filter=ours))
-                raise UnknownPool(
-                    f"unknown pool {pool.name!r}: the Prefect server at {self.api_url} has no deployment {name} "
-                    f"(deployed rollout pools: {', '.join(deployed) or 'none'}); {fix}"
-                ) from None
-            if deployment.work_pool_name != pool.name:
-                raise UnknownPool(
-                    f"deployment {name} runs on work pool {deployment.work_pool_name!r}, not {pool.name!r}; {fix}"
-                )
-            try:
-                work_pool = client.read_work_pool(pool.name)
-            except ObjectNotFound:
-                raise UnknownPool(
-                    f"unknown pool {pool.name!r}: the Prefect server at {self.api_url} has no work pool "
-                    f"{pool.name!r}; create it with `rlboost up` (process pools with the base job template "
-                    "in deployments/work-pools/)"
-                ) from None
-        command = work_pool.base_job_template.get("variables", {}).get("properties", {}).get("command", {})
-        if not command.get("default"):
-            log.warning(
-                "work pool %s does not set the flow-run command (deployments/work-pools/local-process.json): its "
-                "flow runs get their own process group, so a preemption notice will not reach them; recreate "
-                "it with `rlboost up`", pool.name,
-            )
-        self._deployments[pool.name] = deployment.id
-        return deployment.id
-
     def _instance_command(self, pool: PoolSpec, instance_id: str) -> list[str]:
         """Create the instance's flow run in a queue of its own; the command of its worker."""
-        queue = f"{self.spec.run_id}-{instance_id}"
-        with self._client() as client:
-            run = client.create_flow_run_from_deployment(
-                self._deployment(pool),
-                parameters=self.spec.parameters(pool, instance_id),
-                name=f"{pool.name}/{instance_id}",
-                tags=[DEPLOYMENT_FLOW, self.spec.run_id],
-                work_queue_name=queue,
-            )
-        with self._lock:
-            self._runs[instance_id] = InstanceRun(run.id, queue, pool.name)
+        queue = self.runs.create(pool, instance_id)
         bin_dir = str(Path(sys.executable).parent)
         return [
             shutil.which("env") or "/usr/bin/env",
@@ -261,54 +161,7 @@ class PrefectLocalProvider(Provider):
 
     def _settle_ended_runs(self) -> None:
         """Cancel the runs of ended instances that never started, and remove their queues."""
-        ended = {r.instance_id for r in self._local.list() if r.state == "terminated"}
-        with self._lock:
-            due = [(i, run) for i, run in self._runs.items() if i in ended and not run.settled]
-        if not due:
-            return
-        with self._client() as client:
-            for instance_id, run in due:
-                flow_run = client.read_flow_run(run.flow_run_id)
-                if flow_run.state is not None and flow_run.state.type in (StateType.SCHEDULED, StateType.PENDING):
-                    client.set_flow_run_state(
-                        run.flow_run_id, Cancelled(message=f"instance {instance_id} ended before it started this run"),
-                        force=True,
-                    )
-                try:
-                    queue = client.read_work_queue_by_name(run.work_queue, work_pool_name=run.pool)
-                    client.delete_work_queue_by_id(queue.id)
-                except ObjectNotFound:
-                    pass
-                run.settled = True
-
-    def _drain(self, timeout_s: float) -> None:
-        """Cancel the runs no worker has picked up yet; ask every other live instance to drain
-        (again and again while it is still starting) until its run is final or `timeout_s` passes."""
-        live = {r.instance_id for r in self._local.list(live_only=True) if r.state == "running"}
-        with self._lock:
-            pending = {i: self._runs[i].flow_run_id for i in live if i in self._runs}
-        if not pending:
-            return
-        client = redis.Redis.from_url(self.spec.redis_url)
-        registry = InstanceRegistry(client, self.spec.run_id, ttl_s=self.spec.worker.ttl_s)
-        asked: set[str] = set()
-        deadline = time.monotonic() + timeout_s
-        try:
-            with self._client() as api:
-                while pending and time.monotonic() < deadline:
-                    for instance_id, flow_run_id in builtins.list(pending.items()):
-                        state = api.read_flow_run(flow_run_id).state
-                        if state is not None and state.type == StateType.SCHEDULED:
-                            api.set_flow_run_state(flow_run_id, Cancelled(message="training ended before an instance started this run"))
-                        elif state is not None and state.is_final():
-                            del pending[instance_id]
-                        elif instance_id not in asked and registry.request(instance_id, {"op": "drain"}):
-                            asked.add(instance_id)
-                    time.sleep(0.2)
-        finally:
-            client.close()
-        if pending:
-            log.warning("instances %s did not drain within %.0f s; stopping them", sorted(pending), timeout_s)
+        self.runs.settle(r.instance_id for r in self._local.list() if r.state == "terminated")
 
 
 def _tick_loop(provider: weakref.ref[PrefectLocalProvider], stop: threading.Event, interval_s: float) -> None:

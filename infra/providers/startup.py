@@ -1,11 +1,16 @@
 """The boot script of a cloud instance (GCE `startup-script`, Azure custom data).
 
 `render_startup_script` writes a bash script that installs the project into a virtual environment
-and then runs, under the preemption watcher of its cloud (`python -m infra.watchers gce|azure`),
-the Prefect worker of the instance's pool: `prefect worker start --pool <pool>`. The watcher turns
-the cloud's preemption notice into SIGTERM for the worker and the flow runs it started (the rollout
-worker drains on SIGTERM). Every value is shell-quoted; the script carries no credentials (the VM
-reaches Prefect and the token log with its own identity and network).
+(or, with `install: null`, uses the one baked into the image) and then runs, under the preemption
+watcher of its cloud (`python -m infra.watchers gce|azure`), a Prefect process worker for the
+instance's pool that polls only the instance's own work queue (`<run id>-<instance id>`, where the
+run's `rollout-instance/<pool>` flow run for this instance waits: `infra.instance_runs`) and exits
+when that one run ends (`python -m infra.prefect_worker --run-once`; the run is created before the
+VM, so it is waiting when the worker first polls). The watcher
+turns the cloud's preemption notice into SIGTERM for the worker, which passes it to the flow run and
+waits for it to drain. Every value is shell-quoted; the script carries no credentials: the VM
+reaches Prefect with its image's configuration, and the run's secrets (Redis URL, weights secret)
+come from a Prefect Secret block named in the flow run's parameters.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from infra.providers.base import PoolSpec
+from infra.providers.base import PoolSpec, instance_work_queue
 
 WatcherKind = Literal["gce", "azure"]
 
@@ -25,10 +30,12 @@ class WorkerBootstrap(BaseModel):
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
 
-    install: str = Field("rlboost[gcp,azure]", min_length=1)
-    """pip requirement of the project, e.g. `rlboost[gcp] @ git+https://github.com/you/rlboost@v0.1.0`."""
+    install: str | None = Field("rlboost[gcp,azure]", min_length=1)
+    """pip requirement of the project, e.g. `rlboost[gcp] @ git+https://github.com/you/rlboost@v0.1.0`;
+    None: the image already has it installed in `<install_dir>/venv` (the fastest boot)."""
     prefect_api_url: str | None = None
-    """`PREFECT_API_URL` of the workers (None: whatever the image configures)."""
+    """`PREFECT_API_URL` of the workers (None: the training process's own, which must be reachable
+    from the VMs; Prefect Cloud needs `PREFECT_API_KEY` configured in the image)."""
     install_dir: str = "/opt/rlboost"
     """Where the virtual environment is created (`<install_dir>/venv`)."""
     python: str = "python3"
@@ -55,15 +62,20 @@ def render_startup_script(
         f"{venv}/bin/python", "-m", "infra.watchers", watcher,
         *(["--instance", instance_id] if watcher == "azure" else []),
         "--grace-s", str(bootstrap.grace_s), "--",
-        f"{venv}/bin/prefect", "worker", "start", "--pool", pool.name, "--name", instance_id,
+        f"{venv}/bin/python", "-m", "infra.prefect_worker", "--pool", pool.name,
+        "--work-queue", instance_work_queue(run_id, instance_id), "--name", instance_id, "--limit", "1",
+        "--run-once",
+    ]
+    install = [] if bootstrap.install is None else [
+        f"{q(bootstrap.python)} -m venv {q(venv)}",
+        f"{q(venv + '/bin/python')} -m pip install --quiet {q(bootstrap.install)}",
     ]
     lines = [
         "#!/bin/bash",
         f"# rlboost rollout instance {instance_id} of pool {pool.name}: install, then serve the pool's work queue.",
         "set -euo pipefail",
         *(f"export {key}={q(value)}" for key, value in env.items()),
-        f"{q(bootstrap.python)} -m venv {q(venv)}",
-        f"{q(venv + '/bin/python')} -m pip install --quiet {q(bootstrap.install)}",
+        *install,
         "exec " + " ".join(q(part) for part in watch),
     ]
     return "\n".join(lines) + "\n"

@@ -8,7 +8,7 @@ import logging
 import sys
 
 from infra.watchers.azure_events import AZURE_IMDS_URL, AzureScheduledEventsWatcher
-from infra.watchers.gce_metadata import GCE_METADATA_URL, GcePreemptionWatcher
+from infra.watchers.gce_metadata import GCE_METADATA_URL, GcePreemptionWatcher, default_metadata_url
 from infra.watchers.supervisor import Watcher, supervise
 
 
@@ -19,7 +19,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Run COMMAND; on the cloud's preemption notice send it (and its children) SIGTERM.",
     )
     p.add_argument("cloud", choices=["gce", "azure"], help="whose notice to watch")
-    p.add_argument("--metadata-url", help=f"metadata service (default {GCE_METADATA_URL} / {AZURE_IMDS_URL})")
+    p.add_argument("--metadata-url", help=f"metadata service (default {GCE_METADATA_URL}, or http://$GCE_METADATA_HOST / {AZURE_IMDS_URL})")
     p.add_argument("--instance", help="this VM's name (Azure: only its events count)")
     p.add_argument("--grace-s", type=float, default=25.0, help="drain time before SIGKILL (default 25)")
     p.add_argument("--poll-s", type=float, default=1.0, help="Azure: seconds between polls; GCE: retry delay")
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     watcher: Watcher
     if args.cloud == "gce":
-        watcher = GcePreemptionWatcher(args.metadata_url or GCE_METADATA_URL, retry_s=args.poll_s)
+        watcher = GcePreemptionWatcher(args.metadata_url or default_metadata_url(), retry_s=args.poll_s)
     else:
         watcher = AzureScheduledEventsWatcher(args.metadata_url or AZURE_IMDS_URL, instance=args.instance, poll_s=args.poll_s)
     return supervise(command, watcher, grace_s=args.grace_s)

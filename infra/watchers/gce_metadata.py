@@ -10,6 +10,7 @@ value changes. Errors are retried every `retry_s`.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 
 import httpx
@@ -19,6 +20,16 @@ from infra.watchers.supervisor import PreemptionNotice
 log = logging.getLogger(__name__)
 
 GCE_METADATA_URL = "http://metadata.google.internal"
+METADATA_HOST_ENV = "GCE_METADATA_HOST"
+"""The variable google-auth also honours to reach the metadata server at another `host[:port]`."""
+
+
+def default_metadata_url() -> str:
+    """`http://$GCE_METADATA_HOST` when that is set, else the metadata server's usual address."""
+    host = os.environ.get(METADATA_HOST_ENV)
+    return f"http://{host}" if host else GCE_METADATA_URL
+
+
 PREEMPTED_PATH = "/computeMetadata/v1/instance/preempted"
 HEADERS = {"Metadata-Flavor": "Google"}
 
