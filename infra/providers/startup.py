@@ -75,6 +75,8 @@ def render_startup_script(
         f"# rlboost rollout instance {instance_id} of pool {pool.name}: install, then serve the pool's work queue.",
         "set -euo pipefail",
         *(f"export {key}={q(value)}" for key, value in env.items()),
+        # The work pool's flow-run command is `python -m prefect.engine`: the project's interpreter.
+        f'export PATH={q(venv + "/bin")}:"$PATH"',
         *install,
         "exec " + " ".join(q(part) for part in watch),
     ]

@@ -13,7 +13,8 @@ Scripted cloud behaviour: `exhaust(zone)` (inserts end in `ZONE_RESOURCE_POOL_EX
 `compute.instances.preempted` operation), `vanish(name)` (gone without a trace), `settle()` (every
 STOPPING instance finishes: deleted). Operations finish after `operation_polls` polls. Auth:
 `token=None` accepts anonymous requests; otherwise `Authorization: Bearer <token>` is required and
-`refresh_tokens` are the grants `/token` honours.
+`refresh_tokens` and `service_accounts` (JWTs signed with a key file's private key) are the grants
+`/token` honours; a service account's self-signed JWT is accepted as a bearer token too.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ API = "https://www.googleapis.com/compute/v1"
 NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
+JWT_BEARER = "urn:ietf:params:oauth:grant-type:jwt-bearer"
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 LIST_FILTER = re.compile(r'^(\(labels\.([a-z0-9_-]+) = "([a-z0-9_-]*)"\) ?)+$')
 FILTER_TERM = re.compile(r'\(labels\.([a-z0-9_-]+) = "([a-z0-9_-]*)"\)')
@@ -83,6 +85,8 @@ class FakeGce(FakeServer):
     """Polls (get/wait) before an operation is DONE."""
     token: str | None = None
     refresh_tokens: set[str] = field(default_factory=set)
+    service_accounts: dict[str, str] = field(default_factory=dict)
+    """Service-account e-mail -> the PEM public key of its key file (JWT-bearer grants)."""
     instances: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     """(zone, name) -> instance resource."""
     operations: dict[tuple[str, str], _Operation] = field(default_factory=dict)
@@ -150,7 +154,7 @@ class FakeGce(FakeServer):
     def _authorized(self, request: Request, project: str, zone: str) -> Reply | None:
         """A 401/404 answer when the request may not proceed, else None."""
         given = request.headers.get("authorization")
-        if self.token is not None and given != f"Bearer {self.token}":
+        if self.token is not None and given != f"Bearer {self.token}" and not self._self_signed(given or ""):
             message = ("Request had invalid authentication credentials. Expected OAuth 2 access token, login "
                        "cookie or other valid authentication credential.")
             return Reply(401, {"error": {"code": 401, "message": message, "status": "UNAUTHENTICATED",
@@ -349,9 +353,46 @@ class FakeGce(FakeServer):
 
     def _token(self, request: Request) -> Reply:
         form = dict(parse_qsl(request.body or ""))
+        if form.get("grant_type") == JWT_BEARER:
+            return self._service_account_token(form.get("assertion", ""))
         if form.get("grant_type") != "refresh_token" or not form.get("refresh_token"):
             raise Violation(f"token request {sorted(form)}")
         if form["refresh_token"] not in self.refresh_tokens:
             return Reply(400, {"error": "invalid_grant", "error_description": "Token has been expired or revoked."})
         return Reply(200, {"access_token": self.token, "expires_in": 3599, "token_type": "Bearer",
                            "scope": "https://www.googleapis.com/auth/cloud-platform"})
+
+    def _self_signed(self, authorization: str) -> bool:
+        """A service account's self-signed JWT (what the client libraries send instead of asking
+        `/token`): signed by a known account's key, for Compute Engine or with a scope."""
+        from google.auth import jwt
+
+        token = authorization.removeprefix("Bearer ")
+        try:
+            claims = jwt.decode(token, verify=False)
+            key = self.service_accounts.get(claims.get("iss", ""))
+            if key is None:
+                return False
+            jwt.decode(token, certs=key)
+        except ValueError:
+            return False
+        return claims.get("aud") == "https://compute.googleapis.com/" or "scope" in claims
+
+    def _service_account_token(self, assertion: str) -> Reply:
+        """A service-account key's signed JWT (RS256, issued by the account, for this endpoint)."""
+        from google.auth import jwt
+
+        try:
+            claims = jwt.decode(assertion, verify=False)
+        except ValueError as error:
+            raise Violation(f"malformed JWT assertion: {error}") from None
+        key = self.service_accounts.get(claims.get("iss", ""))
+        if key is None:
+            return Reply(400, {"error": "invalid_grant", "error_description": "Invalid JWT Signature."})
+        try:
+            jwt.decode(assertion, certs=key, audience=f"{self.url}/token")
+        except ValueError as error:
+            return Reply(400, {"error": "invalid_grant", "error_description": f"Invalid JWT: {error}"})
+        if "scope" not in claims:
+            raise Violation("the JWT assertion asks for no scope")
+        return Reply(200, {"access_token": self.token, "expires_in": 3599, "token_type": "Bearer"})

@@ -133,8 +133,11 @@ class FakeServer(ABC):
                 self.send_header("Content-Length", str(len(data)))
                 for key, value in reply.headers.items():
                     self.send_header(key, value)
-                self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):  # the client gave up (a killed VM's long poll)
+                    pass
 
             do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _serve
 

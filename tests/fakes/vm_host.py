@@ -1,0 +1,131 @@
+"""The machines behind a `FakeGce`: every instance that reaches RUNNING boots, on this machine, as
+a process group running the startup script the provider put in its metadata, with a GCE metadata
+server of its own (`GCE_METADATA_HOST`).
+
+- `preempt(name)`: the cloud preempts the VM: the instance goes STOPPING with a preempted operation
+  and its metadata server answers `instance/preempted` = TRUE, which the VM's watcher turns into
+  SIGTERM for its worker;
+- a VM deleted through the API (STOPPING without a preemption) gets SIGTERM, as a guest shutdown
+  does;
+- either way the process group gets SIGKILL after `grace_s`, and once it is gone the instance
+  disappears from the fake cloud (termination action DELETE).
+
+Each VM's output goes to `<workdir>/<name>.log`; `booted` lists every VM that ever booted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.fakes.gce import FakeGce
+from tests.fakes.metadata import FakeGceMetadata
+
+
+@dataclass
+class BootedVm:
+    name: str
+    zone: str
+    process: subprocess.Popen
+    metadata: FakeGceMetadata
+    log: Path
+    kill_at: float | None = None
+    """When the VM is powered off (set once it is told to stop)."""
+
+
+@dataclass
+class FakeVmHost:
+    gce: FakeGce
+    workdir: Path
+    env: dict[str, str]
+    """The VMs' base environment (each also gets `GCE_METADATA_HOST`)."""
+    grace_s: float = 30.0
+    poll_s: float = 0.2
+    booted: dict[str, BootedVm] = field(default_factory=dict)
+    preempted: set[str] = field(default_factory=set)
+    gone: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> FakeVmHost:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._thread = threading.Thread(target=self._loop, name="fake-vm-host", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        for vm in list(self.booted.values()):
+            if vm.name not in self.gone:
+                self._power_off(vm)
+
+    def preempt(self, name: str) -> None:
+        with self._lock:
+            self.preempted.add(name)
+        self.gce.preempt(name)
+
+    def running(self) -> list[str]:
+        """VMs booted and not told to stop."""
+        with self._lock:
+            return [n for n, vm in self.booted.items() if vm.kill_at is None and n not in self.gone]
+
+    # -- the machines ---------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            with self.gce.lock:
+                instances = {name: (zone, dict(body)) for (zone, name), body in self.gce.instances.items()}
+            for name, (zone, body) in instances.items():
+                if body["status"] == "RUNNING" and name not in self.booted:
+                    self._boot(name, zone, body)
+            for vm in list(self.booted.values()):
+                if vm.name in self.gone:
+                    continue
+                status = instances.get(vm.name, (None, {"status": "GONE"}))[1]["status"]
+                if status != "RUNNING" and vm.kill_at is None:
+                    self._stopping(vm)
+                if vm.kill_at is not None and (vm.process.poll() is not None or time.time() >= vm.kill_at):
+                    self._power_off(vm)
+
+    def _boot(self, name: str, zone: str, body: dict) -> None:
+        script = next(item["value"] for item in body["metadata"]["items"] if item["key"] == "startup-script")
+        metadata = FakeGceMetadata(max_wait_s=2.0)
+        metadata.start()
+        log = self.workdir / f"{name}.log"
+        home = self.workdir / name
+        home.mkdir(exist_ok=True)
+        env = {**self.env, "HOME": str(home), "GCE_METADATA_HOST": metadata.url.removeprefix("http://")}
+        with log.open("wb") as out:
+            process = subprocess.Popen(["bash", "-c", script], cwd=home, env=env, stdin=subprocess.DEVNULL,
+                                       stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        with self._lock:
+            self.booted[name] = BootedVm(name, zone, process, metadata, log)
+
+    def _stopping(self, vm: BootedVm) -> None:
+        if vm.name in self.preempted:
+            vm.metadata.preempt()  # the watcher sends the notice
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(vm.process.pid, signal.SIGTERM)  # guest shutdown on delete
+        vm.kill_at = time.time() + self.grace_s
+
+    def _power_off(self, vm: BootedVm) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(vm.process.pid, signal.SIGKILL)
+        vm.process.wait()
+        vm.metadata.stop()
+        with self.gce.lock:
+            self.gce.instances.pop((vm.zone, vm.name), None)
+        with self._lock:
+            self.gone.add(vm.name)
