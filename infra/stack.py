@@ -53,6 +53,8 @@ WORK_POOL_TEMPLATE = ROOT / "deployments" / "work-pools" / "local-process.json"
 ZOMBIE_AUTOMATION = ROOT / "deployments" / "automations" / "crash-zombie-flow-runs.yaml"
 DEFAULT_STATE_DIR = ROOT / ".rlboost" / "stack"
 ROLLOUT_ENTRYPOINT = "flows/rollout_instance.py:rollout_instance"
+ROLLOUT_MODULE_ENTRYPOINT = "flows.rollout_instance.rollout_instance"
+"""The entrypoint of cloud pools' deployments: a VM has the project installed, not this checkout."""
 DEFAULT_PORT = 4200
 QUIET_PREFECT = {"DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
 
@@ -113,32 +115,48 @@ class ProjectDeployment:
     entrypoint: str
     work_pool: str
     work_queue: str
+    own_pull: bool = False
+    """The deployment has pull steps of its own (instead of the project's, which enter this checkout)."""
 
     @property
     def is_rollout_instance(self) -> bool:
-        return self.entrypoint == ROLLOUT_ENTRYPOINT
+        return self.entrypoint in (ROLLOUT_ENTRYPOINT, ROLLOUT_MODULE_ENTRYPOINT)
 
 
 def read_project(path: Path = PROJECT_FILE) -> list[ProjectDeployment]:
     project = yaml.safe_load(path.read_text())
     return [
-        ProjectDeployment(d["name"], d["entrypoint"], d["work_pool"]["name"], d["work_pool"].get("work_queue_name") or "default")
+        ProjectDeployment(d["name"], d["entrypoint"], d["work_pool"]["name"], d["work_pool"].get("work_queue_name") or "default",
+                          own_pull=bool(d.get("pull")))
         for d in project["deployments"]
     ]
 
 
 def check_pools(config_path: Path | None, deployments: list[ProjectDeployment]) -> list[str]:
-    """The local pools of a run configuration; `UnknownPool` for one prefect.yaml cannot run."""
-    pools = [p.name for p in load_config(config_path).fabric.pools if p.provider == "local"]
-    deployed = {d.work_pool for d in deployments if d.is_rollout_instance}
+    """The pools of a run configuration; `UnknownPool` for one prefect.yaml cannot run (no
+    `rollout-instance` deployment on its work pool; for a cloud pool, one that would look for
+    this checkout on the VM)."""
+    pools = load_config(config_path).fabric.pools
+    deployed = {d.work_pool: d for d in deployments if d.is_rollout_instance}
+    where = config_path or "the demo configuration"
+    cloud_fix = (f"`entrypoint: {ROLLOUT_MODULE_ENTRYPOINT}` (the VM has the project installed) and its own "
+                 "`pull: [{prefect.deployments.steps.set_working_directory: {directory: /opt/rlboost}}]`")
     for pool in pools:
-        if pool not in deployed:
+        deployment = deployed.get(pool.name)
+        if deployment is None:
+            entrypoint = ROLLOUT_ENTRYPOINT if pool.provider == "local" else ROLLOUT_MODULE_ENTRYPOINT
             raise UnknownPool(
-                f"unknown pool {pool!r} (in {config_path or 'the demo configuration'}): prefect.yaml has no deployment "
-                f"of {ROLLOUT_ENTRYPOINT} on work pool {pool!r} (it has: {', '.join(sorted(deployed)) or 'none'}); "
-                f"add `- name: {pool}` with `entrypoint: {ROLLOUT_ENTRYPOINT}` and `work_pool: {{name: {pool}}}` to prefect.yaml"
+                f"unknown pool {pool.name!r} (in {where}): prefect.yaml has no rollout-instance deployment on work pool "
+                f"{pool.name!r} (it has: {', '.join(sorted(deployed)) or 'none'}); add `- name: {pool.name}` with "
+                f"`entrypoint: {entrypoint}` and `work_pool: {{name: {pool.name}}}` to prefect.yaml"
+                + ("" if pool.provider == "local" else f", plus {cloud_fix}")
             )
-    return pools
+        if pool.provider != "local" and (deployment.entrypoint != ROLLOUT_MODULE_ENTRYPOINT or not deployment.own_pull):
+            raise UnknownPool(
+                f"pool {pool.name!r} (in {where}) runs on {pool.provider} VMs, but its deployment rollout-instance/"
+                f"{deployment.name} would look for this checkout there; give it {cloud_fix}"
+            )
+    return [pool.name for pool in pools]
 
 
 def _free_port(preferred: int | None = None) -> int:

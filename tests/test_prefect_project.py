@@ -7,12 +7,22 @@ import json
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
 import yaml
 from prefect.events.schemas.automations import AutomationCore, Posture
 from prefect.flows import load_flow_from_entrypoint
 
 from infra.config import load_config
-from infra.stack import ROLLOUT_ENTRYPOINT, WORK_POOL_TEMPLATE, ZOMBIE_AUTOMATION, check_pools, read_project
+from infra.instance_runs import UnknownPool
+from infra.stack import (
+    ROLLOUT_ENTRYPOINT,
+    ROLLOUT_MODULE_ENTRYPOINT,
+    WORK_POOL_TEMPLATE,
+    ZOMBIE_AUTOMATION,
+    ProjectDeployment,
+    check_pools,
+    read_project,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,6 +49,23 @@ def test_every_demo_pool_has_a_rollout_instance_deployment_on_its_work_pool():
     for pool in pools:
         deployment = _deployments()[pool]
         assert deployment["entrypoint"] == ROLLOUT_ENTRYPOINT and deployment["work_pool"]["name"] == pool
+
+
+def test_a_cloud_pool_needs_a_deployment_that_runs_from_the_installed_project(tmp_path):
+    config = tmp_path / "cloud.yaml"
+    config.write_text(yaml.safe_dump({"fabric": {"enabled": True, "pools": [
+        {"name": "reserved", "capacity_class": "reserved", "size": 1, "machine_type": "a2-highgpu-1g", "price_per_hour": 3.67},
+        {"name": "l4-spot", "provider": "gcp", "capacity_class": "spot", "size": 2, "machine_type": "g2-standard-8",
+         "price_per_hour": 0.3, "gcp": {"project": "rollout-proj", "zones": ["us-central1-a"], "image": "img"}},
+    ]}}))
+    local = [d for d in read_project() if d.is_rollout_instance]
+    with pytest.raises(UnknownPool, match=rf"unknown pool 'l4-spot'.*entrypoint: {ROLLOUT_MODULE_ENTRYPOINT}.*own `pull"):
+        check_pools(config, local)
+    checkout = ProjectDeployment("l4-spot", ROLLOUT_ENTRYPOINT, "l4-spot", "default")
+    with pytest.raises(UnknownPool, match="runs on gcp VMs, but its deployment rollout-instance/l4-spot would look for this checkout"):
+        check_pools(config, [*local, checkout])
+    installed = ProjectDeployment("l4-spot", ROLLOUT_MODULE_ENTRYPOINT, "l4-spot", "default", own_pull=True)
+    assert check_pools(config, [*local, installed]) == ["reserved", "l4-spot"]
 
 
 def test_nightly_deployment_is_a_cron_schedule_that_resumes_with_extra_steps():

@@ -81,3 +81,46 @@ def test_sigterm_drains_the_instance_and_ends_the_run_crashed(prefect_harness, r
     assert state.message.startswith("preempted: SIGTERM received; instance spot-flow-1")
     assert signal.getsignal(signal.SIGTERM) is previous, "the flow must restore the handler it replaced"
     assert not registry.all(), "a drained instance deregisters"
+
+
+def test_a_cloud_instance_reads_its_secrets_from_the_runs_secret_block(prefect_harness, redis_url, redis_client,
+                                                                        tmp_path, monkeypatch):
+    from prefect.blocks.system import Secret
+
+    from flows.rollout_instance import load_environment
+    from infra.fabric import REDIS_URL_ENV
+
+    _tiny_model(tmp_path / "base")
+    for name in (REDIS_URL_ENV, "RLBOOST_WEIGHTS_SECRET"):  # absent again after the test
+        monkeypatch.setenv(name, "unset")
+        monkeypatch.delenv(name)
+    Secret(value={REDIS_URL_ENV: redis_url, "RLBOOST_WEIGHTS_SECRET": "s" * 32}).save("rlboost-flow-env-instances", overwrite=True)
+    result: dict = {}
+
+    def run() -> None:  # no redis_url parameter: the Redis URL comes from the block
+        result["state"] = rollout_instance(
+            pool="spot", instance_id="spot-env-0", run_id="flow-env", model_path=str(tmp_path / "base"),
+            environment_block="rlboost-flow-env-instances", return_state=True,
+        )
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    registry = InstanceRegistry(redis_client, "flow-env")
+    deadline = time.time() + 60
+    try:
+        while not any(i.info.instance_id == "spot-env-0" for i in registry.alive()):
+            assert time.time() < deadline, "the flow's worker never registered"
+            assert thread.is_alive(), f"the flow ended early: {result}"
+            time.sleep(0.1)
+    finally:
+        registry.request("spot-env-0", {"op": "drain"})
+        thread.join(timeout=30)
+    assert result["state"].is_completed()
+    assert os.environ["RLBOOST_WEIGHTS_SECRET"] == "s" * 32
+
+    # What the environment already has wins; a block that is not a mapping is refused by name.
+    monkeypatch.setenv("RLBOOST_WEIGHTS_SECRET", "mine")
+    assert load_environment("rlboost-flow-env-instances") == [] and os.environ["RLBOOST_WEIGHTS_SECRET"] == "mine"
+    Secret(value="just-a-string").save("rlboost-not-a-mapping", overwrite=True)
+    with pytest.raises(ValueError, match="Secret block 'rlboost-not-a-mapping' must hold a mapping"):
+        load_environment("rlboost-not-a-mapping")
