@@ -3,7 +3,7 @@
 `PrefectLocalProvider` is the local provider (`infra.providers.local.LocalProvider`, which it
 owns and drives: the same pool targets, availability schedules and real signals) with a different
 instance: when the local provider starts an instance, this provider first creates a flow run of the
-pool's `rollout-instance/<pool>` deployment in a work queue of its own, then the instance's process
+pool's `rollout-instance/<pool>` deployment in a work queue of its own (`infra.instance_runs`), then the instance's process
 group runs a Prefect process worker for the pool on that queue (`python -m infra.prefect_worker
 --run-once --stop-with-parent`), which picks up exactly that run and exits when it ends. So every
 instance shows in the Prefect UI as a `rollout-instance` run on its work pool, and:
