@@ -70,7 +70,7 @@ from infra.policies import (
     steal,
 )
 from infra.registry import InstanceRegistry
-from infra.tokenlog import GroupSpec, SampleRecord, StepStatus, TokenLog, TokenLogStats
+from infra.tokenlog import RECORD, GroupSpec, SampleRecord, StepStatus, TokenLog, TokenLogStats, records_key
 from infra.worker import set_current_step
 from rl.config import Section
 from rl.rollout import Sample
@@ -276,15 +276,15 @@ class RolloutController:
         pipe = self.redis.pipeline(transaction=False)
         for sid in (s for sids in running for s in sids):
             pipe.hget(f"{log.prefix}s:{sid}", "max_new")
-            pipe.strlen(f"{log.prefix}s:{sid}:t")
+            pipe.strlen(records_key(log.prefix, sid))
         replies = iter(pipe.execute())
         views, observed = [], {}
         for instance, sids in zip(instances, running):
             samples = []
             for sid in sids:
                 budget, nbytes = next(replies), next(replies)
-                samples.append(RunningSample(sid, nbytes // 4, int(budget or 0)))
-                observed[sid] = (instance.info.instance_id, nbytes // 4)
+                samples.append(RunningSample(sid, nbytes // RECORD.itemsize, int(budget or 0)))
+                observed[sid] = (instance.info.instance_id, nbytes // RECORD.itemsize)
             heard = instance.last_heartbeat or instance.registered_at
             views.append(InstanceView(
                 instance_id=instance.info.instance_id, pool=instance.info.pool,

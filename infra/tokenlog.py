@@ -16,6 +16,10 @@ number of response tokens the caller believes are already logged): a redelivered
 applied is recognised and acknowledged, a stale one rejected. Claims carry a nonce, so a
 redelivered claim returns the samples it already took instead of taking more.
 
+A flush costs the server two commands per sample: the lease check (HMGET) and one APPEND of the
+sample's (token, logprob) records, whose reply (the new length) is then checked against the offset
+and the budget; a flush that does not fit is undone inside the same script, so no one ever sees it.
+
 Failure policy: a sample whose owner has been reaped (declared dead) `max_reaps` times is marked
 ``failed`` (it may be what crashes instances); voluntary releases never fail a sample. An owner
 may also `fail` a sample it cannot generate. A group with a failed sample is **dropped**: it never
@@ -32,7 +36,8 @@ Key layout (``P = "rlb:{<run_id>}:"``; the hash tag keeps a run in one cluster s
                              sampling (JSON), meta (JSON)
 ``P s:<sample>``             hash: state, owner, epoch, attempts, migrations, reaps, finish,
                              step, group, max_new
-``P s:<sample>:t`` / ``:l``  strings: token ids (u32 LE) / logprobs (f32 LE), APPENDed
+``P s:<sample>:r``           string: the generated tokens, one 8-byte record each (token id u32 LE,
+                             logprob f32 LE), APPENDed
 ``P q:<step>``               zset of queued samples; score = seq - logged_tokens * 2^32
                              (more logged tokens first, then enqueue order)
 ``P done:<step>``            stream of completed group ids (field ``g``)
@@ -52,6 +57,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
+import numpy as np
 import redis
 
 from rl.engine import GenerationRequest, SamplingParams
@@ -68,6 +74,26 @@ def _pack(typecode: str, values: Iterable[Any]) -> bytes:
     if _SWAP:
         packed.byteswap()
     return packed.tobytes()
+
+
+RECORD = np.dtype([("token", "<u4"), ("logprob", "<f4")])
+"""One logged token: its id and its logprob, little-endian, 8 bytes."""
+
+
+def _records(data: bytes | None) -> tuple[list[int], list[float]]:
+    """Token ids and logprobs of a sample's packed records."""
+    records = np.frombuffer(data or b"", dtype=RECORD)
+    return records["token"].tolist(), records["logprob"].tolist()
+
+
+def _generated(data: bytes | None) -> dict[str, list]:
+    token_ids, logprobs = _records(data)
+    return {"generated_ids": token_ids, "generated_logprobs": logprobs}
+
+
+def records_key(prefix: str, sample_id: str) -> str:
+    """The key of a sample's logged tokens (`RECORD.itemsize` bytes per token)."""
+    return f"{prefix}s:{sample_id}:r"
 
 
 def _glob_escape(text: str) -> str:
@@ -232,10 +258,10 @@ end
 local function requeue(sid, sk, step, keep)
   redis.call('HINCRBY', sk, 'epoch', 1)
   redis.call('HSET', sk, 'state', 'queued', 'owner', '')
-  local ntok = redis.call('STRLEN', sk .. ':t') / 4
+  local ntok = redis.call('STRLEN', sk .. ':r') / 8
   if not keep and ntok > 0 then
     redis.call('HINCRBY', STATS, 'wasted_tokens', ntok)
-    redis.call('DEL', sk .. ':t', sk .. ':l')
+    redis.call('DEL', sk .. ':r')
     ntok = 0
   end
   local seq = redis.call('HINCRBY', P .. 'step:' .. step, 'seq', 1)
@@ -311,8 +337,7 @@ for _, sid in ipairs(sids) do
   if h[1] == 'running' and h[2] == inst then
     local g = redis.call('HMGET', P .. 'g:' .. h[4] .. '/' .. h[5],
       'prompt', 'max_new', 'seed', 'sampling')
-    out[#out + 1] = {sid, h[3], g[1], redis.call('GET', sk .. ':t') or '',
-      redis.call('GET', sk .. ':l') or '', g[2], g[3], g[4]}
+    out[#out + 1] = {sid, h[3], g[1], redis.call('GET', sk .. ':r') or '', g[2], g[3], g[4]}
   end
 end
 return out
@@ -321,38 +346,42 @@ return out
 # ARGV: P, JSON [[sample, instance, epoch, offset (-1 = none), token count, finish reason
 # ('' = none)], ...], every flush's tokens (u32 LE) concatenated, their logprobs (f32 LE) likewise
 _LOG = """
-local toks, lps = ARGV[3], ARGV[4]
+local recs = ARGV[3]
 local out, rejected, pos = {}, 0, 1
 for _, m in ipairs(cjson.decode(ARGV[2])) do
   local sid, inst, epoch, offset, k, fin = m[1], m[2], m[3], m[4], m[5], m[6]
-  local tok = string.sub(toks, pos, pos + 4 * k - 1)
-  local lp = string.sub(lps, pos, pos + 4 * k - 1)
-  pos = pos + 4 * k
+  local rec = string.sub(recs, pos, pos + 8 * k - 1)
+  pos = pos + 8 * k
   local sk = P .. 's:' .. sid
-  local tk = sk .. ':t'
+  local rk = sk .. ':r'
   local h = redis.call('HMGET', sk, 'state', 'owner', 'epoch', 'max_new')
   local ok = 0
   if h[2] == inst and tonumber(h[3]) == epoch then
-    local have = redis.call('STRLEN', tk) / 4
-    local at = have
-    if offset >= 0 then at = offset end
-    if h[1] == 'running' and at == have and have + k <= tonumber(h[4]) then
-      if k > 0 then
-        redis.call('APPEND', tk, tok)
-        redis.call('APPEND', sk .. ':l', lp)
+    if h[1] == 'running' then
+      -- Append first (APPEND returns the new length), then check; undo what does not fit.
+      local len = redis.call('APPEND', rk, rec)
+      local have = len / 8 - k
+      if (offset < 0 or offset == have) and len / 8 <= tonumber(h[4]) then
+        if fin ~= '' then
+          redis.call('HSET', sk, 'state', 'done', 'finish', fin)
+          redis.call('SREM', P .. 'own:' .. inst, sid)
+          local g = redis.call('HMGET', sk, 'step', 'group')
+          settle(g[1], g[2], 'done')
+        end
+        ok = 1
+      else
+        if k > 0 then
+          if have == 0 then redis.call('DEL', rk)
+          else redis.call('SET', rk, redis.call('GETRANGE', rk, 0, 8 * have - 1)) end
+        end
+        if offset >= 0 and offset + k == have and fin == ''
+            and redis.call('GETRANGE', rk, offset * 8, -1) == rec then
+          ok = 1  -- a redelivery of a flush that was already applied
+        end
       end
-      if fin ~= '' then
-        redis.call('HSET', sk, 'state', 'done', 'finish', fin)
-        redis.call('SREM', P .. 'own:' .. inst, sid)
-        local g = redis.call('HMGET', sk, 'step', 'group')
-        settle(g[1], g[2], 'done')
-      end
-      ok = 1
-    elseif offset >= 0 and at + k == have
-        and ((h[1] == 'running' and fin == '')
-          or (h[1] == 'done' and fin == redis.call('HGET', sk, 'finish')))
-        and redis.call('GETRANGE', tk, at * 4, -1) == tok then
-      ok = 1  -- a redelivery of a flush that was already applied
+    elseif h[1] == 'done' and offset >= 0 and offset + k == redis.call('STRLEN', rk) / 8
+        and fin == redis.call('HGET', sk, 'finish') and redis.call('GETRANGE', rk, offset * 8, -1) == rec then
+      ok = 1  -- a redelivery of the finishing flush
     end
   end
   if ok == 0 then rejected = rejected + 1 end
@@ -422,7 +451,7 @@ for _, gid in ipairs(redis.call('LRANGE', P .. 'groups:' .. step, 0, -1)) do
     local sk = P .. 's:' .. step .. '/' .. gid .. '/' .. j
     local state = redis.call('HGET', sk, 'state')
     counts[state] = counts[state] + 1
-    tokens = tokens + redis.call('STRLEN', sk .. ':t') / 4
+    tokens = tokens + redis.call('STRLEN', sk .. ':r') / 8
   end
 end
 return {s[1], s[2], s[3], s[4], counts.queued, counts.running, counts.done, counts.failed,
@@ -438,8 +467,7 @@ local out = {redis.call('HGET', P .. 'step:' .. ARGV[2], 'version'), g[2], g[3]}
 for j = 0, tonumber(g[1]) - 1 do
   local sk = P .. 's:' .. base .. '/' .. j
   local h = redis.call('HMGET', sk, 'state', 'finish', 'attempts', 'migrations')
-  out[#out + 1] = {h[1], h[2], h[3], h[4], redis.call('GET', sk .. ':t') or '',
-    redis.call('GET', sk .. ':l') or ''}
+  out[#out + 1] = {h[1], h[2], h[3], h[4], redis.call('GET', sk .. ':r') or ''}
 end
 return out
 """
@@ -455,7 +483,7 @@ for _, gid in ipairs(redis.call('LRANGE', P .. 'groups:' .. step, 0, -1)) do
     local sk = P .. 's:' .. sid
     local h = redis.call('HMGET', sk, 'state', 'owner')
     if h[1] == 'running' then redis.call('SREM', P .. 'own:' .. h[2], sid) end
-    redis.call('DEL', sk, sk .. ':t', sk .. ':l')
+    redis.call('DEL', sk, sk .. ':r')
   end
   redis.call('DEL', gk)
 end
@@ -542,10 +570,9 @@ class TokenLog:
         return [
             Claim(
                 sample_id=sid.decode(), epoch=int(epoch), prompt_ids=_unpack("I", prompt),
-                generated_ids=_unpack("I", tokens), generated_logprobs=_unpack("f", logprobs),
-                max_new_tokens=int(max_new), seed=int(seed), sampling=json.loads(sampling),
+                **_generated(records), max_new_tokens=int(max_new), seed=int(seed), sampling=json.loads(sampling),
             )
-            for sid, epoch, prompt, tokens, logprobs, max_new, seed, sampling in rows
+            for sid, epoch, prompt, records, max_new, seed, sampling in rows
         ]
 
     def log(self, flushes: Iterable[Flush | tuple]) -> list[bool]:
@@ -556,26 +583,22 @@ class TokenLog:
         meta = []
         tokens, logprobs = array("I"), array("f")
         for entry in flushes:
-            f = Flush(*entry)
-            if len(f.token_ids) != len(f.logprobs):
-                raise ValueError(
-                    f"sample {f.sample_id}: {len(f.token_ids)} tokens but "
-                    f"{len(f.logprobs)} logprobs"
-                )
+            f = entry if type(entry) is Flush else Flush(*entry)
+            k = len(f.token_ids)
+            if k != len(f.logprobs):
+                raise ValueError(f"sample {f.sample_id}: {k} tokens but {len(f.logprobs)} logprobs")
             if f.finish_reason == "":
                 raise ValueError(f"sample {f.sample_id}: empty finish_reason (use None)")
-            meta.append((
-                f.sample_id, f.instance_id, f.epoch, -1 if f.offset is None else f.offset,
-                len(f.token_ids), f.finish_reason or "",
-            ))
+            meta.append((f.sample_id, f.instance_id, f.epoch, -1 if f.offset is None else f.offset, k,
+                         f.finish_reason or ""))
             tokens.extend(f.token_ids)
             logprobs.extend(f.logprobs)
         if not meta:
             return []
-        if _SWAP:
-            tokens.byteswap()
-            logprobs.byteswap()
-        reply = self._run("log", json.dumps(meta), tokens.tobytes(), logprobs.tobytes())
+        records = np.empty(len(tokens), dtype=RECORD)
+        records["token"] = np.frombuffer(tokens, dtype=np.uint32)
+        records["logprob"] = np.frombuffer(logprobs, dtype=np.float32)
+        reply = self._run("log", json.dumps(meta), records.tobytes())
         return [bool(ok) for ok in reply]
 
     def append(
@@ -653,12 +676,13 @@ class TokenLog:
         return [
             SampleRecord(
                 sample_id=f"{step}/{group_id}/{index}", group_id=group_id, index=index,
-                state=state.decode(), prompt_ids=prompt_ids, token_ids=_unpack("I", tokens),
-                logprobs=_unpack("f", logprobs), finish_reason=_text(finish) or None,
+                state=state.decode(), prompt_ids=prompt_ids, token_ids=token_ids, logprobs=logprobs,
+                finish_reason=_text(finish) or None,
                 attempts=int(attempts), migrations=int(migrations), policy_version=int(version),
                 meta=meta,
             )
-            for index, (state, finish, attempts, migrations, tokens, logprobs) in enumerate(samples)
+            for index, (state, finish, attempts, migrations, records) in enumerate(samples)
+            for token_ids, logprobs in [_records(records)]
         ]
 
     def step_status(self, step: int) -> StepStatus:

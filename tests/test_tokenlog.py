@@ -82,16 +82,20 @@ def test_claim_prefers_partially_generated_then_enqueue_order(log):
 
 def test_append_is_fenced_and_rejections_counted(log):
     log.enqueue_step(0, 0, groups(1, 2))
-    (claim, _) = log.claim(0, "a", 0, 2)
+    (claim, other) = log.claim(0, "a", 0, 2)
     assert log.append(claim.sample_id, "a", claim.epoch, [4, 5], lp([4, 5]))
     assert not log.append(claim.sample_id, "a", claim.epoch + 1, [6], lp([6]))
     assert not log.append(claim.sample_id, "b", claim.epoch, [6], lp([6]))
     assert not log.append("0/0/9", "a", claim.epoch, [6], lp([6]))
     assert not log.append(claim.sample_id, "a", claim.epoch, list(range(7)), lp(list(range(7))))
+    # A rejected flush leaves nothing behind (it is appended, checked, then undone in one script).
+    assert log.read_group(0, 0)[0].token_ids == [4, 5] and log.read_group(0, 0)[0].logprobs == lp([4, 5])
+    assert not log.append(other.sample_id, "a", other.epoch, [1, 2], lp([1, 2]), offset=3)
+    assert log.read_group(0, 0)[1].token_ids == [] and log.step_status(0).tokens_logged == 2
     assert log.reap("a") == 2
     assert not log.append(claim.sample_id, "a", claim.epoch, [6], lp([6]))
     assert not log.finish(claim.sample_id, "a", claim.epoch, [], [], "stop")
-    assert log.stats().rejected_appends == 6
+    assert log.stats().rejected_appends == 7
     assert log.stats().reaped_samples == 2
     with pytest.raises(ValueError, match="2 tokens but 1 logprobs"):
         log.append(claim.sample_id, "a", claim.epoch, [1, 2], [0.0])
