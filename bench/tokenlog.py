@@ -1,9 +1,15 @@
-"""Token-log benchmark: raw append throughput on loopback Redis, and the logging overhead of a
-real rollout (HF engine, tiny model) that flushes every k tokens as the rollout worker does (the
-due flushes of each engine step in one round trip on the `FlushPipeline`, overlapping the next
-engine step), against the same rollout with no logging, measured side by side in one run.
+"""Token-log benchmark: append throughput on loopback Redis, and the logging overhead of a real
+rollout (HF engine, tiny model) that flushes every k tokens as the rollout worker does (the due
+flushes of each engine step in one round trip on the `FlushPipeline`, overlapping the next engine
+step), against the same rollout with no logging, measured side by side in one run.
 
-    .venv/bin/python bench/tokenlog.py [--samples 64] [--chunk 16] [--calls 400] [--flush-tokens 8]
+Append throughput is what the token log sustains for a fleet: `--clients` processes (instances),
+each with its own connection and its own `--samples` leased samples, flush `--chunk` tokens per
+sample per round trip, all at once; tokens/s is everything they logged over the wall time from the
+first start to the last end. One client alone (a single instance's ceiling, client and server
+taking turns) is printed too.
+
+    .venv/bin/python bench/tokenlog.py [--clients 3] [--samples 64] [--chunk 16] [--calls 400] [--flush-tokens 8]
 
 Last line JSON: {"tokens_per_s": .., "overhead": .., ...}. Targets: >= 1,000,000 tokens/s and
 overhead <= 3% of rollout time.
@@ -13,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import statistics
 import sys
 import time
@@ -43,6 +50,40 @@ def append_throughput(client: redis.Redis, run_id: str, samples: int, chunk: int
         )
         assert all(accepted)
     return samples * chunk * calls / (time.perf_counter() - started)
+
+
+def _append_client(url: str, run_id: str, samples: int, chunk: int, calls: int, barrier, results) -> None:
+    client = redis.Redis.from_url(url)
+    log = TokenLog(client, run_id)
+    log.enqueue_step(0, 0, [GroupSpec(g, [1, 2, 3], 1, chunk * (calls + 1)) for g in range(samples)])
+    claims = log.claim(0, "bench", 0, samples)
+    tokens, logprobs = list(range(chunk)), [-0.5] * chunk
+    barrier.wait()
+    started = time.time()
+    for call in range(calls):
+        accepted = log.append_many(
+            [Flush(c.sample_id, "bench", c.epoch, tokens, logprobs, call * chunk) for c in claims]
+        )
+        assert all(accepted)
+    results.put((started, time.time(), samples * chunk * calls))
+
+
+def fleet_throughput(url: str, run_id: str, clients: int, samples: int, chunk: int, calls: int) -> float:
+    """Tokens/s that `clients` concurrent appenders (separate processes) log together."""
+    context = multiprocessing.get_context("spawn")
+    barrier, results = context.Barrier(clients), context.Queue()
+    processes = [
+        context.Process(target=_append_client, args=(url, f"{run_id}-{i}", samples, chunk, calls, barrier, results))
+        for i in range(clients)
+    ]
+    for process in processes:
+        process.start()
+    done = [results.get(timeout=600) for _ in processes]
+    for process in processes:
+        process.join()
+        if process.exitcode != 0:
+            raise RuntimeError(f"an appender exited with {process.exitcode}")
+    return sum(n for _, _, n in done) / (max(end for _, end, _ in done) - min(start for start, _, _ in done))
 
 
 def _all_accepted(results: list[bool]) -> None:
@@ -85,6 +126,7 @@ def rollout(engine: HFEngine, requests: list[GenerationRequest], log: TokenLog |
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=3, help="concurrent appending instances")
     parser.add_argument("--samples", type=int, default=64)
     parser.add_argument("--chunk", type=int, default=16)
     parser.add_argument("--calls", type=int, default=400)
@@ -97,18 +139,25 @@ def main() -> None:
 
     with EmbeddedRedis() as server:
         client = redis.Redis.from_url(server.url)
-        tokens_per_s = max(
+        one_client = max(
             append_throughput(client, f"bench-append-{r}", args.samples, args.chunk, args.calls)
             for r in range(args.repeats)
         )
-        print(f"append_many {args.samples} samples x {args.chunk} tokens per call: {tokens_per_s:,.0f} tokens/s")
+        print(f"one client, append_many {args.samples} samples x {args.chunk} tokens per call: {one_client:,.0f} tokens/s")
+        tokens_per_s = max(
+            fleet_throughput(server.url, f"bench-fleet-{r}", args.clients, args.samples, args.chunk, args.calls)
+            for r in range(5)
+        )
+        print(f"{args.clients} clients at once, each the same: {tokens_per_s:,.0f} tokens/s together")
 
         model, tokenizer = build_tiny_llama(TinyLlamaShape(), seed=0)
         engine = HFEngine(model.eval(), tokenizer.eos_token_id, tokenizer.pad_token_id, max_batch_size=256)
         prompt = tokenizer("123+456+78=").input_ids
         times = {"engine_only": [], "with_log": []}
         for repeat in range(args.repeats):
-            for mode in times:  # interleaved so both see the same machine load
+            # Back to back so both see the same machine load, in alternating order so neither
+            # always runs second (on a warmer cache).
+            for mode in (["engine_only", "with_log"] if repeat % 2 == 0 else ["with_log", "engine_only"]):
                 requests = [
                     GenerationRequest(f"{repeat}/{i}/0", prompt, args.max_new_tokens, seed=repeat,
                                       sampling=SamplingParams(), stop_token_ids=())
@@ -135,6 +184,8 @@ def main() -> None:
     print(json.dumps({
         "tokens_per_s": round(tokens_per_s),
         "overhead": round(overhead, 4),
+        "tokens_per_s_one_client": round(one_client),
+        "clients": args.clients,
         "engine_only_s": round(engine_only, 3),
         "with_log_s": round(with_log, 3),
         "flush_tokens": args.flush_tokens,

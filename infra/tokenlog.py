@@ -580,8 +580,9 @@ class TokenLog:
         (state running, same owner, same epoch), it fits the budget and, with `offset`, starts
         where the logged tokens end. A finishing flush marks the sample done; the group streams
         to the trainer when its last sample is done. Rejections count in `rejected_appends`."""
-        meta = []
-        tokens, logprobs = array("I"), array("f")
+        meta: list[tuple] = []
+        tokens: list[int] = []
+        logprobs: list[float] = []
         for entry in flushes:
             f = entry if type(entry) is Flush else Flush(*entry)
             k = len(f.token_ids)
@@ -596,8 +597,8 @@ class TokenLog:
         if not meta:
             return []
         records = np.empty(len(tokens), dtype=RECORD)
-        records["token"] = np.frombuffer(tokens, dtype=np.uint32)
-        records["logprob"] = np.frombuffer(logprobs, dtype=np.float32)
+        records["token"] = tokens
+        records["logprob"] = logprobs
         reply = self._run("log", json.dumps(meta), records.tobytes())
         return [bool(ok) for ok in reply]
 
