@@ -128,4 +128,4 @@ def test_the_readme_cloud_pools_example_is_valid():
     section = readme.split("## Cloud pools", 1)[1]
     example = section.split("```yaml\n", 1)[1].split("```", 1)[0]
     pools = parse_config(example, "README.md").fabric.pools
-    assert [p.provider for p in pools] == ["gcp", "azure"]
+    assert [p.provider for p in pools] == ["local", "gcp", "azure"]

@@ -1,14 +1,12 @@
 """Publishing the base model where cloud VMs read it, and fetching it there: complete copies only,
-verified against their index, cached, on `file://` and on S3 (a local moto server)."""
+verified against their index, cached (S3, with the weight store's options, is tested with the store
+in test_weights_store.py)."""
 
 from __future__ import annotations
-
-import json
 
 import pytest
 
 from infra.model_source import INDEX, ModelSourceError, fetch_model, is_url, upload_model
-from tests.test_weights_store import BUCKET, s3_options  # noqa: F401  (s3_options is a fixture)
 
 
 @pytest.fixture
@@ -66,11 +64,3 @@ def test_an_incomplete_or_corrupted_copy_is_refused_and_leaves_nothing_cached(mo
 
     with pytest.raises(ModelSourceError, match="does not exist"):
         upload_model(tmp_path / "missing", url)
-
-
-@pytest.mark.integration
-def test_s3_copy_with_the_stores_options(model_dir, tmp_path, s3_options):  # noqa: F811
-    url = f"s3://{BUCKET}/runs/r1/base-model"
-    upload_model(model_dir, url, s3_options)
-    index = json.loads((fetch_model(url, s3_options, cache_dir=tmp_path / "cache") / INDEX).read_text())
-    assert set(index["files"]) == {"config.json", "model.safetensors"}

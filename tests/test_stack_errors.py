@@ -33,7 +33,8 @@ def test_up_with_a_pool_prefect_yaml_cannot_run_fails_before_starting_anything(t
     assert result.exit_code == 1
     text = " ".join(result.output.split())
     assert "unknown pool 'gpu'" in text and str(config) in text
-    assert "prefect.yaml has no deployment of flows/rollout_instance.py:rollout_instance on work pool 'gpu'" in text
+    assert "prefect.yaml has no rollout-instance deployment on work pool 'gpu'" in text
+    assert "entrypoint: flows/rollout_instance.py:rollout_instance" in text
     assert "(it has: reserved, spot)" in text
     assert not (tmp_path / "stack" / "stack.json").exists()
 

@@ -115,3 +115,17 @@ def test_store_only_transfer_over_s3_needs_no_peers_and_no_secret(s3_options, re
     finally:
         puller.close()
         publisher.close()
+
+
+def test_the_base_model_copy_for_cloud_vms_goes_through_s3_with_the_stores_options(s3_options, tmp_path):
+    from infra.model_source import INDEX, fetch_model, upload_model
+
+    model = tmp_path / "base"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "llama"}')
+    (model / "model.safetensors").write_bytes(bytes(range(256)) * 40)
+    url = f"s3://{BUCKET}/{uuid.uuid4().hex}/base-model"
+    upload_model(model, url, s3_options)
+    local = fetch_model(url, s3_options, cache_dir=tmp_path / "cache")
+    assert (local / "model.safetensors").read_bytes() == (model / "model.safetensors").read_bytes()
+    assert (local / INDEX).exists()
