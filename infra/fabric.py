@@ -191,9 +191,6 @@ class RolloutFabric:
         cloud = self.config.cloud
         check_reachable_by_vms(self.redis_url, self.config.pools)
         api_url = check_api(cloud.bootstrap.prefect_api_url or current_api_url(), purpose="cloud pools")
-        from prefect.settings import get_current_settings
-
-        key = get_current_settings().api.key
         weights = self.config.weights
         store = weights.resolve_store_url(self.run_dir).rstrip("/")
         model = cloud.model_url or upload_model(self.model_path, f"{store}/base-model", weights.store_options)
@@ -201,7 +198,7 @@ class RolloutFabric:
             run_id=self.run_id, redis_url=self.redis_url, model=model, worker=self.config.worker,
             environment_block=environment_block_name(self.run_id),
         )
-        self.instance_runs = runs = InstanceRuns(spec, api_url, key.get_secret_value() if key else None)
+        self.instance_runs = runs = InstanceRuns(spec, api_url)
         environment = {REDIS_URL_ENV: self.redis_url}
         if weights.serves:
             environment[weights.secret_env] = os.environ[weights.secret_env]

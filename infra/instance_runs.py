@@ -34,6 +34,7 @@ from prefect.exceptions import ObjectNotFound
 from prefect.states import Cancelled
 
 from infra.fabric import WorkerSettings
+from infra.prefect_api import current_api_key
 from infra.providers.base import PoolSpec, instance_work_queue
 from infra.registry import InstanceRegistry
 
@@ -86,10 +87,11 @@ class InstanceRun:
 class InstanceRuns:
     """The flow runs of one training run's instances; safe to use from several threads."""
 
-    def __init__(self, spec: InstanceRunSpec, api_url: str, api_key: str | None = None) -> None:
+    def __init__(self, spec: InstanceRunSpec, api_url: str) -> None:
+        """`api_url`: the Prefect API (its key is the current `PREFECT_API_KEY`, if any)."""
         self.spec = spec
         self.api_url = api_url
-        self._api_key = api_key
+        self._api_key = current_api_key()
         self._deployments: dict[str, UUID] = {}
         self._runs: dict[str, InstanceRun] = {}
         self._lock = threading.Lock()

@@ -26,11 +26,17 @@ def current_api_url() -> str | None:
     return get_current_settings().api.url
 
 
-def _auth_headers() -> dict[str, str]:
+def current_api_key() -> str | None:
+    """`PREFECT_API_KEY` as Prefect resolves it here (None: a server without authentication)."""
     from prefect.settings import get_current_settings
 
     key = get_current_settings().api.key
-    return {"Authorization": f"Bearer {key.get_secret_value()}"} if key else {}
+    return key.get_secret_value() if key else None
+
+
+def _auth_headers() -> dict[str, str]:
+    key = current_api_key()
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def check_api(url: str | None, timeout_s: float = 5.0, *, purpose: str = "this command") -> str:

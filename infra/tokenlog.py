@@ -86,11 +86,6 @@ def _records(data: bytes | None) -> tuple[list[int], list[float]]:
     return records["token"].tolist(), records["logprob"].tolist()
 
 
-def _generated(data: bytes | None) -> dict[str, list]:
-    token_ids, logprobs = _records(data)
-    return {"generated_ids": token_ids, "generated_logprobs": logprobs}
-
-
 def records_key(prefix: str, sample_id: str) -> str:
     """The key of a sample's logged tokens (`RECORD.itemsize` bytes per token)."""
     return f"{prefix}s:{sample_id}:r"
@@ -570,9 +565,11 @@ class TokenLog:
         return [
             Claim(
                 sample_id=sid.decode(), epoch=int(epoch), prompt_ids=_unpack("I", prompt),
-                **_generated(records), max_new_tokens=int(max_new), seed=int(seed), sampling=json.loads(sampling),
+                generated_ids=token_ids, generated_logprobs=logprobs,
+                max_new_tokens=int(max_new), seed=int(seed), sampling=json.loads(sampling),
             )
             for sid, epoch, prompt, records, max_new, seed, sampling in rows
+            for token_ids, logprobs in [_records(records)]
         ]
 
     def log(self, flushes: Iterable[Flush | tuple]) -> list[bool]:

@@ -61,3 +61,21 @@ def redis_client(redis_url):
     client = redis.Redis.from_url(redis_url)
     yield client
     client.close()
+
+
+@pytest.fixture
+def clock():
+    """A manual clock for the cloud fakes and providers (`tests.fakes.support.Clock`)."""
+    from tests.fakes.support import Clock
+
+    return Clock()
+
+
+@pytest.fixture
+def gce(clock):
+    """A fake Compute Engine on loopback; the test fails if the SDK sent anything malformed."""
+    from tests.fakes.gce import FakeGce
+    from tests.fakes.support import serving
+
+    with serving(FakeGce(clock=clock)) as fake:
+        yield fake

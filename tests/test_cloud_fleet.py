@@ -19,7 +19,7 @@ from infra.providers.errors import CloudError, PoolConfigError
 from infra.providers.gcp import GcpProvider
 from infra.providers.startup import WorkerBootstrap
 from tests.fakes.gce import FakeGce
-from tests.fakes.support import Clock, serving
+from tests.fakes.support import Clock
 
 REDIS = "redis://:secret@redis.internal:6379/0"
 LOCAL = PoolSpec(name="local", capacity_class="reserved", size=1, machine_type="g2-standard-8", price_per_hour=0.0)
@@ -39,17 +39,6 @@ def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.01)
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def gce(clock):
-    with serving(FakeGce(clock=clock)) as fake:
-        yield fake
 
 
 def fleet_for(pools, gce: FakeGce, clock: Clock, **kwargs) -> CloudFleet:

@@ -16,8 +16,6 @@ from infra.providers.composite import CompositeProvider
 from infra.providers.gcp import GcpProvider
 from infra.providers.local import LocalProvider
 from infra.providers.startup import WorkerBootstrap
-from tests.fakes.gce import FakeGce
-from tests.fakes.support import Clock, serving
 
 LOCAL = PoolSpec(name="local-spot", capacity_class="spot", size=2, machine_type="g2-standard-8", price_per_hour=0.11)
 GCP = PoolSpec.model_validate({
@@ -33,17 +31,6 @@ AZURE = PoolSpec.model_validate({
               "subnet_id": "/subscriptions/x/resourceGroups/rg/providers/Microsoft.Network/virtualNetworks/v/subnets/s",
               "ssh_public_key": "ssh-ed25519 AAAA test"},
 })
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def gce(clock):
-    with serving(FakeGce(clock=clock)) as fake:
-        yield fake
 
 
 @pytest.fixture

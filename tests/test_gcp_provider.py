@@ -38,17 +38,6 @@ def gcp_pool(**overrides: object) -> PoolSpec:
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def gce(clock):
-    with serving(FakeGce(clock=clock)) as fake:
-        yield fake
-
-
-@pytest.fixture
 def catalog():
     with serving(FakeBillingCatalog()) as fake:
         yield fake

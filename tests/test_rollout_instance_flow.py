@@ -22,30 +22,38 @@ def _tiny_model(path):
     save_model(model, tokenizer, path)
 
 
-def test_rollout_instance_flow_registers_and_completes_on_drain(prefect_harness, redis_url, redis_client, tmp_path):
-    _tiny_model(tmp_path / "base")
+def _serve_until_registered_then_drain(redis_client, **parameters):
+    """Run the flow on a thread until its worker registers, then drain it; the flow's final state."""
     result: dict = {}
 
     def run() -> None:
-        result["state"] = rollout_instance(
-            pool="spot", instance_id="spot-flow-0", run_id="flow-instance", redis_url=redis_url,
-            model_path=str(tmp_path / "base"), return_state=True,
-        )
+        result["state"] = rollout_instance(**parameters, return_state=True)
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    registry = InstanceRegistry(redis_client, "flow-instance")
+    instance_id = parameters["instance_id"]
+    registry = InstanceRegistry(redis_client, parameters["run_id"])
     deadline = time.time() + 60
     try:
-        while not any(i.info.instance_id == "spot-flow-0" for i in registry.alive()):
+        while not any(i.info.instance_id == instance_id for i in registry.alive()):
             assert time.time() < deadline, "the flow's worker never registered"
             assert thread.is_alive(), f"the flow ended early: {result}"
             time.sleep(0.1)
     finally:
-        registry.request("spot-flow-0", {"op": "drain"})
+        registry.request(instance_id, {"op": "drain"})
         thread.join(timeout=30)
     assert not thread.is_alive()
-    assert result["state"].is_completed() and result["state"].result() == 0
+    return result["state"]
+
+
+def test_rollout_instance_flow_registers_and_completes_on_drain(prefect_harness, redis_url, redis_client, tmp_path):
+    _tiny_model(tmp_path / "base")
+    state = _serve_until_registered_then_drain(
+        redis_client, pool="spot", instance_id="spot-flow-0", run_id="flow-instance", redis_url=redis_url,
+        model_path=str(tmp_path / "base"),
+    )
+    assert state.is_completed() and state.result() == 0
+    registry = InstanceRegistry(redis_client, "flow-instance")
     assert not any(i.info.instance_id == "spot-flow-0" for i in registry.alive())
 
 
@@ -95,27 +103,11 @@ def test_a_cloud_instance_reads_its_secrets_from_the_runs_secret_block(prefect_h
         monkeypatch.setenv(name, "unset")
         monkeypatch.delenv(name)
     Secret(value={REDIS_URL_ENV: redis_url, "RLBOOST_WEIGHTS_SECRET": "s" * 32}).save("rlboost-flow-env-instances", overwrite=True)
-    result: dict = {}
-
-    def run() -> None:  # no redis_url parameter: the Redis URL comes from the block
-        result["state"] = rollout_instance(
-            pool="spot", instance_id="spot-env-0", run_id="flow-env", model_path=str(tmp_path / "base"),
-            environment_block="rlboost-flow-env-instances", return_state=True,
-        )
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    registry = InstanceRegistry(redis_client, "flow-env")
-    deadline = time.time() + 60
-    try:
-        while not any(i.info.instance_id == "spot-env-0" for i in registry.alive()):
-            assert time.time() < deadline, "the flow's worker never registered"
-            assert thread.is_alive(), f"the flow ended early: {result}"
-            time.sleep(0.1)
-    finally:
-        registry.request("spot-env-0", {"op": "drain"})
-        thread.join(timeout=30)
-    assert result["state"].is_completed()
+    state = _serve_until_registered_then_drain(  # no redis_url parameter: it comes from the block
+        redis_client, pool="spot", instance_id="spot-env-0", run_id="flow-env", model_path=str(tmp_path / "base"),
+        environment_block="rlboost-flow-env-instances",
+    )
+    assert state.is_completed()
     assert os.environ["RLBOOST_WEIGHTS_SECRET"] == "s" * 32
 
     # What the environment already has wins; a block that is not a mapping is refused by name.

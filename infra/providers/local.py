@@ -30,7 +30,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 from infra.providers.base import (
     InstanceHandle,
@@ -96,8 +96,7 @@ class LocalProvider(Provider):
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         """Processes not yet reaped: what the finalizer kills."""
         self._finalizer = weakref.finalize(self, _kill_all, self._lock, self._closed, self._procs)
-        self._thread: threading.Thread | None = None
-        self._stop_thread = threading.Event()
+        self._ticker = TickThread("local-provider")
 
     # -- Provider -------------------------------------------------------------------------------
 
@@ -176,19 +175,11 @@ class LocalProvider(Provider):
 
     def start(self, interval_s: float = 0.1) -> None:
         """Call `tick()` every `interval_s` seconds on a helper thread until `stop()`/`shutdown()`."""
-        if self._thread is not None:
-            raise RuntimeError("the tick thread is already running")
-        self._stop_thread.clear()
-        args = (weakref.ref(self), self._stop_thread, interval_s)
-        self._thread = threading.Thread(target=_tick_loop, args=args, name="local-provider", daemon=True)
-        self._thread.start()
+        self._ticker.start(self, interval_s)
 
     def stop(self) -> None:
         """Stop the helper thread (instances keep running)."""
-        if self._thread is not None:
-            self._stop_thread.set()
-            self._thread.join()
-            self._thread = None
+        self._ticker.stop()
 
     def shutdown(self, grace_s: float = 2.0) -> None:
         """Stop the thread, SIGTERM every instance, SIGKILL what is left after `grace_s` (real)
@@ -309,15 +300,40 @@ def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
         pass
 
 
-def _tick_loop(provider: weakref.ref[LocalProvider], stop: threading.Event, interval_s: float) -> None:
+class TickThread:
+    """Calls `owner.tick()` every `interval_s` seconds on a daemon thread between `start` and
+    `stop`. It holds the owner weakly, so an owner dropped without `stop` ends the thread."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def start(self, owner: Any, interval_s: float) -> None:
+        if self._thread is not None:
+            raise RuntimeError("the tick thread is already running")
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=_tick_loop, args=(weakref.ref(owner), self._stop, interval_s, self.name), name=self.name, daemon=True,
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+
+
+def _tick_loop(owner: weakref.ref, stop: threading.Event, interval_s: float, name: str) -> None:
     while not stop.wait(interval_s):
-        live = provider()
+        live = owner()
         if live is None:
             return
         try:
             live.tick()
         except Exception:
-            log.exception("local provider tick failed")
+            log.exception("%s tick failed", name)
         del live
 
 

@@ -29,9 +29,7 @@ import logging
 import os
 import shutil
 import sys
-import threading
 import time
-import weakref
 from collections.abc import Callable
 from pathlib import Path
 from uuid import UUID
@@ -40,7 +38,7 @@ from infra.fabric import REDIS_URL_ENV
 from infra.instance_runs import InstanceRuns, InstanceRunSpec, UnknownPool
 from infra.prefect_api import check_api, current_api_url
 from infra.providers.base import InstanceHandle, InstanceRecord, PoolSpec, PreemptionEvent, Provider, StopReason
-from infra.providers.local import LocalProvider
+from infra.providers.local import LocalProvider, TickThread
 from infra.traces import TraceSchedule
 
 log = logging.getLogger(__name__)
@@ -68,13 +66,9 @@ class PrefectLocalProvider(Provider):
         arguments go to the `LocalProvider` that schedules the instances."""
         self.spec = spec
         self.api_url = check_api(api_url or current_api_url(), purpose="fabric.instances: prefect")
-        from prefect.settings import get_current_settings
-
-        key = get_current_settings().api.key
-        self.runs = InstanceRuns(spec, self.api_url, key.get_secret_value() if key else None)
+        self.runs = InstanceRuns(spec, self.api_url)
         self._local = LocalProvider(self._instance_command, schedules=schedules, clock=clock, seed=seed, log_dir=log_dir)
-        self._thread: threading.Thread | None = None
-        self._stop_thread = threading.Event()
+        self._ticker = TickThread("prefect-local-provider")
 
     # -- Provider -------------------------------------------------------------------------------
 
@@ -112,21 +106,11 @@ class PrefectLocalProvider(Provider):
 
     def start(self, interval_s: float = 0.1) -> None:
         """Call `tick()` every `interval_s` seconds on a helper thread until `shutdown()`."""
-        if self._thread is not None:
-            raise RuntimeError("the tick thread is already running")
-        self._stop_thread.clear()
-        self._thread = threading.Thread(
-            target=_tick_loop, args=(weakref.ref(self), self._stop_thread, interval_s),
-            name="prefect-local-provider", daemon=True,
-        )
-        self._thread.start()
+        self._ticker.start(self, interval_s)
 
     def stop(self) -> None:
         """Stop the helper thread (instances keep running)."""
-        if self._thread is not None:
-            self._stop_thread.set()
-            self._thread.join()
-            self._thread = None
+        self._ticker.stop()
 
     def shutdown(self, drain_timeout_s: float = 30.0, grace_s: float = 5.0) -> None:
         """Drain every instance (its run ends Completed) for up to `drain_timeout_s`, then stop
@@ -163,14 +147,3 @@ class PrefectLocalProvider(Provider):
         """Cancel the runs of ended instances that never started, and remove their queues."""
         self.runs.settle(r.instance_id for r in self._local.list() if r.state == "terminated")
 
-
-def _tick_loop(provider: weakref.ref[PrefectLocalProvider], stop: threading.Event, interval_s: float) -> None:
-    while not stop.wait(interval_s):
-        live = provider()
-        if live is None:
-            return
-        try:
-            live.tick()
-        except Exception:
-            log.exception("prefect local provider tick failed")
-        del live
