@@ -7,7 +7,8 @@ reading a trace file once); local pools and the simulator drive it with their ow
 - `AvailabilityTrace`: a step function *trace time -> capacity* (instances available), stored as
   an initial capacity plus signed change events. A negative event is a preemption of that many
   instances. Recorded traces load through `load_trace("bamboo/g4dn")` etc. from the directory
-  `traces_dir()` (`<repo>/../shared/traces`, or `$RLBOOST_TRACES_DIR`).
+  `traces_dir()`: the copy shipped with the package (`infra/data/traces/`, each file with its
+  origin and licence), or `$RLBOOST_TRACES_DIR`. A file `NAME` may be stored as `NAME.gz`.
 - `PoissonLifetimes`: the same kind of timeline, synthetic: every slot alternates exponential
   lifetimes and exponential gaps (calibrate it from `summarize(trace)`).
 - `TraceSchedule`: replays a trace for a pool of `max_size` instances in wall time, compressed by
@@ -24,6 +25,7 @@ A malformed row raises `TraceError` naming the file and line.
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import math
 import os
@@ -44,12 +46,35 @@ class TraceError(ValueError):
     """A trace that cannot be used; the message names the file (and line) and the reason."""
 
 
+SHIPPED_TRACES_DIR = Path(__file__).resolve().parent / "data" / "traces"
+"""The traces and price history installed with the package (see its README for origins)."""
+
+
 def traces_dir() -> Path:
-    """The shared traces directory: `$RLBOOST_TRACES_DIR`, else `<repo>/../shared/traces`."""
+    """The traces directory: `$RLBOOST_TRACES_DIR`, else the copy shipped with the package."""
     override = os.environ.get(TRACES_DIR_ENV)
-    if override:
-        return Path(override)
-    return Path(__file__).resolve().parents[1] / ".." / "shared" / "traces"
+    return Path(override) if override else SHIPPED_TRACES_DIR
+
+
+def data_file(path: Path) -> Path | None:
+    """`path`, or its gzip-compressed copy `path.gz`, whichever exists; None if neither does."""
+    for candidate in (path, path.with_name(path.name + ".gz")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def open_text(path: Path) -> TextIO:
+    """Open a data file as UTF-8 text, reading `path.gz` transparently when only it exists.
+
+    Raises FileNotFoundError naming `path` when neither exists.
+    """
+    found = data_file(path)
+    if found is None:
+        raise FileNotFoundError(path)
+    if found.suffix == ".gz":
+        return gzip.open(found, "rt", newline="", encoding="utf-8")
+    return found.open(newline="", encoding="utf-8")
 
 
 @dataclass(frozen=True)
@@ -438,6 +463,6 @@ def _number(path: Path, line: int, text: str, what: str) -> float:
 
 def _open(path: Path) -> TextIO:
     try:
-        return path.open(newline="", encoding="utf-8")
+        return open_text(path)
     except FileNotFoundError:
         raise TraceError(f"{path}: trace file not found (set ${TRACES_DIR_ENV} to the traces directory)") from None

@@ -285,8 +285,6 @@ def test_pool_spec_validation_and_documentation():
 
 
 def test_pool_spec_trace_availability():
-    if not traces_dir().is_dir():
-        pytest.skip(f"shared traces directory {traces_dir()} is absent")
     pool = spot(availability={"trace": "bamboo/g4dn", "time_compression": 1440, "offset_s": 600})
     assert isinstance(pool.availability, TraceAvailability)
     schedule = pool.schedule()

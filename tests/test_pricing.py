@@ -83,9 +83,7 @@ def test_an_unknown_machine_type_or_region_says_where_prices_come_from_and_how_t
 
 
 def test_the_default_catalog_reads_the_traces_directory(tmp_path, monkeypatch):
-    if not (traces_dir() / GCP_HISTORY).is_file():
-        pytest.skip(f"the shared GCP price history is not at {traces_dir() / GCP_HISTORY}")
-    # Values from the shared trace: a2-highgpu-1g in us-central1.
+    # Values from the shipped history: a2-highgpu-1g in us-central1.
     assert price("gcp", "a2-highgpu-1g", "us-central1-a", "spot", at("2025-06-01")) == 1.442955
     assert price("gcp", "a2-highgpu-1g", "us-central1", "spot", at("2023-06-22T03:58:19")) == 1.21219
     assert price("local", "a2-highgpu-1g", None, "ondemand") == 3.673385

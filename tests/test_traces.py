@@ -3,12 +3,14 @@ compress and loop correctly, bad rows fail with file:line, and the Poisson model
 
 from __future__ import annotations
 
+import gzip
 import math
 import re
 from pathlib import Path
 
 import pytest
 
+import infra
 from infra.traces import (
     AvailabilityTrace,
     CapacityChange,
@@ -21,6 +23,7 @@ from infra.traces import (
     load_skynomad_h100,
     load_spotserve,
     load_trace,
+    SHIPPED_TRACES_DIR,
     summarize,
     traces_dir,
 )
@@ -30,10 +33,29 @@ HOUR = 3600.0
 
 @pytest.fixture(scope="module")
 def root() -> Path:
-    path = traces_dir()
-    if not path.is_dir():
-        pytest.skip(f"shared traces directory {path} is absent (set RLBOOST_TRACES_DIR)")
-    return path
+    return traces_dir()
+
+
+def test_the_traces_ship_with_the_package(monkeypatch):
+    """No folder beside the checkout is needed: the default directory is inside the package."""
+    monkeypatch.delenv("RLBOOST_TRACES_DIR", raising=False)
+    assert traces_dir() == SHIPPED_TRACES_DIR
+    assert SHIPPED_TRACES_DIR.is_relative_to(Path(infra.__file__).parent)
+    for licence in ("bamboo/LICENSE", "skynomad/LICENSE", "skynomad/NOTICE", "spotserve/LICENSE-Apache-2.0.txt",
+                    "gcp-spot-prices-cyclenerd/LICENSE"):
+        assert (SHIPPED_TRACES_DIR / licence).is_file(), licence
+    assert load_trace("skynomad/h100/us-central1-a").slots == 16  # read from the shipped .csv.gz
+
+
+def test_a_gzipped_trace_reads_like_the_plain_file(tmp_path, monkeypatch):
+    events = "0,add,a\n0,add,b\n5000,remove,a\n9000,add,c\n"
+    (tmp_path / "plain" / "bamboo" / "traces").mkdir(parents=True)
+    (tmp_path / "plain" / "bamboo" / "traces" / "tiny-trace.csv").write_text(events)
+    (tmp_path / "gz" / "bamboo" / "traces").mkdir(parents=True)
+    with gzip.open(tmp_path / "gz" / "bamboo" / "traces" / "tiny-trace.csv.gz", "wt") as f:
+        f.write(events)
+    plain, compressed = (load_trace("bamboo/tiny", tmp_path / kind) for kind in ("plain", "gz"))
+    assert plain.steps == compressed.steps == ((0.0, 2), (5.0, 1), (9.0, 2))
 
 
 def _capacities(trace: AvailabilityTrace) -> list[int]:

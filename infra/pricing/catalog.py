@@ -3,9 +3,9 @@
 This module owns *what one instance-hour of a machine type costs* in a region, at a date, in a
 capacity class. Two sources feed one `Catalog`:
 
-- **GCP**: `<traces>/gcp-spot-prices-cyclenerd/gcp_gpu_spot_price_changes.csv`, the traces
-  directory found as `infra.traces.traces_dir()` finds it (`$RLBOOST_TRACES_DIR`, else
-  `<repo>/../shared/traces`). Its rows are change points per (machine type, region): a price holds
+- **GCP**: `<traces>/gcp-spot-prices-cyclenerd/gcp_gpu_spot_price_changes.csv` (shipped
+  gzip-compressed), in the traces directory that `infra.traces.traces_dir()` finds (the copy
+  installed with the package, or `$RLBOOST_TRACES_DIR`). Its rows are change points per (machine type, region): a price holds
   from its `effective_from_utc` until the next row of the same pair, so each pair is a step
   function of time. A `REMOVED` row means the pair left the price list then (it may come back);
   a date before a pair's first row has no price. GPU machine types only (a2, a3, g2, g4).
@@ -37,7 +37,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from infra.providers.base import CapacityClass
-from infra.traces import traces_dir
+from infra.traces import data_file, open_text, traces_dir
 
 GCP_HISTORY = Path("gcp-spot-prices-cyclenerd") / "gcp_gpu_spot_price_changes.csv"
 """The GCP price history, relative to the traces directory."""
@@ -105,7 +105,7 @@ def _usd(cell: str, path: Path, line: int) -> float | None:
 def load_gcp_history(path: Path) -> PriceTable:
     """The GCP change-point CSV as step functions (see the module docstring)."""
     series: dict[tuple[str, str], list[PriceStep]] = defaultdict(list)
-    with path.open(newline="") as f:
+    with open_text(path) as f:
         for line, row in enumerate(csv.DictReader(f), start=2):
             try:
                 since = datetime.fromisoformat(row["effective_from_utc"]).astimezone(UTC)
@@ -229,7 +229,7 @@ def _label(capacity_class: str) -> str:
 @lru_cache(maxsize=4)
 def _load_catalog(gcp_history: Path) -> Catalog:
     tables, missing = [load_azure_table()], []
-    if gcp_history.is_file():
+    if data_file(gcp_history) is not None:
         tables.insert(0, load_gcp_history(gcp_history))
     else:
         missing.append(f"GCP list-price history missing at {gcp_history} (set $RLBOOST_TRACES_DIR)")
