@@ -2,7 +2,13 @@
 
 Two families:
 
-* ``add``: 2-3 digit addition. Prompt ``"123+45="``, solution ``"168"``.
+* ``add``: 2-3 digit addition in fixed-width notation: operands written with 3 digits, the sum
+  with 4. Prompt ``"123+045="``, solution ``"0168"`` (answer ``"168"``; the rewards compare
+  numbers, so ``"0168"`` and ``"168"`` are both right). With every digit at a fixed distance from
+  the digits it depends on, the tiny model learns the carries in a few hundred supervised steps on
+  any CPU; written naturally (``"123+45="`` -> ``"168"``) its held-out accuracy sat near zero for
+  3,000 to more than 7,500 steps and then jumped, at a step that depended on the CPU's float
+  kernels (`bench/pretrain.py` measures it; the README has the figures).
 * ``chain``: a sum of 3-4 operands worked as a running chain, so responses are several times
   longer (useful where mid-response preemption must be common). Prompt ``"12+345+67="``,
   solution ``"357+67=424"``: each step writes the running sum, then the next operand; the last
@@ -23,6 +29,10 @@ from dataclasses import dataclass
 FAMILIES = ("add", "chain")
 HELD_OUT_BUCKETS = 10
 """One problem in this many is reserved for evaluation."""
+ADD_OPERAND_DIGITS = 3
+"""Width of an ``add`` operand (zero-padded): the largest operand has 3 digits."""
+ADD_SUM_DIGITS = 4
+"""Width of an ``add`` sum (zero-padded): two 3-digit operands sum to at most 4 digits."""
 
 
 @dataclass(frozen=True)
@@ -48,10 +58,11 @@ def _operands(rng: random.Random, family: str) -> tuple[int, ...]:
 
 
 def make_problem(operands: tuple[int, ...], family: str) -> Problem:
-    prompt = "+".join(map(str, operands)) + "="
     if family == "add":
         total = sum(operands)
-        return Problem(prompt, str(total), str(total), family)
+        prompt = "+".join(f"{operand:0{ADD_OPERAND_DIGITS}d}" for operand in operands) + "="
+        return Problem(prompt, str(total), f"{total:0{ADD_SUM_DIGITS}d}", family)
+    prompt = "+".join(map(str, operands)) + "="
     if family == "chain":
         running = operands[0] + operands[1]
         steps = [str(running)]

@@ -46,7 +46,9 @@ def test_add_solution_is_the_sum():
         operands = _operands(problem.prompt)
         assert len(operands) == 2
         assert all(10 <= x <= 999 for x in operands)
-        assert problem.answer == problem.solution == str(sum(operands))
+        assert problem.answer == str(sum(operands))
+        assert problem.solution == f"{sum(operands):04d}"  # fixed width: 4 digits
+        assert re.fullmatch(r"\d{3}\+\d{3}=", problem.prompt)
         assert problem.family == "add"
 
 
@@ -74,7 +76,9 @@ def test_make_problem_known_values():
     assert make_problem((12, 345, 67), "chain").solution == "357+67=424"
     assert make_problem((12, 345, 67, 8), "chain").solution == "357+67=424+8=432"
     problem = make_problem((123, 45), "add")
-    assert (problem.prompt, problem.answer, problem.solution) == ("123+45=", "168", "168")
+    assert (problem.prompt, problem.answer, problem.solution) == ("123+045=", "168", "0168")
+    assert make_problem((999, 999), "add").solution == "1998"
+    assert make_problem((10, 10), "add").prompt == "010+010="
 
 
 def test_unknown_family_and_split_error():
