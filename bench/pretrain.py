@@ -40,15 +40,12 @@ def cpu_model() -> str:
 
 def one_run(config_path: str | None, seed: int, threads: int, output: Path) -> dict:
     """Pretrain once in this process; returns its figures."""
-    import torch
-
     from infra.config import load_config
     from rl.pretrain import ThresholdNotReached, pretrain
 
-    torch.set_num_threads(threads)
     config = load_config(config_path, {"pretrain.seed": seed, "pretrain.output": str(output)})
     try:
-        result = pretrain(config.pretrain, config.model)
+        result = pretrain(config.pretrain, config.model, threads=threads)
     except ThresholdNotReached as error:
         return {"steps": None, "seconds": None, "error": str(error)}
     return {"steps": result.steps, "seconds": round(result.seconds, 1), "accuracy": result.accuracy}

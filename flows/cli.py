@@ -65,7 +65,7 @@ def pretrain(config: ConfigOption = None, set_: SetOption = None, force: bool = 
                 console.print(f"pretrain {status}")
 
         try:
-            result = run_pretrain(cfg.pretrain, cfg.model, on_eval=on_eval)
+            result = run_pretrain(cfg.pretrain, cfg.model, on_eval=on_eval, threads=cfg.run.torch_threads)
         except ThresholdNotReached as error:
             console.print(f"[red]{error}[/red]")
             raise typer.Exit(1) from None

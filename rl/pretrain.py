@@ -80,8 +80,14 @@ def pretrain(
     config: PretrainConfig,
     shape: ModelConfig,
     on_eval: Callable[[int, float, float], None] | None = None,
+    threads: int | None = None,
 ) -> PretrainResult:
-    """Train a fresh tiny Llama until held-out greedy accuracy >= threshold; save it."""
+    """Train a fresh tiny Llama until held-out greedy accuracy >= threshold; save it.
+
+    `threads` sets torch's CPU threads first (`run.torch_threads`; None keeps torch's choice).
+    """
+    if threads:
+        torch.set_num_threads(threads)
     model, tokenizer = build_tiny_llama(
         TinyLlamaShape(shape.hidden_size, shape.num_layers, shape.num_heads, shape.intermediate_size),
         seed=config.seed,

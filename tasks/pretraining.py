@@ -28,6 +28,7 @@ def ensure_base_model(config: RunConfig) -> str:
     result = pretrain(
         config.pretrain, config.model,
         on_eval=lambda step, loss, acc: logger.info("pretrain step %d loss %.3f held-out acc %.3f", step, loss, acc),
+        threads=config.run.torch_threads,
     )
     logger.info("pretrained in %d steps (%.0f s), held-out greedy accuracy %.3f", result.steps, result.seconds, result.accuracy)
     return str(path)
