@@ -30,10 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import redis  # noqa: E402
 import torch  # noqa: E402
 
-from infra.flush_pipeline import FlushPipeline  # noqa: E402
-from infra.redis_embedded import EmbeddedRedis  # noqa: E402
-from infra.tokenlog import Flush, GroupSpec, TokenLog  # noqa: E402
-from rl.engine import GenerationRequest, HFEngine, SamplingParams  # noqa: E402
+from infra.rollout.flush_pipeline import FlushPipeline  # noqa: E402
+from infra.services.redis_embedded import EmbeddedRedis  # noqa: E402
+from infra.rollout.tokenlog import Flush, GroupSpec, TokenLog  # noqa: E402
+from rl.engine import HFEngine  # noqa: E402
+from rl.generation import GenerationRequest, SamplingParams  # noqa: E402
 from rl.models import TinyLlamaShape, build_tiny_llama  # noqa: E402
 
 

@@ -47,7 +47,7 @@ def prefect_harness():
 @pytest.fixture(scope="session")
 def redis_url():
     """One embedded redis-server (free loopback port, random password, no persistence)."""
-    from infra.redis_embedded import EmbeddedRedis
+    from infra.services.redis_embedded import EmbeddedRedis
 
     with EmbeddedRedis() as server:
         yield server.url

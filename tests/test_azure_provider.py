@@ -12,10 +12,11 @@ from azure.core.credentials import AccessToken
 from azure.core.exceptions import ClientAuthenticationError
 from azure.core.pipeline.policies import BearerTokenCredentialPolicy, SansIOHTTPPolicy
 
-from infra.prices_live import AzureRetailPrices, azure_hourly_price
+from infra.providers.prices_live import AzureRetailPrices, azure_hourly_price
 from infra.pricing import price
 from infra.providers.azure import AzureProvider
-from infra.providers.base import LABEL_POOL, LABEL_RUN, LABEL_STEP, OperationPolling, PoolSpec
+from infra.providers.pool import PoolSpec
+from infra.providers.zonal import LABEL_POOL, LABEL_RUN, LABEL_STEP, OperationPolling
 from infra.providers.errors import CredentialsError, PoolConfigError
 from infra.providers.startup import WorkerBootstrap
 from tests.fakes.arm import FakeArm
@@ -117,11 +118,11 @@ def test_spot_launch_asks_for_a_spot_vm_with_max_price_tags_and_the_worker(arm, 
     script = base64.b64decode(props["osProfile"]["customData"]).decode()
     name = body["properties"]["osProfile"]["computerName"]
     assert f"-m infra.watchers azure --instance {name}" in script
-    assert f"-m infra.prefect_worker --pool t4-spot --work-queue run-42-{name} --name {name} --limit 1 --run-once" in script
+    assert f"-m infra.stack.prefect_worker --pool t4-spot --work-queue run-42-{name} --name {name} --limit 1 --run-once" in script
     # The SDK's poller followed the Azure-AsyncOperation documents to the end.
     assert len(arm.requests_to("GET", r"/operations/")) >= 2 * arm.operation_polls
     assert sorted(arm.names()) == sorted(h.instance_id for h in handles)
-    assert {r.zone for r in provider.list()} == {"eastus-1"}
+    assert {r.zone for r in provider.instances()} == {"eastus-1"}
     assert len(arm.api_versions) == 1
 
 
@@ -170,7 +171,7 @@ def test_eviction_is_detected_and_the_record_ends_when_the_vm_is_gone(arm, clock
     arm.settle()
     provider.refresh()
     assert provider.describe(evicted).state == "terminated"
-    assert [r.state for r in provider.list(live_only=True)] == ["running", "running"]
+    assert [r.state for r in provider.instances(live_only=True)] == ["running", "running"]
     assert [(c.instance_id, c.state) for c in changes if c.instance_id == evicted] == [
         (evicted, "running"), (evicted, "terminating"), (evicted, "terminated")]
 
@@ -193,8 +194,8 @@ def test_a_new_controller_adopts_the_runs_vms(arm, clock):
     make_provider(arm, clock, run_id="other-run").launch(pool, 1)
     second = make_provider(arm, clock)
     second.refresh([pool])
-    assert {r.instance_id for r in second.list()} == launched
-    assert {r.launch_step for r in second.list()} == {2}
+    assert {r.instance_id for r in second.instances()} == launched
+    assert {r.launch_step for r in second.instances()} == {2}
 
 
 def test_live_spot_price_comes_from_the_retail_prices_api(arm, clock, retail):

@@ -3,7 +3,6 @@ the GCP provider and the fake Compute Engine through preemptions and a zone runn
 
 from __future__ import annotations
 
-import builtins
 import threading
 from collections.abc import Sequence
 from dataclasses import replace
@@ -12,9 +11,10 @@ import pytest
 from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
 
-from infra.capacity_manager import CapacityManager
+from infra.fleet.capacity_manager import CapacityManager
 from infra.ledger import Ledger
-from infra.providers.base import InstanceHandle, InstanceRecord, PoolSpec, PreemptionEvent, Provider, StopReason
+from infra.providers.pool import PoolSpec
+from infra.providers.interface import InstanceHandle, InstanceRecord, PreemptionEvent, Provider, StopReason
 from infra.providers.errors import PoolConfigError
 from infra.providers.gcp import GcpProvider
 from infra.providers.startup import WorkerBootstrap
@@ -33,7 +33,7 @@ class ScriptedProvider(Provider):
         self.events: list[PreemptionEvent] = []
         self.refreshed = 0
 
-    def launch(self, pool: PoolSpec, count: int) -> builtins.list[InstanceHandle]:
+    def launch(self, pool: PoolSpec, count: int) -> list[InstanceHandle]:
         room = self.capacity.get(pool.name, count)
         started = []
         for _ in range(min(count, room)):
@@ -45,7 +45,7 @@ class ScriptedProvider(Provider):
             self.capacity[pool.name] -= len(started)
         return started
 
-    def list(self, live_only: bool = False) -> builtins.list[InstanceRecord]:
+    def instances(self, live_only: bool = False) -> list[InstanceRecord]:
         return [r for r in self.records.values() if not live_only or r.state != "terminated"]
 
     def describe(self, instance_id: str) -> InstanceRecord:
@@ -60,7 +60,7 @@ class ScriptedProvider(Provider):
         record = self.records[instance_id]
         self.events.append(PreemptionEvent(instance_id, record.pool, self.clock(), self.clock() + 30, False))
 
-    def preemptions(self) -> builtins.list[PreemptionEvent]:
+    def preemptions(self) -> list[PreemptionEvent]:
         events, self.events = self.events, []
         return events
 
@@ -77,7 +77,7 @@ def pool(name: str, size: int = 3, **fields: object) -> PoolSpec:
 
 
 def running(provider: Provider, name: str) -> list[str]:
-    return sorted(r.instance_id for r in provider.list(live_only=True) if r.pool == name and r.state == "running")
+    return sorted(r.instance_id for r in provider.instances(live_only=True) if r.pool == name and r.state == "running")
 
 
 def test_fills_every_pool_to_its_size_then_holds():
@@ -241,7 +241,7 @@ def test_keeps_a_gcp_spot_pool_at_target_through_preemptions_and_a_zone_running_
         gce.settle()
         manager.reconcile()
 
-    records = provider.list()
+    records = provider.instances()
     assert len(records) == 3 + 1 + 2 + 1 + 1
     for record in records:
         assert record.launched_at is not None and record.price_per_hour == pytest.approx(0.479872)

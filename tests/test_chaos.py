@@ -10,7 +10,8 @@ import time
 import pytest
 import torch
 
-from infra.fabric import FabricConfig, RolloutFabric
+from infra.run.fabric import RolloutFabric
+from infra.run.fabric_config import FabricConfig
 from rl.config import DataConfig, RolloutConfig
 from rl.engine import HFEngine
 from rl.models import TinyLlamaShape, build_tiny_llama, load_model, save_model

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
-from flows.cli import app
+from infra.cli.app import app
 
 runner = CliRunner()
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from infra.config import ConfigError, parse_config
-from infra.providers.base import PoolSpec
+from infra.run.config import ConfigError, parse_config
+from infra.providers.pool import PoolSpec
 
 GCP_POOL = """\
 fabric:

@@ -33,10 +33,10 @@ from prefect.exceptions import ObjectNotFound
 from prefect.settings import PREFECT_API_URL
 
 from flows.rl_train import rl_train
-from infra.fabric import environment_block_name
+from infra.run.fabric import environment_block_name
 from infra.ledger import Ledger
-from infra.model_source import INDEX
-from infra.redis_embedded import EmbeddedRedis
+from infra.weights.model_source import INDEX
+from infra.services.redis_embedded import EmbeddedRedis
 from rl.models import TinyLlamaShape, build_tiny_llama, save_model
 from rl.rollout import read_samples
 from tests.fakes.gce import FakeGce

@@ -13,8 +13,9 @@ import pytest
 from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
 
-from infra.providers.base import InstanceRecord, PoolSpec
-from infra.providers.cloud_fleet import CloudFleet
+from infra.providers.pool import PoolSpec
+from infra.providers.interface import InstanceRecord
+from infra.fleet.cloud_fleet import CloudFleet
 from infra.providers.errors import CloudError, PoolConfigError
 from infra.providers.gcp import GcpProvider
 from infra.providers.startup import WorkerBootstrap
@@ -56,7 +57,7 @@ def test_keeps_a_gcp_pool_at_target_through_a_preemption_then_deletes_its_vms(gc
     assert isinstance(gcp, GcpProvider) and gcp.run_id == "fleet-run"
     fleet.start()
     try:
-        wait_until(lambda: len(gce.names()) == 2 and len(gcp.list()) == 2)
+        wait_until(lambda: len(gce.names()) == 2 and len(gcp.instances()) == 2)
         first = gce.names()
         gce.preempt(first[0])
         wait_until(lambda: gcp.describe(first[0]).reason == "preempted" and len(gce.names()) == 2)
@@ -68,7 +69,7 @@ def test_keeps_a_gcp_pool_at_target_through_a_preemption_then_deletes_its_vms(gc
     assert fleet.failure is None and "cloud-fleet" not in [t.name for t in threading.enumerate()]
     # Stopping deleted the two VMs that were running; the preempted one was already gone.
     assert gce.names() == [] and gce.names(status="STOPPING") == sorted([first[1], replacement])
-    assert {r.instance_id: r.reason for r in gcp.list(live_only=True)} == dict.fromkeys([first[1], replacement], "scaled_down")
+    assert {r.instance_id: r.reason for r in gcp.instances(live_only=True)} == dict.fromkeys([first[1], replacement], "scaled_down")
     assert [(c.state, c.reason) for c in changes if c.instance_id == first[0]] == [
         ("running", None), ("terminating", "preempted"), ("terminated", "preempted")]
     assert {c.instance_id for c in changes} == {first[0], first[1], replacement}

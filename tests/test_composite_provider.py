@@ -10,8 +10,8 @@ import pytest
 from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
 
-from infra.prices_live import offline_price
-from infra.providers.base import PoolSpec
+from infra.providers.prices_live import offline_price
+from infra.providers.pool import PoolSpec
 from infra.providers.composite import CompositeProvider
 from infra.providers.gcp import GcpProvider
 from infra.providers.local import LocalProvider
@@ -59,9 +59,9 @@ def test_routes_launch_quote_describe_and_terminate_by_pool_and_instance(local, 
     composite = CompositeProvider({"local": local, "gcp": gcp})
     local_ids = ids(composite.launch(LOCAL, 2))
     cloud_ids = ids(composite.launch(GCP, 2))
-    assert local_ids == ["local-spot-0", "local-spot-1"] and ids(local.list()) == local_ids
-    assert ids(gcp.list()) == cloud_ids == gce.names("us-central1-a")
-    assert ids(composite.list()) == sorted(local_ids + cloud_ids)
+    assert local_ids == ["local-spot-0", "local-spot-1"] and ids(local.instances()) == local_ids
+    assert ids(gcp.instances()) == cloud_ids == gce.names("us-central1-a")
+    assert ids(composite.instances()) == sorted(local_ids + cloud_ids)
 
     assert composite.quote(LOCAL) == 0.11
     assert composite.quote(GCP) == pytest.approx(offline_price(GCP, "us-central1-a")) != 0.5
@@ -73,12 +73,12 @@ def test_routes_launch_quote_describe_and_terminate_by_pool_and_instance(local, 
     assert local.describe(local_ids[0]).state == "terminating"
     assert gcp.describe(cloud_ids[0]).state == "terminating"
     assert gce.names(status="STOPPING") == [cloud_ids[0]]
-    assert ids(composite.list(live_only=True)) == sorted(local_ids + cloud_ids)
+    assert ids(composite.instances(live_only=True)) == sorted(local_ids + cloud_ids)
     deadline = time.monotonic() + 5
     while local.describe(local_ids[0]).state != "terminated" and time.monotonic() < deadline:
         local.tick()
         time.sleep(0.02)
-    assert ids(composite.list(live_only=True)) == sorted([local_ids[1], *cloud_ids])
+    assert ids(composite.instances(live_only=True)) == sorted([local_ids[1], *cloud_ids])
     with pytest.raises(KeyError, match="nobody-0"):
         composite.describe("nobody-0")
     with pytest.raises(KeyError, match="nobody-0"):
@@ -105,11 +105,11 @@ def test_start_and_shutdown_reach_the_local_provider_only(gcp, gce):
     composite.start()
     # The local tick thread runs: the finished instance is reaped and replaced.
     deadline = time.monotonic() + 5
-    while len(local.list()) < 2 and time.monotonic() < deadline:
+    while len(local.instances()) < 2 and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert local.describe("local-spot-0").reason == "finished" and len(local.list()) >= 2
+    assert local.describe("local-spot-0").reason == "finished" and len(local.instances()) >= 2
     composite.shutdown()
-    assert {r.state for r in local.list()} == {"terminated"}
+    assert {r.state for r in local.instances()} == {"terminated"}
     with pytest.raises(RuntimeError, match="shut down"):
         composite.launch(LOCAL, 1)
     assert gcp.describe(cloud_id).state == "running" and gce.names() == [cloud_id]
@@ -121,6 +121,6 @@ def test_a_pool_of_a_kind_without_provider_is_refused_by_name(local):
                  lambda: composite.refresh([LOCAL, GCP])):
         with pytest.raises(ValueError, match=r"pool '(l4-spot|t4-azure)' has provider '(gcp|azure)'.*it has: local"):
             call()
-    assert local.list() == []
+    assert local.instances() == []
     with pytest.raises(ValueError, match=r"no such provider kind: \['aws'\]"):
         CompositeProvider({"local": local, "aws": local})

@@ -1,4 +1,4 @@
-"""Tests for rl/config.py and infra/config.py: the demo file, strict validation, precise errors."""
+"""Tests for rl/config.py and infra/run/config.py: the demo file, strict validation, precise errors."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.config import DEFAULT_CONFIG, ConfigError, RunConfig, load_config, parse_config
+from infra.run.config import DEFAULT_CONFIG, ConfigError, RunConfig, load_config, parse_config
 
 BASE = """\
 run:

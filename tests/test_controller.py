@@ -19,17 +19,17 @@ from pathlib import Path
 
 import pytest
 
-from infra.controller import (
+from infra.rollout.controller import (
     ControllerConfig,
     OffloadSettings,
     RolloutController,
     StepReport,
     samples_of_group,
 )
-from infra.policies import StealConfig
-from infra.registry import InstanceInfo, InstanceRegistry
-from infra.tokenlog import Claim, Flush, GroupSpec, SampleRecord, TokenLog
-from infra.worker import current_step
+from infra.rollout.policies import StealConfig
+from infra.rollout.registry import InstanceInfo, InstanceRegistry
+from infra.rollout.tokenlog import Claim, Flush, GroupSpec, SampleRecord, TokenLog
+from infra.rollout.protocol import current_step
 
 pytestmark = pytest.mark.integration
 
@@ -372,8 +372,8 @@ def test_t_local_adapts_per_step_and_survives_a_controller_restart(redis_client,
 _CONTROLLER_PROCESS = """
 import json, os, sys, time
 import redis
-from infra.controller import ControllerConfig, RolloutController
-from infra.tokenlog import GroupSpec
+from infra.rollout.controller import ControllerConfig, RolloutController
+from infra.rollout.tokenlog import GroupSpec
 
 run_id, spec = sys.argv[1], json.loads(sys.argv[2])
 client = redis.Redis.from_url(os.environ["TEST_REDIS_URL"])

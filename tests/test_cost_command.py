@@ -8,9 +8,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app
+from infra.cli.app import app
 from infra.ledger import Ledger
-from infra.providers.base import InstanceRecord
+from infra.providers.interface import InstanceRecord
 from tests.test_ledger import RUN_ID, at, record_small_run
 
 runner = CliRunner()

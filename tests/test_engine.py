@@ -8,18 +8,8 @@ import time
 import pytest
 import torch
 
-from rl.engine import (
-    GenerationEngine,
-    GenerationRequest,
-    GenerationResult,
-    HFEngine,
-    SamplingParams,
-    _mix64,
-    _mix64_tensor,
-    _signed,
-    gumbel_noise,
-    sample_key,
-)
+from rl.engine import HFEngine, _mix64, _mix64_tensor, _signed, gumbel_noise, sample_key
+from rl.generation import GenerationEngine, GenerationRequest, GenerationResult, SamplingParams
 from rl.models import TinyLlamaShape, build_tiny_llama
 
 EOS, PAD, BOS = 2, 0, 1

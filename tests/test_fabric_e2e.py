@@ -11,7 +11,7 @@ import pytest
 
 from flows.rl_train import rl_train
 from infra.ledger import Ledger
-from infra.config import load_config
+from infra.run.config import load_config
 from rl.engine import HFEngine
 from rl.models import TinyLlamaShape, build_tiny_llama, load_model, save_model
 from rl.prompt_source import PromptSource

@@ -96,7 +96,7 @@ def test_two_steps_then_resume(prefect_harness, base_model, tmp_path):
 
 
 def test_bad_config_fails_before_any_work(prefect_harness, tmp_path):
-    from infra.config import ConfigError
+    from infra.run.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"rollout\.group_size"):
         rl_train(overrides={"rollout.group_size": 1, "run.output_dir": str(tmp_path)})

@@ -8,8 +8,8 @@ import uuid
 import pytest
 import redis
 
-from infra.flush_pipeline import FlushPipeline
-from infra.tokenlog import Flush, GroupSpec, TokenLog
+from infra.rollout.flush_pipeline import FlushPipeline
+from infra.rollout.tokenlog import Flush, GroupSpec, TokenLog
 
 pytestmark = pytest.mark.integration
 

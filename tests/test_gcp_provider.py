@@ -12,8 +12,9 @@ from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
 from google.oauth2.credentials import Credentials as UserCredentials
 
-from infra.prices_live import offline_price
-from infra.providers.base import LABEL_POOL, LABEL_RUN, LABEL_STEP, PoolSpec
+from infra.providers.prices_live import offline_price
+from infra.providers.pool import PoolSpec
+from infra.providers.zonal import LABEL_POOL, LABEL_RUN, LABEL_STEP
 from infra.providers.errors import CredentialsError, PoolConfigError
 from infra.providers.gcp import GcpProvider
 from infra.providers.startup import WorkerBootstrap
@@ -89,12 +90,12 @@ def test_spot_launch_asks_for_spot_gpus_labels_and_the_worker(gce, clock):
                                         "scopes": ["https://www.googleapis.com/auth/cloud-platform"]}]
     script = next(i["value"] for i in body["metadata"]["items"] if i["key"] == "startup-script")
     assert "pip install --quiet 'rlboost[gcp]==0.1.0'" in script
-    assert f"-m infra.prefect_worker --pool t4-spot --work-queue {RUN}-{body['name']} --name {body['name']} --limit 1 --run-once" in script
+    assert f"-m infra.stack.prefect_worker --pool t4-spot --work-queue {RUN}-{body['name']} --name {body['name']} --limit 1 --run-once" in script
     assert "-m infra.watchers gce" in script and "PREFECT_API_URL=http://prefect.internal:4200/api" in script
     # Every insert carried an idempotency key and was waited on through the zone operations API.
     assert all(re.fullmatch(r"[0-9a-f-]{36}", r.query["requestId"]) for r in gce.requests_to("POST", r"/instances$"))
     assert len(gce.requests_to("POST", r"/operations/[^/]+/wait$")) == 2 * gce.operation_polls
-    records = provider.list()
+    records = provider.instances()
     assert {r.zone for r in records} == {"us-central1-a"} and {r.launch_step for r in records} == {7}
     assert all(r.state == "running" and r.launched_at == clock.t and r.price_per_hour == pytest.approx(0.2) for r in records)
     assert sorted(gce.names("us-central1-a")) == sorted(h.instance_id for h in handles)
@@ -199,7 +200,7 @@ def test_every_zone_out_starts_nothing_and_asks_nothing_during_back_off(gce, clo
     asked = len(gce.requests_to("POST", r"/instances$"))
     assert provider.launch(pool, 2) == []
     assert len(gce.requests_to("POST", r"/instances$")) == asked
-    assert provider.list() == []
+    assert provider.instances() == []
 
 
 def test_preemption_is_detected_from_status_and_the_preempted_operation(gce, clock):
@@ -224,7 +225,7 @@ def test_preemption_is_detected_from_status_and_the_preempted_operation(gce, clo
     record = provider.describe(name)
     assert (record.state, record.terminated_at, record.reason) == ("terminated", clock.t, "preempted")
     assert [(c.state, c.reason) for c in changes] == [("running", None), ("terminating", "preempted"), ("terminated", "preempted")]
-    assert provider.list(live_only=True) == []
+    assert provider.instances(live_only=True) == []
 
 
 def test_a_vm_gone_without_a_trace_is_a_silent_preemption(gce, clock):
@@ -262,7 +263,7 @@ def test_a_new_controller_adopts_the_runs_vms(gce, clock):
     clock.advance(500)
     second = make_provider(gce, clock)
     second.refresh([pool])
-    adopted = second.list()
+    adopted = second.instances()
     assert {r.instance_id for r in adopted} == launched
     assert all(r.launch_step == 3 and r.launched_at == pytest.approx(clock.t - 500, abs=1e-3) for r in adopted)
     list_filter = gce.requests_to("GET", r"/instances$")[-1].query["filter"]

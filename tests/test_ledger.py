@@ -24,7 +24,8 @@ from infra.ledger import Ledger, LedgerConfig, LedgerUnavailable, LedgerWriteErr
 from infra.ledger.db import create_ledger_engine, current_revision, downgrade_to, normalize_url, upgrade_to_head
 from infra.ledger.models import Base, Instance, PriceQuote, Run, Step, Usage, WeightTransfer
 from infra.ledger.recorder import as_utc
-from infra.providers.base import InstanceRecord, PoolSpec
+from infra.providers.pool import PoolSpec
+from infra.providers.interface import InstanceRecord
 
 pytestmark = pytest.mark.integration
 

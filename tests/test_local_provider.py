@@ -18,7 +18,7 @@ import pytest
 from pydantic import ValidationError
 
 from infra.providers import LocalProvider, PoissonAvailability, PoolSpec, TraceAvailability
-from infra.traces import AvailabilityTrace, TraceEvent, TraceSchedule, traces_dir
+from infra.availability.traces import AvailabilityTrace, TraceEvent, TraceSchedule
 
 CHILD = r"""
 import os, pathlib, signal, subprocess, sys, time
@@ -135,17 +135,17 @@ def test_capacity_drop_preempts_with_notice_and_return_relaunches(tmp_path):
             record = provider.describe(instance_id)
             assert (record.reason, record.exit_code, record.notice_at) == ("preempted", 0, 1.0)
             assert (tmp_path / f"{instance_id}.term").read_text() == "spot"  # the SIGTERM handler ran
-        assert len(provider.list(live_only=True)) == 1
+        assert len(provider.instances(live_only=True)) == 1
 
         clock.t = 2.0  # capacity back to 3
         provider.tick()
-        live = provider.list(live_only=True)
+        live = provider.instances(live_only=True)
         assert sorted(r.instance_id for r in live) == sorted({*ids} - {*preempted} | {"spot-3", "spot-4"})
         assert provider.preemptions() == []
         wait_ready(tmp_path, ["spot-3", "spot-4"])
         pids += [pid_of(tmp_path, "spot-3"), pid_of(tmp_path, "spot-4")]
 
-    records = provider.list()
+    records = provider.instances()
     assert len(records) == 5 and all(r.state == "terminated" for r in records)
     assert sorted(r.reason or "" for r in records) == ["preempted", "preempted"] + ["scaled_down"] * 3
     assert all(r.launched_at <= (r.terminated_at or 0) and r.price_per_hour == 0.28 for r in records)
@@ -173,7 +173,7 @@ def test_sigterm_ignored_means_sigkill_after_the_notice(tmp_path):
         assert not (tmp_path / f"{handle.instance_id}.term").exists() and not alive(pid)
         clock.t = 2.5
         provider.tick()
-        assert provider.list(live_only=True) == []  # capacity stays 0 (no loop)
+        assert provider.instances(live_only=True) == []  # capacity stays 0 (no loop)
 
 
 @pytest.mark.integration
@@ -211,7 +211,7 @@ def test_scale_down_uses_sigterm_lowers_the_target_and_sweeps_the_group(tmp_path
         # The grandchild ignored SIGTERM; the group sweep after its leader exited killed it.
         wait_for(lambda: not alive(grandchildren[0]), "the grandchild swept")
         provider.tick()
-        assert [r.instance_id for r in provider.list(live_only=True)] == ["trainer-1"]  # no replacement
+        assert [r.instance_id for r in provider.instances(live_only=True)] == ["trainer-1"]  # no replacement
         provider.terminate("trainer-0")  # already gone: a no-op
         with pytest.raises(KeyError, match="trainer-7"):
             provider.terminate("trainer-7")
@@ -251,10 +251,10 @@ def test_helper_thread_replays_the_schedule_in_real_time(tmp_path):
         provider.launch(spot(notice_s=3.0), 3)
         wait_ready(tmp_path, ["spot-0", "spot-1", "spot-2"])  # handlers set before the drop at 1 s
         provider.start(interval_s=0.05)
-        wait_for(lambda: len(provider.list()) == 5 and len(provider.list(live_only=True)) == 3, "drop and return")
+        wait_for(lambda: len(provider.instances()) == 5 and len(provider.instances(live_only=True)) == 3, "drop and return")
     finally:
         provider.shutdown()
-    records = provider.list()
+    records = provider.instances()
     assert [r.reason for r in records].count("preempted") == 2
     assert all((tmp_path / f"{r.instance_id}.term").exists() for r in records if r.reason == "preempted")
     pids = [pid_of(tmp_path, r.instance_id) for r in records if (tmp_path / f"{r.instance_id}.pid").exists()]
@@ -301,6 +301,6 @@ def test_a_cloud_pool_is_refused(tmp_path):
     try:
         with pytest.raises(ValueError, match="pool spot: provider 'gcp' is not local"):
             provider.launch(cloud, 1)
-        assert provider.list() == []
+        assert provider.instances() == []
     finally:
         provider.shutdown()

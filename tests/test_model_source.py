@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra.model_source import INDEX, ModelSourceError, fetch_model, is_url, upload_model
+from infra.weights.model_source import INDEX, ModelSourceError, fetch_model, is_url, upload_model
 
 
 @pytest.fixture

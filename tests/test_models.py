@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rl.engine import GenerationRequest, HFEngine, SamplingParams
+from rl.engine import HFEngine
+from rl.generation import GenerationRequest, SamplingParams
 from rl.models import TinyLlamaShape, build_tiny_llama, load_model, save_model, smollm2_gguf
 
 

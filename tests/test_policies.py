@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from infra.policies import (
+from infra.rollout.policies import (
     CapacityConfig,
     CapacityTarget,
     ClusterSnapshot,

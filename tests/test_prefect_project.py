@@ -12,9 +12,9 @@ import yaml
 from prefect.events.schemas.automations import AutomationCore, Posture
 from prefect.flows import load_flow_from_entrypoint
 
-from infra.config import load_config
-from infra.instance_runs import UnknownPool
-from infra.stack import (
+from infra.run.config import load_config
+from infra.fleet.instance_runs import UnknownPool
+from infra.stack.stack import (
     ROLLOUT_ENTRYPOINT,
     ROLLOUT_MODULE_ENTRYPOINT,
     WORK_POOL_TEMPLATE,

@@ -8,7 +8,6 @@ import pytest
 
 from infra.pricing import PriceNotFound, default_catalog, price, region_of
 from infra.pricing.catalog import AZURE_TABLE, GCP_HISTORY, Catalog, load_azure_table, load_gcp_history
-from infra.traces import traces_dir
 
 HEADER = "effective_from_utc,source_commit,machine_type,gpu_type,gpu_count,region,ondemand_usd_per_hour,spot_usd_per_hour\n"
 HISTORY = HEADER + (

@@ -2,12 +2,12 @@
 
 from pathlib import Path
 
-from infra.config import reference_markdown
+from infra.run.config import reference_markdown
 
 
 def test_readme_has_current_configuration_reference():
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     assert reference_markdown() in readme, (
-        "README.md's configuration reference is stale: regenerate it from infra.config.reference_markdown()"
+        "README.md's configuration reference is stale: regenerate it from infra.run.config.reference_markdown()"
     )
     assert "make demo" in readme and "make test" in readme

@@ -9,7 +9,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from infra.redis_embedded import EmbeddedRedis, RedisSettings, RedisUnavailable, find_redis_server
+from infra.services.redis_embedded import EmbeddedRedis, RedisSettings, RedisUnavailable, find_redis_server
 
 pytestmark = pytest.mark.integration
 

@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from infra.registry import InstanceInfo, InstanceRegistry
+from infra.rollout.registry import InstanceInfo, InstanceRegistry
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from flows.rollout_instance import rollout_instance
-from infra.registry import InstanceRegistry
+from infra.rollout.registry import InstanceRegistry
 from rl.models import TinyLlamaShape, build_tiny_llama, save_model
 
 pytestmark = pytest.mark.integration
@@ -96,7 +96,7 @@ def test_a_cloud_instance_reads_its_secrets_from_the_runs_secret_block(prefect_h
     from prefect.blocks.system import Secret
 
     from flows.rollout_instance import load_environment
-    from infra.fabric import REDIS_URL_ENV
+    from infra.services.redis_embedded import REDIS_URL_ENV
 
     _tiny_model(tmp_path / "base")
     for name in (REDIS_URL_ENV, "RLBOOST_WEIGHTS_SECRET"):  # absent again after the test

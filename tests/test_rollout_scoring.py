@@ -8,7 +8,8 @@ import pytest
 
 from rl.config import GRPOConfig, RolloutConfig
 from rl.datasets import PromptRecord
-from rl.engine import GenerationRequest, GenerationResult, HFEngine
+from rl.engine import HFEngine
+from rl.generation import GenerationRequest, GenerationResult
 from rl.models import TinyLlamaShape, build_tiny_llama
 from rl.rewards import ADD_FORMAT, make_reward_fn
 from rl.rollout import (

@@ -26,11 +26,11 @@ import redis
 from prefect.client.orchestration import SyncPrefectClient
 from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName, FlowRunFilter, FlowRunFilterTags
 
-from infra.fabric import WorkerSettings
-from infra.providers.base import PoolSpec
-from infra.providers.prefect_local import InstanceRunSpec, PrefectLocalProvider, UnknownPool
-from infra.registry import InstanceRegistry
-from infra.stack import StackState
+from infra.rollout.settings import WorkerSettings
+from infra.providers.pool import PoolSpec
+from infra.fleet.prefect_local import InstanceRunSpec, PrefectLocalProvider, UnknownPool
+from infra.rollout.registry import InstanceRegistry
+from infra.stack.stack import StackState
 from rl.models import TinyLlamaShape, build_tiny_llama, save_model
 
 pytestmark = pytest.mark.integration
@@ -154,7 +154,7 @@ def test_preempted_instances_end_crashed_and_unknown_pools_are_refused(stack, ti
     finally:
         provider.shutdown()
         client.close()
-    assert {r.instance_id: r.reason for r in provider.list()} == {"spot-0": "preempted", "spot-1": "preempted_silent"}
+    assert {r.instance_id: r.reason for r in provider.instances()} == {"spot-0": "preempted", "spot-1": "preempted_silent"}
 
 
 def _processes_using(api_url: str) -> list[int]:

@@ -4,15 +4,14 @@ an unreachable Prefect API, an unsupported database URL, a port in use; `down` w
 from __future__ import annotations
 
 import socket
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app
-from infra.fabric import WorkerSettings
-from infra.prefect_api import PrefectApiUnreachable, check_api
-from infra.providers.prefect_local import InstanceRunSpec, PrefectLocalProvider
+from infra.cli.app import app
+from infra.rollout.settings import WorkerSettings
+from infra.services.prefect_api import PrefectApiUnreachable, check_api
+from infra.fleet.prefect_local import InstanceRunSpec, PrefectLocalProvider
 
 runner = CliRunner()
 

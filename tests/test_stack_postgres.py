@@ -16,7 +16,7 @@ from prefect.client.orchestration import SyncPrefectClient
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from infra.stack import StackError, down, up
+from infra.stack.stack import StackError, down, up
 
 pytestmark = pytest.mark.integration
 

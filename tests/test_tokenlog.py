@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import pytest
 import redis
 
-from infra.tokenlog import Flush, GroupSpec, TokenLog
+from infra.rollout.tokenlog import Flush, GroupSpec, TokenLog
 
 pytestmark = pytest.mark.integration
 
@@ -187,7 +187,7 @@ def test_release_without_tokens_counts_waste(log):
 
 def test_redelivered_flushes_and_claims_apply_once(log, monkeypatch):
     log.enqueue_step(0, 0, groups(1, 3))
-    monkeypatch.setattr("infra.tokenlog.secrets.token_hex", lambda n: "fixed-nonce")
+    monkeypatch.setattr("infra.rollout.tokenlog.secrets.token_hex", lambda n: "fixed-nonce")
     first = log.claim(0, "a", 0, 2)
     assert log.claim(0, "a", 0, 2) == first  # a retried claim returns what it took
     assert log.step_status(0).queued == 1

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import infra
-from infra.traces import (
+from infra.availability.traces import (
     AvailabilityTrace,
     CapacityChange,
     PoissonLifetimes,

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from rl.config import GRPOConfig, OptimConfig
-from rl.engine import GenerationRequest, HFEngine, SamplingParams
+from rl.engine import HFEngine
+from rl.generation import GenerationRequest, SamplingParams
 from rl.models import TinyLlamaShape, build_tiny_llama
 from rl.trainer import TrainBatch, Trainer
 

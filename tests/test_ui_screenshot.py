@@ -16,7 +16,7 @@ from prefect.logging.handlers import APILogWorker
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from flows.rl_train import rl_train
-from infra.stack import down, up
+from infra.stack.stack import down, up
 from rl.models import TinyLlamaShape, build_tiny_llama, save_model
 
 CHROMIUM = Path("/usr/bin/chromium")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.providers.base import PoolSpec
+from infra.providers.pool import PoolSpec
 from infra.providers.startup import WorkerBootstrap, render_startup_script
 from infra.watchers import AzureScheduledEventsWatcher, GcePreemptionWatcher, PreemptionNotice, supervise
 from infra.watchers.supervisor import process_tree
@@ -209,7 +209,7 @@ def test_the_boot_script_installs_the_project_and_runs_the_instances_worker_unde
     assert log.read_text().splitlines() == [
         f"python3 -m venv {venv}",
         "python -m pip install --quiet rlboost[gcp] @ git+https://example.com/it's/rlboost",
-        f"python -m infra.watchers gce --grace-s 25.0 -- {venv}/bin/python -m infra.prefect_worker --pool t4-spot "
+        f"python -m infra.watchers gce --grace-s 25.0 -- {venv}/bin/python -m infra.stack.prefect_worker --pool t4-spot "
         "--work-queue run 1-t4-spot-0a1b2c3d --name t4-spot-0a1b2c3d --limit 1 --run-once",
     ]
     assert "export RLBOOST_RUN_ID='run 1'" in script and "export PREFECT_API_URL=http://prefect:4200/api" in script
@@ -224,6 +224,6 @@ def test_the_boot_script_installs_the_project_and_runs_the_instances_worker_unde
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     assert log.read_text().splitlines() == [
-        f"python -m infra.watchers gce --grace-s 25.0 -- {venv}/bin/python -m infra.prefect_worker --pool t4-spot "
+        f"python -m infra.watchers gce --grace-s 25.0 -- {venv}/bin/python -m infra.stack.prefect_worker --pool t4-spot "
         "--work-queue r-vm-b --name vm-b --limit 1 --run-once",
     ]

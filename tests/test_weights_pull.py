@@ -21,7 +21,9 @@ from urllib.parse import urlsplit
 import pytest
 import torch
 
-from infra.weights import PullError, WeightPublisher, WeightPuller, WeightsConfig
+from infra.weights.config import WeightsConfig
+from infra.weights.publisher import WeightPublisher
+from infra.weights.puller import PullError, WeightPuller
 from infra.weights.auth import authorization
 from infra.weights.holders import HolderRegistry
 from infra.weights.manifest import encode, fingerprint

@@ -13,7 +13,9 @@ from urllib.parse import urlsplit
 import pytest
 import torch
 
-from infra.weights import WeightPublisher, WeightPuller, WeightsConfig
+from infra.weights.config import WeightsConfig
+from infra.weights.publisher import WeightPublisher
+from infra.weights.puller import WeightPuller
 from infra.weights.auth import authorization
 from infra.weights.holders import HolderRegistry
 from infra.weights.manifest import EncodedVersion, encode, fingerprint

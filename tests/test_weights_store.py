@@ -8,7 +8,10 @@ import uuid
 import pytest
 import torch
 
-from infra.weights import WeightPublisher, WeightPuller, WeightsConfig, WeightStore
+from infra.weights.config import WeightsConfig
+from infra.weights.publisher import WeightPublisher
+from infra.weights.puller import WeightPuller
+from infra.weights.store import WeightStore
 from infra.weights.manifest import MANIFEST_FILE, encode, fingerprint
 from infra.weights.puller import STORE
 
@@ -118,7 +121,7 @@ def test_store_only_transfer_over_s3_needs_no_peers_and_no_secret(s3_options, re
 
 
 def test_the_base_model_copy_for_cloud_vms_goes_through_s3_with_the_stores_options(s3_options, tmp_path):
-    from infra.model_source import INDEX, fetch_model, upload_model
+    from infra.weights.model_source import INDEX, fetch_model, upload_model
 
     model = tmp_path / "base"
     model.mkdir()
