@@ -1,4 +1,8 @@
-"""The `rlboost` command line: `demo`, `train --config FILE`, `pretrain`."""
+"""The `rlboost` command line: `demo`, `train --config FILE`, `pretrain`, `worker`, `cost`, `up`, `down`.
+
+The CLI is the top layer, above the flows it starts: `rlboost train` runs the `rl-train` flow in
+this process. It imports torch, transformers and the flows only inside the commands that need
+them, so `rlboost --help` and configuration errors come back at once."""
 
 from __future__ import annotations
 
@@ -10,11 +14,8 @@ import typer
 import yaml
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from transformers.utils import logging as hf_logging
 
 from infra.run.config import DEFAULT_CONFIG, ConfigError, load_config
-
-hf_logging.disable_progress_bar()  # per-file weight-loading bars would break the rich progress display
 
 app = typer.Typer(help="GRPO fine-tuning with rollout on preemptible instances, on Prefect.", no_args_is_help=True)
 console = Console()
@@ -22,6 +23,13 @@ console = Console()
 ConfigOption = Annotated[Optional[Path], typer.Option("--config", "-c", help="Run configuration YAML (default: the embedded demo config).")]
 LogOption = Annotated[str, typer.Option("--console-log-level", help="Prefect log level on the console (all logs still reach the Prefect API/UI).")]
 SetOption = Annotated[Optional[list[str]], typer.Option("--set", help="Override a field: --set rollout.group_size=16 (YAML value).")]
+
+
+def _quiet_weight_loading() -> None:
+    """No per-file weight-loading bars: they would break the rich progress display."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
 
 def _overrides(pairs: list[str] | None) -> dict:
@@ -48,6 +56,8 @@ def pretrain(config: ConfigOption = None, set_: SetOption = None, force: bool = 
     """Pretrain the tiny base model until it reaches the held-out accuracy threshold."""
     from rl.pretrain import ThresholdNotReached
     from rl.pretrain import pretrain as run_pretrain
+
+    _quiet_weight_loading()
 
     cfg = _load(config, set_)
     target = cfg.pretrain.output
@@ -78,6 +88,8 @@ def train(config: ConfigOption = None, set_: SetOption = None, console_log_level
     os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", console_log_level)
     from flows.rl_train import run_training
 
+    _quiet_weight_loading()
+
     _load(config, set_)  # fail fast, before Prefect starts
     run_training(config, _overrides(set_))
 
@@ -95,6 +107,8 @@ def demo(set_: SetOption = None, console_log_level: LogOption = "WARNING") -> No
 def worker(ctx: typer.Context) -> None:
     """Run a rollout instance: `rlboost worker --pool NAME --run-id ID --redis-url URL --model DIR --weights-dir DIR [--slots N ...]` (see `rlboost worker --help`)."""
     from infra.rollout.worker import main as worker_main
+
+    _quiet_weight_loading()
 
     raise typer.Exit(worker_main(list(ctx.args)))
 
