@@ -65,8 +65,8 @@ def redis_client(redis_url):
 
 @pytest.fixture
 def clock():
-    """A manual clock for the cloud fakes and providers (`tests.fakes.support.Clock`)."""
-    from tests.fakes.support import Clock
+    """A manual clock for the cloud fakes and providers (`tests.helpers.Clock`)."""
+    from tests.helpers import Clock
 
     return Clock()
 
