@@ -601,10 +601,6 @@ class TokenLog:
     ) -> bool:
         return self.log([Flush(sample_id, instance_id, epoch, token_ids, logprobs, offset)])[0]
 
-    def append_many(self, entries: Iterable[Flush | tuple]) -> list[bool]:
-        """`log` for (sample_id, instance_id, epoch, token_ids, logprobs[, offset]) tuples."""
-        return self.log(entries)
-
     def finish(
         self, sample_id: str, instance_id: str, epoch: int, token_ids: Sequence[int],
         logprobs: Sequence[float], finish_reason: str, *, offset: int | None = None,

@@ -135,7 +135,7 @@ def test_finish_completes_group_once_and_streams_it(log, redis_client, run_id):
 def test_release_keeps_tokens_and_new_owner_resumes_exact_prefix(log):
     log.enqueue_step(0, 0, groups(1, 1, max_new=6))
     (a,) = log.claim(0, "a", 0, 1)
-    assert log.append_many([(a.sample_id, "a", a.epoch, [10, 11], lp([10, 11]))]) == [True]
+    assert log.log([(a.sample_id, "a", a.epoch, [10, 11], lp([10, 11]))]) == [True]
     assert log.append(a.sample_id, "a", a.epoch, [12], lp([12]), offset=2)
     assert log.release(a.sample_id, "a", a.epoch)
     assert not log.release(a.sample_id, "a", a.epoch)
@@ -414,13 +414,13 @@ def _random_run(redis_client: redis.Redis, seed: int, ops: int) -> None:
             f = Flush(sid, late, lease.epoch, new, lp(new), rng.choice([None, len(lease.tokens)]))
             assert log.log([f]) == [model.log(f)], (seed, f)
         elif held:
-            # an append_many batch over every lease the instance holds
+            # a `log` batch over every lease the instance holds
             batch = []
             for sid, lease in sorted(held.items()):
                 new = [rng.randrange(1000) for _ in range(rng.randint(1, 2))]
                 batch.append(Flush(sid, instance, lease.epoch, new, lp(new), len(lease.tokens)))
             expected = [model.log(f) for f in batch]
-            assert log.append_many(batch) == expected, seed
+            assert log.log(batch) == expected, seed
             for f, ok in zip(batch, expected):
                 if ok:
                     held[f.sample_id].tokens += list(f.token_ids)
