@@ -1,4 +1,4 @@
-"""The rollout controller runtime (DESIGN sections 4-5): drives one RL step's rollout on Redis.
+"""The rollout controller runtime (docs/ARCHITECTURE.md §4-5): drives one RL step's rollout on Redis.
 
 `RolloutController.run_step` enqueues a step's groups in the token log (idempotently), makes the
 step current for the workers (`infra.rollout.worker`), then polls until every group is complete or
@@ -27,7 +27,7 @@ controllers that resume a step: `time.monotonic` is host-wide; pass `time.time` 
 Heartbeat ages are measured on the Redis server's clock (no skew between hosts) and placed on the
 controller's clock. The client's ``socket_timeout`` must exceed `ControllerConfig.poll_s`.
 
-Key layout: the current step (`infra.rollout.worker.set_current_step`: what workers claim), and with
+Key layout: the current step (`infra.rollout.protocol.set_current_step`: what workers claim), and with
 ``C = "rlb:{<run_id>}:ctl:"`` the keys below; those of a step other than ``C step:<s>`` are deleted
 when the step finishes (its report stays):
 

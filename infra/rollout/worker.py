@@ -1,4 +1,4 @@
-"""The rollout worker: one rollout instance's loop of claim -> generate -> flush (DESIGN sections 3-4).
+"""The rollout worker: one rollout instance's loop of claim -> generate -> flush (docs/ARCHITECTURE.md §3-4).
 
 A `RolloutWorker` owns a `GenerationEngine` (HF/torch) and runs it against the run's token log:
 
@@ -332,7 +332,7 @@ class RolloutWorker:
         self._maybe_load_weights()
 
     def _maybe_load_weights(self) -> None:
-        """Pull the current step's version once it is announced (DESIGN section 6), from peers
+        """Pull the current step's version once it is announced (docs/ARCHITECTURE.md §6), from peers
         that hold it or the trainer, else the store; a failed pull is retried at the next poll."""
         engine = self.engine
         assert engine is not None

@@ -1,6 +1,6 @@
 """Recording what a training run costs while it runs: the bridge from the fabric to the ledger.
 
-`RunAccounting` writes into the cost ledger (`infra.ledger`, DESIGN section 7):
+`RunAccounting` writes into the cost ledger (`infra.ledger`, docs/ARCHITECTURE.md §7):
 
 * at the start, the run and a price quote for every pool;
 * per RL step, when it starts and ends and how many response tokens it trained on; the weight
