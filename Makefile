@@ -30,6 +30,8 @@ demo: setup
 	$(BIN)/rlboost demo
 
 test: $(TEST_STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q -ra
 
 bench-learning: setup

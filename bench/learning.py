@@ -22,7 +22,7 @@ os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
 import yaml  # noqa: E402
 
 import flows  # noqa: E402,F401  (Prefect defaults before Prefect is imported)
-from infra.config import load_config  # noqa: E402
+from infra.run.config import load_config  # noqa: E402
 
 
 def main() -> None:

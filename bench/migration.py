@@ -10,7 +10,7 @@ token-for-token the same in both, since sampling noise is keyed by sample and po
 * **resume** (the system): a preempted or reaped sample keeps its logged tokens and continues on
   another instance from them (re-prefill);
 * **restart** (the baseline many systems use): workers run with ``--restart-from-scratch``
-  (`infra.worker.WorkerConfig.restart_from_scratch`): a released sample loses its logged tokens
+  (`infra.rollout.worker.WorkerConfig.restart_from_scratch`): a released sample loses its logged tokens
   (`TokenLog.release(keep_tokens=False)`), and a reaped one loses them when it is claimed again.
 
 Each fabric has a reserved pool (never preempted) and a spot pool whose availability is one
@@ -62,12 +62,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from infra.controller import ControllerConfig, OffloadSettings, StepReport  # noqa: E402
-from infra.fabric import FabricConfig, RolloutFabric, WorkerSettings  # noqa: E402
-from infra.policies import StealConfig  # noqa: E402
-from infra.providers.base import PoolSpec, PreemptionEvent  # noqa: E402
+from infra.rollout.controller import ControllerConfig, OffloadSettings, StepReport  # noqa: E402
+from infra.rollout.settings import WorkerSettings  # noqa: E402
+from infra.run.fabric import RolloutFabric  # noqa: E402
+from infra.run.fabric_config import FabricConfig  # noqa: E402
+from infra.rollout.policies import StealConfig  # noqa: E402
+from infra.providers.pool import PoolSpec  # noqa: E402
+from infra.providers.interface import PreemptionEvent  # noqa: E402
 from infra.providers.local import LocalProvider  # noqa: E402
-from infra.traces import AvailabilityTrace, TraceEvent, TraceSchedule  # noqa: E402
+from infra.availability.traces import AvailabilityTrace, TraceEvent, TraceSchedule  # noqa: E402
 from rl.config import RolloutConfig  # noqa: E402
 from rl.datasets import PromptRecord  # noqa: E402
 from rl.models import TinyLlamaShape, build_tiny_llama, save_model  # noqa: E402
@@ -149,7 +152,7 @@ class Mode:
     responses: list[dict[str, list[int]]] = field(default_factory=list)
 
     def running_ids(self) -> set[str]:
-        records = self.fabric.provider.list(live_only=True) + self.spot.list(live_only=True)
+        records = self.fabric.provider.instances(live_only=True) + self.spot.instances(live_only=True)
         return {r.instance_id for r in records if r.state == "running"}
 
     def wait_full(self, expected: int, timeout_s: float) -> None:

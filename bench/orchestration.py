@@ -39,8 +39,8 @@ from prefect import flow  # noqa: E402
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings  # noqa: E402
 
 from flows.rl_train import rl_step  # noqa: E402
-from infra.config import DEFAULT_CONFIG, load_config  # noqa: E402
-from infra.session import TrainingSession, close_session, get_session, open_session  # noqa: E402
+from infra.run.config import DEFAULT_CONFIG, load_config  # noqa: E402
+from infra.run.session import TrainingSession, close_session, get_session, open_session  # noqa: E402
 
 VARIANTS = ("prefect", "prefect_no_heartbeat", "direct")
 

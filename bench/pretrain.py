@@ -40,7 +40,7 @@ def cpu_model() -> str:
 
 def one_run(config_path: str | None, seed: int, threads: int, output: Path) -> dict:
     """Pretrain once in this process; returns its figures."""
-    from infra.config import load_config
+    from infra.run.config import load_config
     from rl.pretrain import ThresholdNotReached, pretrain
 
     config = load_config(config_path, {"pretrain.seed": seed, "pretrain.output": str(output)})

@@ -30,22 +30,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import redis  # noqa: E402
 import torch  # noqa: E402
 
-from infra.flush_pipeline import FlushPipeline  # noqa: E402
-from infra.redis_embedded import EmbeddedRedis  # noqa: E402
-from infra.tokenlog import Flush, GroupSpec, TokenLog  # noqa: E402
-from rl.engine import GenerationRequest, HFEngine, SamplingParams  # noqa: E402
+from infra.rollout.flush_pipeline import FlushPipeline  # noqa: E402
+from infra.services.redis_embedded import EmbeddedRedis  # noqa: E402
+from infra.rollout.tokenlog import Flush, GroupSpec, TokenLog  # noqa: E402
+from rl.engine import HFEngine  # noqa: E402
+from rl.generation import GenerationRequest, SamplingParams  # noqa: E402
 from rl.models import TinyLlamaShape, build_tiny_llama  # noqa: E402
 
 
 def append_throughput(client: redis.Redis, run_id: str, samples: int, chunk: int, calls: int) -> float:
-    """Tokens/s of `append_many` batches of `samples` x `chunk` tokens (with exactly-once offsets)."""
+    """Tokens/s of `TokenLog.log` batches of `samples` x `chunk` tokens (with exactly-once offsets)."""
     log = TokenLog(client, run_id)
     log.enqueue_step(0, 0, [GroupSpec(g, [1, 2, 3], 1, chunk * (calls + 1)) for g in range(samples)])
     claims = log.claim(0, "bench", 0, samples)
     tokens, logprobs = list(range(chunk)), [-0.5] * chunk
     started = time.perf_counter()
     for call in range(calls):
-        accepted = log.append_many(
+        accepted = log.log(
             [Flush(c.sample_id, "bench", c.epoch, tokens, logprobs, call * chunk) for c in claims]
         )
         assert all(accepted)
@@ -61,7 +62,7 @@ def _append_client(url: str, run_id: str, samples: int, chunk: int, calls: int, 
     barrier.wait()
     started = time.time()
     for call in range(calls):
-        accepted = log.append_many(
+        accepted = log.log(
             [Flush(c.sample_id, "bench", c.epoch, tokens, logprobs, call * chunk) for c in claims]
         )
         assert all(accepted)
@@ -143,7 +144,7 @@ def main() -> None:
             append_throughput(client, f"bench-append-{r}", args.samples, args.chunk, args.calls)
             for r in range(args.repeats)
         )
-        print(f"one client, append_many {args.samples} samples x {args.chunk} tokens per call: {one_client:,.0f} tokens/s")
+        print(f"one client, log {args.samples} samples x {args.chunk} tokens per call: {one_client:,.0f} tokens/s")
         tokens_per_s = max(
             fleet_throughput(server.url, f"bench-fleet-{r}", args.clients, args.samples, args.chunk, args.calls)
             for r in range(5)

@@ -58,8 +58,10 @@ from pathlib import Path
 import redis
 import torch
 
-from infra.redis_embedded import EmbeddedRedis
-from infra.weights import WeightPublisher, WeightsConfig, WeightStore
+from infra.services.redis_embedded import EmbeddedRedis
+from infra.weights.config import WeightsConfig
+from infra.weights.publisher import WeightPublisher
+from infra.weights.store import WeightStore
 from infra.weights.bandwidth import UploadCap
 from infra.weights.manifest import encode, fingerprint
 from infra.weights.puller import STORE

@@ -1,11 +1,5 @@
-"""Prefect flows and the CLI. Importing this package sets the embedded-friendly Prefect defaults
-(before Prefect itself is imported): a generous ephemeral-server start-up timeout, no telemetry."""
+"""Prefect flows: `rl_train` (the training run) and `rollout_instance` (one rollout instance).
+Importing this package sets the embedded-friendly Prefect defaults before Prefect is imported
+(`infra.services.prefect_defaults`)."""
 
-import os
-
-for _name, _value in {
-    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
-    "DO_NOT_TRACK": "1",
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-}.items():
-    os.environ.setdefault(_name, _value)
+import infra.services.prefect_defaults  # noqa: F401

@@ -22,9 +22,9 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, create_table_artifact, update_progress_artifact
 from rich.console import Console
 
-from infra.config import RunConfig, load_config
-from infra.reporting import artifact_key, plot_curves, step_progress, step_table_rows, summary_markdown, summary_table
-from infra.session import close_session, get_session, open_session
+from infra.run.config import RunConfig, load_config
+from infra.run.reporting import artifact_key, plot_curves, step_progress, step_table_rows, summary_markdown, summary_table
+from infra.run.session import close_session, get_session, open_session
 from tasks.pretraining import ensure_base_model
 from tasks.training import (
     account_task, checkpoint_task, evaluate_task, publish_task, rollout_task, score_task, train_task,

@@ -1,6 +1,6 @@
 """The `rollout-instance` flow: one rollout worker as a Prefect flow run on its pool.
 
-The flow runs `infra.worker.RolloutWorker` until it is stopped and ends in a state that says how:
+The flow runs `infra.rollout.worker.RolloutWorker` until it is stopped and ends in a state that says how:
 
 - a `drain` control message (the end of training) or an eviction: **Completed** (returns 0);
 - SIGTERM or SIGINT (a preemption notice, delivered by the instance's provider or the cloud's
@@ -30,8 +30,9 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.states import Crashed, State
 
-from infra.fabric import REDIS_URL_ENV
-from infra.worker import RolloutWorker, WorkerConfig
+from infra.services.redis_embedded import REDIS_URL_ENV
+from infra.rollout.settings import WorkerSettings
+from infra.rollout.worker import RolloutWorker, WorkerConfig
 
 
 class PreemptionNotice:
@@ -83,15 +84,11 @@ def rollout_instance(
     redis_url: str | None = None,
     capacity_class: str = "spot",
     price_per_hour: float = 0.0,
-    slots: int = 8,
-    flush_tokens: int = 16,
-    flush_ms: float = 250.0,
-    heartbeat_s: float = 1.0,
-    ttl_s: float = 3.0,
+    settings: WorkerSettings | None = None,
     environment_block: str | None = None,
 ) -> int | State:
     """Serve rollout for `run_id` from `pool` until stopped: 0 after a drain, a Crashed state
-    after a preemption notice."""
+    after a preemption notice. `settings` is the run's `fabric.worker` (default: its defaults)."""
     if environment_block:
         load_environment(environment_block)
     url = redis_url or os.environ.get(REDIS_URL_ENV)
@@ -103,8 +100,7 @@ def rollout_instance(
     worker = RolloutWorker(WorkerConfig(
         redis_url=url, run_id=run_id, instance_id=instance_id, pool=pool,
         capacity_class=capacity_class, price_per_hour=price_per_hour,
-        model_path=model_path, slots=slots,
-        flush_tokens=flush_tokens, flush_ms=flush_ms, heartbeat_s=heartbeat_s, ttl_s=ttl_s,
+        model_path=model_path, **(settings or WorkerSettings()).model_dump(),
     ))
     logger = get_run_logger()
     logger.info("rollout instance %s serving run %s from pool %s", instance_id, run_id, pool)

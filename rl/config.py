@@ -2,7 +2,7 @@
 
 Every field carries a docstring (surfaced as its description, and in the README's reference).
 Unknown keys are errors (`extra="forbid"`), so a typo never silently falls back to a default.
-Loading from YAML with file/line-aware errors lives in `infra.config`.
+Loading from YAML with file/line-aware errors lives in `infra.run.config`.
 """
 
 from __future__ import annotations

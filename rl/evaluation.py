@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rl.engine import GenerationEngine, GenerationRequest, SamplingParams
+from rl.generation import GenerationEngine, GenerationRequest, SamplingParams
 from rl.problems import Problem
 from rl.rewards import exact_match_reward
 

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import torch
 
 from rl.config import ModelConfig, PretrainConfig
-from rl.engine import HFEngine, SamplingParams
+from rl.engine import HFEngine
+from rl.generation import SamplingParams
 from rl.evaluation import evaluate_accuracy
 from rl.models import TinyLlamaShape, build_tiny_llama, save_model
 from rl.problems import Problem, eval_set, problem_stream

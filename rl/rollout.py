@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rl.config import RolloutConfig
 from rl.datasets import PromptRecord
-from rl.engine import GenerationRequest, GenerationResult, SamplingParams
+from rl.generation import GenerationRequest, GenerationResult, SamplingParams
 
 
 @dataclass

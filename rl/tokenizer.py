@@ -11,7 +11,6 @@ special tokens (ids 0-3); encoding prepends `<bos>` like most HF tokenizers.
 from __future__ import annotations
 
 import string
-from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
@@ -38,9 +37,3 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
         unk_token="<unk>",
         clean_up_tokenization_spaces=False,
     )
-
-
-def save_char_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
-    tokenizer = build_char_tokenizer()
-    tokenizer.save_pretrained(str(path))
-    return tokenizer

@@ -8,7 +8,7 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from infra.config import RunConfig
+from infra.run.config import RunConfig
 from rl.pretrain import pretrain
 
 

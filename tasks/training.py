@@ -10,8 +10,8 @@ from prefect import task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
-from infra.reporting import artifact_key
-from infra.session import get_session
+from infra.run.reporting import artifact_key
+from infra.run.session import get_session
 
 TASK_OPTIONS = {"cache_policy": NO_CACHE, "persist_result": False}
 

@@ -47,7 +47,7 @@ def prefect_harness():
 @pytest.fixture(scope="session")
 def redis_url():
     """One embedded redis-server (free loopback port, random password, no persistence)."""
-    from infra.redis_embedded import EmbeddedRedis
+    from infra.services.redis_embedded import EmbeddedRedis
 
     with EmbeddedRedis() as server:
         yield server.url
@@ -65,8 +65,8 @@ def redis_client(redis_url):
 
 @pytest.fixture
 def clock():
-    """A manual clock for the cloud fakes and providers (`tests.fakes.support.Clock`)."""
-    from tests.fakes.support import Clock
+    """A manual clock for the cloud fakes and providers (`tests.helpers.Clock`)."""
+    from tests.helpers import Clock
 
     return Clock()
 

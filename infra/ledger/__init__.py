@@ -10,7 +10,7 @@ Wiring into a training run (`run_id` is the fabric's run id, the one workers get
     ledger.start_run(run_id, name=config.run.name)      # once per session (a repeat is harmless)
     for pool in pools: ledger.record_quote(run_id, pool, provider.quote(pool))   # when prices are read
     ledger.record_instance(run_id, record, provider=pool.provider)   # on launch, and on every change
-                                                                     # (notice, termination) from provider.list()
+                                                                     # (notice, termination) from provider.instances()
     ledger.record_step(run_id, k, started_at=t0)                     # when step k starts
     ledger.record_transfer(run_id, instance_id, version, source=..., nbytes=..., step=k)   # per weight pull
     ledger.record_usage(run_id, k, instance_id, seconds=..., tokens_generated=..., tokens_wasted=...)

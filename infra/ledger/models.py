@@ -32,7 +32,7 @@ from sqlalchemy.types import TypeDecorator
 CAPACITY_CLASSES = ("reserved", "ondemand", "spot")
 INSTANCE_STATES = ("running", "terminating", "terminated")
 TERMINATION_REASONS = ("preempted", "preempted_silent", "evicted", "scaled_down", "finished", "crashed")
-"""Why an instance ended: the provider's reasons (`infra.providers.base.TerminationReason`) plus
+"""Why an instance ended: the provider's reasons (`infra.providers.interface.TerminationReason`) plus
 `evicted` (reaped by the controller after its heartbeat lapsed)."""
 PREEMPTION_REASONS = ("preempted", "preempted_silent")
 

@@ -48,7 +48,7 @@ class LedgerWriteError(ValueError):
 
 
 class InstanceLike(Protocol):
-    """What `record_instance` reads: the fields of `infra.providers.base.InstanceRecord`."""
+    """What `record_instance` reads: the fields of `infra.providers.interface.InstanceRecord`."""
 
     @property
     def instance_id(self) -> str: ...
@@ -75,7 +75,7 @@ class InstanceLike(Protocol):
 
 
 class PoolLike(Protocol):
-    """What `record_quote` reads: the fields of `infra.providers.base.PoolSpec`."""
+    """What `record_quote` reads: the fields of `infra.providers.pool.PoolSpec`."""
 
     @property
     def name(self) -> str: ...

@@ -4,7 +4,7 @@ This module owns *what one instance-hour of a machine type costs* in a region, a
 capacity class. Two sources feed one `Catalog`:
 
 - **GCP**: `<traces>/gcp-spot-prices-cyclenerd/gcp_gpu_spot_price_changes.csv` (shipped
-  gzip-compressed), in the traces directory that `infra.traces.traces_dir()` finds (the copy
+  gzip-compressed), in the traces directory that `infra.availability.traces.traces_dir()` finds (the copy
   installed with the package, or `$RLBOOST_TRACES_DIR`). Its rows are change points per (machine type, region): a price holds
   from its `effective_from_utc` until the next row of the same pair, so each pair is a step
   function of time. A `REMOVED` row means the pair left the price list then (it may come back);
@@ -36,8 +36,8 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
 
-from infra.providers.base import CapacityClass
-from infra.traces import data_file, open_text, traces_dir
+from infra.availability.capacity import CapacityClass
+from infra.availability.traces import data_file, open_text, traces_dir
 
 GCP_HISTORY = Path("gcp-spot-prices-cyclenerd") / "gcp_gpu_spot_price_changes.csv"
 """The GCP price history, relative to the traces directory."""

@@ -1,14 +1,8 @@
-"""Providers of instances for pools: the interface (`base`) and its implementations (`local`)."""
+"""Providers of instances for pools: the pool schema (`pool`), the interface (`interface`), the
+shared zonal cloud implementation (`zonal`) and the providers (`local`, `gcp`, `azure`, `composite`)."""
 
-from infra.providers.base import (
-    InstanceHandle,
-    InstanceRecord,
-    PoissonAvailability,
-    PoolSpec,
-    PreemptionEvent,
-    Provider,
-    TraceAvailability,
-)
+from infra.providers.pool import PoissonAvailability, PoolSpec, TraceAvailability
+from infra.providers.interface import InstanceHandle, InstanceRecord, PreemptionEvent, Provider
 from infra.providers.local import LocalProvider
 
 __all__ = [

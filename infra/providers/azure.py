@@ -11,7 +11,7 @@
 - observe: `virtual_machines.list` of the resource group, kept to the run's and pool's tags; a spot
   VM that vanishes (or starts deleting) without being asked to was evicted (Azure deletes evicted
   VMs of this eviction policy);
-- prices: the Azure Retail Prices API, else the offline price (`infra.prices_live`).
+- prices: the Azure Retail Prices API, else the offline price (`infra.providers.prices_live`).
 
 Zones are `<location>-<zone>` (`eastus-1`) or a bare `<location>`. Credentials come from
 `DefaultAzureCredential` unless injected and are never logged. Over plain http (a local test
@@ -21,7 +21,6 @@ endpoint) pass `authentication_policy=SansIOHTTPPolicy()`: the SDK sends bearer 
 from __future__ import annotations
 
 import base64
-import builtins
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -40,15 +39,15 @@ from azure.identity import DefaultAzureCredential
 from azure.mgmt.compute import ComputeManagementClient
 from azure.mgmt.compute import models as m
 
-from infra.prices_live import AzureRetailPrices, QuoteBook
-from infra.providers.base import (
+from infra.providers.prices_live import AzureRetailPrices, QuoteBook
+from infra.providers.pool import PoolSpec
+from infra.providers.zonal import (
     LABEL_POOL,
     LABEL_RUN,
     LABEL_STEP,
     ObservedInstance,
     ObservedStatus,
     OperationPolling,
-    PoolSpec,
     ZonalCloudProvider,
     label_value,
 )
@@ -182,7 +181,7 @@ class AzureProvider(ZonalCloudProvider):
 
     def _create(
         self, pool: PoolSpec, zone: str, names: Sequence[str], labels: dict[str, str]
-    ) -> tuple[builtins.list[str], ZoneUnavailable | None]:
+    ) -> tuple[list[str], ZoneUnavailable | None]:
         assert pool.azure is not None
         vms = self._vms(pool)
         pollers = []
@@ -262,11 +261,11 @@ class AzureProvider(ZonalCloudProvider):
             except ResourceNotFoundError:
                 log.info("pool %s: %s is already gone", pool.name, name)
 
-    def _observe(self, pool: PoolSpec) -> builtins.list[ObservedInstance]:
+    def _observe(self, pool: PoolSpec) -> list[ObservedInstance]:
         assert pool.azure is not None
         wanted = {LABEL_RUN: label_value(self.run_id), LABEL_POOL: label_value(pool.name)}
         with self._translate(pool, None):
-            listed = builtins.list(self._vms(pool).list(pool.azure.resource_group))
+            listed = list(self._vms(pool).list(pool.azure.resource_group))
         seen = []
         for vm in listed:
             tags = vm.tags or {}

@@ -12,12 +12,12 @@ the capacity manager that drives it, so leave them to it.
 
 from __future__ import annotations
 
-import builtins
 from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from typing import get_args
 
-from infra.providers.base import InstanceHandle, InstanceRecord, PoolSpec, PreemptionEvent, Provider, StopReason
+from infra.providers.pool import PoolSpec
+from infra.providers.interface import InstanceHandle, InstanceRecord, PreemptionEvent, Provider, StopReason
 
 KINDS: tuple[str, ...] = get_args(PoolSpec.model_fields["provider"].annotation)
 """The values of `PoolSpec.provider`: `local`, `gcp`, `azure`."""
@@ -33,16 +33,16 @@ class CompositeProvider(Provider):
             raise ValueError(f"no such provider kind: {unknown} (kinds are {', '.join(KINDS)})")
         self.providers = dict(providers)
 
-    def launch(self, pool: PoolSpec, count: int) -> builtins.list[InstanceHandle]:
+    def launch(self, pool: PoolSpec, count: int) -> list[InstanceHandle]:
         return self._of(pool).launch(pool, count)
 
     def quote(self, pool: PoolSpec) -> float:
         return self._of(pool).quote(pool)
 
-    def list(self, live_only: bool = False) -> builtins.list[InstanceRecord]:
-        return [record for provider in self.providers.values() for record in provider.list(live_only)]
+    def instances(self, live_only: bool = False) -> list[InstanceRecord]:
+        return [record for provider in self.providers.values() for record in provider.instances(live_only)]
 
-    def preemptions(self) -> builtins.list[PreemptionEvent]:
+    def preemptions(self) -> list[PreemptionEvent]:
         return [event for provider in self.providers.values() for event in provider.preemptions()]
 
     def describe(self, instance_id: str) -> InstanceRecord:

@@ -11,7 +11,7 @@
 - observe: `instances.list` filtered on the run and pool labels, per zone; a lost VM is preempted
   when the zone has a `compute.instances.preempted` operation for it;
 - prices: the Cloud Billing Catalog for the machine type's shape (`machineTypes.get`), else the
-  offline price (`infra.prices_live`).
+  offline price (`infra.providers.prices_live`).
 
 Credentials come from google.auth's default discovery unless injected; they are never logged.
 Errors are translated: credentials and permissions -> `CredentialsError`; unknown project,
@@ -20,7 +20,6 @@ machine type, image -> `PoolConfigError`; capacity, quota, throttling -> zone ba
 
 from __future__ import annotations
 
-import builtins
 import logging
 import time
 import uuid
@@ -36,15 +35,15 @@ from google.auth import exceptions as auth_exc
 from google.auth.credentials import Credentials
 from google.cloud import billing_v1, compute_v1
 
-from infra.prices_live import GceShape, GcpCatalogPrices, QuoteBook
-from infra.providers.base import (
+from infra.providers.prices_live import GceShape, GcpCatalogPrices, QuoteBook
+from infra.providers.pool import PoolSpec
+from infra.providers.zonal import (
     LABEL_POOL,
     LABEL_RUN,
     LABEL_STEP,
     ObservedInstance,
     ObservedStatus,
     OperationPolling,
-    PoolSpec,
     ZonalCloudProvider,
     label_value,
 )
@@ -172,7 +171,7 @@ class GcpProvider(ZonalCloudProvider):
 
     def _create(
         self, pool: PoolSpec, zone: str, names: Sequence[str], labels: dict[str, str]
-    ) -> tuple[builtins.list[str], ZoneUnavailable | None]:
+    ) -> tuple[list[str], ZoneUnavailable | None]:
         instances = self._client(pool, compute_v1.InstancesClient)
         assert pool.gcp is not None
         pending: list[tuple[str, compute_v1.Operation]] = []
@@ -253,7 +252,7 @@ class GcpProvider(ZonalCloudProvider):
                 operation = operations.wait(
                     project=pool.gcp.project, zone=zone, operation=operation.name, timeout=self._polling.request_timeout_s
                 )
-        errors = builtins.list(operation.error.errors) if operation.error else []
+        errors = list(operation.error.errors) if operation.error else []
         if not errors:
             return None
         codes = {e.code for e in errors}
@@ -270,7 +269,7 @@ class GcpProvider(ZonalCloudProvider):
             except gexc.NotFound:
                 log.info("pool %s: %s in %s is already gone", pool.name, name, zone)
 
-    def _observe(self, pool: PoolSpec) -> builtins.list[ObservedInstance]:
+    def _observe(self, pool: PoolSpec) -> list[ObservedInstance]:
         assert pool.gcp is not None
         instances = self._client(pool, compute_v1.InstancesClient)
         wanted = f'(labels.{LABEL_RUN} = "{label_value(self.run_id)}") (labels.{LABEL_POOL} = "{label_value(pool.name)}")'
@@ -278,7 +277,7 @@ class GcpProvider(ZonalCloudProvider):
         for zone in pool.zones:
             request = compute_v1.ListInstancesRequest(project=pool.gcp.project, zone=zone, filter=wanted)
             with self._translate(pool, None):
-                listed = builtins.list(instances.list(request=request, timeout=self._polling.request_timeout_s))
+                listed = list(instances.list(request=request, timeout=self._polling.request_timeout_s))
             for vm in listed:
                 step = vm.labels.get(LABEL_STEP, "")
                 seen.append(ObservedInstance(
@@ -293,7 +292,7 @@ class GcpProvider(ZonalCloudProvider):
             project=pool.gcp.project, zone=zone, filter=f'operationType = "{PREEMPTED_OPERATION}"'
         )
         with self._translate(pool, None):
-            operations = builtins.list(self._client(pool, compute_v1.ZoneOperationsClient).list(
+            operations = list(self._client(pool, compute_v1.ZoneOperationsClient).list(
                 request=request, timeout=self._polling.request_timeout_s
             ))
         wanted = set(names)

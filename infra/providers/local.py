@@ -18,7 +18,6 @@ a finalizer also kills every remaining group if the provider is dropped or the i
 
 from __future__ import annotations
 
-import builtins
 import logging
 import os
 import random
@@ -32,15 +31,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Self
 
-from infra.providers.base import (
-    InstanceHandle,
-    InstanceRecord,
-    PoolSpec,
-    PreemptionEvent,
-    Provider,
-    StopReason,
-)
-from infra.traces import TraceSchedule
+from infra.providers.pool import PoolSpec
+from infra.providers.interface import InstanceHandle, InstanceRecord, PreemptionEvent, Provider, StopReason
+from infra.availability.traces import TraceSchedule
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +83,7 @@ class LocalProvider(Provider):
         self._log_dir = log_dir
         self._pools: dict[str, _Pool] = {}
         self._instances: dict[str, _Instance] = {}
-        self._events: builtins.list[PreemptionEvent] = []
+        self._events: list[PreemptionEvent] = []
         self._lock = threading.RLock()
         self._closed = threading.Event()
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -100,7 +93,7 @@ class LocalProvider(Provider):
 
     # -- Provider -------------------------------------------------------------------------------
 
-    def launch(self, pool: PoolSpec, count: int) -> builtins.list[InstanceHandle]:
+    def launch(self, pool: PoolSpec, count: int) -> list[InstanceHandle]:
         """Raise the pool's target by `count` (up to `pool.size`) and start what capacity allows
         now; the rest start on a later `tick()` when capacity returns."""
         if pool.provider != "local":
@@ -118,7 +111,7 @@ class LocalProvider(Provider):
             room = min(state.target, self._capacity(state, now)) - len(self._running(pool.name))
             return [self._start(state, now) for _ in range(min(count, max(room, 0)))]
 
-    def list(self, live_only: bool = False) -> builtins.list[InstanceRecord]:
+    def instances(self, live_only: bool = False) -> list[InstanceRecord]:
         with self._lock:
             records = [i.record for i in self._instances.values()]
             return [r for r in records if not live_only or r.state != "terminated"]
@@ -143,7 +136,7 @@ class LocalProvider(Provider):
                 pool.target -= 1
             self._stop(instance, pool, reason, self._clock())
 
-    def preemptions(self) -> builtins.list[PreemptionEvent]:
+    def preemptions(self) -> list[PreemptionEvent]:
         with self._lock:
             events, self._events = self._events, []
             return events
@@ -229,7 +222,7 @@ class LocalProvider(Provider):
             return state.spec.size
         return state.schedule.capacity_at(max(now - state.origin, 0.0))
 
-    def _running(self, pool: str) -> builtins.list[_Instance]:
+    def _running(self, pool: str) -> list[_Instance]:
         return [i for i in self._instances.values() if i.record.pool == pool and i.record.state == "running"]
 
     def _start(self, state: _Pool, now: float) -> InstanceHandle:

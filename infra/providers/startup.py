@@ -4,8 +4,8 @@
 (or, with `install: null`, uses the one baked into the image) and then runs, under the preemption
 watcher of its cloud (`python -m infra.watchers gce|azure`), a Prefect process worker for the
 instance's pool that polls only the instance's own work queue (`<run id>-<instance id>`, where the
-run's `rollout-instance/<pool>` flow run for this instance waits: `infra.instance_runs`) and exits
-when that one run ends (`python -m infra.prefect_worker --run-once`; the run is created before the
+run's `rollout-instance/<pool>` flow run for this instance waits: `infra.fleet.instance_runs`) and exits
+when that one run ends (`python -m infra.stack.prefect_worker --run-once`; the run is created before the
 VM, so it is waiting when the worker first polls). The watcher
 turns the cloud's preemption notice into SIGTERM for the worker, which passes it to the flow run and
 waits for it to drain. Every value is shell-quoted; the script carries no credentials: the VM
@@ -20,7 +20,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from infra.providers.base import PoolSpec, instance_work_queue
+from infra.providers.pool import PoolSpec
+from infra.providers.interface import instance_work_queue
 
 WatcherKind = Literal["gce", "azure"]
 
@@ -62,7 +63,7 @@ def render_startup_script(
         f"{venv}/bin/python", "-m", "infra.watchers", watcher,
         *(["--instance", instance_id] if watcher == "azure" else []),
         "--grace-s", str(bootstrap.grace_s), "--",
-        f"{venv}/bin/python", "-m", "infra.prefect_worker", "--pool", pool.name,
+        f"{venv}/bin/python", "-m", "infra.stack.prefect_worker", "--pool", pool.name,
         "--work-queue", instance_work_queue(run_id, instance_id), "--name", instance_id, "--limit", "1",
         "--run-once",
     ]

@@ -1,4 +1,4 @@
-"""Pull-based weight transfer (DESIGN §6): the trainer publishes each policy version once; every
+"""Pull-based weight transfer (docs/ARCHITECTURE.md §6): the trainer publishes each policy version once; every
 instance pulls it when it is ready, from peers that already hold it, falling back to the store.
 
 Trainer::
@@ -29,24 +29,8 @@ Modules, one job each:
 * `peer_client` signed GETs against peer servers (keep-alive, timeouts, error classes);
 * `publisher`   the trainer side;
 * `puller`      the instance side;
-* `instance`    a standalone pulling-and-serving process (tests, benchmark).
+* `instance`    a standalone pulling-and-serving process (tests, benchmark);
+* `model_source` the base model's copy under the weight store (upload once, fetch and cache).
+
+The package imports none of them, so `infra.weights.config` loads without torch.
 """
-
-from infra.weights.config import WeightsConfig
-from infra.weights.manifest import EncodedVersion, Manifest, ManifestError
-from infra.weights.publisher import PublishError, WeightPublisher
-from infra.weights.puller import PullError, PullReport, WeightPuller
-from infra.weights.store import WeightStore
-
-__all__ = [
-    "EncodedVersion",
-    "Manifest",
-    "ManifestError",
-    "PublishError",
-    "PullError",
-    "PullReport",
-    "WeightPublisher",
-    "WeightPuller",
-    "WeightStore",
-    "WeightsConfig",
-]

@@ -29,17 +29,19 @@ from collections.abc import Iterable
 
 import redis
 
+from infra import keyspace
+
 log = logging.getLogger(__name__)
 
 
 def latest_version_key(run_id: str) -> str:
     """Redis key holding the newest announced version (a decimal string)."""
-    return f"rlb:{{{run_id}}}:latest_version"
+    return keyspace.latest_version_key(run_id)
 
 
 def weights_channel(run_id: str) -> str:
     """Pub/sub channel on which each newly announced version is published (message: the version)."""
-    return f"rlb:{{{run_id}}}:weights"
+    return keyspace.weights_channel(run_id)
 
 
 def latest_version(client: redis.Redis, run_id: str) -> int | None:
@@ -76,7 +78,7 @@ class HolderRegistry:
         self.client = client
         self.run_id = run_id
         self.ttl_ms = max(1, int(ttl_s * 1000))
-        self._prefix = f"rlb:{{{run_id}}}:w:"
+        self._prefix = keyspace.weights_prefix(run_id)
         self._advance = client.register_script(_ADVANCE)
         self._refresh = client.register_script(_REFRESH)
         self._live = client.register_script(_LIVE)

@@ -17,16 +17,17 @@ from pathlib import Path
 
 import redis
 
+from infra.keyspace import weights_config_key, weights_transfers_key
 from infra.weights.config import WeightsConfig
 from infra.weights.puller import PullReport
 
 
 def _config_key(run_id: str) -> str:
-    return f"rlb:{{{run_id}}}:weights:config"
+    return weights_config_key(run_id)
 
 
 def _transfers_key(run_id: str) -> str:
-    return f"rlb:{{{run_id}}}:weights:transfers"
+    return weights_transfers_key(run_id)
 
 
 def share_config(client: redis.Redis, run_id: str, config: WeightsConfig, run_dir: str | Path | None) -> WeightsConfig:

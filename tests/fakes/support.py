@@ -1,5 +1,5 @@
-"""Helpers for tests that drive providers against the fakes: a settable clock, and serving a fake
-for the length of a test while failing it on any protocol violation."""
+"""Serving a fake for the length of a test, failing it on any protocol violation (the settable
+clock the fakes share is `tests.helpers.Clock`)."""
 
 from __future__ import annotations
 
@@ -10,19 +10,6 @@ from typing import TypeVar
 from tests.fakes.http import FakeServer
 
 Fake = TypeVar("Fake", bound=FakeServer)
-
-
-class Clock:
-    """Epoch seconds that move only when a test says so."""
-
-    def __init__(self, t: float = 1_750_000_000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, seconds: float) -> None:
-        self.t += seconds
 
 
 @contextmanager

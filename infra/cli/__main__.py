@@ -1,0 +1,5 @@
+"""`python -m infra.cli ...`: the `rlboost` command line."""
+
+from infra.cli.app import app
+
+app()

@@ -1,0 +1,162 @@
+"""The capacity manager: keeps each pool of a `Provider` at its planned size (docs/ARCHITECTURE.md §3).
+
+Each `reconcile()`:
+
+1. refreshes the provider, so preemptions and losses in the cloud become records and events;
+2. plans a target per pool with the pure policy `infra.rollout.policies.capacity.plan_capacity`, from the
+   current quotes, the pools' `min_size`/`size` and `max_price_per_hour`, the hourly budget, and
+   the recent history of each pool (the fraction of requested instances that started, preemptions
+   per instance-hour), which ranks pools but never empties one: a pool whose zones are out of
+   capacity is retried as its zones' back-offs expire, inside the provider;
+3. launches each pool's shortfall (the provider fails over between zones) and terminates its
+   excess, newest first.
+
+The clock is injected; `run()` repeats `reconcile()` until stopped. Pool targets of the local
+provider are kept by its own `tick()`; this manager drives providers whose `launch` starts instances
+now (the cloud providers). Instance lifecycles are the provider's records (`list()`, `on_change`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from infra.rollout.policies.capacity import CapacityConfig, PoolOffer, plan_capacity
+from infra.providers.pool import PoolSpec
+from infra.providers.interface import InstanceHandle, InstanceRecord, PreemptionEvent, Provider
+from infra.providers.errors import CloudError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PoolHistory:
+    """What happened to one pool's requests and instances over a sliding window."""
+
+    window_s: float
+    requests: deque[tuple[float, int, int]] = field(default_factory=deque)
+    """(time, instances asked for, instances started)."""
+    preemptions: deque[float] = field(default_factory=deque)
+
+    def forget_before(self, cutoff: float) -> None:
+        while self.requests and self.requests[0][0] < cutoff:
+            self.requests.popleft()
+        while self.preemptions and self.preemptions[0] < cutoff:
+            self.preemptions.popleft()
+
+    def availability(self) -> float:
+        """Fraction of the instances asked for in the window that started (1.0 with no requests)."""
+        asked = sum(a for _, a, _ in self.requests)
+        return 1.0 if asked == 0 else sum(s for _, _, s in self.requests) / asked
+
+    def preemptions_per_hour(self, live: int) -> float:
+        """Preemptions per instance-hour, counting the pool's current size over the window."""
+        return len(self.preemptions) / (max(live, 1) * self.window_s / 3600)
+
+
+@dataclass(frozen=True)
+class ReconcileReport:
+    """What one `reconcile()` saw and did."""
+
+    at: float
+    quotes: dict[str, float]
+    targets: dict[str, int]
+    launched: tuple[InstanceHandle, ...]
+    terminated: tuple[str, ...]
+    preemptions: tuple[PreemptionEvent, ...]
+
+
+class CapacityManager:
+    """Keeps `pools` of one `provider` at the targets `plan_capacity` sets."""
+
+    def __init__(
+        self,
+        provider: Provider,
+        pools: Sequence[PoolSpec],
+        *,
+        budget_per_hour: float | None = None,
+        throughput: Mapping[str, float] | None = None,
+        clock: Callable[[], float] = time.time,
+        history_s: float = 3600.0,
+        warmup_s: float = 120.0,
+    ) -> None:
+        """`budget_per_hour`: ceiling on the summed hourly price of all targets (None: no ceiling);
+        `throughput`: relative generation speed of one instance per pool (default 1.0), which ranks
+        pools by price per throughput; `history_s`: the window of the availability and preemption
+        history; `warmup_s`: boot-to-useful time of an instance, which preemptions waste."""
+        names = [pool.name for pool in pools]
+        if len(set(names)) != len(names):
+            raise ValueError(f"pool names must be unique, got {names}")
+        self.provider = provider
+        self.pools = tuple(pools)
+        self._budget = budget_per_hour
+        self._throughput = dict(throughput or {})
+        self._clock = clock
+        self._warmup_s = warmup_s
+        self._history = {pool.name: PoolHistory(history_s) for pool in self.pools}
+
+    def reconcile(self) -> ReconcileReport:
+        """Refresh, plan, and launch or terminate to bring every pool to its target."""
+        self.provider.refresh(self.pools)
+        now = self._clock()
+        events = tuple(self.provider.preemptions())
+        for event in events:
+            if event.pool in self._history:
+                self._history[event.pool].preemptions.append(event.at)
+        for history in self._history.values():
+            history.forget_before(now - history.window_s)
+        running = {pool.name: self._running(pool) for pool in self.pools}
+        quotes = {pool.name: self.provider.quote(pool) for pool in self.pools}
+        offers = tuple(
+            PoolOffer(
+                pool=pool.name,
+                price_per_hour=quotes[pool.name],
+                throughput=self._throughput.get(pool.name, 1.0),
+                max_instances=pool.size,
+                min_instances=pool.min_size,
+                price_cap=pool.max_price_per_hour,
+                availability=self._history[pool.name].availability(),
+                preemptions_per_hour=self._history[pool.name].preemptions_per_hour(len(running[pool.name])),
+            )
+            for pool in self.pools
+        )
+        budget = self._budget if self._budget is not None else sum(o.price_per_hour * o.max_instances for o in offers) + 1.0
+        config = CapacityConfig(budget_per_hour=budget, min_availability=0.0, warmup_s=self._warmup_s)
+        targets = {t.pool: t.target for t in plan_capacity(offers, config)}
+        launched: list[InstanceHandle] = []
+        terminated: list[str] = []
+        for pool in self.pools:
+            shortfall = targets[pool.name] - len(running[pool.name])
+            if shortfall > 0:
+                started = self.provider.launch(pool, shortfall)
+                self._history[pool.name].requests.append((self._clock(), shortfall, len(started)))
+                launched.extend(started)
+            for record in sorted(running[pool.name], key=lambda r: r.launched_at, reverse=True)[: max(-shortfall, 0)]:
+                self.provider.terminate(record.instance_id, "scaled_down")
+                terminated.append(record.instance_id)
+        if launched or terminated or events:
+            log.info(
+                "capacity: targets %s; launched %d, terminated %d, preempted %d",
+                targets, len(launched), len(terminated), len(events),
+            )
+        return ReconcileReport(now, quotes, targets, tuple(launched), tuple(terminated), events)
+
+    def run(self, stop: threading.Event, interval_s: float = 30.0) -> None:
+        """`reconcile()` every `interval_s` until `stop` is set. A `CloudError` (the pool's
+        configuration or credentials) ends the loop by propagating; other failures (the cloud's API
+        hiccups) are logged and retried at the next interval."""
+        while not stop.is_set():
+            try:
+                self.reconcile()
+            except CloudError:
+                raise
+            except Exception:
+                log.exception("capacity reconcile failed; retrying in %.0f s", interval_s)
+            stop.wait(interval_s)
+
+    def _running(self, pool: PoolSpec) -> list[InstanceRecord]:
+        return [r for r in self.provider.instances(live_only=True) if r.pool == pool.name and r.state == "running"]

@@ -1,0 +1,249 @@
+"""The `rollout-instance/<pool>` flow runs of one training run's instances, on a Prefect server.
+
+Every instance that runs as a Prefect flow run (a local `fabric.instances: prefect` instance, a
+cloud VM) gets one run of its pool's deployment, created *before* the instance starts, in a work
+queue of its own (`<run id>-<instance id>`) that only that instance's worker polls
+(`python -m infra.stack.prefect_worker --run-once`). `InstanceRuns` owns that bookkeeping:
+
+- `create` (for a cloud VM: `before_boot`, just before the VM is created) checks the pool's deployment and work pool (`UnknownPool` names the fix) and creates the
+  run, whose parameters say everything the instance needs except secrets: the Redis URL and the
+  weights secret travel in the instances' environment, or in a Prefect Secret block named by the
+  `environment_block` parameter (cloud VMs: `publish_environment`, removed again by
+  `remove_environment`), never in parameters the UI shows;
+- `settle` (an instance ended) cancels its run if no worker ever picked it up and deletes its queue;
+- `drain` asks live instances to finish (their runs end Completed) and cancels the runs nobody
+  picked up, until every run is final or the time is up.
+"""
+
+from __future__ import annotations
+
+import builtins
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+import redis
+from prefect.client.orchestration import SyncPrefectClient
+from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+from prefect.client.schemas.objects import StateType
+from prefect.exceptions import ObjectNotFound
+from prefect.states import Cancelled
+
+from infra.rollout.settings import WorkerSettings
+from infra.services.prefect_api import current_api_key
+from infra.providers.pool import PoolSpec
+from infra.providers.interface import instance_work_queue
+from infra.rollout.registry import InstanceRegistry
+
+log = logging.getLogger(__name__)
+
+DEPLOYMENT_FLOW = "rollout-instance"
+"""Flow name of the instance deployments: `rollout-instance/<pool>`."""
+
+
+class UnknownPool(ValueError):
+    """A pool with no `rollout-instance/<pool>` deployment (or work pool) on the Prefect server."""
+
+
+@dataclass(frozen=True)
+class InstanceRunSpec:
+    """What every instance of one run needs: the parameters of its `rollout-instance` flow run.
+
+    `model` is the base model as the instance sees it: a directory (made absolute here, since the
+    flow run's working directory is the deployment's) or an fsspec URI that a cloud VM downloads."""
+
+    run_id: str
+    redis_url: str
+    model: str
+    worker: WorkerSettings
+    environment_block: str | None = None
+    """Prefect Secret block with the instances' environment (cloud VMs); None: they inherit it."""
+
+    def parameters(self, pool: PoolSpec, instance_id: str) -> dict[str, Any]:
+        return {
+            "pool": pool.name, "instance_id": instance_id, "run_id": self.run_id, "model_path": self.model,
+            "capacity_class": pool.capacity_class, "price_per_hour": pool.price_per_hour,
+            "settings": self.worker.model_dump(),
+            **({"environment_block": self.environment_block} if self.environment_block else {}),
+        }
+
+
+@dataclass
+class InstanceRun:
+    """The flow run (and the work queue it waits in) of one instance."""
+
+    flow_run_id: UUID
+    work_queue: str
+    pool: str
+    settled: bool = False
+    """The instance ended and its run was checked (and Cancelled if it never started)."""
+
+
+class InstanceRuns:
+    """The flow runs of one training run's instances; safe to use from several threads."""
+
+    def __init__(self, spec: InstanceRunSpec, api_url: str) -> None:
+        """`api_url`: the Prefect API (its key is the current `PREFECT_API_KEY`, if any)."""
+        self.spec = spec
+        self.api_url = api_url
+        self._api_key = current_api_key()
+        self._deployments: dict[str, UUID] = {}
+        self._runs: dict[str, InstanceRun] = {}
+        self._lock = threading.Lock()
+
+    def client(self) -> SyncPrefectClient:
+        return SyncPrefectClient(self.api_url, api_key=self._api_key)
+
+    def flow_run_id(self, instance_id: str) -> UUID:
+        """The `rollout-instance` flow run of an instance; `KeyError` if unknown."""
+        with self._lock:
+            return self._runs[instance_id].flow_run_id
+
+    def known(self) -> builtins.list[str]:
+        """Instances that have a run."""
+        with self._lock:
+            return builtins.list(self._runs)
+
+    def deployment(self, pool: PoolSpec) -> UUID:
+        """Id of `rollout-instance/<pool>`; `UnknownPool` if it or its work pool is missing."""
+        with self._lock:
+            if pool.name in self._deployments:
+                return self._deployments[pool.name]
+        name = f"{DEPLOYMENT_FLOW}/{pool.name}"
+        fix = (f"add a `{pool.name}` deployment of flows/rollout_instance.py:rollout_instance on work pool "
+               f"`{pool.name}` to prefect.yaml, then run `rlboost up` (or `prefect --no-prompt deploy --all`)")
+        with self.client() as client:
+            try:
+                deployment = client.read_deployment_by_name(name)
+            except ObjectNotFound:
+                ours = FlowFilter(name=FlowFilterName(any_=[DEPLOYMENT_FLOW]))
+                deployed = sorted(d.name for d in client.read_deployments(flow_filter=ours))
+                raise UnknownPool(
+                    f"unknown pool {pool.name!r}: the Prefect server at {self.api_url} has no deployment {name} "
+                    f"(deployed rollout pools: {', '.join(deployed) or 'none'}); {fix}"
+                ) from None
+            if deployment.work_pool_name != pool.name:
+                raise UnknownPool(
+                    f"deployment {name} runs on work pool {deployment.work_pool_name!r}, not {pool.name!r}; {fix}"
+                )
+            try:
+                work_pool = client.read_work_pool(pool.name)
+            except ObjectNotFound:
+                raise UnknownPool(
+                    f"unknown pool {pool.name!r}: the Prefect server at {self.api_url} has no work pool "
+                    f"{pool.name!r}; create it with `rlboost up` (process pools with the base job template "
+                    "in deployments/work-pools/)"
+                ) from None
+        command = work_pool.base_job_template.get("variables", {}).get("properties", {}).get("command", {})
+        if not command.get("default"):
+            log.warning(
+                "work pool %s does not set the flow-run command (deployments/work-pools/local-process.json): its "
+                "flow runs get their own process group, so a preemption notice will not reach them; recreate "
+                "it with `rlboost up`", pool.name,
+            )
+        with self._lock:
+            self._deployments[pool.name] = deployment.id
+        return deployment.id
+
+    def create(self, pool: PoolSpec, instance_id: str) -> str:
+        """Create the instance's flow run in a queue of its own; returns the queue's name."""
+        queue = instance_work_queue(self.spec.run_id, instance_id)
+        deployment = self.deployment(pool)
+        with self.client() as client:
+            run = client.create_flow_run_from_deployment(
+                deployment,
+                parameters=self.spec.parameters(pool, instance_id),
+                name=f"{pool.name}/{instance_id}",
+                tags=[DEPLOYMENT_FLOW, self.spec.run_id],
+                work_queue_name=queue,
+            )
+        with self._lock:
+            self._runs[instance_id] = InstanceRun(run.id, queue, pool.name)
+        return queue
+
+    # -- `infra.providers.interface.BootHooks`: a cloud VM's run exists before the VM does ----------
+
+    def before_boot(self, pool: PoolSpec, instance_id: str) -> None:
+        self.create(pool, instance_id)
+
+    def never_booted(self, instance_id: str, why: str) -> None:
+        self.settle([instance_id], why)
+
+    # -- the instances' secrets ----------------------------------------------------------------
+
+    def publish_environment(self, values: dict[str, str]) -> None:
+        """Save `values` (environment variables with secrets) as the Secret block the runs name."""
+        from prefect.blocks.system import Secret
+
+        if self.spec.environment_block is None:
+            raise ValueError("this run's instances name no environment block")
+        Secret(value=values).save(self.spec.environment_block, overwrite=True)
+
+    def remove_environment(self) -> None:
+        """Delete the Secret block (once no instance will start any more); no error if it is gone."""
+        if self.spec.environment_block is None:
+            return
+        with self.client() as client:
+            try:
+                block = client.read_block_document_by_name(self.spec.environment_block, block_type_slug="secret")
+            except ObjectNotFound:
+                return
+            client.delete_block_document(block.id)
+
+    # -- ending ----------------------------------------------------------------------------------
+
+    def settle(self, ended: Iterable[str], why: str = "ended before it started this run") -> None:
+        """For instances that ended: cancel each run no worker picked up, delete each queue."""
+        ended = set(ended)
+        with self._lock:
+            due = [(i, run) for i, run in self._runs.items() if i in ended and not run.settled]
+        if not due:
+            return
+        with self.client() as client:
+            for instance_id, run in due:
+                flow_run = client.read_flow_run(run.flow_run_id)
+                if flow_run.state is not None and flow_run.state.type in (StateType.SCHEDULED, StateType.PENDING):
+                    client.set_flow_run_state(
+                        run.flow_run_id, Cancelled(message=f"instance {instance_id} {why}"), force=True,
+                    )
+                try:
+                    queue = client.read_work_queue_by_name(run.work_queue, work_pool_name=run.pool)
+                    client.delete_work_queue_by_id(queue.id)
+                except ObjectNotFound:
+                    pass
+                run.settled = True
+
+    def drain(self, live: Iterable[str], timeout_s: float) -> set[str]:
+        """Cancel the runs of `live` instances no worker has picked up yet; ask every other one to
+        drain (again and again while it is still starting) until its run is final or `timeout_s`
+        passes. Returns the instances whose runs are still not final."""
+        live = set(live)
+        with self._lock:
+            pending = {i: run.flow_run_id for i, run in self._runs.items() if i in live}
+        if not pending:
+            return set()
+        client = redis.Redis.from_url(self.spec.redis_url)
+        registry = InstanceRegistry(client, self.spec.run_id, ttl_s=self.spec.worker.ttl_s)
+        asked: set[str] = set()
+        deadline = time.monotonic() + timeout_s
+        try:
+            with self.client() as api:
+                while pending and time.monotonic() < deadline:
+                    for instance_id, flow_run_id in builtins.list(pending.items()):
+                        state = api.read_flow_run(flow_run_id).state
+                        if state is not None and state.type == StateType.SCHEDULED:
+                            api.set_flow_run_state(flow_run_id, Cancelled(message="training ended before an instance started this run"))
+                        elif state is not None and state.is_final():
+                            del pending[instance_id]
+                        elif instance_id not in asked and registry.request(instance_id, {"op": "drain"}):
+                            asked.add(instance_id)
+                    time.sleep(0.2)
+        finally:
+            client.close()
+        if pending:
+            log.warning("instances %s did not drain within %.0f s; stopping them", sorted(pending), timeout_s)
+        return set(pending)

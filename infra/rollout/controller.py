@@ -1,0 +1,467 @@
+"""The rollout controller runtime (docs/ARCHITECTURE.md §4-5): drives one RL step's rollout on Redis.
+
+`RolloutController.run_step` enqueues a step's groups in the token log (idempotently), makes the
+step current for the workers (`infra.rollout.worker`), then polls until every group is complete or
+dropped. Each poll builds a `ClusterSnapshot` from the registry and the token log, and applies the
+pure policies:
+
+1. **reap** (`infra.rollout.policies.reaper`): a silent instance's samples go back to the queue with their
+   tokens (the epoch bump fences the zombie) and the instance is deregistered; so do the samples
+   of an owner that is not registered at all (it deregistered without handing them back);
+2. **offload** (`OffloadController.should_release`): past `T_local`, while a spot (rollout-only)
+   instance is alive, reserved instances get ``{"op": "release_all", "step": s}`` and go train;
+   if the last spot instance dies they get ``{"op": "resume", "step": s}`` and generate again;
+3. **steal** (`infra.rollout.policies.steal`): with an empty queue, a loaded instance gets
+   ``{"op": "release", "sample_ids": [...]}`` so idle slots elsewhere continue those samples;
+4. **stream**: each newly complete group goes to `on_group(group_id, records)` on one delivery
+   thread, in completion order, so training starts before the tail finishes and a slow consumer
+   never stalls reaping.
+
+When the step is complete and the last `on_group` has returned, the step's `StepTiming` updates
+the offload controller, whose state lives in Redis, like everything a step needs: a controller
+killed at any point and started again on the same Redis resumes the step (no sample re-enqueued,
+no group delivered twice once its `on_group` returned; one in flight at the kill is delivered
+again). Persisted clock values (step start, release) must come from a clock shared by the
+controllers that resume a step: `time.monotonic` is host-wide; pass `time.time` across hosts.
+
+Heartbeat ages are measured on the Redis server's clock (no skew between hosts) and placed on the
+controller's clock. The client's ``socket_timeout`` must exceed `ControllerConfig.poll_s`.
+
+Key layout: the current step (`infra.rollout.protocol.set_current_step`: what workers claim), and with
+``C = "rlb:{<run_id>}:ctl:"`` the keys below; those of a step other than ``C step:<s>`` are deleted
+when the step finishes (its report stays):
+
+=======================  ======================================================================
+``C offload``            JSON state of the `OffloadController` (`to_dict`)
+``C step:<s>``           hash: started_at, base_<stat> (token-log stats at the start),
+                         released_at, t_local, num_spot, all_done_at, reaped_instances, steals,
+                         report (JSON `StepReport`, once the step is finished)
+``C told:<s>``           set of reserved instances sent ``release_all``
+``C delivered:<s>``      set of group ids whose `on_group` returned
+``C busy:<s>``           list of ``"<start> <end>"`` clock intervals spent in `on_group`
+``C itok:<s>``           hash: instance -> tokens credited to it
+``C seen:<s>``           hash: sample -> logged tokens already credited
+=======================  ======================================================================
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, fields, replace
+
+import redis
+from pydantic import Field
+
+from infra.rollout.policies import (
+    ClusterSnapshot,
+    InstanceView,
+    OffloadController,
+    QueueView,
+    ReaperConfig,
+    RunningSample,
+    StealConfig,
+    StepTiming,
+    StepView,
+    reap,
+    steal,
+)
+from infra.rollout.registry import InstanceRegistry
+from infra.keyspace import controller_prefix, owned_key, queue_key, records_key, sample_key
+from infra.rollout.protocol import set_current_step
+from infra.rollout.tokenlog import RECORD, GroupSpec, SampleRecord, StepStatus, TokenLog, TokenLogStats
+from rl.config import Section
+from rl.rollout import Sample
+
+logger = logging.getLogger(__name__)
+
+OnGroup = Callable[[int, list[SampleRecord]], None]
+"""Receives each complete group; should return once the group is consumed (trained on)."""
+
+
+class OffloadSettings(Section):
+    """Adaptive offload: how long reserved instances generate per step (`T_local`)."""
+
+    initial_t_local_s: float = Field(60.0, ge=0)
+    """`T_local` of the first step, before any step has been measured."""
+    floor_s: float = Field(0.0, ge=0)
+    """`T_local` never drops below this."""
+    ceiling_s: float | None = Field(None, ge=0)
+    """`T_local` never exceeds this; None for no limit."""
+    damping: float = Field(3.0, gt=0)
+    """Divisor of the per-step move ``trainer_idle - rollout_idle``."""
+
+    def new_controller(self) -> OffloadController:
+        return OffloadController(self.initial_t_local_s, self.floor_s, self.ceiling_s, self.damping)
+
+
+class ControllerConfig(Section):
+    """The rollout controller's policies and polling."""
+
+    reap_timeout_s: float = Field(30.0, gt=0)
+    """An instance whose heartbeat is older than this is dead: its samples are reaped."""
+    steal: StealConfig = StealConfig()
+    """Token-level load balancing (`infra.rollout.policies.steal`)."""
+    offload: OffloadSettings = OffloadSettings()
+    """Adaptive `T_local`; used until a step's measurements are persisted in Redis."""
+    poll_s: float = Field(0.5, gt=0)
+    """Longest wait between two polls (a completed group wakes the controller at once)."""
+    max_reaps: int = Field(3, ge=1)
+    """Attempts per sample: one whose owner was reaped this many times fails (its group is
+    dropped), since it may be what kills instances."""
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """What one step's rollout did, as counted by the token log and the controller."""
+
+    step: int
+    policy_version: int
+    step_time_s: float
+    """From the step's first start to the return of the last `on_group`."""
+    tokens_generated: int
+    """Tokens logged for the step's samples plus those discarded by releases."""
+    tokens_wasted: int
+    """Discarded tokens plus the tokens of dropped groups (never trained)."""
+    migrations: int
+    """Claims that resumed a sample after another lease."""
+    reaped_instances: int
+    reaped_samples: int
+    steals: int
+    """Samples loaded instances were asked to release."""
+    rejected_appends: int
+    """Flushes fenced off (zombies, stale leases)."""
+    t_local_s: float | None
+    """`T_local` at which reserved instances released; None if they never did."""
+    num_spot: int
+    """Spot (rollout-only) instances alive at the release; 0 without one."""
+    trainer_idle_s: float
+    rollout_idle_s: float
+    groups_done: int
+    groups_dropped: tuple[int, ...]
+    instance_tokens: dict[str, int]
+    """Logged tokens per instance, credited to the owner seen at each poll (a sample migrating
+    between two polls credits its last flushes to the next owner)."""
+
+    @classmethod
+    def from_json(cls, text: bytes | str) -> StepReport:
+        data = json.loads(text)
+        return cls(**{**data, "groups_dropped": tuple(data["groups_dropped"])})
+
+
+def samples_of_group(records: Sequence[SampleRecord]) -> list[Sample]:
+    """A complete group's records as the `Sample`s of the in-process rollout path."""
+    for record in records:
+        if record.state != "done":
+            raise ValueError(f"sample {record.sample_id} is {record.state}, not done")
+    return [
+        Sample(
+            sample_id=r.sample_id, group=r.group_id, prompt_ids=list(r.prompt_ids),
+            response_ids=list(r.token_ids), logprobs=list(r.logprobs),
+            finish_reason=r.finish_reason or "", policy_version=r.policy_version,
+        )
+        for r in records
+    ]
+
+
+def _busy_within(intervals: Sequence[tuple[float, float]], start: float, end: float) -> float:
+    """Total length of `intervals` (disjoint: one delivery thread) inside [start, end]."""
+    return sum(max(0.0, min(b, end) - max(a, start)) for a, b in intervals)
+
+
+class RolloutController:
+    """Runs steps' rollouts for one run; any number of restarts may resume a step."""
+
+    def __init__(
+        self, client: redis.Redis, run_id: str, config: ControllerConfig,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.redis = client
+        self.run_id = run_id
+        self.config = config
+        self.clock = clock
+        self.registry = InstanceRegistry(client, run_id)
+        self._prefix = controller_prefix(run_id)
+        self._steal_at: dict[str, float] = {}
+        self._orphan_scan_at = float("-inf")
+        self._orphan_seen: dict[str, float] = {}
+        """Unregistered owners of running samples, and when each was first seen so."""
+
+    def _key(self, name: str, step: int | None = None) -> str:
+        return self._prefix + name + ("" if step is None else f":{step}")
+
+    @property
+    def offload(self) -> OffloadController:
+        """The persisted offload controller (or a fresh one from the config)."""
+        state = self.redis.get(self._key("offload"))
+        if state is None:
+            return self.config.offload.new_controller()
+        return OffloadController.from_dict(json.loads(state))
+
+    # --- the step loop -------------------------------------------------------------------------
+
+    def run_step(
+        self, step: int, policy_version: int, groups: Sequence[GroupSpec], on_group: OnGroup
+    ) -> StepReport:
+        """Roll out `step` (or resume it) until every group is complete or dropped, streaming
+        complete groups to `on_group`; returns the step's report (the stored one if the step
+        already finished)."""
+        step_key = self._key("step", step)
+        finished = self.redis.hget(step_key, "report")
+        if finished is not None:
+            return StepReport.from_json(finished)
+        log = TokenLog(self.redis, self.run_id, max_reaps=self.config.max_reaps)
+        if not log.enqueue_step(step, policy_version, groups):
+            stored = log.step_status(step).policy_version
+            if stored != policy_version:
+                raise ValueError(
+                    f"step {step} was enqueued for policy version {stored}, not {policy_version}"
+                )
+        self.redis.hsetnx(step_key, "started_at", repr(self.clock()))
+        for name, value in asdict(log.stats()).items():
+            self.redis.hsetnx(step_key, f"base_{name}", value)
+        if not set_current_step(self.redis, self.run_id, step, policy_version):
+            raise RuntimeError(f"a step after {step} is already current: {step} cannot be resumed")
+        started_at = float(self.redis.hget(step_key, "started_at"))
+        offload = self.offload
+        delivered = {int(g) for g in self.redis.smembers(self._key("delivered", step))}
+        pending: list[Future[None]] = []
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"on-group-{step}")
+        try:
+            while True:
+                status = log.step_status(step)
+                snapshot = self._snapshot(log, status, started_at)
+                snapshot = self._reap(log, snapshot)
+                released = self._offload(offload, snapshot)
+                self._steal(snapshot, released)
+                if status.complete:
+                    self.redis.hsetnx(step_key, "all_done_at", repr(snapshot.now))
+                wait = 0.0 if status.complete else self.config.poll_s
+                for group_id in log.next_completed_groups(step, timeout_s=wait):
+                    if group_id not in delivered:
+                        delivered.add(group_id)
+                        records = log.read_group(step, group_id)
+                        self._credit_final(log, step, records)
+                        pending.append(pool.submit(self._deliver, step, records, on_group))
+                for future in pending:
+                    if future.done():
+                        future.result()  # re-raise the consumer's exception
+                if status.complete:
+                    break
+            for future in pending:
+                future.result()
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+        return self._finish(log, offload, step)
+
+    def _snapshot(self, log: TokenLog, status: StepStatus, started_at: float) -> ClusterSnapshot:
+        """The registry and the step's leases, on the controller's clock; credits the logged
+        tokens of running samples to their owners."""
+        now = self.clock()
+        seconds, micros = self.redis.time()
+        server_now = seconds + micros / 1e6
+        instances = self.registry.all()
+        pipe = self.redis.pipeline(transaction=False)
+        for instance in instances:
+            pipe.smembers(owned_key(self.run_id, instance.info.instance_id))
+        pipe.zcount(queue_key(self.run_id, status.step), "-inf", "(0")  # scores < 0: logged tokens
+        *owned, queued_partial = pipe.execute()
+        mine = f"{status.step}/"
+        running = [
+            sorted(s for s in (m.decode() for m in members) if s.startswith(mine))
+            for members in owned
+        ]
+        pipe = self.redis.pipeline(transaction=False)
+        for sid in (s for sids in running for s in sids):
+            pipe.hget(sample_key(self.run_id, sid), "max_new")
+            pipe.strlen(records_key(self.run_id, sid))
+        replies = iter(pipe.execute())
+        views, observed = [], {}
+        for instance, sids in zip(instances, running):
+            samples = []
+            for sid in sids:
+                budget, nbytes = next(replies), next(replies)
+                samples.append(RunningSample(sid, nbytes // RECORD.itemsize, int(budget or 0)))
+                observed[sid] = (instance.info.instance_id, nbytes // RECORD.itemsize)
+            heard = instance.last_heartbeat or instance.registered_at
+            views.append(InstanceView(
+                instance_id=instance.info.instance_id, pool=instance.info.pool,
+                capacity_class=instance.info.capacity_class,
+                policy_version=instance.policy_version, slots=instance.info.slots,
+                running=tuple(samples), last_heartbeat=now - (server_now - heard),
+                price_per_hour=instance.info.price_per_hour,
+                steal_requested_at=self._steal_at.get(instance.info.instance_id),
+            ))
+        self._credit(status.step, observed)
+        step = StepView(
+            step=status.step, policy_version=status.policy_version, started_at=started_at,
+            total_samples=status.queued + status.running + status.done + status.failed,
+            done=status.done, groups_total=status.groups_total, groups_done=status.groups_done,
+        )
+        return ClusterSnapshot(now, step, tuple(views), QueueView(status.queued, queued_partial))
+
+    def _reap(self, log: TokenLog, snapshot: ClusterSnapshot) -> ClusterSnapshot:
+        """Reap and deregister silent instances; the snapshot with them marked dead."""
+        dead = set()
+        for decision in reap(snapshot, ReaperConfig(self.config.reap_timeout_s)):
+            samples = log.reap(decision.instance_id)  # before deregistering: never orphan one
+            self.registry.deregister(decision.instance_id)
+            self.redis.hincrby(self._key("step", snapshot.step.step), "reaped_instances", 1)
+            self._steal_at.pop(decision.instance_id, None)
+            logger.warning(
+                "reaped %s (%s): %d samples requeued",
+                decision.instance_id, decision.reason, samples,
+            )
+            dead.add(decision.instance_id)
+        self._reap_orphans(log, snapshot)
+        return replace(snapshot, instances=tuple(
+            replace(i, alive=False) if i.instance_id in dead else i for i in snapshot.instances
+        ))
+
+    def _reap_orphans(self, log: TokenLog, snapshot: ClusterSnapshot) -> None:
+        """Reap owners of running samples that are not registered (one that deregistered
+        without handing its samples back), once seen so for a whole reap timeout."""
+        if snapshot.now - self._orphan_scan_at < self.config.reap_timeout_s / 2:
+            return
+        self._orphan_scan_at = snapshot.now
+        registered = {i.instance_id for i in snapshot.instances}
+        orphans = log.owners() - registered
+        self._orphan_seen = {o: self._orphan_seen.get(o, snapshot.now) for o in orphans}
+        for owner, since in list(self._orphan_seen.items()):
+            if snapshot.now - since < self.config.reap_timeout_s:
+                continue
+            samples = log.reap(owner)
+            del self._orphan_seen[owner]
+            self.redis.hincrby(self._key("step", snapshot.step.step), "reaped_instances", 1)
+            logger.warning("reaped %s (unregistered owner): %d samples requeued", owner, samples)
+
+    def _offload(self, offload: OffloadController, snapshot: ClusterSnapshot) -> bool:
+        """Tell reserved instances to release at `T_local` (or to resume when no spot instance
+        is left); returns whether the reserved cluster is released now."""
+        step = snapshot.step.step
+        step_key, told_key = self._key("step", step), self._key("told", step)
+        num_spot = snapshot.rollout_only_alive
+        released = offload.should_release(snapshot.now, snapshot.step.started_at, num_spot)
+        told = {m.decode() for m in self.redis.smembers(told_key)}
+        if released:
+            if not self.redis.hexists(step_key, "released_at"):
+                self.redis.hset(step_key, mapping={
+                    "released_at": repr(snapshot.now), "t_local": repr(offload.t_local(num_spot)),
+                    "num_spot": num_spot,
+                })
+            for instance in snapshot.instances:
+                target = instance.instance_id
+                if instance.rollout_only or not instance.alive or target in told:
+                    continue
+                if self.registry.request(target, {"op": "release_all", "step": step}):
+                    self.redis.sadd(told_key, target)
+        elif told:
+            for target in sorted(told):
+                self.registry.request(target, {"op": "resume", "step": step})
+            self.redis.delete(told_key)
+        return released
+
+    def _steal(self, snapshot: ClusterSnapshot, released: bool) -> None:
+        for decision in steal(snapshot, self.config.steal, reserved_released=released):
+            message = {"op": "release", "sample_ids": list(decision.sample_ids)}
+            if self.registry.request(decision.from_instance, message):
+                self._steal_at[decision.from_instance] = snapshot.now
+                self.redis.hincrby(
+                    self._key("step", snapshot.step.step), "steals", decision.count
+                )
+
+    def _deliver(self, step: int, records: list[SampleRecord], on_group: OnGroup) -> None:
+        """On the delivery thread: hand a group over and record the consumer's busy time."""
+        group_id = records[0].group_id
+        start = self.clock()
+        on_group(group_id, records)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.rpush(self._key("busy", step), f"{start!r} {self.clock()!r}")
+        pipe.sadd(self._key("delivered", step), group_id)
+        pipe.execute()
+
+    # --- token accounting ----------------------------------------------------------------------
+
+    def _credit(self, step: int, observed: Mapping[str, tuple[str, int]]) -> None:
+        """Credit each sample's newly logged tokens to the owner observed now."""
+        if not observed:
+            return
+        seen_key, itok_key = self._key("seen", step), self._key("itok", step)
+        sids = sorted(observed)
+        pipe = self.redis.pipeline(transaction=True)
+        for sid, before in zip(sids, self.redis.hmget(seen_key, sids)):
+            owner, tokens = observed[sid]
+            delta = tokens - int(before or 0)
+            if delta > 0 and owner:
+                pipe.hincrby(itok_key, owner, delta)
+            if delta:
+                pipe.hset(seen_key, sid, tokens)
+        pipe.execute()
+
+    def _credit_final(self, log: TokenLog, step: int, records: Sequence[SampleRecord]) -> None:
+        """Credit a settled group's last flushes to the samples' final owners."""
+        pipe = self.redis.pipeline(transaction=False)
+        for record in records:
+            pipe.hget(sample_key(self.run_id, record.sample_id), "owner")
+        owners = pipe.execute()
+        self._credit(step, {
+            r.sample_id: ((owner or b"").decode(), len(r.token_ids))
+            for r, owner in zip(records, owners)
+        })
+
+    # --- the end of a step ---------------------------------------------------------------------
+
+    def _finish(self, log: TokenLog, offload: OffloadController, step: int) -> StepReport:
+        """Measure the step, update and persist `T_local`, store and return the report."""
+        end = self.clock()
+        step_key = self._key("step", step)
+        status = log.step_status(step)
+        dropped_tokens = 0
+        for group_id in status.dropped_group_ids:
+            records = log.read_group(step, group_id)
+            self._credit_final(log, step, records)
+            dropped_tokens += sum(len(r.token_ids) for r in records)
+        state = {k.decode(): v.decode() for k, v in self.redis.hgetall(step_key).items()}
+        stats = asdict(log.stats())
+        delta = {
+            f.name: stats[f.name] - int(state[f"base_{f.name}"]) for f in fields(TokenLogStats)
+        }
+        started_at, all_done_at = float(state["started_at"]), float(state["all_done_at"])
+        intervals = self.redis.lrange(self._key("busy", step), 0, -1)
+        busy = [(float(a), float(b)) for a, b in (i.decode().split() for i in intervals)]
+        rollout_idle = max(0.0, end - all_done_at)
+        trainer_idle, t_local, num_spot = 0.0, None, 0
+        if "released_at" in state:  # a step that never released teaches nothing
+            released_at = float(state["released_at"])
+            trainer_idle = max(0.0, end - released_at - _busy_within(busy, released_at, end))
+            t_local, num_spot = float(state["t_local"]), int(state["num_spot"])
+            trained_tokens = status.tokens_logged - dropped_tokens
+            offload.update(StepTiming(
+                t_local_s=t_local, trainer_idle_s=trainer_idle, rollout_idle_s=rollout_idle,
+                throughput=trained_tokens / max(end - started_at, 1e-9), num_spot=num_spot,
+            ))
+        report = StepReport(
+            step=step, policy_version=status.policy_version, step_time_s=end - started_at,
+            tokens_generated=status.tokens_logged + delta["wasted_tokens"],
+            tokens_wasted=delta["wasted_tokens"] + dropped_tokens,
+            migrations=delta["migrations"],
+            reaped_instances=int(state.get("reaped_instances", 0)),
+            reaped_samples=delta["reaped_samples"], steals=int(state.get("steals", 0)),
+            rejected_appends=delta["rejected_appends"], t_local_s=t_local, num_spot=num_spot,
+            trainer_idle_s=trainer_idle, rollout_idle_s=rollout_idle,
+            groups_done=status.groups_done, groups_dropped=status.dropped_group_ids,
+            instance_tokens={
+                k.decode(): int(v)
+                for k, v in sorted(self.redis.hgetall(self._key("itok", step)).items())
+            },
+        )
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.set(self._key("offload"), json.dumps(offload.to_dict()))
+        pipe.hset(step_key, "report", json.dumps(asdict(report)))
+        scratch = ("told", "delivered", "busy", "itok", "seen")
+        pipe.delete(*(self._key(name, step) for name in scratch))
+        pipe.execute()
+        return report

@@ -1,0 +1,206 @@
+"""The instance registry: which rollout instances a run has, whether they are alive, and the
+control messages the controller sends them.
+
+This module owns the registry's Redis state. An instance `register`s, then `heartbeat`s well
+within `ttl_s`; each heartbeat refreshes a liveness key that expires after `ttl_s` and records
+(on the server's clock) the instance's policy version, free slots and running samples. An
+instance whose liveness key expired is `lapsed`: the controller reaps its samples
+(`TokenLog.reap`) and deregisters it; a deregistered instance's heartbeat returns False, which
+tells it to stop. Control messages (``{"op": "release", "count": 3}``, ``{"op": "release_all"}``,
+``{"op": "drain"}``) go through a FIFO list per instance.
+
+Key layout (``P = "rlb:{<run_id>}:reg:"``): ``P members`` (set of instance ids), ``P i:<id>``
+(hash: info and last heartbeat), ``P alive:<id>`` (liveness key with TTL), ``P ctl:<id>``
+(list of JSON control messages).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, get_args
+
+import redis
+
+from infra.availability.capacity import CapacityClass
+from infra.keyspace import registry_prefix
+
+
+
+@dataclass(frozen=True)
+class InstanceInfo:
+    instance_id: str
+    pool: str
+    capacity_class: CapacityClass
+    price_per_hour: float
+    slots: int
+    """Samples the instance generates concurrently."""
+
+    def __post_init__(self) -> None:
+        if not self.instance_id or not self.instance_id.isprintable():
+            raise ValueError(f"instance_id must be non-empty and printable: {self.instance_id!r}")
+        if self.capacity_class not in get_args(CapacityClass):
+            raise ValueError(
+                f"instance {self.instance_id}: capacity_class must be one of "
+                f"{get_args(CapacityClass)}, got {self.capacity_class!r}"
+            )
+        if self.price_per_hour < 0 or self.slots < 1:
+            raise ValueError(
+                f"instance {self.instance_id}: price_per_hour must be >= 0 and slots >= 1"
+            )
+
+
+@dataclass(frozen=True)
+class InstanceSnapshot:
+    info: InstanceInfo
+    alive: bool
+    """The liveness key has not expired."""
+    registered_at: float
+    """Unix seconds, server clock."""
+    last_heartbeat: float | None
+    """Unix seconds, server clock; None before the first heartbeat."""
+    policy_version: int | None
+    free_slots: int
+    running: int
+
+
+# KEYS[1] = members set; ARGV: P, id, ttl_ms, then field/value pairs to set
+_REGISTER = """
+local P, id = ARGV[1], ARGV[2]
+local t = redis.call('TIME')
+redis.call('SADD', KEYS[1], id)
+redis.call('DEL', P .. 'i:' .. id)
+redis.call('HSET', P .. 'i:' .. id, 'registered_at', t[1] .. '.' .. string.format('%06d', t[2]),
+  unpack(ARGV, 4))
+redis.call('SET', P .. 'alive:' .. id, 1, 'PX', ARGV[3])
+return 1
+"""
+
+# KEYS[1] = members set; ARGV: P, id, ttl_ms, version ('' = none), free slots, running
+_HEARTBEAT = """
+local P, id = ARGV[1], ARGV[2]
+if redis.call('SISMEMBER', KEYS[1], id) == 0 then return 0 end
+local t = redis.call('TIME')
+redis.call('SET', P .. 'alive:' .. id, 1, 'PX', ARGV[3])
+redis.call('HSET', P .. 'i:' .. id, 'heartbeat_at', t[1] .. '.' .. string.format('%06d', t[2]),
+  'version', ARGV[4], 'free_slots', ARGV[5], 'running', ARGV[6])
+return 1
+"""
+
+# KEYS[1] = members set; ARGV: P, id, message
+_REQUEST = """
+if redis.call('SISMEMBER', KEYS[1], ARGV[2]) == 0 then return 0 end
+redis.call('RPUSH', ARGV[1] .. 'ctl:' .. ARGV[2], ARGV[3])
+return 1
+"""
+
+
+def _str(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class InstanceRegistry:
+    """One run's rollout instances on a Redis server."""
+
+    def __init__(self, client: redis.Redis, run_id: str, *, ttl_s: float = 3.0) -> None:
+        if not run_id or any(c in run_id for c in "{}") or not run_id.isprintable():
+            raise ValueError(f"run_id must be non-empty, printable, without braces: {run_id!r}")
+        if ttl_s <= 0:
+            raise ValueError(f"ttl_s must be > 0, got {ttl_s}")
+        self.client = client
+        self.run_id = run_id
+        self.ttl_s = ttl_s
+        self.prefix = registry_prefix(run_id)
+        self._members = self.prefix + "members"
+        self._register = client.register_script(_REGISTER)
+        self._heartbeat = client.register_script(_HEARTBEAT)
+        self._request = client.register_script(_REQUEST)
+
+    @property
+    def _ttl_ms(self) -> int:
+        return max(1, round(self.ttl_s * 1000))
+
+    def register(self, info: InstanceInfo) -> None:
+        """Add (or re-register) an instance; it counts as alive for one TTL."""
+        fields = [
+            "pool", info.pool, "capacity_class", info.capacity_class,
+            "price_per_hour", repr(float(info.price_per_hour)), "slots", info.slots,
+            "free_slots", info.slots, "running", 0,
+        ]
+        self._register(
+            keys=[self._members], args=[self.prefix, info.instance_id, self._ttl_ms, *fields]
+        )
+
+    def heartbeat(
+        self, instance_id: str, policy_version: int | None, free_slots: int, running: int
+    ) -> bool:
+        """Refresh liveness and load; False if the instance is not registered (it was evicted
+        and must stop)."""
+        version = "" if policy_version is None else policy_version
+        args = [self.prefix, instance_id, self._ttl_ms, version, free_slots, running]
+        return bool(self._heartbeat(keys=[self._members], args=args))
+
+    def deregister(self, instance_id: str) -> bool:
+        """Forget an instance and its pending control messages; False if it was not registered."""
+        pipe = self.client.pipeline(transaction=True)
+        pipe.srem(self._members, instance_id)
+        pipe.delete(*(self.prefix + k + instance_id for k in ("i:", "alive:", "ctl:")))
+        removed, _ = pipe.execute()
+        return bool(removed)
+
+    def all(self) -> list[InstanceSnapshot]:
+        """Every registered instance, alive or not, sorted by id."""
+        ids = sorted(_str(m) for m in self.client.smembers(self._members))
+        pipe = self.client.pipeline(transaction=False)
+        for instance_id in ids:
+            pipe.hgetall(self.prefix + "i:" + instance_id)
+            pipe.exists(self.prefix + "alive:" + instance_id)
+        replies = pipe.execute()
+        snapshots = []
+        for instance_id, info, alive in zip(ids, replies[::2], replies[1::2]):
+            if not info:  # deregistered between the two reads
+                continue
+            field = {_str(k): _str(v) for k, v in info.items()}
+            snapshots.append(
+                InstanceSnapshot(
+                    info=InstanceInfo(
+                        instance_id=instance_id, pool=field["pool"],
+                        capacity_class=field["capacity_class"],  # type: ignore[arg-type]
+                        price_per_hour=float(field["price_per_hour"]), slots=int(field["slots"]),
+                    ),
+                    alive=bool(alive),
+                    registered_at=float(field["registered_at"]),
+                    last_heartbeat=(
+                        float(field["heartbeat_at"]) if "heartbeat_at" in field else None
+                    ),
+                    policy_version=int(field["version"]) if field.get("version") else None,
+                    free_slots=int(field["free_slots"]),
+                    running=int(field["running"]),
+                )
+            )
+        return snapshots
+
+    def alive(self) -> list[InstanceSnapshot]:
+        return [s for s in self.all() if s.alive]
+
+    def lapsed(self) -> list[str]:
+        """Registered instances whose liveness key expired (for the reaper)."""
+        return [s.info.instance_id for s in self.all() if not s.alive]
+
+    def request(self, instance_id: str, command: dict[str, Any]) -> bool:
+        """Queue a control message for an instance; False if it is not registered."""
+        if not isinstance(command.get("op"), str):
+            raise ValueError(f"a control message needs a string 'op', got {command!r}")
+        message = json.dumps(command)
+        return bool(
+            self._request(keys=[self._members], args=[self.prefix, instance_id, message])
+        )
+
+    def poll_requests(self, instance_id: str) -> list[dict[str, Any]]:
+        """Take the instance's pending control messages, oldest first."""
+        key = self.prefix + "ctl:" + instance_id
+        pipe = self.client.pipeline(transaction=True)
+        pipe.lrange(key, 0, -1)
+        pipe.delete(key)
+        messages, _ = pipe.execute()
+        return [json.loads(m) for m in messages]

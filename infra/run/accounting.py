@@ -1,0 +1,129 @@
+"""Recording what a training run costs while it runs: the bridge from the fabric to the ledger.
+
+`RunAccounting` writes into the cost ledger (`infra.ledger`, docs/ARCHITECTURE.md §7):
+
+* at the start, the run and a price quote for every pool;
+* per RL step, when it starts and ends and how many response tokens it trained on; the weight
+  pulls the instances reported (bytes per source: trainer, peer or store; local egress is free); every
+  instance the provider has run so far, with its lifecycle (launch, notice, termination and its
+  reason: preempted, silently preempted, scaled down, finished, crashed); and each instance's
+  share of the step: the seconds it was up inside the step and the tokens it generated (the
+  controller credits every logged token to the instance that generated it);
+* at the end, the run's end time; `summary()` is the ledger's cost report as one flat dict.
+
+Tokens wasted in a step (unflushed tails lost to a SIGKILL, dropped groups) are a step total in
+the controller's report, not per instance: they are attributed to the instances that stopped
+during the step (preempted or crashed), split evenly, else to the instance that generated most.
+
+Every write is idempotent per (run, step, instance), so recording a step again after a crash
+replaces what was there.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from infra.ledger import Ledger
+from infra.providers.pool import PoolSpec
+from infra.providers.interface import InstanceRecord, Provider
+from infra.weights.shared import Transfer
+
+STOPPED_REASONS = ("preempted", "preempted_silent", "crashed")
+
+
+class RunAccounting:
+    """One run's writes to the ledger; `provider` is None for in-process rollout (no instances)."""
+
+    def __init__(
+        self, ledger: Ledger, run_id: str, name: str, pools: Sequence[PoolSpec], provider: Provider | None,
+        transfers: Callable[[], Sequence[Transfer]] | None = None, clock: Callable[[], float] = time.time,
+    ) -> None:
+        """`transfers` returns the weight pulls reported since its last call (`RolloutFabric.drain_transfers`)."""
+        self.ledger = ledger
+        self.run_id = run_id
+        self.provider = provider
+        self.transfers = transfers
+        self.clock = clock
+        self._providers = {pool.name: pool.provider for pool in pools}
+        self._step_started: dict[int, float] = {}
+        ledger.start_run(run_id, name=name, started_at=clock())
+        if provider is not None:
+            for pool in pools:
+                ledger.record_quote(run_id, pool, provider.quote(pool), quoted_at=clock())
+
+    def begin_step(self, step: int) -> None:
+        """Step `step` starts now."""
+        started = self.clock()
+        self._step_started[step] = started
+        self.ledger.record_step(self.run_id, step, started_at=started)
+
+    def end_step(
+        self, step: int, tokens_trained: int, instance_tokens: Mapping[str, int] | None = None,
+        tokens_wasted: int = 0,
+    ) -> None:
+        """Step `step` ends now: record the instances, their usage in the step, and the step."""
+        ended = self.clock()
+        started = self._step_started.pop(step, ended)
+        records = self.provider.instances() if self.provider is not None else []
+        for record in records:
+            self.ledger.record_instance(self.run_id, record, provider=self._providers.get(record.pool, "local"))
+        tokens = dict(instance_tokens or {})
+        wasted = _attribute_waste(records, tokens, tokens_wasted, started, ended)
+        for record in records:
+            seconds = _seconds_within(record, started, ended)
+            generated = tokens.get(record.instance_id, 0)
+            if seconds > 0 or generated or wasted.get(record.instance_id):
+                self.ledger.record_usage(
+                    self.run_id, step, record.instance_id, seconds=seconds,
+                    tokens_generated=generated + wasted.get(record.instance_id, 0),
+                    tokens_wasted=wasted.get(record.instance_id, 0),
+                )
+        for transfer in self.transfers() if self.transfers is not None else ():
+            self.ledger.record_transfer(
+                self.run_id, transfer.instance_id, transfer.version, source=transfer.source,
+                nbytes=transfer.nbytes, step=step, transferred_at=ended,
+            )
+        self.ledger.record_step(self.run_id, step, started_at=started, ended_at=ended, tokens_trained=tokens_trained)
+
+    def step_cost_usd(self, step: int) -> float | None:
+        """What the ledger attributes to `step` so far (None if it has no row)."""
+        for row in self.ledger.report(self.run_id).steps:
+            if row.step == step:
+                return row.cost_usd
+        return None
+
+    def finish(self) -> None:
+        """The run ends now: record the instances' final states and the end time."""
+        if self.provider is not None:
+            for record in self.provider.instances():
+                self.ledger.record_instance(self.run_id, record, provider=self._providers.get(record.pool, "local"))
+        self.ledger.finish_run(self.run_id, ended_at=self.clock())
+
+    def summary(self) -> dict[str, object]:
+        """The run's cost report as one flat dict (`CostReport.summary`)."""
+        return self.ledger.report(self.run_id).summary()
+
+
+def _seconds_within(record: InstanceRecord, start: float, end: float) -> float:
+    """Seconds of [start, end] during which the instance was up."""
+    stop = end if record.terminated_at is None else min(end, record.terminated_at)
+    return max(0.0, stop - max(start, record.launched_at))
+
+
+def _attribute_waste(
+    records: Sequence[InstanceRecord], tokens: Mapping[str, int], wasted: int, start: float, end: float,
+) -> dict[str, int]:
+    """Split the step's wasted tokens over the instances that stopped in it (see module doc)."""
+    if wasted <= 0:
+        return {}
+    stopped = sorted(
+        r.instance_id for r in records
+        if r.reason in STOPPED_REASONS and r.terminated_at is not None and start <= r.terminated_at <= end
+    )
+    if not stopped:
+        if not tokens:
+            return {}
+        stopped = [max(sorted(tokens), key=lambda i: tokens[i])]
+    share, extra = divmod(wasted, len(stopped))
+    return {instance: share + (index < extra) for index, instance in enumerate(stopped)}

@@ -1,0 +1,188 @@
+"""The run configuration as a whole, and loading it from YAML with precise errors.
+
+`RunConfig` composes the per-concern models of `rl.config` with the run-level settings. A bad
+file fails with `ConfigError`, whose message names the file, the line, the dotted field path and
+the reason, e.g. ``demo.yaml:14: grpo.clip_eps: Input should be less than 1 (got 1.5)``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, Field, ValidationError
+from pydantic_core import PydanticUndefined
+
+from infra.run.fabric_config import FabricConfig
+from infra.ledger.config import LedgerConfig
+from rl.config import (
+    DataConfig,
+    EvalConfig,
+    GRPOConfig,
+    ModelConfig,
+    OptimConfig,
+    PretrainConfig,
+    RewardConfig,
+    RolloutConfig,
+    Section,
+)
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "deployments" / "configs" / "demo.yaml"
+
+
+class RunSection(Section):
+    """Identity, length and bookkeeping of one training run."""
+
+    name: str = "grpo-demo"
+    """Run name (directory under `output_dir`, and the Prefect flow-run name prefix)."""
+    steps: int = Field(100, ge=1)
+    """RL steps (optimizer steps) to run in total, counting steps done before a resume."""
+    seed: int = 0
+    """Seed of sampling and of everything else random in the run."""
+    output_dir: Path = Path("runs")
+    """Checkpoints, per-step records and plots go under `output_dir/name`."""
+    checkpoint_every: int = Field(10, ge=1)
+    """Write a checkpoint every this many steps (and after the last)."""
+    keep_checkpoints: int = Field(2, ge=1)
+    """Most recent checkpoints to keep on disk."""
+    torch_threads: int | None = Field(None, ge=1)
+    """CPU threads for torch (default: torch's own choice)."""
+
+    @property
+    def directory(self) -> Path:
+        return self.output_dir / self.name
+
+
+class RunConfig(Section):
+    """Everything one `rl-train` run needs."""
+
+    run: RunSection = RunSection()
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    reward: RewardConfig = RewardConfig()
+    grpo: GRPOConfig = GRPOConfig()
+    optim: OptimConfig = OptimConfig()
+    eval: EvalConfig = EvalConfig()
+    pretrain: PretrainConfig = PretrainConfig()
+    fabric: FabricConfig = FabricConfig()
+    ledger: LedgerConfig = LedgerConfig()
+
+
+class ConfigError(ValueError):
+    """A configuration file that cannot be used; the message says where and why."""
+
+
+def _line_of(root: yaml.Node | None, path: tuple[Any, ...]) -> int | None:
+    """1-based line of the YAML node at `path` (or of its deepest existing ancestor)."""
+    node, line = root, None
+    for key in path:
+        if isinstance(node, yaml.MappingNode):
+            match = next(((k, v) for k, v in node.value if k.value == str(key)), None)
+            if match is None:
+                return line
+            # The key's line: a block mapping or list value starts on the line after its key.
+            line = match[0].start_mark.line + 1
+            node = match[1]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
+            node = node.value[key]
+            line = node.start_mark.line + 1
+        else:
+            return line
+    return line
+
+
+def parse_config(text: str, source: str = "<string>", overrides: dict[str, Any] | None = None) -> RunConfig:
+    """Validate YAML `text` (plus dotted-key `overrides`) into a `RunConfig`."""
+    try:
+        data = yaml.safe_load(text)
+        root = yaml.compose(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark else source
+        raise ConfigError(f"{where}: not valid YAML: {getattr(error, 'problem', error)}") from None
+    if data is None:  # an empty file: all defaults
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping of sections, got {type(data).__name__}")
+    overridden = {tuple(dotted.split(".")): dotted for dotted in overrides or {}}
+    for dotted, value in (overrides or {}).items():
+        target = data
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            target = target.setdefault(part, {})
+            if not isinstance(target, dict):
+                raise ConfigError(f"override {dotted}: {part} is not a section")
+        target[leaf] = value
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as error:
+        problems = []
+        for item in error.errors():
+            loc = tuple(item["loc"])
+            line = _line_of(root, loc)
+            where = f"{source}:{line}" if line else source
+            override = next((d for p, d in overridden.items() if tuple(map(str, loc[: len(p)])) == p), None)
+            if override is not None:  # the bad value came from an override, not from the file
+                where = f"override {override}"
+            field = ".".join(map(str, loc)) or "(top level)"
+            reason = item["msg"]
+            if item["type"] == "extra_forbidden":
+                reason = "unknown key (check the spelling; see the configuration reference in README.md)"
+            elif "input" in item and not isinstance(item["input"], dict):
+                reason += f" (got {item['input']!r})"
+            problems.append(f"{where}: {field}: {reason}")
+        raise ConfigError("\n".join(problems)) from None
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """Load a run configuration file (the embedded demo default when `path` is None)."""
+    path = Path(path) if path else DEFAULT_CONFIG
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read the configuration file: {error.strerror}") from None
+    return parse_config(text, str(path), overrides)
+
+
+def _nested_models(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models a field may hold (directly, in a union, or as tuple/list items)."""
+    found, pending = [], [annotation]
+    while pending:
+        candidate = pending.pop(0)
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            found.append(candidate)
+        else:
+            pending.extend(get_args(candidate))
+    return found
+
+
+def _reference_section(path: str, model: type[BaseModel], lines: list[str]) -> None:
+    nested: list[tuple[str, type[BaseModel]]] = []
+    lines += [f"**`{path}`** ({model.__name__}) — {model.__doc__.strip().splitlines()[0]}", "",
+              "| key | default | meaning |", "|---|---|---|"]
+    for name, field in model.model_fields.items():
+        description = " ".join((field.description or "").split()).replace("|", "\\|")
+        models = _nested_models(field.annotation)
+        if models:
+            is_list = get_origin(field.annotation) in (tuple, list)
+            child = f"{path}.{name}" + ("[]" if is_list else "")
+            nested += [(child, model) for model in models]
+            shown = "`[]`" if is_list else ("—" if field.default is None else f"see `{child}`")
+        else:
+            default = field.default
+            shown = "—" if default is None or default is PydanticUndefined else (
+                f"`{list(default)}`" if isinstance(default, tuple) else f"`{default}`")
+        lines.append(f"| `{name}` | {shown} | {description} |")
+    lines.append("")
+    for child, inner in nested:
+        _reference_section(child, inner, lines)
+
+
+def reference_markdown() -> str:
+    """The configuration reference (README.md embeds it; a test keeps the two in sync)."""
+    lines: list[str] = []
+    for section, info in RunConfig.model_fields.items():
+        _reference_section(section, info.annotation, lines)
+    return "\n".join(lines).rstrip() + "\n"

@@ -1,0 +1,243 @@
+"""The rollout fabric of one run (docs/ARCHITECTURE.md §3-5): Redis, the instance pools running rollout
+workers, weight publication, and the controller that rolls out each step over the token log.
+
+`RolloutFabric` is what the training session uses instead of its in-process engine when
+`fabric.enabled` is set. It starts an embedded Redis unless a URL is configured, launches the
+configured local pools (reserved and spot; spot pools preempted by trace or Poisson schedules),
+keeps its cloud pools (`provider: gcp|azure`) at target through a `CloudFleet`, publishes each
+policy version for the workers to load, and returns every step's samples in the same
+`rl.rollout.Sample` form as the in-process path.
+
+A cloud VM is a Prefect worker for its pool that runs one `rollout-instance/<pool>` flow run,
+created before the VM (`infra.fleet.instance_runs`); the run's secrets reach it through a Prefect Secret
+block and the base model through a copy under the weight store (`infra.weights.model_source`). So cloud
+pools need a Prefect server the VMs reach (`rlboost up`, or `cloud.bootstrap.prefect_api_url`), a
+Redis they reach (`fabric.redis_url`), and a weight store they read (`weights.store_url`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from infra.rollout.controller import RolloutController, StepReport, samples_of_group
+from infra.weights.model_source import upload_model
+from infra.providers.pool import PoolSpec
+from infra.providers.interface import InstanceRecord, Provider
+from infra.fleet.cloud_fleet import CloudFleet, check_reachable_by_vms
+from infra.providers.composite import CompositeProvider
+from infra.providers.local import LocalProvider
+from infra.services.redis_embedded import REDIS_URL_ENV, EmbeddedRedis
+from infra.rollout.registry import InstanceRegistry
+from infra.rollout.settings import worker_flags
+from infra.run.fabric_config import CloudSettings, FabricConfig
+from infra.rollout.tokenlog import GroupSpec, TokenLog
+from infra.weights.publisher import WeightPublisher
+from infra.weights.puller import STORE
+from infra.weights.shared import Transfer, drain_transfers, share_config
+from rl.config import RolloutConfig
+from rl.datasets import PromptRecord
+from rl.rollout import Sample, step_seed
+
+if TYPE_CHECKING:
+    from infra.fleet.instance_runs import InstanceRuns
+
+def environment_block_name(run_id: str) -> str:
+    """The Prefect Secret block holding a run's instance environment (lowercase letters, digits, dashes)."""
+    return "rlboost-" + re.sub(r"[^a-z0-9-]+", "-", run_id.lower()).strip("-") + "-instances"
+
+
+def cloud_options(cloud: CloudSettings) -> dict[str, dict[str, Any]]:
+    """Keyword arguments of each cloud's provider from the settings (credentials stay the SDKs' defaults)."""
+    gcp: dict[str, Any] = {"live_prices": cloud.live_prices}
+    if cloud.gcp_api_endpoint is not None:
+        from google.api_core.client_options import ClientOptions
+
+        gcp["client_options"] = ClientOptions(api_endpoint=cloud.gcp_api_endpoint)
+    azure: dict[str, Any] = {"live_prices": cloud.live_prices}
+    if cloud.azure_base_url is not None:
+        azure["base_url"] = cloud.azure_base_url
+    return {"gcp": gcp, "azure": azure}
+
+
+class RolloutFabric:
+    def __init__(self, config: FabricConfig, run_id: str, run_dir: Path, model_path: Path) -> None:
+        if not config.pools:
+            raise ValueError("fabric.pools is empty: configure at least one pool of rollout instances")
+        self.config = config
+        self.run_id = run_id
+        self.model_path = Path(model_path)
+        self.run_dir = Path(run_dir)
+        self._redis_server: EmbeddedRedis | None = None
+        configured_redis = config.redis_url or os.environ.get(REDIS_URL_ENV)
+        if configured_redis is None:
+            self._redis_server = EmbeddedRedis()
+            self._redis_server.start()
+        self.redis_url = self._redis_server.url if self._redis_server else configured_redis
+        self.redis = redis.Redis.from_url(self.redis_url)
+        self.log = TokenLog(self.redis, run_id)
+        self.registry = InstanceRegistry(self.redis, run_id, ttl_s=config.worker.ttl_s)
+        self.controller = RolloutController(self.redis, run_id, config.controller, clock=time.time)
+        if config.weights.serves:
+            # Local instances inherit the trainer's environment: one random secret per session
+            # unless the user set one (which remote instances need too).
+            os.environ.setdefault(config.weights.secret_env, secrets.token_hex(32))
+        share_config(self.redis, run_id, config.weights, run_dir)
+        self.weights = WeightPublisher(config.weights, self.redis, run_id, run_dir=run_dir)
+        self._step = 0
+        local_pools = [pool for pool in config.pools if pool.provider == "local"]
+        providers: dict[str, Provider] = {}
+        if local_pools:
+            providers["local"] = self._select_provider(run_dir / "instances")
+        self.fleet: CloudFleet | None = None
+        self.instance_runs: InstanceRuns | None = None
+        if len(local_pools) < len(config.pools):
+            self.fleet = self._cloud_fleet()
+            providers.update(self.fleet.providers)
+        self.provider = CompositeProvider(providers)
+        for pool in local_pools:
+            self.provider.launch(pool, pool.size)
+        self.provider.start()
+        if self.fleet is not None:
+            self.fleet.start()
+
+    def _cloud_fleet(self) -> CloudFleet:
+        """The fleet of the cloud pools, with a flow run per VM and the secrets the VMs read."""
+        from infra.fleet.instance_runs import InstanceRuns, InstanceRunSpec
+        from infra.services.prefect_api import check_api, current_api_url
+
+        cloud = self.config.cloud
+        check_reachable_by_vms(self.redis_url, self.config.pools)
+        api_url = check_api(cloud.bootstrap.prefect_api_url or current_api_url(), purpose="cloud pools")
+        weights = self.config.weights
+        store = weights.resolve_store_url(self.run_dir).rstrip("/")
+        model = cloud.model_url or upload_model(self.model_path, f"{store}/base-model", weights.store_options)
+        spec = InstanceRunSpec(
+            run_id=self.run_id, redis_url=self.redis_url, model=model, worker=self.config.worker,
+            environment_block=environment_block_name(self.run_id),
+        )
+        self.instance_runs = runs = InstanceRuns(spec, api_url)
+        environment = {REDIS_URL_ENV: self.redis_url}
+        if weights.serves:
+            environment[weights.secret_env] = os.environ[weights.secret_env]
+        runs.publish_environment(environment)
+        bootstrap = cloud.bootstrap
+        if bootstrap.prefect_api_url is None:
+            bootstrap = bootstrap.model_copy(update={"prefect_api_url": api_url})
+        return CloudFleet(
+            self.config.pools, run_id=self.run_id, redis_url=self.redis_url, bootstrap=bootstrap,
+            on_change=self._cloud_instance_changed, boot_hooks=runs, current_step=lambda: self._step,
+            interval_s=cloud.reconcile_s, options=cloud_options(cloud),
+        )
+
+    def _cloud_instance_changed(self, record: InstanceRecord) -> None:
+        if record.state == "terminated" and self.instance_runs is not None:
+            self.instance_runs.settle([record.instance_id])
+
+    def _select_provider(self, log_dir: Path) -> Provider:
+        if self.config.instances == "prefect":
+            from infra.fleet.prefect_local import InstanceRunSpec, PrefectLocalProvider
+
+            spec = InstanceRunSpec(
+                run_id=self.run_id, redis_url=self.redis_url, model=str(self.model_path.resolve()),
+                worker=self.config.worker,
+            )
+            return PrefectLocalProvider(spec, log_dir=log_dir)
+        return LocalProvider(self._worker_command, log_dir=log_dir)
+
+    def _worker_command(self, pool: PoolSpec, instance_id: str) -> list[str]:
+        return [
+            sys.executable, "-m", "infra.rollout.worker",
+            "--redis-url", self.redis_url, "--run-id", self.run_id, "--instance-id", instance_id,
+            "--pool", pool.name, "--capacity-class", pool.capacity_class,
+            "--price-per-hour", str(pool.price_per_hour),
+            "--model", str(self.model_path), *worker_flags(self.config.worker),
+        ]
+
+    def publish(self, version: int, state_dict) -> None:
+        """Make `version` available to the instances (served from memory at once, stored in the
+        background) and announce it; returns without waiting on the network."""
+        self.weights.publish(version, state_dict)
+
+    def _check_fleet(self) -> None:
+        """Fail the step when the cloud pools are no longer kept (a configuration or credential error)."""
+        if self.fleet is not None and self.fleet.failure is not None:
+            raise self.fleet.failure
+
+    def _wait_for_instances(self) -> None:
+        deadline = time.time() + self.config.ready_timeout_s
+        while not self.registry.alive():
+            self._check_fleet()
+            if time.time() > deadline:
+                raise TimeoutError(
+                    f"no rollout instance registered within {self.config.ready_timeout_s:.0f} s; "
+                    f"see the instance logs under {self.run_dir / 'instances'}"
+                )
+            time.sleep(0.2)
+
+    def rollout(self, tokenizer, records: list[PromptRecord], step: int, version: int,
+                rollout: RolloutConfig, run_seed: int,
+                on_group: Callable[[list[Sample]], None] | None = None) -> tuple[list[Sample], StepReport]:
+        """Roll out one step on the instances; samples of delivered groups, sorted by id. Each
+        complete group also goes to `on_group` (its samples in order) as soon as it is done."""
+        self._step = step
+        self._check_fleet()
+        self._wait_for_instances()
+        sampling = {"temperature": rollout.temperature, "top_p": rollout.top_p, "top_k": rollout.top_k}
+        groups = [
+            GroupSpec(group, tokenizer(record.prompt).input_ids, rollout.group_size, rollout.max_new_tokens,
+                      seed=step_seed(run_seed, step), sampling=sampling)
+            for group, record in enumerate(records)
+        ]
+        collected: dict[int, list[Sample]] = {}
+        lock = threading.Lock()
+
+        def deliver(group_id: int, group_records) -> None:
+            samples = sorted(samples_of_group(group_records), key=lambda s: int(s.sample_id.rsplit("/", 1)[1]))
+            if on_group is not None:
+                on_group(samples)
+            with lock:
+                collected[group_id] = samples
+
+        report = self.controller.run_step(step, version, groups, deliver)
+        return [s for group in sorted(collected) for s in collected[group]], report
+
+    def preemptions(self) -> int:
+        return sum(1 for r in self.provider.instances() if r.reason in ("preempted", "preempted_silent"))
+
+    def drain_transfers(self) -> list[Transfer]:
+        """Weight pulls the instances reported since the last call, bytes summed per instance,
+        version and kind of source: `trainer`, `store` or `peer`."""
+        def source(url: str) -> str:
+            return "trainer" if url == self.weights.url else url if url == STORE else "peer"
+
+        merged: dict[tuple[str, int, str], Transfer] = {}
+        for t in drain_transfers(self.redis, self.run_id):
+            key = (t.instance_id, t.version, source(t.source))
+            seen = merged.get(key)
+            merged[key] = replace(t, source=key[2], nbytes=t.nbytes + (seen.nbytes if seen else 0))
+        return list(merged.values())
+
+    def close(self) -> None:
+        if self.fleet is not None:
+            runs = self.instance_runs
+            assert runs is not None
+            timeout_s = self.config.cloud.drain_timeout_s
+            self.fleet.stop(drain=lambda live: runs.drain(live, timeout_s))
+            runs.settle(runs.known(), "ended with the training run before it started this run")
+            runs.remove_environment()
+        self.provider.shutdown()
+        self.weights.close()
+        self.redis.close()
+        if self._redis_server is not None:
+            self._redis_server.stop()

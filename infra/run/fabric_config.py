@@ -1,0 +1,66 @@
+"""The `fabric` section of a run configuration: its pools, instances, worker settings, weights,
+controller and cloud settings (torch-free; `infra.run.fabric.RolloutFabric` runs it)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from infra.providers.pool import PoolSpec
+from infra.providers.startup import WorkerBootstrap
+from infra.rollout.controller import ControllerConfig
+from infra.rollout.settings import WorkerSettings
+from infra.weights.config import WeightsConfig
+from rl.config import Section
+
+
+class CloudSettings(Section):
+    """How the cloud pools (`provider: gcp|azure`) of a run start and join it."""
+
+    bootstrap: WorkerBootstrap = WorkerBootstrap()
+    """How each VM installs the project and reaches Prefect (its boot script)."""
+    model_url: str | None = None
+    """fsspec URL the VMs read the base model from (a copy made with `infra.weights.model_source`); None:
+    the run copies `model.path` to `<weights store>/base-model` when it starts."""
+    reconcile_s: float = Field(30.0, gt=0)
+    """Seconds between the capacity manager's reconciles (preemptions seen, replacements started)."""
+    drain_timeout_s: float = Field(60.0, gt=0)
+    """At the end of training, how long the VMs may take to finish their flow runs before they are deleted."""
+    gcp_api_endpoint: str | None = None
+    """Compute Engine API endpoint (e.g. a Private Service Connect address); None: Google's."""
+    azure_base_url: str | None = None
+    """Azure Resource Manager endpoint (e.g. a sovereign cloud's); None: the public one."""
+    live_prices: bool = True
+    """Quote the clouds' published prices (Cloud Billing Catalog, Azure Retail Prices); False: the
+    bundled catalog only."""
+
+
+class FabricConfig(Section):
+    """Distributed rollout over a Redis token log and local instance pools."""
+
+    enabled: bool = False
+    """Roll out on worker instances (True) or in the training process (False)."""
+    redis_url: str | None = None
+    """Redis of the run; None uses `RLBOOST_REDIS_URL` from the environment (set by `rlboost up`'s
+    workers) or else starts an embedded redis-server on a free loopback port."""
+    pools: tuple[PoolSpec, ...] = ()
+    """Instance pools: at least one; a `reserved` pool is the training cluster's share of rollout."""
+    instances: Literal["process", "prefect"] = "process"
+    """How local pools run an instance: `process` (a process group running `rlboost worker`) or
+    `prefect` (a process group running a Prefect worker for its pool and a `rollout-instance/<pool>`
+    flow run, shown in the Prefect UI; needs a Prefect server with prefect.yaml deployed: `rlboost up`)."""
+    worker: WorkerSettings = WorkerSettings()
+    """Rollout instance settings."""
+    weights: WeightsConfig = WeightsConfig()
+    """How instances get each policy version: object store, peer-to-peer pull, retention."""
+    controller: ControllerConfig = ControllerConfig()
+    """Reaping, stealing and adaptive offload."""
+    cloud: CloudSettings = CloudSettings()
+    """Cloud pools: VM boot script, base model copy, reconcile loop, API endpoints."""
+    ready_timeout_s: float = Field(180.0, gt=0)
+    """How long to wait for the first instance to register before failing the step (a run with only
+    cloud pools waits for a VM to boot and install the project: allow several minutes)."""
+    stream_training: bool = True
+    """Score each group and accumulate its gradient as soon as it completes, while the rest of
+    the step is still generating (False: train once the whole step is collected)."""

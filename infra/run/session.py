@@ -1,0 +1,337 @@
+"""The in-process training session of one run: the long-lived policy, trainer and rollout engine,
+and the per-step files that Prefect tasks exchange by path.
+
+Prefect tasks never carry tensors. A flow opens a `TrainingSession` once, registers it under a
+key, and every task receives only that key, a step number and file paths. Per step the session
+writes ``<run>/steps/<step>/rollout.jsonl`` (token ids and log-probs of every sample),
+``scores.json`` and ``metrics.json``; the checkpoint carries the data cursor, so a run resumed
+from its latest checkpoint re-draws exactly the prompts it would have drawn.
+
+With the fabric, each group is scored and its gradient accumulated as soon as it completes
+(`rl.streaming.StreamedStep`, during the `rollout` task), so the `train` task only checks the
+streamed samples against the step's scores and takes the optimizer step.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from infra.run.accounting import RunAccounting
+from infra.run.config import RunConfig
+from infra.run.fabric import RolloutFabric
+from infra.ledger import Ledger
+from rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from rl.engine import HFEngine
+from rl.generation import SamplingParams
+from rl.evaluation import evaluate_accuracy
+from rl.models import load_model
+from rl.prompt_source import PromptSource
+from rl.rewards import FORMAT_PATTERNS, make_reward_fn
+from rl.rollout import build_requests, read_samples, samples_from_results, write_samples
+from rl.scoring import score_samples
+from rl.streaming import StreamedStep
+from rl.trainer import TrainBatch, Trainer
+
+
+@dataclass
+class StepPaths:
+    root: Path
+
+    @property
+    def rollout(self) -> Path:
+        return self.root / "rollout.jsonl"
+
+    @property
+    def scores(self) -> Path:
+        return self.root / "scores.json"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.json"
+
+
+@dataclass
+class History:
+    """What the run has measured so far (for artifacts, plots and the summary)."""
+
+    steps: list[dict] = field(default_factory=list)
+    evals: list[tuple[int, float]] = field(default_factory=list)
+
+
+class TrainingSession:
+    def __init__(self, config: RunConfig) -> None:
+        self.config = config
+        if config.run.torch_threads:
+            torch.set_num_threads(config.run.torch_threads)
+        self.directory = config.run.directory
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.model, self.tokenizer = load_model(config.model.path, config.model.gguf_file)
+        self.trainer = Trainer(
+            self.model, self.tokenizer.pad_token_id, config.grpo, config.optim,
+            temperature=config.rollout.temperature,
+        )
+        self.engine = HFEngine(
+            self.model, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id,
+            max_batch_size=config.rollout.max_batch_size,
+        )
+        self.prompts = PromptSource(config.data)
+        self.eval_records = self.prompts.eval_records(config.eval.size)
+        pattern = FORMAT_PATTERNS.get(config.data.family) if config.data.source == "arithmetic" else None
+        self.reward_fn = make_reward_fn(
+            config.reward.kind, config.reward.format_weight, pattern if config.reward.format_weight else None
+        )
+        self.correctness_fn = make_reward_fn(config.reward.kind)
+        self.cursor = 0
+        self.history = History()
+        self.resumed_from: int | None = None
+        checkpoint = latest_checkpoint(self.checkpoint_dir)
+        if checkpoint is not None:
+            state = load_checkpoint(checkpoint, self.trainer)
+            self.cursor = state["cursor"]
+            self.history = History(state["history"]["steps"], [tuple(e) for e in state["history"]["evals"]])
+            self.resumed_from = self.trainer.step
+        self.engine.policy_version = self.trainer.step
+        self.fabric: RolloutFabric | None = None
+        self._stream: tuple[int, StreamedStep] | None = None
+        """The step whose groups are being trained while they arrive (fabric rollout only)."""
+        # One id per session: the fabric's Redis namespace (a resumed run redoes the steps after
+        # its checkpoint with the same seeds, so nothing of an earlier attempt may be reused) and
+        # the run's rows in the cost ledger.
+        self.run_id = f"{config.run.name}-{uuid.uuid4().hex[:8]}"
+        self._step_usage: dict[int, tuple[dict[str, int], int]] = {}
+        """Per step in progress: tokens each instance generated, tokens wasted (for the ledger)."""
+        ledger = Ledger(config.ledger.resolved_url())
+        try:
+            if config.fabric.enabled:
+                self.fabric = RolloutFabric(config.fabric, self.run_id, self.directory, config.model.path)
+                self.fabric.publish(self.step, self.model.state_dict())
+            self.accounting = RunAccounting(
+                ledger, self.run_id, config.run.name, config.fabric.pools if self.fabric else (),
+                self.fabric.provider if self.fabric else None,
+                transfers=self.fabric.drain_transfers if self.fabric else None,
+            )
+        except BaseException:
+            ledger.close()
+            if self.fabric is not None:
+                self.fabric.close()
+            raise
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.directory / "checkpoints"
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps done (= policy version)."""
+        return self.trainer.step
+
+    def paths(self, step: int) -> StepPaths:
+        root = self.directory / "steps" / f"{step:06d}"
+        root.mkdir(parents=True, exist_ok=True)
+        return StepPaths(root)
+
+    def _records(self):
+        """The prompts of the step in progress: the next ones after the data cursor."""
+        return self.prompts.take(self.cursor, self.config.rollout.prompts_per_step)
+
+    # -- the stages of one RL step ---------------------------------------------------------
+    def rollout(self, step: int, on_progress: Callable[[int, int], None] | None = None) -> dict:
+        """Generate the step's samples (in process, or on the fabric's instances), telling
+        `on_progress(groups_done, groups_total)` as groups complete (at most once a second)."""
+        started = time.perf_counter()
+        self.accounting.begin_step(step)
+        fabric_stats = {}
+        if self.fabric is None:
+            requests = build_requests(
+                self.tokenizer, self._records(), step, self.config.rollout, self.config.run.seed
+            )
+            results = self.engine.generate(requests)
+            samples = samples_from_results(requests, results, self.step)
+            if on_progress is not None:
+                on_progress(len(self._records()), len(self._records()))
+        else:
+            if self.step != step - 1:
+                raise RuntimeError(f"trainer is at step {self.step}; cannot roll out step {step}")
+            self._abandon_stream()
+            stream = None
+            if self.config.fabric.stream_training:
+                stream = StreamedStep(
+                    self.trainer, self._records(), self.tokenizer, self.reward_fn, self.correctness_fn,
+                    self.config.grpo,
+                )
+                self._stream = (step, stream)
+            progress = _Progress(len(self._records()), on_progress)
+
+            def on_group(group: list) -> None:
+                if stream is not None:
+                    stream.add(group)
+                progress.advance()
+
+            samples, report = self.fabric.rollout(
+                self.tokenizer, self._records(), step, self.step, self.config.rollout, self.config.run.seed,
+                on_group=on_group,
+            )
+            progress.finish()
+            self._step_usage[step] = (dict(report.instance_tokens), report.tokens_wasted)
+            fabric_stats = {
+                "tokens_wasted": report.tokens_wasted, "migrations": report.migrations,
+                "reaped_instances": report.reaped_instances, "steals": report.steals,
+                "rejected_appends": report.rejected_appends, "groups_dropped": len(report.groups_dropped),
+                "t_local_s": report.t_local_s, "preemptions": self.fabric.preemptions(),
+            }
+        paths = self.paths(step)
+        write_samples(paths.rollout, samples)
+        tokens = sum(len(s.response_ids) for s in samples)
+        return {"path": str(paths.rollout), "tokens": tokens, "seconds": time.perf_counter() - started,
+                **fabric_stats}
+
+    def score(self, step: int, rollout_path: str) -> dict:
+        samples = read_samples(Path(rollout_path))
+        scores = score_samples(
+            samples, self._records(), self.tokenizer, self.reward_fn, self.correctness_fn,
+            self.config.rollout.group_size, self.config.grpo,
+        )
+        path = self.paths(step).scores
+        path.write_text(json.dumps(scores.__dict__))
+        return {
+            "path": str(path),
+            "reward": sum(scores.rewards) / len(scores.rewards),
+            "accuracy": sum(scores.correct) / len(scores.correct),
+        }
+
+    def train(self, step: int, rollout_path: str, scores_path: str) -> dict:
+        if self.step != step - 1:
+            raise RuntimeError(f"trainer is at step {self.step}; cannot train step {step}")
+        samples = read_samples(Path(rollout_path))
+        advantages = json.loads(Path(scores_path).read_text())["advantages"]
+        started = time.perf_counter()
+        batch = TrainBatch(
+            [s.prompt_ids for s in samples], [s.response_ids for s in samples],
+            [s.logprobs for s in samples], advantages,
+        )
+        streamed = self._stream[1] if self._stream and self._stream[0] == step else None
+        self._stream = None
+        if streamed is not None and streamed.covers(samples):
+            metrics = streamed.finish(samples, advantages)
+            metrics.update(streamed_groups=streamed.groups, train_overlap_s=streamed.busy_s)
+        else:
+            if streamed is not None:  # e.g. a retried rollout task: train the batch as a whole
+                streamed.abandon()
+            metrics = self.trainer.train_step(batch)
+        self.engine.policy_version = self.step
+        metrics["seconds"] = time.perf_counter() - started
+        return metrics
+
+    def publish(self, step: int) -> dict:
+        """Make policy version `step` available to the rollout instances (returns at once: the
+        version is served from memory and uploaded in the background)."""
+        if self.step != step:
+            raise RuntimeError(f"the policy is at version {self.step}; cannot publish version {step}")
+        started = time.perf_counter()
+        if self.fabric is not None:
+            self.fabric.publish(step, self.model.state_dict())
+        return {"version": step, "seconds": time.perf_counter() - started}
+
+    def account(self, step: int, tokens_trained: int) -> dict:
+        """Record the step in the cost ledger (instances, their usage, the step); returns its cost."""
+        instance_tokens, wasted = self._step_usage.pop(step, ({}, 0))
+        self.accounting.end_step(step, tokens_trained, instance_tokens, wasted)
+        return {"cost_usd": self.accounting.step_cost_usd(step) or 0.0}
+
+    def cost_summary(self) -> dict[str, object]:
+        """The run's cost report so far, as one flat dict."""
+        return self.accounting.summary()
+
+    def _abandon_stream(self) -> None:
+        """Drop a streamed step that was never trained (its rollout is being redone)."""
+        if self._stream is not None:
+            self._stream[1].abandon()
+            self._stream = None
+
+    def evaluate(self) -> float:
+        eval_config = self.config.eval
+        accuracy = evaluate_accuracy(
+            self.engine, self.tokenizer, self.eval_records,
+            max_new_tokens=self.config.rollout.max_new_tokens,
+            sampling=SamplingParams(temperature=eval_config.temperature),
+            samples_per_problem=eval_config.samples_per_problem,
+            seed=self.config.run.seed + 7919,
+        )
+        self.history.evals.append((self.step, accuracy))
+        return accuracy
+
+    def record(self, step: int, row: dict) -> None:
+        """Finish a step: its metrics become part of the run's history (and its metrics file)."""
+        self.history.steps = [r for r in self.history.steps if r["step"] != step] + [row]
+        self.cursor += self.config.rollout.prompts_per_step
+        self.paths(step).metrics.write_text(json.dumps(row))
+
+    def checkpoint(self) -> str:
+        state = {
+            "cursor": self.cursor,
+            "history": {"steps": self.history.steps, "evals": self.history.evals},
+        }
+        return str(save_checkpoint(self.checkpoint_dir, self.trainer, state, keep=self.config.run.keep_checkpoints))
+
+
+    def close(self) -> None:
+        try:
+            if self.fabric is not None:
+                self.fabric.close()
+        finally:
+            self.accounting.finish()
+            self.accounting.ledger.close()
+
+
+class _Progress:
+    """Counts complete groups and reports them, throttled (each report may be an API call)."""
+
+    def __init__(self, total: int, report: Callable[[int, int], None] | None, every_s: float = 1.0) -> None:
+        self.total, self.report, self.every_s = total, report, every_s
+        self.done = 0
+        self._last = float("-inf")
+
+    def advance(self) -> None:
+        self.done += 1
+        now = time.monotonic()
+        if self.report is not None and (self.done == self.total or now - self._last >= self.every_s):
+            self._last = now
+            self.report(self.done, self.total)
+
+    def finish(self) -> None:
+        if self.report is not None and self.done != self.total:
+            self.report(self.done, self.total)  # some groups were dropped
+
+
+_SESSIONS: dict[str, TrainingSession] = {}
+_LOCK = threading.Lock()
+
+
+def open_session(key: str, config: RunConfig) -> TrainingSession:
+    """Create (or replace) the session registered under `key`."""
+    session = TrainingSession(config)
+    with _LOCK:
+        _SESSIONS[key] = session
+    return session
+
+
+def get_session(key: str) -> TrainingSession:
+    with _LOCK:
+        if key not in _SESSIONS:
+            raise KeyError(f"no training session {key!r} in this process (was rl-train started here?)")
+        return _SESSIONS[key]
+
+
+def close_session(key: str) -> None:
+    with _LOCK:
+        session = _SESSIONS.pop(key, None)
+    if session is not None:
+        session.close()

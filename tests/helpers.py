@@ -1,0 +1,48 @@
+"""Helpers shared by the tests: one of each.
+
+* `REPO_ROOT`: the repository (tests run with it as the working directory of their subprocesses);
+* `wait_for`: poll a condition until it holds, failing the test with what it waited for;
+* `Clock`: epoch seconds that move only when a test says so (providers, fakes, policies);
+* `save_tiny_model`: a tiny Llama saved as a Hugging Face model directory (the base model of
+  rollout instances, flows and the stack in their tests).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def wait_for(condition: Callable[[], object], what: str = "the condition", *, timeout_s: float = 15.0) -> None:
+    """Return once `condition()` is true; fail after `timeout_s` seconds."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(0.01)
+
+
+class Clock:
+    """Epoch seconds that move only when a test says so."""
+
+    def __init__(self, t: float = 1_750_000_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+def save_tiny_model(path: Path, shape=None, seed: int = 0) -> Path:
+    """A tiny Llama and its tokenizer saved as a Hugging Face model directory at `path`."""
+    from rl.models import TinyLlamaShape, build_tiny_llama, save_model
+
+    shape = shape or TinyLlamaShape(hidden_size=64, num_layers=1, num_heads=2, intermediate_size=64)
+    model, tokenizer = build_tiny_llama(shape, seed=seed)
+    save_model(model, tokenizer, path)
+    return path

@@ -1,0 +1,289 @@
+"""Local pools: real process groups preempted with real signals on a scripted capacity schedule.
+
+Children are tiny Python scripts that report through files in a temporary directory:
+`<id>.ready` once their SIGTERM disposition is set, `<id>.pid`, `<id>.term` from the SIGTERM
+handler, `<id>.grandchild` (the pid of a child of their own that ignores SIGTERM).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from infra.providers import LocalProvider, PoissonAvailability, PoolSpec, TraceAvailability
+from infra.availability.traces import AvailabilityTrace, TraceEvent, TraceSchedule
+from tests.helpers import Clock, wait_for
+
+CHILD = r"""
+import os, pathlib, signal, subprocess, sys, time
+out, mode = pathlib.Path(sys.argv[1]), sys.argv[2]
+me = os.environ["RLBOOST_INSTANCE_ID"]
+if mode == "exit3":
+    sys.exit(3)
+def on_term(signum, frame):
+    (out / f"{me}.term").write_text(os.environ["RLBOOST_POOL"])
+    sys.exit(0)
+signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "ignore" else on_term)
+if mode == "family":
+    ready = out / f"{me}.grandchild-ready"
+    code = "import pathlib, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    code += "pathlib.Path(sys.argv[1]).touch(); time.sleep(60)"
+    grandchild = subprocess.Popen([sys.executable, "-S", "-c", code, str(ready)])
+    while not ready.exists():
+        time.sleep(0.01)
+    (out / f"{me}.grandchild").write_text(str(grandchild.pid))
+(out / f"{me}.pid").write_text(str(os.getpid()))
+(out / f"{me}.ready").write_text(os.environ["RLBOOST_CAPACITY_CLASS"])
+while True:
+    signal.pause()
+"""
+
+
+def factory(out: Path, mode: str) -> Callable[[PoolSpec, str], list[str]]:
+    return lambda pool, instance_id: [sys.executable, "-S", "-c", CHILD, str(out), mode]
+
+
+def spot(size: int = 3, **overrides: object) -> PoolSpec:
+    fields: dict[str, object] = {
+        "name": "spot",
+        "capacity_class": "spot",
+        "size": size,
+        "machine_type": "g2-standard-8",
+        "price_per_hour": 0.28,
+        "notice_s": 5.0,
+    }
+    return PoolSpec.model_validate(fields | overrides)
+
+
+def scripted(slots: int, events: tuple[TraceEvent, ...]) -> TraceSchedule:
+    """Trace seconds at 10x: an event at trace t=10 happens 1 s (wall) after the pool starts."""
+    trace = AvailabilityTrace("scripted", slots, slots, events, 30.0)
+    return TraceSchedule(trace, slots, time_compression=10.0, loop=False)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (exited, not yet reaped by its new parent) is dead too
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def pid_of(out: Path, instance_id: str, kind: str = "pid") -> int:
+    return int((out / f"{instance_id}.{kind}").read_text())
+
+
+def wait_ready(out: Path, ids: list[str]) -> None:
+    wait_for(lambda: all((out / f"{i}.ready").exists() for i in ids), f"{ids} ready")
+
+
+def wait_terminated(provider: LocalProvider, ids: list[str]) -> None:
+    def done() -> bool:
+        provider.tick()
+        return all(provider.describe(i).state == "terminated" for i in ids)
+
+    wait_for(done, f"{ids} terminated")
+
+
+@pytest.mark.integration
+def test_capacity_drop_preempts_with_notice_and_return_relaunches(tmp_path):
+    clock = Clock(0.0)
+    schedule = scripted(3, (TraceEvent(10.0, -2), TraceEvent(20.0, 2)))
+    with LocalProvider(factory(tmp_path, "trap"), schedules={"spot": schedule}, clock=clock) as provider:
+        handles = provider.launch(spot(), 3)
+        ids = [h.instance_id for h in handles]
+        assert ids == ["spot-0", "spot-1", "spot-2"]
+        wait_ready(tmp_path, ids)
+        assert (tmp_path / "spot-0.ready").read_text() == "spot"  # RLBOOST_CAPACITY_CLASS
+        pids = [pid_of(tmp_path, i) for i in ids]
+
+        clock.t = 1.0  # capacity 3 -> 1
+        provider.tick()
+        events = provider.preemptions()
+        assert len(events) == 2 and not any(e.silent for e in events)
+        assert all(e.at == 1.0 and e.kill_at == 1.5 for e in events)  # notice 5 s / compression 10
+        preempted = sorted(e.instance_id for e in events)
+        wait_terminated(provider, preempted)
+        for instance_id in preempted:
+            record = provider.describe(instance_id)
+            assert (record.reason, record.exit_code, record.notice_at) == ("preempted", 0, 1.0)
+            assert (tmp_path / f"{instance_id}.term").read_text() == "spot"  # the SIGTERM handler ran
+        assert len(provider.instances(live_only=True)) == 1
+
+        clock.t = 2.0  # capacity back to 3
+        provider.tick()
+        live = provider.instances(live_only=True)
+        assert sorted(r.instance_id for r in live) == sorted({*ids} - {*preempted} | {"spot-3", "spot-4"})
+        assert provider.preemptions() == []
+        wait_ready(tmp_path, ["spot-3", "spot-4"])
+        pids += [pid_of(tmp_path, "spot-3"), pid_of(tmp_path, "spot-4")]
+
+    records = provider.instances()
+    assert len(records) == 5 and all(r.state == "terminated" for r in records)
+    assert sorted(r.reason or "" for r in records) == ["preempted", "preempted"] + ["scaled_down"] * 3
+    assert all(r.launched_at <= (r.terminated_at or 0) and r.price_per_hour == 0.28 for r in records)
+    assert not any(alive(pid) for pid in pids)
+
+
+@pytest.mark.integration
+def test_sigterm_ignored_means_sigkill_after_the_notice(tmp_path):
+    clock = Clock(0.0)
+    schedule = scripted(1, (TraceEvent(10.0, -1),))
+    with LocalProvider(factory(tmp_path, "ignore"), schedules={"spot": schedule}, clock=clock) as provider:
+        [handle] = provider.launch(spot(size=1), 1)
+        wait_ready(tmp_path, [handle.instance_id])
+        pid = pid_of(tmp_path, handle.instance_id)
+        clock.t = 1.0
+        provider.tick()  # SIGTERM, ignored
+        clock.t = 1.4
+        time.sleep(0.3)
+        provider.tick()  # within the 0.5 s notice: still alive
+        assert provider.describe(handle.instance_id).state == "terminating" and alive(pid)
+        clock.t = 1.5
+        wait_terminated(provider, [handle.instance_id])  # the first tick at 1.5 sends SIGKILL
+        record = provider.describe(handle.instance_id)
+        assert (record.reason, record.exit_code) == ("preempted", -9)
+        assert not (tmp_path / f"{handle.instance_id}.term").exists() and not alive(pid)
+        clock.t = 2.5
+        provider.tick()
+        assert provider.instances(live_only=True) == []  # capacity stays 0 (no loop)
+
+
+@pytest.mark.integration
+def test_silent_kill_gives_no_notice(tmp_path):
+    clock = Clock(0.0)
+    schedule = scripted(2, (TraceEvent(10.0, -2),))
+    pool = spot(size=2, silent_kill_fraction=1.0)
+    with LocalProvider(factory(tmp_path, "trap"), schedules={"spot": schedule}, clock=clock) as provider:
+        ids = [h.instance_id for h in provider.launch(pool, 2)]
+        wait_ready(tmp_path, ids)
+        clock.t = 1.0
+        provider.tick()
+        events = provider.preemptions()
+        assert all(e.silent and e.kill_at == e.at == 1.0 for e in events) and len(events) == 2
+        wait_terminated(provider, ids)
+        for instance_id in ids:
+            record = provider.describe(instance_id)
+            assert (record.reason, record.exit_code) == ("preempted_silent", -9)
+            assert not (tmp_path / f"{instance_id}.term").exists()
+
+
+@pytest.mark.integration
+def test_scale_down_uses_sigterm_lowers_the_target_and_sweeps_the_group(tmp_path):
+    reserved = spot(name="trainer", capacity_class="reserved", size=2)
+    with LocalProvider(factory(tmp_path, "family")) as provider:
+        ids = [h.instance_id for h in provider.launch(reserved, 2)]
+        wait_ready(tmp_path, ids)
+        grandchildren = [pid_of(tmp_path, i, "grandchild") for i in ids]
+        provider.terminate("trainer-0")
+        assert provider.preemptions() == []  # a scale-down is not a preemption
+        wait_terminated(provider, ["trainer-0"])
+        record = provider.describe("trainer-0")
+        assert (record.reason, record.exit_code) == ("scaled_down", 0)
+        assert (tmp_path / "trainer-0.term").exists()
+        # The grandchild ignored SIGTERM; the group sweep after its leader exited killed it.
+        wait_for(lambda: not alive(grandchildren[0]), "the grandchild swept")
+        provider.tick()
+        assert [r.instance_id for r in provider.instances(live_only=True)] == ["trainer-1"]  # no replacement
+        provider.terminate("trainer-0")  # already gone: a no-op
+        with pytest.raises(KeyError, match="trainer-7"):
+            provider.terminate("trainer-7")
+        with pytest.raises(ValueError, match="exceeds size"):
+            provider.launch(reserved, 2)
+        assert provider.quote(reserved) == 0.28
+    wait_for(lambda: not any(alive(pid) for pid in grandchildren), "every grandchild gone after shutdown")
+
+
+@pytest.mark.integration
+def test_exits_are_recorded_and_replaced(tmp_path):
+    pool = spot(name="flaky", capacity_class="ondemand", size=1)
+    with LocalProvider(factory(tmp_path, "exit3")) as provider:
+        provider.launch(pool, 1)
+        wait_terminated(provider, ["flaky-0"])
+        record = provider.describe("flaky-0")
+        assert (record.reason, record.exit_code) == ("crashed", 3)
+        assert provider.describe("flaky-1").state in ("running", "terminated")  # relaunched by the tick
+
+
+@pytest.mark.integration
+def test_dropped_provider_kills_its_groups(tmp_path):
+    provider = LocalProvider(factory(tmp_path, "ignore"))
+    provider.launch(spot(capacity_class="ondemand", size=2), 2)
+    wait_ready(tmp_path, ["spot-0", "spot-1"])
+    pids = [pid_of(tmp_path, "spot-0"), pid_of(tmp_path, "spot-1")]
+    del provider
+    gc.collect()
+    assert not any(alive(pid) for pid in pids)
+
+
+@pytest.mark.integration
+def test_helper_thread_replays_the_schedule_in_real_time(tmp_path):
+    schedule = scripted(3, (TraceEvent(10.0, -2), TraceEvent(20.0, 2)))
+    provider = LocalProvider(factory(tmp_path, "trap"), schedules={"spot": schedule})
+    try:
+        provider.launch(spot(notice_s=3.0), 3)
+        wait_ready(tmp_path, ["spot-0", "spot-1", "spot-2"])  # handlers set before the drop at 1 s
+        provider.start(interval_s=0.05)
+        wait_for(lambda: len(provider.instances()) == 5 and len(provider.instances(live_only=True)) == 3, "drop and return")
+    finally:
+        provider.shutdown()
+    records = provider.instances()
+    assert [r.reason for r in records].count("preempted") == 2
+    assert all((tmp_path / f"{r.instance_id}.term").exists() for r in records if r.reason == "preempted")
+    pids = [pid_of(tmp_path, r.instance_id) for r in records if (tmp_path / f"{r.instance_id}.pid").exists()]
+    assert pids and not any(alive(pid) for pid in pids)
+    with pytest.raises(RuntimeError, match="shut down"):
+        provider.launch(spot(notice_s=3.0), 1)
+
+
+# -- pool specs ---------------------------------------------------------------------------------
+
+
+def test_pool_spec_validation_and_documentation():
+    with pytest.raises(ValidationError, match="extra_forbidden"):
+        spot(zone="us-central1-a")
+    with pytest.raises(ValidationError, match="never preempted"):
+        spot(capacity_class="reserved", availability={"poisson": {"mean_life_s": 60, "mean_gap_s": 10}})
+    with pytest.raises(ValidationError):
+        spot(silent_kill_fraction=1.5)
+    assert "SIGTERM" in (PoolSpec.model_fields["notice_s"].description or "")
+    assert all(field.description for field in PoolSpec.model_fields.values())
+
+    pool = spot(availability={"poisson": {"mean_life_s": 600, "mean_gap_s": 60, "seed": 1}, "time_compression": 60})
+    assert isinstance(pool.availability, PoissonAvailability)
+    schedule = pool.schedule()
+    assert schedule is not None and schedule.time_compression == 60
+    assert {schedule.capacity_at(t) for t in range(0, 600, 5)} <= {0, 1, 2, 3}
+    assert spot().schedule() is None
+
+
+def test_pool_spec_trace_availability():
+    pool = spot(availability={"trace": "bamboo/g4dn", "time_compression": 1440, "offset_s": 600})
+    assert isinstance(pool.availability, TraceAvailability)
+    schedule = pool.schedule()
+    assert schedule is not None
+    assert schedule.capacity_at(0.0) == 3  # 21 of 24 g4dn nodes at 10 min -> round(2.6) of 3
+    # The 10.8 h trace replays in 27 s (wall) and visits every capacity of the pool.
+    assert {schedule.capacity_at(t / 10) for t in range(265)} == {0, 1, 2, 3}
+    assert any(change.delta < 0 for change in schedule.events_between(0.0, 26.5))
+
+
+def test_a_cloud_pool_is_refused(tmp_path):
+    provider = LocalProvider(factory(tmp_path, "sleep"), log_dir=tmp_path)
+    cloud = spot(provider="gcp", gcp={"project": "my-rl-project", "zones": ["us-central1-a"], "image": "projects/x/global/images/y"})
+    try:
+        with pytest.raises(ValueError, match="pool spot: provider 'gcp' is not local"):
+            provider.launch(cloud, 1)
+        assert provider.instances() == []
+    finally:
+        provider.shutdown()

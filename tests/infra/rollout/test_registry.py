@@ -1,0 +1,78 @@
+"""The instance registry against a real redis-server: heartbeats, TTL lapse, control messages."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from infra.rollout.registry import InstanceInfo, InstanceRegistry
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def registry(redis_client) -> InstanceRegistry:
+    return InstanceRegistry(redis_client, f"test-{uuid.uuid4().hex[:8]}", ttl_s=0.3)
+
+
+def spot(instance_id: str) -> InstanceInfo:
+    return InstanceInfo(instance_id, "local-spot", "spot", 0.25, slots=8)
+
+
+def test_register_heartbeat_snapshot(registry):
+    registry.register(spot("b"))
+    registry.register(InstanceInfo("a", "local-reserved", "reserved", 2.0, slots=4))
+    before = registry.all()
+    assert [s.info.instance_id for s in before] == ["a", "b"]
+    assert before[1].info == spot("b")
+    assert before[1].alive and before[1].last_heartbeat is None
+    assert before[1].policy_version is None
+    assert before[1].free_slots == 8 and abs(before[1].registered_at - time.time()) < 5
+    assert registry.heartbeat("b", policy_version=3, free_slots=5, running=3)
+    (b,) = [s for s in registry.alive() if s.info.instance_id == "b"]
+    assert (b.policy_version, b.free_slots, b.running) == (3, 5, 3)
+    assert b.last_heartbeat is not None and abs(b.last_heartbeat - time.time()) < 5
+    assert not registry.heartbeat("nobody", 0, 1, 0)
+
+
+def test_lapsed_after_ttl_and_back_with_heartbeat(registry):
+    registry.register(spot("s1"))
+    registry.register(spot("s2"))
+    deadline = time.monotonic() + 0.6
+    while time.monotonic() < deadline:
+        assert registry.heartbeat("s1", 0, 8, 0)
+        time.sleep(0.05)
+    assert registry.lapsed() == ["s2"]
+    assert [s.info.instance_id for s in registry.alive()] == ["s1"]
+    assert registry.heartbeat("s2", 0, 8, 0)
+    assert registry.lapsed() == []
+
+
+def test_deregistered_instance_is_told_to_stop(registry):
+    registry.register(spot("s1"))
+    registry.request("s1", {"op": "drain"})
+    assert registry.deregister("s1")
+    assert not registry.deregister("s1")
+    assert not registry.heartbeat("s1", 0, 8, 0)
+    assert registry.all() == [] and registry.poll_requests("s1") == []
+
+
+def test_control_messages_are_fifo(registry):
+    registry.register(spot("s1"))
+    commands = [{"op": "release", "count": 3}, {"op": "release_all"}, {"op": "drain"}]
+    for command in commands:
+        assert registry.request("s1", command)
+    assert registry.poll_requests("s1") == commands
+    assert registry.poll_requests("s1") == []
+    assert not registry.request("ghost", {"op": "drain"})
+    with pytest.raises(ValueError, match="'op'"):
+        registry.request("s1", {"count": 3})
+
+
+def test_instance_info_validation():
+    with pytest.raises(ValueError, match="capacity_class"):
+        InstanceInfo("x", "pool", "preemptible", 1.0, 1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="slots"):
+        InstanceInfo("x", "pool", "spot", 1.0, 0)

@@ -1,0 +1,198 @@
+"""rl-train with a GCP spot pool, end to end against a fake Compute Engine whose VMs really boot.
+
+The training run (a real Prefect server, the flow in this process) keeps a `gcp` pool of 2 Spot
+VMs through `google-cloud-compute` against `tests.fakes.gce`, with credentials from
+`GOOGLE_APPLICATION_CREDENTIALS` (a refresh token the fake's token endpoint honours). Every VM the
+fake creates boots here (`tests.fakes.vm_host`): its startup script runs the GCE preemption
+watcher and a Prefect worker on the VM's own work queue, which runs the VM's `rollout-instance`
+flow run; the worker reads the Redis URL and the weights secret from the run's Secret block and
+the base model from the copy under the weight store. Redis listens on a routable address (a VM
+cannot reach the trainer's loopback). After step 1 the VMs are preempted through the metadata
+server, both at once (a zone reclaiming its spot capacity): their flow runs end Crashed, the
+capacity manager starts replacements, and step 2 finishes on them.
+At the end the VMs drain (runs Completed) and are deleted, and the Secret block is removed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from prefect.client.orchestration import SyncPrefectClient
+from prefect.client.schemas.actions import WorkPoolCreate
+from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+from prefect.exceptions import ObjectNotFound
+from prefect.settings import PREFECT_API_URL
+
+from flows.rl_train import rl_train
+from infra.run.fabric import environment_block_name
+from infra.ledger import Ledger
+from infra.weights.model_source import INDEX
+from infra.services.redis_embedded import EmbeddedRedis
+from rl.models import TinyLlamaShape, build_tiny_llama, save_model
+from rl.rollout import read_samples
+from tests.fakes.gce import FakeGce
+from tests.fakes.support import serving
+from tests.fakes.vm_host import FakeVmHost
+from tests.helpers import REPO_ROOT
+
+pytestmark = pytest.mark.integration
+
+ROOT = REPO_ROOT
+POOL = "l4-spot"
+STEPS = 4
+
+
+def routable_ipv4() -> str | None:
+    """An address of this machine that is not loopback (what a VM would dial), if it has one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("10.255.255.255", 1))
+            address = probe.getsockname()[0]
+        except OSError:
+            return None
+    return None if address.startswith("127.") else address
+
+
+def service_account_key(gce: FakeGce, path: Path) -> Path:
+    """A service-account key file (what `GOOGLE_APPLICATION_CREDENTIALS` names) whose account the
+    fake's token endpoint knows."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    email = "rollout@rollout-proj.iam.gserviceaccount.com"
+    gce.service_accounts[email] = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+    path.write_text(json.dumps({
+        "type": "service_account", "project_id": gce.project, "private_key_id": "k1", "client_email": email,
+        "client_id": "1", "token_uri": f"{gce.url}/token",
+        "private_key": key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                         serialization.NoEncryption()).decode(),
+    }))
+    return path
+
+
+def deploy_rollout_instance(api_url: str, install_dir: Path) -> None:
+    """The cloud pool's work pool and `rollout-instance/<pool>` deployment, as prefect.yaml declares
+    one for a cloud pool: a module entrypoint (the VM has the project installed) and a pull step
+    into the install directory."""
+    template = json.loads((ROOT / "deployments" / "work-pools" / "local-process.json").read_text())
+    with SyncPrefectClient(api_url) as client:
+        client.create_work_pool(WorkPoolCreate(name=POOL, type="process", base_job_template=template), overwrite=True)
+        flow_id = client.create_flow_from_name("rollout-instance")
+        client.create_deployment(
+            flow_id=flow_id, name=POOL, work_pool_name=POOL, entrypoint="flows.rollout_instance.rollout_instance",
+            pull_steps=[{"prefect.deployments.steps.set_working_directory": {"directory": str(install_dir)}}],
+        )
+
+
+def test_training_keeps_a_gcp_spot_pool_through_a_preemption(prefect_harness, tmp_path, monkeypatch):
+    address = routable_ipv4()
+    if address is None:
+        pytest.skip("this machine has no routable IPv4 address for the VMs to reach Redis at")
+    api_url = PREFECT_API_URL.value()
+    base = tmp_path / "base"
+    model, tokenizer = build_tiny_llama(TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128), seed=0)
+    save_model(model, tokenizer, base)
+    # The image: the project installed in <install_dir>/venv (here: this interpreter's environment).
+    install_dir = tmp_path / "opt"
+    install_dir.mkdir()
+    (install_dir / "venv").symlink_to(Path(sys.prefix))
+    deploy_rollout_instance(api_url, install_dir)
+
+    with (
+        EmbeddedRedis(host=address) as redis_server,
+        serving(FakeGce(clock=time.time, token="ya29.fake", operation_polls=1)) as gce,
+    ):
+        monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(service_account_key(gce, tmp_path / "key.json")))
+        vm_env = {
+            "PATH": os.environ["PATH"], "DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "OMP_NUM_THREADS": "1", "PREFECT_LOGGING_LEVEL": "INFO",
+        }
+        pool = {
+            "name": POOL, "provider": "gcp", "capacity_class": "spot", "size": 2, "min_size": 2,
+            "machine_type": "g2-standard-8", "price_per_hour": 0.3, "notice_s": 30.0,
+            "gcp": {"project": gce.project, "zones": ["us-central1-a", "us-central1-b"],
+                    "image": "projects/rlboost-images/global/images/family/rollout"},
+        }
+        overrides = {
+            "model.path": str(base), "run.output_dir": str(tmp_path / "runs"), "run.name": "cloud-e2e",
+            "run.steps": STEPS, "run.checkpoint_every": STEPS,
+            "rollout.prompts_per_step": 4, "rollout.group_size": 4, "rollout.max_new_tokens": 32,
+            "eval.size": 8, "eval.every": STEPS,
+            "fabric.enabled": True, "fabric.pools": [pool], "fabric.redis_url": redis_server.url,
+            "fabric.worker": {"slots": 8, "flush_tokens": 2, "flush_ms": 50, "heartbeat_s": 0.3, "ttl_s": 3.0},
+            "fabric.controller": {"reap_timeout_s": 3.0},
+            "fabric.cloud": {"bootstrap": {"install": None, "install_dir": str(install_dir), "grace_s": 20.0},
+                             "gcp_api_endpoint": gce.url, "live_prices": False, "reconcile_s": 0.5,
+                             "drain_timeout_s": 60.0},
+        }
+        run_dir = tmp_path / "runs" / "cloud-e2e"
+        with FakeVmHost(gce, tmp_path / "vms", vm_env, grace_s=20.0) as host:
+            preempted: list[str] = []
+
+            def preempt_after_step_1() -> None:
+                deadline = time.monotonic() + 600
+                while not (run_dir / "steps" / "000001" / "metrics.json").exists():
+                    if time.monotonic() > deadline:
+                        return
+                    time.sleep(0.1)
+                for victim in sorted(host.running()):  # the zone reclaims both: step 2 needs the replacements
+                    preempted.append(victim)
+                    host.preempt(victim)
+
+            preempter = threading.Thread(target=preempt_after_step_1, daemon=True)
+            preempter.start()
+            state = rl_train(overrides=overrides, return_state=True)
+            preempter.join(timeout=5)
+            logs = {name: vm.log.read_text(errors="replace")[-3000:] for name, vm in host.booted.items()}
+            assert state.is_completed(), f"{state}\n" + "\n".join(f"--- {n}\n{t}" for n, t in logs.items())
+            deadline = time.monotonic() + 30
+            while set(host.booted) - host.gone and time.monotonic() < deadline:
+                time.sleep(0.2)
+
+        # Every step trained on all of its samples.
+        for step in range(1, STEPS + 1):
+            metrics = json.loads((run_dir / "steps" / f"{step:06d}" / "metrics.json").read_text())
+            ids = [s.sample_id for s in read_samples(run_dir / "steps" / f"{step:06d}" / "rollout.jsonl")]
+            assert metrics["groups_dropped"] == 0 and len(ids) == len(set(ids)) == 16, metrics
+
+        # The preempted VM was replaced; every VM is deleted at the end, and each of them served.
+        assert len(preempted) == 2
+        assert len(host.booted) == 4, f"expected 2 VMs and 2 replacements, booted {sorted(host.booted)}"
+        assert gce.names() == [] and gce.names(status="STOPPING") == []
+        assert host.gone == set(host.booted)
+        assert all(gce.requests_to("POST", r"/instances$")), "inserts went through the SDK"
+        for name, vm in host.booted.items():
+            assert not vm.metadata.violations, vm.metadata.violations
+
+        # Their flow runs: the preempted one Crashed with the notice, the others drained (Completed).
+        with SyncPrefectClient(api_url) as client:
+            runs = {r.name: r for r in client.read_flow_runs(
+                deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[POOL])))}
+            assert set(runs) == {f"{POOL}/{name}" for name in host.booted}, sorted(runs)
+            states = {name.split("/", 1)[1]: run.state for name, run in runs.items()}
+            # Crashed with the instance's own message, or Prefect's when the notice came while the
+            # flow run was still starting (before the instance's handler was installed).
+            assert all(states[n].is_crashed() and ("preempted: SIGTERM" in states[n].message
+                                                   or "termination signal" in states[n].message) for n in preempted), states
+            assert all(s.is_completed() for n, s in states.items() if n not in preempted), states
+            ledger_run_id = state.result()["ledger_run_id"]
+            with pytest.raises(ObjectNotFound):  # the instances' secrets are gone with the run
+                client.read_block_document_by_name(environment_block_name(ledger_run_id), block_type_slug="secret")
+
+        # The base model reached the VMs through the store; the ledger has each VM's life and cost.
+        assert (run_dir / "store" / "base-model" / INDEX).exists()
+        with Ledger() as ledger:
+            report = ledger.report(ledger_run_id)
+        by_id = {i.instance_id: i for i in report.instances}
+        assert set(by_id) == set(host.booted)
+        assert all(by_id[n].reason == "preempted" for n in preempted)
+        assert all(i.pool == POOL and i.capacity_class == "spot" and i.spend_usd > 0 for i in by_id.values())
+        assert report.preemptions == 2 and report.tokens_generated > 0

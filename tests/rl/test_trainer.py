@@ -1,0 +1,248 @@
+"""Tests for rl/trainer.py: exact micro-batching, on-policy ratios, learning direction, reference, validation."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from rl.config import GRPOConfig, OptimConfig
+from rl.engine import HFEngine
+from rl.generation import GenerationRequest, SamplingParams
+from rl.models import TinyLlamaShape, build_tiny_llama
+from rl.trainer import TrainBatch, Trainer
+
+SHAPE = TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
+PAD, BOS, EOS = 0, 1, 2
+
+
+def tiny_model(seed: int = 0):
+    model, _ = build_tiny_llama(SHAPE, seed=seed)
+    return model
+
+
+def random_batch(size: int = 10, seed: int = 0, empty_response: bool = True) -> TrainBatch:
+    rng = random.Random(seed)
+    prompts, responses, logprobs, advantages = [], [], [], []
+    for i in range(size):
+        prompts.append([BOS] + [rng.randrange(4, 100) for _ in range(rng.randint(2, 9))])
+        length = 0 if (empty_response and i == 4) else rng.randint(1, 7)
+        responses.append([rng.randrange(4, 100) for _ in range(length)])
+        # Not the model's log-probs: off-policy on purpose when recompute_logprobs is False.
+        logprobs.append([-4.6 + rng.uniform(-0.5, 0.5) for _ in range(length)])
+        advantages.append(rng.uniform(-1.5, 1.5))
+    return TrainBatch(prompts, responses, logprobs, advantages)
+
+
+def sequence_logprob(model, prompt: list[int], response: list[int]) -> float:
+    """Sum of log-probs of `response` after `prompt`, computed independently of the trainer."""
+    ids = torch.tensor([prompt + response])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].float()
+    logp = torch.log_softmax(logits, dim=-1)
+    return float(sum(logp[len(prompt) - 1 + j, tok] for j, tok in enumerate(response)))
+
+
+def params(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+@pytest.mark.parametrize("aggregation", ["token", "sequence"])
+@pytest.mark.parametrize("recompute", [True, False])
+def test_micro_batching_gives_the_full_batch_update(aggregation, recompute):
+    batch = random_batch()
+    results = []
+    for micro in (3, 64):
+        model = tiny_model()
+        trainer = Trainer(
+            model, PAD, GRPOConfig(aggregation=aggregation),
+            # lr 1e-4: Adam's first step moves every weight by about lr * sign(grad); a wrong
+            # micro-batch weighting shows in the gradients (compared tightly below) and, for
+            # any sign it flips, as a 2e-4 parameter difference. Gradients of ~1e-8 (near Adam's
+            # eps) may legitimately differ in their last digits and move by < 1e-5.
+            OptimConfig(lr=1e-4, micro_batch_size=micro, recompute_logprobs=recompute, max_grad_norm=1e9),
+        )
+        metrics = trainer.train_step(batch)
+        grads = {k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None}
+        results.append((params(model), grads, metrics))
+    (p3, g3, m3), (p64, g64, m64) = results
+    assert g3.keys() == g64.keys() and len(g3) > 0
+    for name in g3:
+        torch.testing.assert_close(g3[name], g64[name], rtol=1e-4, atol=1e-6, msg=name)
+    for name in p3:
+        torch.testing.assert_close(p3[name], p64[name], rtol=0, atol=1e-5, msg=name)
+    for key in ("loss", "policy_loss", "grad_norm", "entropy", "rollout_logprob_gap", "response_tokens"):
+        assert m3[key] == pytest.approx(m64[key], rel=1e-4, abs=1e-6), key
+    if not recompute:
+        assert m64["clip_fraction"] > 0  # the off-policy log-probs made the clip matter
+
+
+def _subset(batch: TrainBatch, rows: list[int]) -> TrainBatch:
+    return TrainBatch(
+        [batch.prompt_ids[i] for i in rows], [batch.response_ids[i] for i in rows],
+        [batch.rollout_logprobs[i] for i in rows], [batch.advantages[i] for i in rows],
+    )
+
+
+@pytest.mark.parametrize("aggregation", ["token", "sequence"])
+def test_streamed_pieces_in_any_order_give_the_whole_batch_update(aggregation):
+    """Groups arriving one by one (as the rollout completes them) train exactly like one batch."""
+    batch = random_batch(size=12)
+    results = []
+    for pieces in ([list(range(12))], [[9, 10, 11], [0, 1, 2], [6, 7, 8], [3, 4, 5]]):
+        model = tiny_model()
+        trainer = Trainer(model, PAD, GRPOConfig(aggregation=aggregation),
+                          OptimConfig(lr=1e-4, micro_batch_size=2, max_grad_norm=1e9))
+        trainer.begin_step()
+        for rows in pieces:
+            trainer.accumulate(_subset(batch, rows))
+        metrics = trainer.finish_step()
+        grads = {k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None}
+        results.append((params(model), grads, metrics))
+    (p1, g1, m1), (p4, g4, m4) = results
+    for name in g1:
+        torch.testing.assert_close(g1[name], g4[name], rtol=1e-4, atol=1e-6, msg=name)
+    for name in p1:
+        torch.testing.assert_close(p1[name], p4[name], rtol=0, atol=1e-5, msg=name)
+    for key in ("loss", "policy_loss", "grad_norm", "entropy", "response_tokens"):
+        assert m1[key] == pytest.approx(m4[key], rel=1e-4, abs=1e-6), key
+
+
+def test_streaming_protocol_errors_and_abandon():
+    model = tiny_model()
+    trainer = Trainer(model, PAD, GRPOConfig(), OptimConfig(lr=1e-2))
+    before = params(model)
+    with pytest.raises(RuntimeError, match="begin_step"):
+        trainer.accumulate(random_batch(size=2))
+    with pytest.raises(RuntimeError, match="begin_step"):
+        trainer.finish_step()
+    trainer.begin_step()
+    trainer.accumulate(random_batch(size=4))
+    assert trainer.accumulating
+    trainer.abandon_step()
+    assert not trainer.accumulating and trainer.step == 0
+    assert all(p.grad is None for p in model.parameters())
+    for name, value in params(model).items():
+        torch.testing.assert_close(value, before[name], rtol=0, atol=0)
+    trainer.begin_step()
+    with pytest.raises(ValueError, match="no response tokens"):
+        trainer.finish_step()
+
+
+@pytest.mark.parametrize("aggregation", ["token", "sequence"])
+def test_aggregation_weights_match_a_direct_computation(aggregation):
+    """The trainer's loss equals the hand-computed GRPO loss (recompute: ratio 1, loss = -A mean)."""
+    batch = random_batch()
+    trainer = Trainer(tiny_model(), PAD, GRPOConfig(aggregation=aggregation), OptimConfig(micro_batch_size=3))
+    metrics = trainer.train_step(batch)
+    rows = [(len(r), a) for r, a in zip(batch.response_ids, batch.advantages) if r]
+    if aggregation == "token":
+        expected = -sum(n * a for n, a in rows) / sum(n for n, _ in rows)
+    else:
+        expected = -sum(a for _, a in rows) / len(rows)
+    assert metrics["loss"] == pytest.approx(expected, rel=1e-5, abs=1e-6)
+
+
+def test_on_policy_with_recompute_has_unit_ratio_and_no_clipping():
+    trainer = Trainer(tiny_model(), PAD, GRPOConfig(clip_eps=0.01), OptimConfig(lr=1e-3, micro_batch_size=4))
+    for seed in range(2):
+        metrics = trainer.train_step(random_batch(seed=seed))
+        assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+        assert metrics["clip_fraction"] == 0.0
+        assert metrics["kl"] == 0.0
+        assert metrics["rollout_logprob_gap"] > 0.1  # the batch's log-probs were fake
+    assert trainer.step == 2
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_engine_logprobs_agree_with_the_trainer(temperature):
+    """Sampled with HFEngine (left padding, KV cache) vs scored by the trainer (right padding)."""
+    model = tiny_model(seed=1)
+    engine = HFEngine(model, EOS, PAD, max_batch_size=16)
+    rng = random.Random(0)
+    requests = [
+        GenerationRequest(
+            sample_id=f"s{i}", prompt_ids=[BOS] + [rng.randrange(4, 100) for _ in range(rng.randint(3, 8))],
+            max_new_tokens=6, seed=11, sampling=SamplingParams(temperature=temperature),
+        )
+        for i in range(8)
+    ]
+    results = engine.generate(requests)
+    batch = TrainBatch(
+        [r.prompt_ids for r in requests], [r.token_ids for r in results],
+        [r.new_logprobs for r in results], [1.0, -1.0] * 4,
+    )
+    trainer = Trainer(model, PAD, GRPOConfig(), OptimConfig(micro_batch_size=3), temperature=temperature)
+    metrics = trainer.train_step(batch)
+    assert metrics["rollout_logprob_gap"] < 1e-4
+    assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_positive_advantage_raises_the_response_logprob():
+    model = tiny_model()
+    prompt = [BOS, 20, 21, 14, 22]
+    good, bad = [30, 31, 32, EOS], [40, 41, 42, EOS]
+    before = sequence_logprob(model, prompt, good), sequence_logprob(model, prompt, bad)
+    trainer = Trainer(model, PAD, GRPOConfig(), OptimConfig(lr=1e-2))
+    batch = TrainBatch([prompt, prompt], [good, bad], [[0.0] * 4, [0.0] * 4], [1.0, -1.0])
+    for _ in range(3):
+        trainer.train_step(batch)
+    after = sequence_logprob(model, prompt, good), sequence_logprob(model, prompt, bad)
+    assert after[0] > before[0] + 0.5
+    assert after[1] < before[1] - 0.5
+
+
+def test_zero_advantage_leaves_parameters_unchanged():
+    model = tiny_model()
+    start = params(model)
+    trainer = Trainer(model, PAD, GRPOConfig(), OptimConfig(lr=1e-2))
+    batch = random_batch()
+    batch.advantages = [0.0] * len(batch)
+    trainer.train_step(batch)
+    for name, value in params(model).items():
+        torch.testing.assert_close(value, start[name], rtol=0, atol=0, msg=name)
+
+
+def test_kl_creates_a_frozen_reference():
+    model = tiny_model()
+    start = params(model)
+    assert Trainer(model, PAD, GRPOConfig(), OptimConfig()).reference is None
+    trainer = Trainer(model, PAD, GRPOConfig(kl_coef=0.5), OptimConfig(lr=1e-2))
+    reference = trainer.reference
+    assert reference is not None and reference is not model
+    assert not any(p.requires_grad for p in reference.parameters())
+    first = trainer.train_step(random_batch(seed=0))
+    assert first["kl"] == pytest.approx(0.0, abs=1e-7)  # the policy still equals the reference
+    second = trainer.train_step(random_batch(seed=1))
+    assert second["kl"] > 1e-6
+    assert trainer.reference is reference
+    for name, value in reference.named_parameters():
+        torch.testing.assert_close(value, start[name], rtol=0, atol=0, msg=name)
+    moved = params(model)
+    assert any(not torch.equal(moved[name], start[name]) for name in start)
+    # Not shared storage with the policy.
+    assert all(p.data_ptr() != q.data_ptr() for p, q in zip(reference.parameters(), model.parameters()))
+
+
+def test_warmup_schedule():
+    trainer = Trainer(tiny_model(), PAD, GRPOConfig(), OptimConfig(lr=1e-3, warmup_steps=3))
+    lrs = [trainer.train_step(random_batch(seed=s))["lr"] for s in range(5)]
+    assert lrs == pytest.approx([2e-3 / 4, 3e-3 / 4, 1e-3, 1e-3, 1e-3])
+
+
+def test_bad_batches_raise_value_error():
+    with pytest.raises(ValueError, match="length"):
+        TrainBatch([[BOS]], [[5], [6]], [[0.0], [0.0]], [1.0, 1.0])
+    with pytest.raises(ValueError, match="length"):
+        TrainBatch([[BOS], [BOS]], [[5], [6]], [[0.0], [0.0]], [1.0])
+    with pytest.raises(ValueError, match="log-probs"):
+        TrainBatch([[BOS]], [[5, 6]], [[0.0]], [1.0])
+    with pytest.raises(ValueError, match="empty prompt"):
+        TrainBatch([[]], [[5, 6]], [[0.0, 0.0]], [1.0])
+    trainer = Trainer(tiny_model(), PAD, GRPOConfig(), OptimConfig())
+    with pytest.raises(ValueError, match="empty"):
+        trainer.train_step(TrainBatch([], [], [], []))
+    with pytest.raises(ValueError, match="no response tokens"):
+        trainer.train_step(TrainBatch([[BOS, 5], [BOS]], [[], []], [[], []], [1.0, -1.0]))
+    assert trainer.step == 0
