@@ -137,7 +137,7 @@ def policy_loss(
     aggregation: str = "token",
     behaviour_logp: Tensor | None = None,
     tis_cap: float | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped GRPO loss over response tokens, and its metrics.
 
     ``logp`` (current policy, carries the gradient), ``old_logp`` (rollout / old policy),
@@ -152,9 +152,12 @@ def policy_loss(
     (``"token"`` or ``"sequence"``, see the module docstring). Only ``logp`` is differentiated;
     every other input is detached. Sequences with no valid token are ignored by ``"sequence"``.
 
-    Metrics (floats over valid tokens): ``loss``, ``policy_loss`` (without the KL term),
-    ``kl`` (mean k3; 0.0 without ``ref_logp``), ``clip_fraction`` (tokens where the clipped
-    branch is taken), ``ratio_mean`` and ``tis_weight_mean`` (1.0 without ``behaviour_logp``).
+    Metrics (detached 0-dim tensors on ``logp``'s device, over valid tokens): ``loss``,
+    ``policy_loss`` (without the KL term), ``kl`` (mean k3; 0 without ``ref_logp``),
+    ``clip_fraction`` (tokens where the clipped branch is taken), ``ratio_mean`` and
+    ``tis_weight_mean`` (1 without ``behaviour_logp``). They stay tensors so that computing them
+    never waits for the device; the caller reads them once per optimizer step. The one value read
+    here is the check that ``mask`` selects a token (the trainer builds its masks on the host).
     """
     if logp.dim() != 2:
         raise ValueError(f"logp must be [batch, tokens], got shape {tuple(logp.shape)}")
@@ -210,10 +213,10 @@ def policy_loss(
 
     pg_loss = _aggregate(per_token_pg, weights, aggregation)
     loss = pg_loss
-    kl_mean = 0.0
+    kl_mean = torch.zeros((), dtype=logp.dtype, device=logp.device)
     if ref_logp is not None:
         per_token_kl = kl_k3(logp, on_valid(ref_logp.detach()))
-        kl_mean = float(_aggregate(per_token_kl.detach(), weights, "token"))
+        kl_mean = _aggregate(per_token_kl.detach(), weights, "token")
         if kl_coef > 0:
             loss = pg_loss + kl_coef * _aggregate(per_token_kl, weights, aggregation)
 
@@ -222,11 +225,11 @@ def policy_loss(
             (adv < 0) & (ratio < 1.0 - clip_eps)
         )
         metrics = {
-            "loss": float(loss),
-            "policy_loss": float(pg_loss),
+            "loss": loss.detach(),
+            "policy_loss": pg_loss.detach(),
             "kl": kl_mean,
-            "clip_fraction": float(_aggregate(was_clipped.to(weights.dtype), weights, "token")),
-            "ratio_mean": float(_aggregate(ratio, weights, "token")),
-            "tis_weight_mean": float(_aggregate(weight, weights, "token")),
+            "clip_fraction": _aggregate(was_clipped.to(weights.dtype), weights, "token"),
+            "ratio_mean": _aggregate(ratio, weights, "token"),
+            "tis_weight_mean": _aggregate(weight, weights, "token"),
         }
     return loss, metrics

@@ -8,6 +8,10 @@ equals the full-batch one, clip, step. The same step can be streamed: `begin_ste
 still generating), then `finish_step()`; the gradient is the same as one `train_step` on the
 union of the pieces. It knows nothing of rollout or orchestration;
 it sees token ids, rollout log-probs and advantages. Checkpointing is `rl.checkpoint`.
+
+Metrics never stall the device: `accumulate` keeps its running sums as tensors (token and
+sequence counts come from the batch's lists), and `finish_step` reads every metric, with the
+gradient norm, in one transfer to the host per optimizer step.
 """
 
 from __future__ import annotations
@@ -49,17 +53,24 @@ class TrainBatch:
 
 @dataclass
 class _Accumulation:
-    """Running sums of the step in progress (see `Trainer.accumulate`)."""
+    """Running sums of the step in progress (see `Trainer.accumulate`): counts on the host,
+    metric sums as float64 tensors where they were computed (read once, by `finish_step`)."""
 
     tokens: float = 0.0
     sequences: float = 0.0
     weight: float = 0.0
     """Divisor of the summed loss: `tokens` (token aggregation) or `sequences` (sequence)."""
-    sums: dict[str, float] = field(default_factory=dict)
+    weighted: dict[str, Tensor] = field(default_factory=dict)
     """Each loss metric times the weight of the micro-batch it was measured on."""
-    entropy: float = 0.0
-    logprob_gap: float = 0.0
+    per_token: dict[str, Tensor] = field(default_factory=dict)
+    """``entropy`` and ``logprob_gap`` summed over response tokens."""
     batches: int = 0
+
+    @staticmethod
+    def add(sums: dict[str, Tensor], name: str, value: Tensor, scale: float = 1.0) -> None:
+        """``sums[name] += value * scale`` in float64, without reading the 0-dim `value`."""
+        value = value.detach().double() * scale
+        sums[name] = sums[name] + value if name in sums else value
 
 
 @dataclass
@@ -169,10 +180,12 @@ class Trainer:
             chunk = range(start, min(start + size, len(batch)))
             prompts = [batch.prompt_ids[i] for i in chunk]
             responses = [batch.response_ids[i] for i in chunk]
+            tokens = float(sum(len(r) for r in responses))
+            if not tokens:
+                continue
+            sequences = float(sum(1 for r in responses if r))
             packed = _pack(prompts, responses, self.pad_token_id)
             mask = packed.response_mask
-            if not mask.any():
-                continue
             rollout_lp = torch.zeros_like(mask)
             for row, i in enumerate(chunk):
                 rollout_lp[row, : len(batch.rollout_logprobs[i])] = torch.tensor(batch.rollout_logprobs[i])
@@ -190,19 +203,17 @@ class Trainer:
                 clip_eps=self.grpo.clip_eps, clip_eps_high=self.grpo.clip_eps_high,
                 kl_coef=self.grpo.kl_coef, ref_logp=ref_lp, aggregation=self.grpo.aggregation,
             )
-            tokens = float(mask.sum())
-            sequences = float((mask.sum(1) > 0).sum())
             weight = tokens if self.grpo.aggregation == "token" else sequences
             (loss * weight).backward()
             acc.tokens += tokens
             acc.sequences += sequences
             acc.weight += weight
             for key, value in metrics.items():
-                acc.sums[key] = acc.sums.get(key, 0.0) + value * weight
+                acc.add(acc.weighted, key, value, weight)
             with torch.no_grad():
                 entropy = entropy_from_logits(logits.detach() / self.temperature)
-                acc.entropy += float((entropy * mask).sum())
-                acc.logprob_gap += float(((old_lp - rollout_lp).abs() * mask).sum())
+                acc.add(acc.per_token, "entropy", (entropy * mask).sum())
+                acc.add(acc.per_token, "logprob_gap", ((old_lp - rollout_lp).abs() * mask).sum())
         acc.batches += 1
         self.model.eval()
 
@@ -219,18 +230,21 @@ class Trainer:
             if parameter.grad is not None:
                 parameter.grad.div_(acc.weight)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_config.max_grad_norm)
-        if not math.isfinite(float(grad_norm)):
+        sums = [*acc.weighted.values(), *acc.per_token.values(), grad_norm.detach().double()]
+        *values, norm = torch.stack(sums).tolist()  # the step's one read of the device
+        if not math.isfinite(norm):
             self.optimizer.zero_grad(set_to_none=True)
             raise FloatingPointError(f"non-finite gradient norm at step {self.step}; update skipped")
         self.optimizer.step()
         self.scheduler.step()
         self.step += 1
         self.model.eval()
-        metrics = {key: value / acc.weight for key, value in acc.sums.items()}
+        metrics = {key: value / acc.weight for key, value in zip(acc.weighted, values)}
+        per_token = {key: value / acc.tokens for key, value in zip(acc.per_token, values[len(acc.weighted):])}
         metrics.update(
-            rollout_logprob_gap=acc.logprob_gap / acc.tokens,
-            grad_norm=float(grad_norm),
-            entropy=acc.entropy / acc.tokens,
+            rollout_logprob_gap=per_token["logprob_gap"],
+            grad_norm=norm,
+            entropy=per_token["entropy"],
             lr=self.optimizer.param_groups[0]["lr"],
             response_tokens=acc.tokens,
         )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import time
 
 import pytest
 import torch
@@ -367,26 +366,3 @@ def test_duplicate_sample_id_raises(model):
 
 def test_hf_engine_is_a_generation_engine(model):
     assert isinstance(HFEngine(model, EOS, PAD), GenerationEngine)
-
-
-def test_throughput_256_samples(model):
-    rng = random.Random(18)
-    requests = [
-        GenerationRequest(
-            f"t{i}",
-            [BOS] + [rng.randrange(4, 100) for _ in range(rng.randint(8, 14))],
-            rng.randint(5, 20),
-        )
-        for i in range(256)
-    ]
-    engine = HFEngine(model, EOS, PAD)
-    engine.generate(requests[:8])  # warm-up
-    start = time.perf_counter()
-    results = engine.generate(requests)
-    elapsed = time.perf_counter() - start
-    tokens = sum(len(r.token_ids) for r in results)
-    print(
-        f"\n256 samples, {tokens} tokens in {elapsed:.2f} s: {tokens / elapsed:.0f} tokens/s "
-        f"({torch.get_num_threads()} torch threads)"
-    )
-    assert all(r.finish_reason in ("stop", "length") for r in results)

@@ -113,6 +113,19 @@ def test_on_policy_gradient_is_minus_advantage_over_token_count() -> None:
     assert metrics["loss"] == pytest.approx((-2 * 3 + 1 * 2) / n)
 
 
+def test_metrics_are_detached_0_dim_tensors() -> None:
+    """Metrics stay 0-dim tensors (no host sync per micro-batch), detached from the graph."""
+    logp = _leaf([[-1.0, -2.0]])
+    ref = torch.tensor([[-1.5, -1.0]], dtype=torch.float64)
+    for ref_logp in (None, ref):
+        _, metrics = policy_loss(logp, logp.detach(), torch.ones(1, dtype=torch.float64), torch.ones(1, 2),
+                                 ref_logp=ref_logp)
+        assert sorted(metrics) == ["clip_fraction", "kl", "loss", "policy_loss", "ratio_mean", "tis_weight_mean"]
+        for name, value in metrics.items():
+            assert isinstance(value, torch.Tensor) and value.dim() == 0, name
+            assert not value.requires_grad and value.device == logp.device, name
+
+
 def test_token_and_sequence_aggregation_differ_for_unequal_lengths() -> None:
     logp = _leaf([[-1.0, 0.0, 0.0], [-1.0, -1.0, -1.0]])
     mask = torch.tensor([[1, 0, 0], [1, 1, 1]])
@@ -181,7 +194,7 @@ def test_masked_tokens_contribute_nothing() -> None:
             logp, old, adv, mask, kl_coef=0.1, ref_logp=ref, aggregation="sequence"
         )
         loss.backward()
-        results.append((loss.item(), metrics, logp.grad))
+        results.append((loss.item(), {key: value.item() for key, value in metrics.items()}, logp.grad))
     (loss_a, metrics_a, grad_a), (loss_b, metrics_b, grad_b) = results
     assert math.isfinite(loss_a) and loss_a == pytest.approx(loss_b)
     assert metrics_a == pytest.approx(metrics_b)

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import random
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+import rl
 from rl.config import GRPOConfig, OptimConfig
 from rl.engine import HFEngine
 from rl.generation import GenerationRequest, SamplingParams
@@ -107,6 +110,52 @@ def test_streamed_pieces_in_any_order_give_the_whole_batch_update(aggregation):
         torch.testing.assert_close(p1[name], p4[name], rtol=0, atol=1e-5, msg=name)
     for key in ("loss", "policy_loss", "grad_norm", "entropy", "response_tokens"):
         assert m1[key] == pytest.approx(m4[key], rel=1e-4, abs=1e-6), key
+
+
+HOST_READS = ("item", "tolist", "__float__", "__int__", "__bool__")
+"""The Tensor methods that copy a value to the host (a device sync on a GPU)."""
+
+
+@pytest.fixture
+def host_reads(monkeypatch) -> list[tuple[str, str, str]]:
+    """Every host read of a tensor made by code in rl/: (method, file name, function)."""
+    reads: list[tuple[str, str, str]] = []
+    package = str(Path(rl.__file__).parent)
+
+    def counting(name: str):
+        original = getattr(torch.Tensor, name)
+
+        def read(self, *args, **kwargs):
+            caller = sys._getframe(1).f_code
+            if caller.co_filename.startswith(package):
+                reads.append((name, Path(caller.co_filename).name, caller.co_name))
+            return original(self, *args, **kwargs)
+
+        return read
+
+    for name in HOST_READS:
+        monkeypatch.setattr(torch.Tensor, name, counting(name))
+    return reads
+
+
+@pytest.mark.parametrize("aggregation", ["token", "sequence"])
+def test_metrics_are_read_once_per_step_not_per_micro_batch(aggregation, host_reads):
+    """accumulate reads no metric on the host; finish_step reads them all in one transfer."""
+    trainer = Trainer(tiny_model(), PAD, GRPOConfig(aggregation=aggregation, kl_coef=0.1),
+                      OptimConfig(micro_batch_size=2))
+    trainer.begin_step()
+    trainer.accumulate(random_batch(size=6))
+    trainer.accumulate(random_batch(size=4, seed=1))
+    # The only read left is policy_loss's check that the mask selects a token; the trainer's
+    # masks are host tensors (built from the batch's lists), so it waits for no device.
+    assert set(host_reads) <= {("__bool__", "grpo.py", "policy_loss")}
+    assert len(host_reads) == 5, "one mask check per micro-batch"
+    host_reads.clear()
+    metrics = trainer.finish_step()
+    assert host_reads == [("tolist", "trainer.py", "finish_step")]
+    assert all(type(value) is float for value in metrics.values())
+    assert sorted(metrics) == sorted(["loss", "policy_loss", "kl", "clip_fraction", "ratio_mean", "tis_weight_mean",
+                                      "rollout_logprob_gap", "grad_norm", "entropy", "lr", "response_tokens"])
 
 
 def test_streaming_protocol_errors_and_abandon():

@@ -99,7 +99,7 @@ def ledger_url(request, tmp_path):
         yield f"sqlite:///{tmp_path / 'ledger.sqlite'}"
         return
     if not os.environ.get("DATABASE_URL"):
-        pytest.skip("DATABASE_URL is not set: set it to a PostgreSQL database to run the PostgreSQL ledger tests")
+        pytest.skip("DATABASE_URL is not set: set it to a PostgreSQL database to run the PostgreSQL ledger tests (`make test-full` does when one answers)")
     schema = f"ledger_test_{uuid.uuid4().hex[:12]}"
     admin = create_engine(normalize_url(os.environ["DATABASE_URL"]))
     with admin.begin() as connection:

@@ -1,7 +1,9 @@
-"""The rollout controller against a real redis-server, with fake rollout instances: plain threads
-that register, heartbeat, claim, flush and release through the real registry and token log (the
-controller only ever sees Redis). A sample's tokens are a pure function of its id and position,
-so any migration must reproduce them exactly."""
+"""The rollout controller against a real redis-server and real rollout workers
+(`infra.rollout.worker.RolloutWorker`, each on a thread) whose engines are scripted (`tests.fakes.engine`):
+a sample's tokens are a pure function of its id and position, so any migration must reproduce
+them exactly. Each worker talks to Redis through its own `GatedRedis` client, which a test freezes
+to pause that instance (its heartbeats and flushes stop) and thaws to let it come back as a zombie.
+The controller only ever sees Redis."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import sys
 import threading
 import time
 import uuid
-import zlib
+from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -26,22 +28,18 @@ from infra.rollout.controller import (
     samples_of_group,
 )
 from infra.rollout.policies import StealConfig
-from infra.rollout.registry import InstanceInfo, InstanceRegistry
-from infra.rollout.tokenlog import Claim, Flush, GroupSpec, SampleRecord, TokenLog
-from infra.rollout.protocol import current_step
+from infra.rollout.registry import InstanceRegistry
+from infra.rollout.tokenlog import GroupSpec, SampleRecord, TokenLog
+from infra.rollout.worker import RolloutWorker, WorkerConfig
+from tests.fakes.engine import ScriptedEngine, scripted_response
+from tests.fakes.redis_gate import GatedRedis
 from tests.helpers import REPO_ROOT, wait_for
 
 pytestmark = pytest.mark.integration
 
 ROOT = REPO_ROOT
-
-
-def token(sample_id: str, position: int) -> int:
-    return zlib.crc32(f"{sample_id}@{position}".encode()) % 50_000 + 1
-
-
-def expected(sample_id: str, length: int) -> list[int]:
-    return [token(sample_id, p) for p in range(length)]
+STEP_S = 0.02
+"""Seconds per engine step (one token per running sample)."""
 
 
 def group_length(lengths: dict[int, int]) -> Callable[[str], int]:
@@ -61,104 +59,46 @@ class ManualClock:
         return self.now
 
 
-class FakeInstance:
-    """A rollout instance reduced to its Redis side; generates `rate` tokens per sample per tick.
-
-    `freeze` stops it entirely (a paused process); `silent` stops heartbeats, control messages and
-    claims while it keeps flushing the samples it holds (a zombie)."""
+class Instance:
+    """A rollout instance: a `RolloutWorker` running on a thread with a `ScriptedEngine` and its
+    own `GatedRedis` client. It flushes every token and heartbeats every 50 ms; its heartbeat TTL
+    is long, so only the controller's `reap_timeout_s` decides that it is dead."""
 
     def __init__(
-        self, client, run_id: str, instance_id: str, length: Callable[[str], int], *,
-        capacity_class: str = "spot", slots: int = 4, tick_s: float = 0.02,
+        self, redis_url: str, run_id: str, instance_id: str, length: Callable[[str], int], *,
+        capacity_class: str = "spot", slots: int = 4, step_s: float = STEP_S, policy_version: int = 0,
     ) -> None:
-        self.client, self.run_id, self.id = client, run_id, instance_id
-        self.length, self.capacity_class = length, capacity_class
-        self.slots, self.tick_s = slots, tick_s
-        self.log = TokenLog(client, run_id)
-        self.registry = InstanceRegistry(client, run_id, ttl_s=10)
-        self.held: dict[str, Claim] = {}
-        self.tokens: dict[str, list[int]] = {}
-        self.claims: list[Claim] = []
-        self.messages: list[dict] = []
-        self.frozen = self.silent = False
-        self._lock = threading.Lock()
-        self.rejected = 0
-        self._released_step: int | None = None
-        self._no_claim_until = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.client = GatedRedis.from_url(redis_url)
+        self.engine = ScriptedEngine(length, step_s=step_s, policy_version=policy_version)
+        config = WorkerConfig(
+            redis_url=redis_url, run_id=run_id, instance_id=instance_id, pool=f"local-{capacity_class}",
+            capacity_class=capacity_class, model_path="(scripted engine)", slots=slots,
+            flush_tokens=1, flush_ms=5, heartbeat_s=0.05, ttl_s=10, poll_ms=20,
+        )
+        self.worker = RolloutWorker(config, client=self.client, engine=self.engine)
+        self.exit_code: int | None = None
+        self._thread = threading.Thread(target=self._run, name=f"worker-{instance_id}", daemon=True)
 
-    def start(self) -> FakeInstance:
-        info = InstanceInfo(self.id, "local", self.capacity_class, 0.0, self.slots)
-        self.registry.register(info)
+    def _run(self) -> None:
+        self.exit_code = self.worker.run()
+
+    def start(self) -> Instance:
         self._thread.start()
         return self
 
+    def held(self) -> dict[str, int]:
+        """Sample id -> logged tokens, of the samples the worker holds."""
+        return {h.sample_id: h.logged for h in list(self.worker.held.values())}
+
+    def wait_stopped(self, timeout_s: float = 10.0) -> None:
+        self._thread.join(timeout_s)
+        assert not self._thread.is_alive(), f"worker {self.worker.config.instance_id} did not stop"
+
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def freeze(self, frozen: bool = True) -> None:
-        """Takes effect between two ticks."""
-        with self._lock:
-            self.frozen = frozen
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.tick_s):
-            with self._lock:
-                if not self.frozen:
-                    self._tick()
-
-    def _tick(self) -> None:
-        current = current_step(self.client, self.run_id)
-        if current is None:
-            return
-        step, version = current
-        if not self.silent:
-            for message in self.registry.poll_requests(self.id):
-                self._handle(message)
-            free = self.slots - len(self.held)
-            if not self.registry.heartbeat(self.id, version, free, len(self.held)):
-                self._stop.set()
-                return
-            may_claim = self._released_step != step and time.monotonic() >= self._no_claim_until
-            if free > 0 and may_claim:
-                for claim in self.log.claim(step, self.id, version, free):
-                    self.claims.append(claim)
-                    self.held[claim.sample_id] = claim
-                    self.tokens[claim.sample_id] = list(claim.generated_ids)
-        self._generate()
-
-    def _handle(self, message: dict) -> None:
-        self.messages.append(message)
-        if message["op"] == "release":
-            self._release(message["sample_ids"])
-            self._no_claim_until = time.monotonic() + 0.5  # let the thief take them
-        elif message["op"] == "release_all":
-            self._released_step = message["step"]
-            self._release(list(self.held))
-        elif message["op"] == "resume":
-            self._released_step = None
-
-    def _release(self, sample_ids: list[str]) -> None:
-        for sid in sample_ids:
-            if sid in self.held:
-                self.log.release(sid, self.id, self.held.pop(sid).epoch)
-
-    def _generate(self) -> None:
-        flushes = []
-        for sid, claim in self.held.items():
-            have = len(self.tokens[sid])
-            new = expected(sid, min(have + 1, self.length(sid)))[have:]
-            finish = "stop" if have + len(new) >= self.length(sid) else None
-            flushes.append(Flush(sid, self.id, claim.epoch, new, [-1.0] * len(new), have, finish))
-        for flush, ok in zip(flushes, self.log.log(flushes)):
-            if ok:
-                self.tokens[flush.sample_id] += flush.token_ids
-            else:
-                self.rejected += 1
-            if not ok or flush.finish_reason:
-                del self.held[flush.sample_id]
+        self.client.thaw()
+        self.worker.request_stop("test over")
+        self.wait_stopped()
+        self.client.close()
 
 
 @pytest.fixture
@@ -167,17 +107,33 @@ def run_id() -> str:
 
 
 @pytest.fixture
-def fleet(redis_client, run_id):
-    """Starts fake instances; stops them all after the test."""
-    started: list[FakeInstance] = []
+def fleet(redis_url, run_id):
+    """Starts instances; stops them all after the test."""
+    started: list[Instance] = []
 
-    def start(instance_id: str, length: Callable[[str], int], **kwargs) -> FakeInstance:
-        started.append(FakeInstance(redis_client, run_id, instance_id, length, **kwargs).start())
+    def start(instance_id: str, length: Callable[[str], int], **kwargs) -> Instance:
+        started.append(Instance(redis_url, run_id, instance_id, length, **kwargs).start())
         return started[-1]
 
     yield start
     for instance in started:
         instance.stop()
+
+
+@pytest.fixture
+def sent(monkeypatch) -> dict[str, list[dict]]:
+    """The control messages the controller delivered, by instance id."""
+    messages: dict[str, list[dict]] = defaultdict(list)
+    deliver = InstanceRegistry.request
+
+    def recording(registry: InstanceRegistry, instance_id: str, command: dict) -> bool:
+        delivered = deliver(registry, instance_id, command)
+        if delivered:
+            messages[instance_id].append(command)
+        return delivered
+
+    monkeypatch.setattr(InstanceRegistry, "request", recording)
+    return messages
 
 
 @pytest.fixture
@@ -195,14 +151,14 @@ def assert_complete(log: TokenLog, step: int, groups: list[GroupSpec], length) -
     for group in groups:
         for record in log.read_group(step, group.group_id):
             assert record.state == "done"
-            assert record.token_ids == expected(record.sample_id, length(record.sample_id))
+            assert record.token_ids == scripted_response(record.sample_id, length(record.sample_id))
 
 
 def test_step_completes_and_streams_groups_as_they_finish(redis_client, run_id, fleet):
     groups = make_groups(4, 2, max_new=64)
     length = group_length({0: 3, 1: 15, 2: 27, 3: 40})
-    fleet("a", length)
-    fleet("b", length)
+    fleet("a", length, policy_version=7)
+    fleet("b", length, policy_version=7)
     controller = RolloutController(redis_client, run_id, ControllerConfig(poll_s=0.05))
     log = TokenLog(redis_client, run_id)
     calls = []
@@ -218,7 +174,7 @@ def test_step_completes_and_streams_groups_as_they_finish(redis_client, run_id, 
         assert [s.sample_id for s in samples] == [f"0/{group_id}/0", f"0/{group_id}/1"]
         for s in samples:
             assert (s.group, s.prompt_ids, s.policy_version) == (group_id, [1, 2, 3 + group_id], 7)
-            assert s.response_ids == expected(s.sample_id, length(s.sample_id))
+            assert s.response_ids == scripted_response(s.sample_id, length(s.sample_id))
             assert s.finish_reason == "stop"
     total = 2 * (3 + 15 + 27 + 40)
     assert (report.groups_done, report.groups_dropped, report.tokens_generated) == (4, (), total)
@@ -240,22 +196,24 @@ def test_silent_instance_is_reaped_and_its_zombie_fenced(redis_client, run_id, f
     a = fleet("a", length)
     controller = RolloutController(redis_client, run_id, config)
     done = background.submit(controller.run_step, 0, 0, groups, ignore)
-    wait_for(lambda: len(a.held) == 4 and all(len(t) >= 3 for t in a.tokens.values()))
-    a.freeze()
+    wait_for(lambda: len(a.held()) == 4 and all(logged >= 3 for logged in a.held().values()))
+    a.client.freeze()  # paused: no heartbeat, no flush reaches Redis
     prefixes = {r.sample_id: r.token_ids for r in log.read_group(0, 0)}
-    b = fleet("b", length, tick_s=0.03)
-    wait_for(lambda: "a" not in {i.info.instance_id for i in a.registry.all()})
-    a.silent = True
-    a.freeze(False)  # the zombie wakes up and flushes its stale leases
+    b = fleet("b", length, step_s=1.5 * STEP_S)
+    wait_for(lambda: b.engine.added().keys() == prefixes.keys())  # a was reaped, b resumed all
+    assert "a" not in {i.info.instance_id for i in InstanceRegistry(redis_client, run_id).all()}
+    a.client.thaw()  # the zombie wakes up and flushes its stale leases
     report = done.result(timeout=20)
+    a.wait_stopped()
 
     assert_complete(log, 0, groups, length)
-    assert {c.sample_id: c.generated_ids for c in b.claims} == prefixes
-    assert a.rejected == 4 and report.rejected_appends == 4
+    assert b.engine.added() == prefixes
+    assert a.worker.stats.dropped == 4 and report.rejected_appends == 4
+    assert a.worker.stats.finished == 0
     assert (report.reaped_instances, report.reaped_samples, report.migrations) == (1, 4, 4)
     by_a = sum(map(len, prefixes.values()))
     assert report.instance_tokens == {"a": by_a, "b": 4 * 30 - by_a}
-    assert not a.registry.heartbeat("a", 0, 4, 0), "a reaped instance is told to stop"
+    assert a.exit_code == 0 and not a.worker.heartbeat(), "a reaped instance is told to stop"
 
 
 def test_samples_of_an_unregistered_owner_are_reaped(redis_client, run_id, fleet, background):
@@ -266,44 +224,45 @@ def test_samples_of_an_unregistered_owner_are_reaped(redis_client, run_id, fleet
     a = fleet("a", length)
     controller = RolloutController(redis_client, run_id, ControllerConfig(reap_timeout_s=0.4, poll_s=0.05))
     done = background.submit(controller.run_step, 0, 0, groups, ignore)
-    wait_for(lambda: len(a.held) == 4 and all(len(t) >= 3 for t in a.tokens.values()))
-    a.stop()
-    a.registry.deregister("a")
+    wait_for(lambda: len(a.held()) == 4 and all(logged >= 3 for logged in a.held().values()))
+    a.client.freeze()  # gone for good (until the test ends): it hands nothing back
+    InstanceRegistry(redis_client, run_id).deregister("a")
     assert log.owners() == {"a"}
     prefixes = {r.sample_id: r.token_ids for r in log.read_group(0, 0)}
-    b = fleet("b", length, tick_s=0.03)
+    b = fleet("b", length, step_s=1.5 * STEP_S)
     report = done.result(timeout=20)
 
     assert_complete(log, 0, groups, length)
-    assert {c.sample_id: c.generated_ids for c in b.claims} == prefixes
+    assert b.engine.added() == prefixes
     assert (report.reaped_instances, report.reaped_samples, report.migrations) == (1, 4, 4)
     assert log.owners() == set()
 
 
-def test_idle_instance_steals_from_an_overloaded_one(redis_client, run_id, fleet, background):
+def test_idle_instance_steals_from_an_overloaded_one(redis_client, run_id, fleet, sent, background):
     groups = make_groups(1, 4, max_new=64)
     length = group_length({0: 60})
     steal = StealConfig(min_remaining_tokens=1, cooldown_s=0.5)
     config = ControllerConfig(poll_s=0.05, steal=steal)
-    a = fleet("a", length, tick_s=0.03)
+    a = fleet("a", length, step_s=1.5 * STEP_S)
     controller = RolloutController(redis_client, run_id, config)
     done = background.submit(controller.run_step, 0, 0, groups, ignore)
-    wait_for(lambda: len(a.held) == 4)
+    wait_for(lambda: len(a.held()) == 4)
     b = fleet("b", length)
     report = done.result(timeout=20)
 
-    releases = [m for m in a.messages if m["op"] == "release"]
+    releases = [m for m in sent["a"] if m["op"] == "release"]
     assert len(releases[0]["sample_ids"]) == 2, "4 vs 0 running evens out at 2 vs 2"
     assert report.steals == sum(len(m["sample_ids"]) for m in releases)
     released = [sid for m in releases for sid in m["sample_ids"]]
-    assert sorted(c.sample_id for c in b.claims) == sorted(released)
-    assert all(c.generated_ids for c in b.claims), "stolen samples continue from their prefix"
+    assert sorted(r.sample_id for r in b.engine.requests) == sorted(released)
+    assert all(r.generated_ids for r in b.engine.requests), "stolen samples continue from their prefix"
+    assert sorted(a.engine.released) == sorted(released)
     assert report.migrations == report.steals and report.instance_tokens["b"] > 0
     assert_complete(TokenLog(redis_client, run_id), 0, groups, length)
 
 
 def test_reserved_instance_releases_at_t_local_while_spot_is_alive(
-    redis_client, run_id, fleet, background
+    redis_client, run_id, fleet, sent, background
 ):
     groups = make_groups(2, 2, max_new=64)
     length = group_length({0: 40, 1: 40})
@@ -313,27 +272,28 @@ def test_reserved_instance_releases_at_t_local_while_spot_is_alive(
     fleet("s", length, slots=2)
     controller = RolloutController(redis_client, run_id, config, clock=clock)
     done = background.submit(controller.run_step, 0, 0, groups, ignore)
-    wait_for(lambda: bool(reserved.claims))
+    wait_for(lambda: bool(reserved.engine.requests))
     time.sleep(0.2)
-    assert reserved.messages == [], "no release before T_local"
+    assert sent["r"] == [], "no release before T_local"
     clock.now = 10.0
-    wait_for(lambda: bool(reserved.messages))
+    wait_for(lambda: bool(sent["r"]))
     report = done.result(timeout=20)
 
-    assert reserved.messages == [{"op": "release_all", "step": 0}]
+    assert sent["r"] == [{"op": "release_all", "step": 0}]
     assert (report.t_local_s, report.num_spot) == (10.0, 1)
-    assert report.migrations == len(reserved.claims) and report.instance_tokens["s"] > 0
+    assert report.migrations == len(reserved.engine.requests) and report.instance_tokens["s"] > 0
+    assert sorted(reserved.engine.released) == sorted(r.sample_id for r in reserved.engine.requests)
     assert_complete(TokenLog(redis_client, run_id), 0, groups, length)
 
 
-def test_reserved_instance_never_releases_without_spot(redis_client, run_id, fleet):
+def test_reserved_instance_never_releases_without_spot(redis_client, run_id, fleet, sent):
     groups = make_groups(1, 2, max_new=16)
     length = group_length({0: 10})
     config = ControllerConfig(poll_s=0.05, offload=OffloadSettings(initial_t_local_s=0))
     reserved = fleet("r", length, capacity_class="reserved")
     report = RolloutController(redis_client, run_id, config).run_step(0, 0, groups, ignore)
 
-    assert reserved.messages == []
+    assert sent["r"] == [] and reserved.engine.released == []
     assert (report.t_local_s, report.num_spot, report.instance_tokens) == (None, 0, {"r": 20})
     assert_complete(TokenLog(redis_client, run_id), 0, groups, length)
 
@@ -357,7 +317,8 @@ def test_t_local_adapts_per_step_and_survives_a_controller_restart(redis_client,
     t_local = learned.t_local(1)
     assert t_local != 0.2
 
-    second = RolloutController(redis_client, run_id, config).run_step(1, 1, groups, train)
+    # Step 1 on policy version 0 as well: scripted engines have no weights to pull.
+    second = RolloutController(redis_client, run_id, config).run_step(1, 0, groups, train)
     assert second.t_local_s == t_local
     assert_complete(TokenLog(redis_client, run_id), 1, groups, length)
 
@@ -400,8 +361,8 @@ def test_killed_controller_is_resumed_by_a_new_one(redis_client, redis_url, run_
         cwd=ROOT, env=env,
     )
     try:
-        fleet("a", length)
-        fleet("b", length)
+        fleet("a", length, policy_version=1)
+        fleet("b", length, policy_version=1)
         first_key = f"test:{run_id}:delivered"
         wait_for(lambda: redis_client.llen(first_key) == 2 or process.poll() is not None, timeout_s=30)
         log = TokenLog(redis_client, run_id)

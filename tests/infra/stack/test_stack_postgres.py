@@ -25,7 +25,7 @@ pytestmark = pytest.mark.integration
 def postgres_database():
     """A fresh database on the server of $DATABASE_URL (dropped afterwards); its URL."""
     if not os.environ.get("DATABASE_URL"):
-        pytest.skip("DATABASE_URL is not set: set it to a PostgreSQL database to run the PostgreSQL stack test")
+        pytest.skip("DATABASE_URL is not set: set it to a PostgreSQL database to run the PostgreSQL stack test (`make test-full` does when one answers)")
     admin_url = make_url(os.environ["DATABASE_URL"]).set(drivername="postgresql+psycopg")
     name = f"rlboost_stack_{uuid.uuid4().hex[:10]}"
     admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
