@@ -64,18 +64,24 @@ def main() -> None:
         results = engine.generate(requests)
         seconds.append(time.perf_counter() - started)
         tokens = sum(len(r.token_ids) for r in results)
-        print(f"repeat {repeat}: {args.samples} samples, {tokens} tokens in {seconds[-1]:.2f} s: "
-              f"{tokens / seconds[-1]:,.0f} tokens/s")
+        print(
+            f"repeat {repeat}: {args.samples} samples, {tokens} tokens in {seconds[-1]:.2f} s: "
+            f"{tokens / seconds[-1]:,.0f} tokens/s"
+        )
     fastest = min(seconds)
-    print(json.dumps({
-        "tokens_per_s": round(tokens / fastest),
-        "median_tokens_per_s": round(tokens / statistics.median(seconds)),
-        "seconds": round(fastest, 3),
-        "tokens": tokens,
-        "samples": args.samples,
-        "max_batch_size": args.max_batch_size,
-        "torch_threads": args.threads,
-    }))
+    print(
+        json.dumps(
+            {
+                "tokens_per_s": round(tokens / fastest),
+                "median_tokens_per_s": round(tokens / statistics.median(seconds)),
+                "seconds": round(fastest, 3),
+                "tokens": tokens,
+                "samples": args.samples,
+                "max_batch_size": args.max_batch_size,
+                "torch_threads": args.threads,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -47,14 +47,18 @@ def main() -> None:
     started = time.perf_counter()
     summary = run_training(args.config, overrides)
     minutes = (time.perf_counter() - started) / 60
-    print(json.dumps({
-        "base_acc": round(summary["base_accuracy"], 4),
-        "final_acc": round(summary["final_accuracy"], 4),
-        "gain_points": round(summary["gain_points"], 2),
-        "minutes": round(minutes, 2),
-        "pretrain_minutes": round(pretrain_minutes, 2),
-        "steps": summary["steps"],
-    }))
+    print(
+        json.dumps(
+            {
+                "base_acc": round(summary["base_accuracy"], 4),
+                "final_acc": round(summary["final_accuracy"], 4),
+                "gain_points": round(summary["gain_points"], 2),
+                "minutes": round(minutes, 2),
+                "pretrain_minutes": round(pretrain_minutes, 2),
+                "steps": summary["steps"],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

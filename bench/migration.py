@@ -62,15 +62,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
+from infra.availability.traces import AvailabilityTrace, TraceEvent, TraceSchedule  # noqa: E402
+from infra.providers.interface import PreemptionEvent  # noqa: E402
+from infra.providers.local import LocalProvider  # noqa: E402
+from infra.providers.pool import PoolSpec  # noqa: E402
 from infra.rollout.controller import ControllerConfig, OffloadSettings, StepReport  # noqa: E402
+from infra.rollout.policies import StealConfig  # noqa: E402
 from infra.rollout.settings import WorkerSettings  # noqa: E402
 from infra.run.fabric import RolloutFabric  # noqa: E402
 from infra.run.fabric_config import FabricConfig  # noqa: E402
-from infra.rollout.policies import StealConfig  # noqa: E402
-from infra.providers.pool import PoolSpec  # noqa: E402
-from infra.providers.interface import PreemptionEvent  # noqa: E402
-from infra.providers.local import LocalProvider  # noqa: E402
-from infra.availability.traces import AvailabilityTrace, TraceEvent, TraceSchedule  # noqa: E402
 from rl.config import RolloutConfig  # noqa: E402
 from rl.datasets import PromptRecord  # noqa: E402
 from rl.models import TinyLlamaShape, build_tiny_llama, save_model  # noqa: E402
@@ -107,8 +107,9 @@ class RolloutClock:
             self._base, self._since = now, None
 
 
-def preemption_schedule(size: int, period: float, first: float, mean_interval: float, gap: float,
-                        seed: int) -> tuple[TraceSchedule, list[float]]:
+def preemption_schedule(
+    size: int, period: float, first: float, mean_interval: float, gap: float, seed: int
+) -> tuple[TraceSchedule, list[float]]:
     """A spot pool of `size` slots over `period` seconds (looping): capacity drops by one at
     seeded exponential intervals from `first` on (never below zero), each slot back `gap`
     seconds later. Returns the schedule and its drop times."""
@@ -122,8 +123,11 @@ def preemption_schedule(size: int, period: float, first: float, mean_interval: f
         t += rng.expovariate(1.0 / mean_interval)
     changes = sorted([(d, -1) for d in drops] + [(d + gap, 1) for d in drops])  # drops first at a tie
     trace = AvailabilityTrace(
-        f"migration-bench(seed={seed})", size, size,
-        tuple(TraceEvent(t, delta) for t, delta in changes), period,
+        f"migration-bench(seed={seed})",
+        size,
+        size,
+        tuple(TraceEvent(t, delta) for t, delta in changes),
+        period,
     )
     return TraceSchedule(trace, size, time_compression=1.0, loop=True), drops
 
@@ -164,22 +168,45 @@ class Mode:
             if len(running) == expected and running <= alive:
                 return
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{self.name}: {len(running & alive)}/{expected} instances up after {timeout_s:.0f} s")
+                raise TimeoutError(
+                    f"{self.name}: {len(running & alive)}/{expected} instances up after {timeout_s:.0f} s"
+                )
             time.sleep(0.1)
 
 
-def start_mode(name: str, restart: bool, args: argparse.Namespace, root: Path, model_dir: Path,
-               schedule: TraceSchedule, stack: contextlib.ExitStack) -> Mode:
+def start_mode(
+    name: str,
+    restart: bool,
+    args: argparse.Namespace,
+    root: Path,
+    model_dir: Path,
+    schedule: TraceSchedule,
+    stack: contextlib.ExitStack,
+) -> Mode:
     run_dir = root / name
     steal = StealConfig() if args.steal else StealConfig(min_remaining_tokens=10**9)
     config = FabricConfig(
         enabled=True,
-        pools=(PoolSpec(name="reserved", capacity_class="reserved", size=args.reserved,
-                        machine_type="local-cpu", price_per_hour=0.0),),
-        worker=WorkerSettings(slots=args.slots, flush_tokens=args.flush_tokens, flush_ms=args.flush_ms,
-                              heartbeat_s=0.5, ttl_s=2.0, restart_from_scratch=restart),
+        pools=(
+            PoolSpec(
+                name="reserved",
+                capacity_class="reserved",
+                size=args.reserved,
+                machine_type="local-cpu",
+                price_per_hour=0.0,
+            ),
+        ),
+        worker=WorkerSettings(
+            slots=args.slots,
+            flush_tokens=args.flush_tokens,
+            flush_ms=args.flush_ms,
+            heartbeat_s=0.5,
+            ttl_s=2.0,
+            restart_from_scratch=restart,
+        ),
         controller=ControllerConfig(
-            reap_timeout_s=args.reap_timeout, steal=steal,
+            reap_timeout_s=args.reap_timeout,
+            steal=steal,
             offload=OffloadSettings(initial_t_local_s=1e9),  # reserved instances never leave to train
         ),
     )
@@ -188,12 +215,22 @@ def start_mode(name: str, restart: bool, args: argparse.Namespace, root: Path, m
     clock = RolloutClock()
     # The spot pool lives in its own provider, on the rollout clock and the explicit schedule,
     # running the same worker command as the fabric's pools.
-    spot = LocalProvider(fabric._worker_command, schedules={"spot": schedule}, clock=clock,
-                         seed=args.seed, log_dir=run_dir / "instances")
+    spot = LocalProvider(
+        fabric._worker_command, schedules={"spot": schedule}, clock=clock, seed=args.seed, log_dir=run_dir / "instances"
+    )
     stack.callback(spot.shutdown)  # runs before fabric.close
-    spot.launch(PoolSpec(name="spot", capacity_class="spot", size=args.spot, machine_type="local-cpu",
-                         price_per_hour=0.0, notice_s=args.notice,
-                         silent_kill_fraction=args.silent_fraction), args.spot)
+    spot.launch(
+        PoolSpec(
+            name="spot",
+            capacity_class="spot",
+            size=args.spot,
+            machine_type="local-cpu",
+            price_per_hour=0.0,
+            notice_s=args.notice,
+            silent_kill_fraction=args.silent_fraction,
+        ),
+        args.spot,
+    )
     spot.start()
     return Mode(name, restart, fabric, spot, clock)
 
@@ -237,7 +274,9 @@ def main() -> None:
     parser.add_argument("--first", type=float, default=1.5, help="first capacity drop, s after step start")
     parser.add_argument("--mean-interval", type=float, default=3.0, help="mean s between capacity drops")
     parser.add_argument("--gap", type=float, default=1.0, help="s a lost spot slot stays unavailable")
-    parser.add_argument("--period", type=float, default=300.0, help="schedule length (loops); a step starts at the next multiple")
+    parser.add_argument(
+        "--period", type=float, default=300.0, help="schedule length (loops); a step starts at the next multiple"
+    )
     parser.add_argument("--notice", type=float, default=2.0, help="SIGTERM -> SIGKILL, s")
     parser.add_argument("--silent-fraction", type=float, default=0.3, help="preemptions that are a silent SIGKILL")
     parser.add_argument("--reap-timeout", type=float, default=3.0, help="s without heartbeat before a reap")
@@ -250,8 +289,12 @@ def main() -> None:
     started = time.perf_counter()
 
     schedule, drops = preemption_schedule(args.spot, args.period, args.first, args.mean_interval, args.gap, args.seed)
-    print(f"spot schedule ({args.spot} slots, seed {args.seed}): drops at "
-          + ", ".join(f"{d:.1f}" for d in drops[:12]) + (" ..." if len(drops) > 12 else "") + " s after each step start")
+    print(
+        f"spot schedule ({args.spot} slots, seed {args.seed}): drops at "
+        + ", ".join(f"{d:.1f}" for d in drops[:12])
+        + (" ..." if len(drops) > 12 else "")
+        + " s after each step start"
+    )
 
     with contextlib.ExitStack() as stack:
         if args.workdir is None:
@@ -260,17 +303,26 @@ def main() -> None:
             root = args.workdir
             root.mkdir(parents=True, exist_ok=True)
         model, tokenizer = build_tiny_llama(
-            TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128,
-                           max_positions=max(256, args.max_new_tokens + 32)), seed=0)
+            TinyLlamaShape(
+                hidden_size=64,
+                num_layers=2,
+                num_heads=2,
+                intermediate_size=128,
+                max_positions=max(256, args.max_new_tokens + 32),
+            ),
+            seed=0,
+        )
         if not args.keep_eos:
             suppress_eos(model, tokenizer.eos_token_id)
         model_dir = root / "model"
         save_model(model, tokenizer, model_dir)
         rng = random.Random(args.seed)
-        records = [PromptRecord(f"{rng.randint(10, 99)}+{rng.randint(10, 99)}=", "", i + 1)
-                   for i in range(args.prompts)]
-        rollout = RolloutConfig(prompts_per_step=args.prompts, group_size=args.group_size,
-                                max_new_tokens=args.max_new_tokens)
+        records = [
+            PromptRecord(f"{rng.randint(10, 99)}+{rng.randint(10, 99)}=", "", i + 1) for i in range(args.prompts)
+        ]
+        rollout = RolloutConfig(
+            prompts_per_step=args.prompts, group_size=args.group_size, max_new_tokens=args.max_new_tokens
+        )
 
         modes = [start_mode(name, restart, args, root, model_dir, schedule, stack) for name, restart in MODES]
         expected = args.reserved + args.spot
@@ -301,53 +353,74 @@ def main() -> None:
                     flush=True,
                 )
         lengths = [len(r) for m in modes for step in m.responses for r in step.values()]
-        same = [
-            a[sid] == b.get(sid)
-            for a, b in zip(modes[0].responses, modes[1].responses) for sid in a
-        ]
+        same = [a[sid] == b.get(sid) for a, b in zip(modes[0].responses, modes[1].responses) for sid in a]
     # every process is stopped and the run files removed here
 
     stats = {mode.name: summarize(mode, args.flush_tokens) for mode in modes}
-    columns = ["steps", "step_s", "generated", "wasted", "waste", "waste_max", "preemptions", "silent",
-               "migrations", "reaped_samples", "rejected", "dropped_groups"]
+    columns = [
+        "steps",
+        "step_s",
+        "generated",
+        "wasted",
+        "waste",
+        "waste_max",
+        "preemptions",
+        "silent",
+        "migrations",
+        "reaped_samples",
+        "rejected",
+        "dropped_groups",
+    ]
     print()
     print(f"{'mode':8s}" + "".join(f"{c:>{max(len(c), 9) + 2}s}" for c in columns))
     for name, s in stats.items():
-        cells = [f"{s[c]:.2%}" if c in ("waste", "waste_max") else f"{s[c]:.2f}" if c == "step_s" else str(s[c])
-                 for c in columns]
+        cells = [
+            f"{s[c]:.2%}" if c in ("waste", "waste_max") else f"{s[c]:.2f}" if c == "step_s" else str(s[c])
+            for c in columns
+        ]
         print(f"{name:8s}" + "".join(f"{v:>{max(len(c), 9) + 2}s}" for c, v in zip(columns, cells)))
     resume, restart = stats["resume"], stats["restart"]
     waste_ratio = restart["waste"] / resume["waste"] if resume["waste"] > 0 else None
     time_ratio = restart["step_s"] / resume["step_s"]
-    print(f"responses: mean length {statistics.mean(lengths):.1f} tokens (max {args.max_new_tokens}); "
-          f"identical in both modes: {sum(same)}/{len(same)}")
-    print(f"unlogged SIGKILL tails (not in StepReport), upper bound: resume {resume['tail_bound']}, "
-          f"restart {restart['tail_bound']} tokens")
-    print(f"restart / resume: waste {'inf (resume wasted nothing)' if waste_ratio is None else f'{waste_ratio:.1f}x'} "
-          f"({restart['waste']:.2%} vs {resume['waste']:.2%}), step time {time_ratio:.2f}x "
-          f"({restart['step_s']:.2f} s vs {resume['step_s']:.2f} s)")
+    print(
+        f"responses: mean length {statistics.mean(lengths):.1f} tokens (max {args.max_new_tokens}); "
+        f"identical in both modes: {sum(same)}/{len(same)}"
+    )
+    print(
+        f"unlogged SIGKILL tails (not in StepReport), upper bound: resume {resume['tail_bound']}, "
+        f"restart {restart['tail_bound']} tokens"
+    )
+    print(
+        f"restart / resume: waste {'inf (resume wasted nothing)' if waste_ratio is None else f'{waste_ratio:.1f}x'} "
+        f"({restart['waste']:.2%} vs {resume['waste']:.2%}), step time {time_ratio:.2f}x "
+        f"({restart['step_s']:.2f} s vs {resume['step_s']:.2f} s)"
+    )
     total = time.perf_counter() - started
     print(f"target resume waste <= 1%: {'met' if resume['waste'] <= 0.01 else 'MISSED'}; total {total:.0f} s")
-    print(json.dumps({
-        "resume_waste": round(resume["waste"], 5),
-        "restart_waste": round(restart["waste"], 5),
-        "resume_step_s": round(resume["step_s"], 3),
-        "restart_step_s": round(restart["step_s"], 3),
-        "preemptions": resume["preemptions"],
-        "restart_preemptions": restart["preemptions"],
-        "silent_kills": resume["silent"] + restart["silent"],
-        "migrations": resume["migrations"],
-        "restart_reclaims": restart["migrations"],
-        "waste_ratio": None if waste_ratio is None else round(waste_ratio, 2),
-        "step_time_ratio": round(time_ratio, 3),
-        "resume_waste_max": round(resume["waste_max"], 5),
-        "restart_waste_max": round(restart["waste_max"], 5),
-        "resume_tokens": resume["generated"],
-        "restart_tokens": restart["generated"],
-        "identical_responses": round(sum(same) / max(len(same), 1), 4),
-        "steps": args.steps,
-        "total_s": round(total, 1),
-    }))
+    print(
+        json.dumps(
+            {
+                "resume_waste": round(resume["waste"], 5),
+                "restart_waste": round(restart["waste"], 5),
+                "resume_step_s": round(resume["step_s"], 3),
+                "restart_step_s": round(restart["step_s"], 3),
+                "preemptions": resume["preemptions"],
+                "restart_preemptions": restart["preemptions"],
+                "silent_kills": resume["silent"] + restart["silent"],
+                "migrations": resume["migrations"],
+                "restart_reclaims": restart["migrations"],
+                "waste_ratio": None if waste_ratio is None else round(waste_ratio, 2),
+                "step_time_ratio": round(time_ratio, 3),
+                "resume_waste_max": round(resume["waste_max"], 5),
+                "restart_waste_max": round(restart["waste_max"], 5),
+                "resume_tokens": resume["generated"],
+                "restart_tokens": restart["generated"],
+                "identical_responses": round(sum(same) / max(len(same), 1), 4),
+                "steps": args.steps,
+                "total_s": round(total, 1),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -34,10 +34,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")  # the per-step lines below are the output
 
-import flows  # noqa: E402,F401  (quiet, embedded-friendly Prefect defaults before Prefect is imported)
 from prefect import flow  # noqa: E402
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings  # noqa: E402
 
+import flows  # noqa: E402,F401  (quiet, embedded-friendly Prefect defaults before Prefect is imported)
 from flows.rl_train import rl_step  # noqa: E402
 from infra.run.config import DEFAULT_CONFIG, load_config  # noqa: E402
 from infra.run.session import TrainingSession, close_session, get_session, open_session  # noqa: E402
@@ -53,8 +53,16 @@ def direct_step(session: TrainingSession, step: int) -> None:
     metrics = session.train(step, rollout["path"], scores["path"])
     session.publish(step)
     cost = session.account(step, int(metrics["response_tokens"]))
-    session.record(step, {"step": step, "reward": scores["reward"], "tokens": rollout["tokens"],
-                          "train_s": metrics["seconds"], "cost_usd": cost["cost_usd"]})
+    session.record(
+        step,
+        {
+            "step": step,
+            "reward": scores["reward"],
+            "tokens": rollout["tokens"],
+            "train_s": metrics["seconds"],
+            "cost_usd": cost["cost_usd"],
+        },
+    )
 
 
 def run_variant(variant: str, key: str, step: int) -> None:
@@ -69,8 +77,16 @@ def run_variant(variant: str, key: str, step: int) -> None:
 
 @flow(name="bench-orchestration", persist_result=False)
 def compare(steps: int, output_dir: str) -> list[dict]:
-    overrides = {"fabric.enabled": False, "run.steps": steps, "run.checkpoint_every": 10**6, "run.output_dir": output_dir}
-    configs = {variant: load_config(DEFAULT_CONFIG, {**overrides, "run.name": variant.replace("_", "-")}) for variant in VARIANTS}
+    overrides = {
+        "fabric.enabled": False,
+        "run.steps": steps,
+        "run.checkpoint_every": 10**6,
+        "run.output_dir": output_dir,
+    }
+    configs = {
+        variant: load_config(DEFAULT_CONFIG, {**overrides, "run.name": variant.replace("_", "-")})
+        for variant in VARIANTS
+    }
     if not (configs["direct"].model.path / "config.json").exists():
         raise SystemExit(f"no base model at {configs['direct'].model.path}: run `.venv/bin/rlboost pretrain` first")
     keys = {variant: f"bench-{variant}-{uuid.uuid4().hex[:6]}" for variant in VARIANTS}
@@ -80,7 +96,7 @@ def compare(steps: int, output_dir: str) -> list[dict]:
     try:
         for step in range(1, steps + 1):
             timings = {}
-            for variant in VARIANTS[step % 3:] + VARIANTS[:step % 3]:
+            for variant in VARIANTS[step % 3 :] + VARIANTS[: step % 3]:
                 started = time.perf_counter()
                 run_variant(variant, keys[variant], step)
                 timings[variant] = time.perf_counter() - started
@@ -101,19 +117,28 @@ def main() -> None:
         parser.error("--steps must exceed --warmup by at least 3")
     with tempfile.TemporaryDirectory(prefix="rlboost-bench-") as output_dir:
         rows = compare(args.steps, output_dir)
-    measured = rows[args.warmup:]
+    measured = rows[args.warmup :]
     direct = statistics.median(r["direct"] for r in measured)
     prefect = statistics.median(r["prefect"] for r in measured)
     overhead = statistics.median(r["prefect"] - r["direct"] for r in measured)
     without_heartbeats = statistics.median(r["prefect_no_heartbeat"] - r["direct"] for r in measured)
-    print(f"median over {len(measured)} steps: direct {direct:.3f} s, with Prefect {prefect:.3f} s, "
-          f"overhead {overhead:.3f} s per step ({100 * overhead / direct:.0f}% of a step; target <= 1.5 s); "
-          f"{without_heartbeats:.3f} s with the step subflow's heartbeats off")
-    print(json.dumps({
-        "overhead_s_per_step": round(overhead, 4), "fraction": round(overhead / direct, 4),
-        "overhead_s_per_step_without_step_heartbeats": round(without_heartbeats, 4),
-        "direct_step_s": round(direct, 4), "prefect_step_s": round(prefect, 4), "steps_measured": len(measured),
-    }))
+    print(
+        f"median over {len(measured)} steps: direct {direct:.3f} s, with Prefect {prefect:.3f} s, "
+        f"overhead {overhead:.3f} s per step ({100 * overhead / direct:.0f}% of a step; target <= 1.5 s); "
+        f"{without_heartbeats:.3f} s with the step subflow's heartbeats off"
+    )
+    print(
+        json.dumps(
+            {
+                "overhead_s_per_step": round(overhead, 4),
+                "fraction": round(overhead / direct, 4),
+                "overhead_s_per_step_without_step_heartbeats": round(without_heartbeats, 4),
+                "direct_step_s": round(direct, 4),
+                "prefect_step_s": round(prefect, 4),
+                "steps_measured": len(measured),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

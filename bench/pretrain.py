@@ -71,21 +71,30 @@ def main() -> None:
                 command += ["--config", args.config]
             finished = subprocess.run(command, capture_output=True, text=True, check=False)
             if finished.returncode != 0:
-                raise SystemExit(f"seed {seed}, {threads} threads: exit {finished.returncode}\n{finished.stderr[-2000:]}")
+                raise SystemExit(
+                    f"seed {seed}, {threads} threads: exit {finished.returncode}\n{finished.stderr[-2000:]}"
+                )
             run = json.loads(finished.stdout.strip().splitlines()[-1])
             runs.append(run)
-            print(f"seed {seed} threads {threads}: {run.get('steps')} steps, {run.get('seconds')} s"
-                  + (f" ({run['error']})" if "error" in run else ""), flush=True)
+            print(
+                f"seed {seed} threads {threads}: {run.get('steps')} steps, {run.get('seconds')} s"
+                + (f" ({run['error']})" if "error" in run else ""),
+                flush=True,
+            )
     seconds = [run["seconds"] for run in runs]
-    print(json.dumps({
-        "seeds": args.seeds,
-        "threads": args.threads,
-        "steps_to_threshold": [run["steps"] for run in runs],
-        "seconds_to_threshold": seconds,
-        "max_seconds": max((s for s in seconds if s is not None), default=None),
-        "failures": sum(s is None for s in seconds),
-        "cpu": cpu_model(),
-    }))
+    print(
+        json.dumps(
+            {
+                "seeds": args.seeds,
+                "threads": args.threads,
+                "steps_to_threshold": [run["steps"] for run in runs],
+                "seconds_to_threshold": seconds,
+                "max_seconds": max((s for s in seconds if s is not None), default=None),
+                "failures": sum(s is None for s in seconds),
+                "cpu": cpu_model(),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -31,8 +31,8 @@ import redis  # noqa: E402
 import torch  # noqa: E402
 
 from infra.rollout.flush_pipeline import FlushPipeline  # noqa: E402
-from infra.services.redis_embedded import EmbeddedRedis  # noqa: E402
 from infra.rollout.tokenlog import Flush, GroupSpec, TokenLog  # noqa: E402
+from infra.services.redis_embedded import EmbeddedRedis  # noqa: E402
 from rl.engine import HFEngine  # noqa: E402
 from rl.generation import GenerationRequest, SamplingParams  # noqa: E402
 from rl.models import TinyLlamaShape, build_tiny_llama  # noqa: E402
@@ -46,9 +46,7 @@ def append_throughput(client: redis.Redis, run_id: str, samples: int, chunk: int
     tokens, logprobs = list(range(chunk)), [-0.5] * chunk
     started = time.perf_counter()
     for call in range(calls):
-        accepted = log.log(
-            [Flush(c.sample_id, "bench", c.epoch, tokens, logprobs, call * chunk) for c in claims]
-        )
+        accepted = log.log([Flush(c.sample_id, "bench", c.epoch, tokens, logprobs, call * chunk) for c in claims])
         assert all(accepted)
     return samples * chunk * calls / (time.perf_counter() - started)
 
@@ -62,9 +60,7 @@ def _append_client(url: str, run_id: str, samples: int, chunk: int, calls: int, 
     barrier.wait()
     started = time.time()
     for call in range(calls):
-        accepted = log.log(
-            [Flush(c.sample_id, "bench", c.epoch, tokens, logprobs, call * chunk) for c in claims]
-        )
+        accepted = log.log([Flush(c.sample_id, "bench", c.epoch, tokens, logprobs, call * chunk) for c in claims])
         assert all(accepted)
     results.put((started, time.time(), samples * chunk * calls))
 
@@ -92,8 +88,9 @@ def _all_accepted(results: list[bool]) -> None:
         raise RuntimeError(f"{results.count(False)} flushes rejected in a benchmark with no revocation")
 
 
-def rollout(engine: HFEngine, requests: list[GenerationRequest], log: TokenLog | None, flush_tokens: int,
-            claims: dict | None) -> tuple[float, int]:
+def rollout(
+    engine: HFEngine, requests: list[GenerationRequest], log: TokenLog | None, flush_tokens: int, claims: dict | None
+) -> tuple[float, int]:
     """Run all requests through the engine; with a log, flush every `flush_tokens` per sample as
     a rollout worker does: all flushes due after an engine step go in one pipelined round trip."""
     buffers: dict[str, tuple[list[int], list[float]]] = {r.sample_id: ([], []) for r in requests}
@@ -112,8 +109,17 @@ def rollout(engine: HFEngine, requests: list[GenerationRequest], log: TokenLog |
             tokens += len(chunk.token_ids)
             if log is not None and (len(ids) >= flush_tokens or chunk.finish_reason):
                 epoch = claims[chunk.sample_id]
-                due.append(Flush(chunk.sample_id, "bench", epoch, list(ids), list(lps),
-                                 logged[chunk.sample_id], chunk.finish_reason))
+                due.append(
+                    Flush(
+                        chunk.sample_id,
+                        "bench",
+                        epoch,
+                        list(ids),
+                        list(lps),
+                        logged[chunk.sample_id],
+                        chunk.finish_reason,
+                    )
+                )
                 logged[chunk.sample_id] += len(ids)
                 ids.clear()
                 lps.clear()
@@ -158,21 +164,33 @@ def main() -> None:
         for repeat in range(args.repeats):
             # Back to back so both see the same machine load, in alternating order so neither
             # always runs second (on a warmer cache).
-            for mode in (["engine_only", "with_log"] if repeat % 2 == 0 else ["with_log", "engine_only"]):
+            for mode in ["engine_only", "with_log"] if repeat % 2 == 0 else ["with_log", "engine_only"]:
                 requests = [
-                    GenerationRequest(f"{repeat}/{i}/0", prompt, args.max_new_tokens, seed=repeat,
-                                      sampling=SamplingParams(), stop_token_ids=())
+                    GenerationRequest(
+                        f"{repeat}/{i}/0",
+                        prompt,
+                        args.max_new_tokens,
+                        seed=repeat,
+                        sampling=SamplingParams(),
+                        stop_token_ids=(),
+                    )
                     for i in range(args.rollout_samples)
                 ]
                 log = claims = None
                 if mode == "with_log":
                     log = TokenLog(client, f"bench-rollout-{repeat}")
-                    log.enqueue_step(repeat, 0, [GroupSpec(i, prompt, 1, args.max_new_tokens) for i in range(args.rollout_samples)])
+                    log.enqueue_step(
+                        repeat, 0, [GroupSpec(i, prompt, 1, args.max_new_tokens) for i in range(args.rollout_samples)]
+                    )
                     claimed = log.claim(repeat, "bench", 0, args.rollout_samples)
                     claims = {c.sample_id: c.epoch for c in claimed}
                     # The token log names samples "<step>/<group>/<index>": align request ids with it.
-                    requests = [GenerationRequest(c.sample_id, prompt, args.max_new_tokens, seed=repeat,
-                                                  sampling=SamplingParams()) for c in claimed]
+                    requests = [
+                        GenerationRequest(
+                            c.sample_id, prompt, args.max_new_tokens, seed=repeat, sampling=SamplingParams()
+                        )
+                        for c in claimed
+                    ]
                 seconds, tokens = rollout(engine, requests, log, args.flush_tokens, claims)
                 times[mode].append(seconds)
                 print(f"repeat {repeat} {mode:12s} {seconds:.3f} s, {tokens} tokens")
@@ -180,17 +198,23 @@ def main() -> None:
         # The median of the paired ratios (each pair ran back to back): robust to the machine's
         # speed drifting between repeats, which the ratio of two minima is not.
         overhead = statistics.median(w / e for w, e in zip(times["with_log"], times["engine_only"])) - 1
-        print(f"rollout {args.rollout_samples} samples: fastest engine only {engine_only:.3f} s, fastest with token log "
-              f"{with_log:.3f} s; overhead (median of paired ratios) {overhead:.2%}")
-    print(json.dumps({
-        "tokens_per_s": round(tokens_per_s),
-        "overhead": round(overhead, 4),
-        "tokens_per_s_one_client": round(one_client),
-        "clients": args.clients,
-        "engine_only_s": round(engine_only, 3),
-        "with_log_s": round(with_log, 3),
-        "flush_tokens": args.flush_tokens,
-    }))
+        print(
+            f"rollout {args.rollout_samples} samples: fastest engine only {engine_only:.3f} s, fastest with token log "
+            f"{with_log:.3f} s; overhead (median of paired ratios) {overhead:.2%}"
+        )
+    print(
+        json.dumps(
+            {
+                "tokens_per_s": round(tokens_per_s),
+                "overhead": round(overhead, 4),
+                "tokens_per_s_one_client": round(one_client),
+                "clients": args.clients,
+                "engine_only_s": round(engine_only, 3),
+                "with_log_s": round(with_log, 3),
+                "flush_tokens": args.flush_tokens,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

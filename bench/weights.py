@@ -59,12 +59,12 @@ import redis
 import torch
 
 from infra.services.redis_embedded import EmbeddedRedis
-from infra.weights.config import WeightsConfig
-from infra.weights.publisher import WeightPublisher
-from infra.weights.store import WeightStore
 from infra.weights.bandwidth import UploadCap
+from infra.weights.config import WeightsConfig
 from infra.weights.manifest import encode, fingerprint
+from infra.weights.publisher import WeightPublisher
 from infra.weights.puller import STORE
+from infra.weights.store import WeightStore
 
 REPO = Path(__file__).resolve().parents[1]
 BUCKET = "rlboost-bench"
@@ -84,7 +84,9 @@ print(time.time(), flush=True)
 """
 
 
-def llama_state_dict(hidden: int = 1024, layers: int = 3, mlp: int = 2816, vocab: int = 6144) -> dict[str, torch.Tensor]:
+def llama_state_dict(
+    hidden: int = 1024, layers: int = 3, mlp: int = 2816, vocab: int = 6144
+) -> dict[str, torch.Tensor]:
     """The state dict layout of a Llama with tied embeddings (the names and shapes
     `transformers.LlamaForCausalLM` has), random float32 values: about 200 MB by default."""
     torch.manual_seed(0)
@@ -147,7 +149,8 @@ class CappedProxy:
                 writer.close()
 
         await asyncio.gather(
-            pump(client_reader, upstream_writer, None), pump(upstream_reader, client_writer, self.cap),
+            pump(client_reader, upstream_writer, None),
+            pump(upstream_reader, client_writer, self.cap),
             return_exceptions=True,
         )
 
@@ -161,8 +164,19 @@ class Instances:
     def __init__(self, count: int, redis_url: str) -> None:
         self.processes = [
             subprocess.Popen(
-                [sys.executable, "-m", "infra.weights.instance", "--redis-url", redis_url, "--instance-id", f"instance-{i}"],
-                cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                [
+                    sys.executable,
+                    "-m",
+                    "infra.weights.instance",
+                    "--redis-url",
+                    redis_url,
+                    "--instance-id",
+                    f"instance-{i}",
+                ],
+                cwd=REPO,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
             )
             for i in range(count)
         ]
@@ -200,7 +214,9 @@ def raw_loopback_copy(payload: bytes, receivers: int) -> float:
     with socket.create_server(("127.0.0.1", 0)) as server:
         port = server.getsockname()[1]
         processes = [
-            subprocess.Popen([sys.executable, "-c", _RECEIVER, str(port), str(len(payload))], stdout=subprocess.PIPE, text=True)
+            subprocess.Popen(
+                [sys.executable, "-c", _RECEIVER, str(port), str(len(payload))], stdout=subprocess.PIPE, text=True
+            )
             for _ in range(receivers)
         ]
         connections = [server.accept()[0] for _ in processes]
@@ -216,12 +232,23 @@ def raw_loopback_copy(payload: bytes, receivers: int) -> float:
     return max(done) - start
 
 
-def run_mode(mode: str, cap_mb_s: float | None, state_dict, base: WeightsConfig, trainer_store: dict,
-             instance_store: dict, client: redis.Redis, instances: Instances, expected: str) -> dict:
+def run_mode(
+    mode: str,
+    cap_mb_s: float | None,
+    state_dict,
+    base: WeightsConfig,
+    trainer_store: dict,
+    instance_store: dict,
+    client: redis.Redis,
+    instances: Instances,
+    expected: str,
+) -> dict:
     """One mode: publish, then every instance pulls; seconds until the last is ready, and sources."""
     run_id = f"bench-{mode}-{'capped' if cap_mb_s else 'uncapped'}-{secrets.token_hex(3)}"
     store_url = f"s3://{BUCKET}/{run_id}"
-    serve_from_trainer, serve_from_peers = {"trainer": (True, False), "store": (False, False), "swarm": (True, True)}[mode]
+    serve_from_trainer, serve_from_peers = {"trainer": (True, False), "store": (False, False), "swarm": (True, True)}[
+        mode
+    ]
     shared = {
         "store_url": store_url,
         "upload_cap_mb_s": cap_mb_s,
@@ -236,7 +263,10 @@ def run_mode(mode: str, cap_mb_s: float | None, state_dict, base: WeightsConfig,
         if publisher.last_upload_error is not None:
             raise RuntimeError(f"upload to the store failed: {publisher.last_upload_error}")
         published = time.monotonic()
-        pull = {"run_id": run_id, "config": base.model_copy(update=shared | {"store_options": instance_store}).model_dump()}
+        pull = {
+            "run_id": run_id,
+            "config": base.model_copy(update=shared | {"store_options": instance_store}).model_dump(),
+        }
         instances.all({"op": "open"} | pull)  # fresh pullers, holding nothing, servers up
         start = time.time()
         answers = instances.all({"op": "pull", "version": 1} | pull)
@@ -261,9 +291,12 @@ def run_mode(mode: str, cap_mb_s: float | None, state_dict, base: WeightsConfig,
         WeightStore(store_url, trainer_store).delete(1)
     finally:
         publisher.close()
-    print(f"  {mode:7s} {'capped' if cap_mb_s else 'uncapped':8s} pull {ready[-1]:6.2f} s "
-          f"(publish + upload {published - started:.1f} s, whole mode {time.monotonic() - started:.1f} s)",
-          file=sys.stderr, flush=True)
+    print(
+        f"  {mode:7s} {'capped' if cap_mb_s else 'uncapped':8s} pull {ready[-1]:6.2f} s "
+        f"(publish + upload {published - started:.1f} s, whole mode {time.monotonic() - started:.1f} s)",
+        file=sys.stderr,
+        flush=True,
+    )
     return {"seconds": ready[-1], "ready": ready, "sources": sources, "failures": failures}
 
 
@@ -279,8 +312,11 @@ def main() -> None:
     began = time.monotonic()
     load_before = os.getloadavg()[0]
     moto_port = _free_port()
-    moto = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(moto_port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    moto = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(moto_port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     instances = None
     proxy = None
     try:
@@ -296,19 +332,34 @@ def main() -> None:
 
             _wait_for_port(moto_port)
             credentials = {"key": "bench", "secret": "bench"}
-            direct = credentials | {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{moto_port}", "region_name": "us-west-2"}}
+            direct = credentials | {
+                "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{moto_port}", "region_name": "us-west-2"}
+            }
             WeightStore(f"s3://{BUCKET}", direct).fs.mkdir(BUCKET)
             proxy = CappedProxy(moto_port, args.cap_mb_s * 2**20)
-            through_proxy = credentials | {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{proxy.port}", "region_name": "us-west-2"}}
+            through_proxy = credentials | {
+                "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{proxy.port}", "region_name": "us-west-2"}
+            }
             base = WeightsConfig(chunk_mb=args.chunk_mb, keep_versions=1, keep_in_memory=1, pull_timeout_s=900)
             client = redis.Redis.from_url(redis_server.url)
-            print(f"  setup {time.monotonic() - began:.1f} s (raw loopback copy {raw_s:.2f} s)", file=sys.stderr, flush=True)
+            print(
+                f"  setup {time.monotonic() - began:.1f} s (raw loopback copy {raw_s:.2f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
             results: dict[tuple[str, bool], dict] = {}
             for capped in (True, False):
                 for mode in MODES:
                     results[mode, capped] = run_mode(
-                        mode, args.cap_mb_s if capped else None, state_dict, base, direct,
-                        through_proxy if capped else direct, client, instances, expected,
+                        mode,
+                        args.cap_mb_s if capped else None,
+                        state_dict,
+                        base,
+                        direct,
+                        through_proxy if capped else direct,
+                        client,
+                        instances,
+                        expected,
                     )
     finally:
         if instances is not None:
@@ -330,39 +381,57 @@ def main() -> None:
     ratio = capped["swarm"] / min(capped["trainer"], capped["store"])
     efficiency = raw_s / uncapped["swarm"]
 
-    print(f"weights benchmark: {n} instances (separate processes), checkpoint {size / 1e6:.1f} MB "
-          f"({len(state_dict)} tensors, {args.chunk_mb:g} MiB chunks), {os.cpu_count()} CPU cores, "
-          f"1-min load average {load_before:.1f} before / {os.getloadavg()[0]:.1f} after (other work on the machine "
-          f"shows in the uncapped figures, which are CPU-bound)")
-    print(f"emulated uplink: {args.cap_mb_s:g} MiB/s per source (trainer server, each instance's server, "
-          f"and the S3 store behind one capped proxy); downlinks uncapped")
-    print(f"{'mode':8s} {'capped s':>9s} {'ideal s':>8s} {'uncapped s':>11s}   MB from trainer / peers / store (capped run), failures")
+    print(
+        f"weights benchmark: {n} instances (separate processes), checkpoint {size / 1e6:.1f} MB "
+        f"({len(state_dict)} tensors, {args.chunk_mb:g} MiB chunks), {os.cpu_count()} CPU cores, "
+        f"1-min load average {load_before:.1f} before / {os.getloadavg()[0]:.1f} after (other work on the machine "
+        f"shows in the uncapped figures, which are CPU-bound)"
+    )
+    print(
+        f"emulated uplink: {args.cap_mb_s:g} MiB/s per source (trainer server, each instance's server, "
+        f"and the S3 store behind one capped proxy); downlinks uncapped"
+    )
+    print(
+        f"{'mode':8s} {'capped s':>9s} {'ideal s':>8s} {'uncapped s':>11s}   MB from trainer / peers / store (capped run), failures"
+    )
     for mode in MODES:
         sources = results[mode, True]["sources"]
-        print(f"{mode:8s} {capped[mode]:9.2f} {ideal[mode]:8.2f} {uncapped[mode]:11.2f}   "
-              f"{sources['trainer'] / 1e6:7.0f} / {sources['peers'] / 1e6:7.0f} / {sources['store'] / 1e6:7.0f}, "
-              f"{results[mode, True]['failures']}")
+        print(
+            f"{mode:8s} {capped[mode]:9.2f} {ideal[mode]:8.2f} {uncapped[mode]:11.2f}   "
+            f"{sources['trainer'] / 1e6:7.0f} / {sources['peers'] / 1e6:7.0f} / {sources['store'] / 1e6:7.0f}, "
+            f"{results[mode, True]['failures']}"
+        )
     staircase = " ".join(f"{t:.1f}" for t in results["swarm", True]["ready"])
     ideal_staircase = " ".join(f"{size / cap_bytes * sum(1 / k for k in range(1, i + 1)):.1f}" for i in range(1, n + 1))
     print(f"swarm (capped), instances ready at s: {staircase}; ideal: {ideal_staircase}")
-    print(f"raw loopback copy of the same bytes ({n} x {size / 1e6:.0f} MB, one sender, plain TCP): {raw_s:.2f} s "
-          f"({n * size / raw_s / 1e9:.2f} GB/s)")
-    print(f"swarm / single-source (capped): {capped['swarm']:.2f} / {min(capped['trainer'], capped['store']):.2f} = "
-          f"{ratio:.3f} (target <= 0.4); uncapped: {uncapped['swarm'] / min(uncapped['trainer'], uncapped['store']):.3f}")
-    print(f"transfer efficiency (raw loopback copy / uncapped swarm): {raw_s:.2f} / {uncapped['swarm']:.2f} = {efficiency:.3f}")
-    print(json.dumps({
-        "trainer_s": round(capped["trainer"], 3),
-        "store_s": round(capped["store"], 3),
-        "swarm_s": round(capped["swarm"], 3),
-        "swarm_ratio": round(ratio, 3),
-        "efficiency": round(efficiency, 3),
-        "instances": n,
-        "cap_mb_s": args.cap_mb_s,
-        "raw_s": round(raw_s, 3),
-        "trainer_uncapped_s": round(uncapped["trainer"], 3),
-        "store_uncapped_s": round(uncapped["store"], 3),
-        "swarm_uncapped_s": round(uncapped["swarm"], 3),
-    }))
+    print(
+        f"raw loopback copy of the same bytes ({n} x {size / 1e6:.0f} MB, one sender, plain TCP): {raw_s:.2f} s "
+        f"({n * size / raw_s / 1e9:.2f} GB/s)"
+    )
+    print(
+        f"swarm / single-source (capped): {capped['swarm']:.2f} / {min(capped['trainer'], capped['store']):.2f} = "
+        f"{ratio:.3f} (target <= 0.4); uncapped: {uncapped['swarm'] / min(uncapped['trainer'], uncapped['store']):.3f}"
+    )
+    print(
+        f"transfer efficiency (raw loopback copy / uncapped swarm): {raw_s:.2f} / {uncapped['swarm']:.2f} = {efficiency:.3f}"
+    )
+    print(
+        json.dumps(
+            {
+                "trainer_s": round(capped["trainer"], 3),
+                "store_s": round(capped["store"], 3),
+                "swarm_s": round(capped["swarm"], 3),
+                "swarm_ratio": round(ratio, 3),
+                "efficiency": round(efficiency, 3),
+                "instances": n,
+                "cap_mb_s": args.cap_mb_s,
+                "raw_s": round(raw_s, 3),
+                "trainer_uncapped_s": round(uncapped["trainer"], 3),
+                "store_uncapped_s": round(uncapped["store"], 3),
+                "swarm_uncapped_s": round(uncapped["swarm"], 3),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -19,15 +19,33 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
-from prefect.artifacts import create_markdown_artifact, create_progress_artifact, create_table_artifact, update_progress_artifact
+from prefect.artifacts import (
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
 from rich.console import Console
 
 from infra.run.config import RunConfig, load_config
-from infra.run.reporting import artifact_key, plot_curves, step_progress, step_table_rows, summary_markdown, summary_table
+from infra.run.reporting import (
+    artifact_key,
+    plot_curves,
+    step_progress,
+    step_table_rows,
+    summary_markdown,
+    summary_table,
+)
 from infra.run.session import close_session, get_session, open_session
 from tasks.pretraining import ensure_base_model
 from tasks.training import (
-    account_task, checkpoint_task, evaluate_task, publish_task, rollout_task, score_task, train_task,
+    account_task,
+    checkpoint_task,
+    evaluate_task,
+    publish_task,
+    rollout_task,
+    score_task,
+    train_task,
 )
 
 
@@ -69,7 +87,9 @@ def rl_step(session_key: str, step: int, evaluate: bool, checkpoint: bool) -> di
 
 
 @flow(name="rl-train", log_prints=False, persist_result=False)
-def rl_train(config_path: str | None = None, overrides: dict[str, Any] | None = None, extra_steps: int | None = None) -> dict:
+def rl_train(
+    config_path: str | None = None, overrides: dict[str, Any] | None = None, extra_steps: int | None = None
+) -> dict:
     """Train a policy with GRPO for `run.steps` steps (resuming from the run's latest checkpoint);
     with `extra_steps`, train that many steps beyond the latest checkpoint instead (nightly runs)."""
     if extra_steps is not None and extra_steps < 1:
@@ -96,7 +116,8 @@ def _train_loop(config: RunConfig, key: str, session, logger) -> dict:
         base = evaluate_task(key)
         logger.info("base policy held-out accuracy (T=%.1f): %.3f", config.eval.temperature, base)
     progress_id = create_progress_artifact(
-        progress=100.0 * start / total, key=artifact_key(f"{config.run.name}-progress"),
+        progress=100.0 * start / total,
+        key=artifact_key(f"{config.run.name}-progress"),
         description="RL steps completed",
     )
     console = Console()
@@ -105,7 +126,8 @@ def _train_loop(config: RunConfig, key: str, session, logger) -> dict:
         bar = progress.add_task("steps", total=total, completed=start, status="")
         for step in range(start + 1, total + 1):
             row = rl_step(
-                key, step,
+                key,
+                step,
                 evaluate=step % config.eval.every == 0 or step == total,
                 checkpoint=step % config.run.checkpoint_every == 0 or step == total,
             )
@@ -134,11 +156,13 @@ def _train_loop(config: RunConfig, key: str, session, logger) -> dict:
     }
     console.print(summary_table(summary))
     create_table_artifact(
-        key=artifact_key(f"{config.run.name}-steps"), table=step_table_rows(history.steps),
+        key=artifact_key(f"{config.run.name}-steps"),
+        table=step_table_rows(history.steps),
         description="Every RL step of the run",
     )
     create_markdown_artifact(
-        key=artifact_key(f"{config.run.name}-summary"), markdown=summary_markdown(summary, plot),
+        key=artifact_key(f"{config.run.name}-summary"),
+        markdown=summary_markdown(summary, plot),
         description="Accuracy gain, reward, tokens and cost of the run, with its curves",
     )
     return summary
@@ -146,8 +170,17 @@ def _train_loop(config: RunConfig, key: str, session, logger) -> dict:
 
 def _cost_summary(costs: dict) -> dict:
     """The cost figures the run summary shows (all of them: `rlboost cost --run <ledger run id>`)."""
-    keys = ("total_usd", "spend_spot_usd", "spend_reserved_usd", "usd_per_million_generated",
-            "usd_per_million_trained", "tokens_wasted", "preemptions", "ondemand_only_usd", "savings_usd")
+    keys = (
+        "total_usd",
+        "spend_spot_usd",
+        "spend_reserved_usd",
+        "usd_per_million_generated",
+        "usd_per_million_trained",
+        "tokens_wasted",
+        "preemptions",
+        "ondemand_only_usd",
+        "savings_usd",
+    )
     return {key: costs[key] for key in keys if costs.get(key) is not None}
 
 

@@ -30,9 +30,9 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.states import Crashed, State
 
-from infra.services.redis_embedded import REDIS_URL_ENV
 from infra.rollout.settings import WorkerSettings
 from infra.rollout.worker import RolloutWorker, WorkerConfig
+from infra.services.redis_embedded import REDIS_URL_ENV
 
 
 class PreemptionNotice:
@@ -68,7 +68,9 @@ def load_environment(block: str) -> list[str]:
 
     values = Secret.load(block).get()
     if not isinstance(values, dict):
-        raise ValueError(f"Secret block {block!r} must hold a mapping of environment variables, not {type(values).__name__}")
+        raise ValueError(
+            f"Secret block {block!r} must hold a mapping of environment variables, not {type(values).__name__}"
+        )
     added = [name for name in values if name not in os.environ]
     for name in added:
         os.environ[name] = str(values[name])
@@ -97,11 +99,18 @@ def rollout_instance(
             f"rollout instance {instance_id}: no Redis URL; pass the redis_url parameter or set "
             f"{REDIS_URL_ENV} in the environment of the instance's Prefect worker"
         )
-    worker = RolloutWorker(WorkerConfig(
-        redis_url=url, run_id=run_id, instance_id=instance_id, pool=pool,
-        capacity_class=capacity_class, price_per_hour=price_per_hour,
-        model_path=model_path, **(settings or WorkerSettings()).model_dump(),
-    ))
+    worker = RolloutWorker(
+        WorkerConfig(
+            redis_url=url,
+            run_id=run_id,
+            instance_id=instance_id,
+            pool=pool,
+            capacity_class=capacity_class,
+            price_per_hour=price_per_hour,
+            model_path=model_path,
+            **(settings or WorkerSettings()).model_dump(),
+        )
+    )
     logger = get_run_logger()
     logger.info("rollout instance %s serving run %s from pool %s", instance_id, run_id, pool)
     with PreemptionNotice(worker).installed() as notice:

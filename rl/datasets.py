@@ -55,10 +55,7 @@ def load_prompt_dataset(
     if limit is not None and limit <= 0:
         raise ValueError(f"limit must be a positive number of records, got {limit}")
     if path.suffix not in SUPPORTED_SUFFIXES:
-        raise DatasetError(
-            f"{path}: unsupported dataset format {path.suffix!r}; expected one of "
-            f"{SUPPORTED_SUFFIXES}"
-        )
+        raise DatasetError(f"{path}: unsupported dataset format {path.suffix!r}; expected one of {SUPPORTED_SUFFIXES}")
     if not path.is_file():
         raise DatasetError(f"{path}: dataset file not found")
     if path.suffix == ".jsonl":
@@ -77,10 +74,7 @@ def load_prompt_dataset(
 
 def problems_as_records(problems: list[Problem]) -> list[PromptRecord]:
     """The arithmetic problems as records (``source_line`` is the 1-based index)."""
-    return [
-        PromptRecord(problem.prompt, problem.answer, index + 1)
-        for index, problem in enumerate(problems)
-    ]
+    return [PromptRecord(problem.prompt, problem.answer, index + 1) for index, problem in enumerate(problems)]
 
 
 def _jsonl_rows(path: Path) -> Iterator[tuple[int, Any]]:
@@ -108,9 +102,7 @@ def _parquet_rows(path: Path, fields: tuple[str, ...]) -> Iterator[tuple[int, An
         raise DatasetError(f"{path}: not a readable parquet file ({error})") from None
     for field in fields:
         if field not in columns:
-            raise DatasetError(
-                f"{path}: row 1: missing field {field!r} (present keys: {sorted(columns)})"
-            )
+            raise DatasetError(f"{path}: row 1: missing field {field!r} (present keys: {sorted(columns)})")
     number = 0
     try:
         for batch in parquet.iter_batches(columns=list(dict.fromkeys(fields))):
@@ -121,22 +113,16 @@ def _parquet_rows(path: Path, fields: tuple[str, ...]) -> Iterator[tuple[int, An
         raise DatasetError(f"{path}: row {number + 1}: unreadable ({error})") from None
 
 
-def _record(
-    path: Path, number: int, row: Any, prompt_field: str, answer_field: str
-) -> PromptRecord:
+def _record(path: Path, number: int, row: Any, prompt_field: str, answer_field: str) -> PromptRecord:
     where = f"{path}: {'line' if path.suffix == '.jsonl' else 'row'} {number}"
     if not isinstance(row, dict):
         raise DatasetError(f"{where}: not a JSON object (got {type(row).__name__})")
     for field in (prompt_field, answer_field):
         if field not in row:
-            raise DatasetError(
-                f"{where}: missing field {field!r} (present keys: {sorted(row)})"
-            )
+            raise DatasetError(f"{where}: missing field {field!r} (present keys: {sorted(row)})")
     prompt, answer = row[prompt_field], row[answer_field]
     if not isinstance(prompt, str):
-        raise DatasetError(
-            f"{where}: field {prompt_field!r} must be a string, got {_describe(prompt)}"
-        )
+        raise DatasetError(f"{where}: field {prompt_field!r} must be a string, got {_describe(prompt)}")
     if not prompt.strip():
         raise DatasetError(f"{where}: empty prompt in field {prompt_field!r}")
     if isinstance(answer, (int, float)) and not isinstance(answer, bool):
@@ -144,9 +130,7 @@ def _record(
             raise DatasetError(f"{where}: field {answer_field!r} is not finite ({answer})")
         answer = str(answer)
     if not isinstance(answer, str):
-        raise DatasetError(
-            f"{where}: field {answer_field!r} must be a string or number, got {_describe(answer)}"
-        )
+        raise DatasetError(f"{where}: field {answer_field!r} must be a string or number, got {_describe(answer)}")
     if not answer.strip():
         raise DatasetError(f"{where}: empty answer in field {answer_field!r}")
     return PromptRecord(prompt, answer, number)

@@ -70,14 +70,9 @@ def sample_key(seed: int, sample_id: str) -> int:
     return _mix64(_mix64((seed + _GOLDEN) & _MASK64) ^ int.from_bytes(digest, "little"))
 
 
-def gumbel_noise(
-    keys: Sequence[int], positions: Sequence[int], vocab_size: int, device: torch.device
-) -> torch.Tensor:
+def gumbel_noise(keys: Sequence[int], positions: Sequence[int], vocab_size: int, device: torch.device) -> torch.Tensor:
     """Gumbel(0, 1) noise [rows, vocab]; entry (i, v) depends only on keys[i], positions[i], v."""
-    rows = [
-        _signed(_mix64((key + (position + 1) * _GOLDEN) & _MASK64))
-        for key, position in zip(keys, positions)
-    ]
+    rows = [_signed(_mix64((key + (position + 1) * _GOLDEN) & _MASK64)) for key, position in zip(keys, positions)]
     counters = torch.tensor(rows, dtype=torch.int64, device=device)[:, None]
     vocab = torch.arange(1, vocab_size + 1, dtype=torch.int64, device=device) * _signed(_GOLDEN)
     bits = _mix64_tensor(counters + vocab[None, :])
@@ -85,9 +80,7 @@ def gumbel_noise(
     return -torch.log(-torch.log(uniform)).float()
 
 
-def _filter_top_k_top_p(
-    scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
-) -> torch.Tensor:
+def _filter_top_k_top_p(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """Set logits outside each row's top-k, then outside its top-p nucleus, to -inf."""
     sorted_logits, order = scaled.sort(dim=-1, descending=True, stable=True)
     rank = torch.arange(scaled.shape[-1], device=scaled.device)[None, :]
@@ -195,10 +188,7 @@ class HFEngine(GenerationEngine):
 
     @torch.inference_mode()
     def step(self) -> list[TokenChunk]:
-        chunks = [
-            TokenChunk(live.request.sample_id, [], [], live.finish_reason())
-            for live in self._finished
-        ]
+        chunks = [TokenChunk(live.request.sample_id, [], [], live.finish_reason()) for live in self._finished]
         for live in self._finished:
             del self._live[live.request.sample_id]
         self._finished.clear()
@@ -207,8 +197,7 @@ class HFEngine(GenerationEngine):
         if self._rows:
             logits.append(self._decode())
         newcomers = [
-            self._waiting.popleft()
-            for _ in range(min(len(self._waiting), self.max_batch_size - len(self._rows)))
+            self._waiting.popleft() for _ in range(min(len(self._waiting), self.max_batch_size - len(self._rows)))
         ]
         if newcomers:
             logits.append(self._prefill(newcomers))
@@ -299,9 +288,7 @@ class HFEngine(GenerationEngine):
         """Draw one token per running row; returns the tokens and their logprobs."""
         params = [row.request.sampling for row in self._rows]
         greedy = torch.tensor([p.greedy for p in params], device=self.device)
-        temperature = torch.tensor(
-            [1.0 if p.greedy else p.temperature for p in params], device=self.device
-        )
+        temperature = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=self.device)
         scaled = logits / temperature[:, None]
         if any(not p.greedy and (p.top_k or p.top_p < 1) for p in params):
             top_k = torch.tensor([0 if p.greedy else p.top_k for p in params], device=self.device)

@@ -37,9 +37,7 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if not self.greedy and not self.temperature > 0:
-            raise ValueError(
-                f"temperature must be > 0, got {self.temperature}; use greedy=True for argmax"
-            )
+            raise ValueError(f"temperature must be > 0, got {self.temperature}; use greedy=True for argmax")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
@@ -63,9 +61,7 @@ class GenerationRequest:
         if not self.prompt_ids:
             raise ValueError(f"request {self.sample_id!r} has an empty prompt")
         if self.max_new_tokens < 1:
-            raise ValueError(
-                f"request {self.sample_id!r}: max_new_tokens={self.max_new_tokens}, must be >= 1"
-            )
+            raise ValueError(f"request {self.sample_id!r}: max_new_tokens={self.max_new_tokens}, must be >= 1")
         if len(self.generated_ids) > self.max_new_tokens:
             raise ValueError(
                 f"request {self.sample_id!r}: {len(self.generated_ids)} generated_ids exceed "

@@ -57,20 +57,14 @@ def group_advantages(
         if group_size is None:
             raise ValueError("flat rewards need group_size; or pass [num_groups, group_size]")
         if group_size <= 0 or rewards.numel() % group_size:
-            raise ValueError(
-                f"{rewards.numel()} rewards cannot be split into groups of {group_size}"
-            )
+            raise ValueError(f"{rewards.numel()} rewards cannot be split into groups of {group_size}")
         grouped = rewards.reshape(-1, group_size)
     elif rewards.dim() == 2:
         if group_size is not None and group_size != rewards.shape[1]:
-            raise ValueError(
-                f"group_size={group_size} contradicts rewards of shape {tuple(rewards.shape)}"
-            )
+            raise ValueError(f"group_size={group_size} contradicts rewards of shape {tuple(rewards.shape)}")
         grouped = rewards
     else:
-        raise ValueError(
-            f"rewards must be [num_groups, group_size] or flat; got shape {tuple(rewards.shape)}"
-        )
+        raise ValueError(f"rewards must be [num_groups, group_size] or flat; got shape {tuple(rewards.shape)}")
     grouped = grouped.float()
     centred = grouped - grouped.mean(dim=1, keepdim=True)
     if normalize_std:
@@ -107,8 +101,7 @@ def token_logprobs(logits: Tensor, target_ids: Tensor, temperature: float = 1.0)
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if logits.shape[:-1] != target_ids.shape:
         raise ValueError(
-            f"logits {tuple(logits.shape)} and target_ids {tuple(target_ids.shape)} "
-            "disagree on the leading dimensions"
+            f"logits {tuple(logits.shape)} and target_ids {tuple(target_ids.shape)} disagree on the leading dimensions"
         )
     log_probs = torch.log_softmax(logits.float() / temperature, dim=-1)
     return log_probs.gather(-1, target_ids.long().unsqueeze(-1)).squeeze(-1)
@@ -161,23 +154,21 @@ def policy_loss(
     """
     if logp.dim() != 2:
         raise ValueError(f"logp must be [batch, tokens], got shape {tuple(logp.shape)}")
-    for name, tensor in (("old_logp", old_logp), ("mask", mask), ("ref_logp", ref_logp),
-                         ("behaviour_logp", behaviour_logp)):
+    for name, tensor in (
+        ("old_logp", old_logp),
+        ("mask", mask),
+        ("ref_logp", ref_logp),
+        ("behaviour_logp", behaviour_logp),
+    ):
         if tensor is not None and tensor.shape != logp.shape:
-            raise ValueError(
-                f"{name} has shape {tuple(tensor.shape)}, expected {tuple(logp.shape)} like logp"
-            )
+            raise ValueError(f"{name} has shape {tuple(tensor.shape)}, expected {tuple(logp.shape)} like logp")
     if advantages.shape != logp.shape[:1]:
-        raise ValueError(
-            f"advantages must be [batch]={logp.shape[0]}, got shape {tuple(advantages.shape)}"
-        )
+        raise ValueError(f"advantages must be [batch]={logp.shape[0]}, got shape {tuple(advantages.shape)}")
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"unknown aggregation {aggregation!r}; expected one of {AGGREGATIONS}")
     clip_high = clip_eps if clip_eps_high is None else clip_eps_high
     if not 0 < clip_eps < 1 or clip_high <= 0:
-        raise ValueError(
-            f"need 0 < clip_eps < 1 and clip_eps_high > 0; got {clip_eps}, {clip_eps_high}"
-        )
+        raise ValueError(f"need 0 < clip_eps < 1 and clip_eps_high > 0; got {clip_eps}, {clip_eps_high}")
     if kl_coef < 0:
         raise ValueError(f"kl_coef must be >= 0, got {kl_coef}")
     if kl_coef > 0 and ref_logp is None:
@@ -221,9 +212,7 @@ def policy_loss(
             loss = pg_loss + kl_coef * _aggregate(per_token_kl, weights, aggregation)
 
     with torch.no_grad():
-        was_clipped = ((adv > 0) & (ratio > 1.0 + clip_high)) | (
-            (adv < 0) & (ratio < 1.0 - clip_eps)
-        )
+        was_clipped = ((adv > 0) & (ratio > 1.0 + clip_high)) | ((adv < 0) & (ratio < 1.0 - clip_eps))
         metrics = {
             "loss": loss.detach(),
             "policy_loss": pg_loss.detach(),

@@ -24,8 +24,8 @@ import torch
 
 from rl.config import ModelConfig, PretrainConfig
 from rl.engine import HFEngine
-from rl.generation import SamplingParams
 from rl.evaluation import evaluate_accuracy
+from rl.generation import SamplingParams
 from rl.models import TinyLlamaShape, build_tiny_llama, save_model
 from rl.problems import Problem, eval_set, problem_stream
 
@@ -119,7 +119,10 @@ def pretrain(
         model.eval()
         accuracy = sum(
             evaluate_accuracy(
-                engine, tokenizer, family_problems, max_new_tokens=max_response_tokens(family_problems),
+                engine,
+                tokenizer,
+                family_problems,
+                max_new_tokens=max_response_tokens(family_problems),
                 sampling=SamplingParams(greedy=True),
             )
             for family_problems in held_out.values()

@@ -48,7 +48,9 @@ class PromptSource:
         """The held-out evaluation prompts (never produced by `take`)."""
         if self.config.source == "file":
             return load_prompt_dataset(
-                self.config.eval_path, prompt_field=self.config.prompt_field,
-                answer_field=self.config.answer_field, limit=size,
+                self.config.eval_path,
+                prompt_field=self.config.prompt_field,
+                answer_field=self.config.answer_field,
+                limit=size,
             )
         return problems_as_records(eval_set(self.config.family, size))

@@ -158,9 +158,7 @@ class CombinedReward:
         return reward
 
 
-def make_reward_fn(
-    kind: str, format_weight: float = 0.0, format_pattern: str | None = None
-) -> RewardFn:
+def make_reward_fn(kind: str, format_weight: float = 0.0, format_pattern: str | None = None) -> RewardFn:
     """The reward named ``kind`` (one of `REWARD_KINDS`), plus an optional weighted format term."""
     if kind not in _CORRECTNESS:
         raise ValueError(f"unknown reward kind {kind!r}; expected one of {REWARD_KINDS}")

@@ -47,8 +47,11 @@ def build_requests(
         for index in range(config.group_size):
             requests.append(
                 GenerationRequest(
-                    sample_id=f"{step}/{group}/{index}", prompt_ids=prompt_ids,
-                    max_new_tokens=config.max_new_tokens, seed=seed, sampling=sampling,
+                    sample_id=f"{step}/{group}/{index}",
+                    prompt_ids=prompt_ids,
+                    max_new_tokens=config.max_new_tokens,
+                    seed=seed,
+                    sampling=sampling,
                 )
             )
     return requests
@@ -59,8 +62,12 @@ def samples_from_results(
 ) -> list[Sample]:
     return [
         Sample(
-            sample_id=req.sample_id, group=int(req.sample_id.split("/")[1]), prompt_ids=req.prompt_ids,
-            response_ids=res.token_ids, logprobs=res.new_logprobs, finish_reason=res.finish_reason,
+            sample_id=req.sample_id,
+            group=int(req.sample_id.split("/")[1]),
+            prompt_ids=req.prompt_ids,
+            response_ids=res.token_ids,
+            logprobs=res.new_logprobs,
+            finish_reason=res.finish_reason,
             policy_version=policy_version,
         )
         for req, res in zip(requests, results)

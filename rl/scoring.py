@@ -21,23 +21,34 @@ class Scores:
 
 
 def score_group(
-    samples: list[Sample], record: PromptRecord, tokenizer, reward_fn: RewardFn,
-    correctness_fn: RewardFn, grpo: GRPOConfig,
+    samples: list[Sample],
+    record: PromptRecord,
+    tokenizer,
+    reward_fn: RewardFn,
+    correctness_fn: RewardFn,
+    grpo: GRPOConfig,
 ) -> Scores:
     """Rewards, correctness and group-normalised advantages of the responses to one prompt."""
     texts = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
     rewards = [reward_fn(text, record.answer) for text in texts]
     correct = [correctness_fn(text, record.answer) > 0 for text in texts]
     advantages = group_advantages(
-        torch.tensor(rewards, dtype=torch.float32), len(samples),
-        normalize_std=grpo.normalize_std, eps=grpo.eps,
+        torch.tensor(rewards, dtype=torch.float32),
+        len(samples),
+        normalize_std=grpo.normalize_std,
+        eps=grpo.eps,
     )
     return Scores(rewards, advantages.tolist(), correct)
 
 
 def score_samples(
-    samples: list[Sample], records: list[PromptRecord], tokenizer, reward_fn: RewardFn,
-    correctness_fn: RewardFn, group_size: int, grpo: GRPOConfig,
+    samples: list[Sample],
+    records: list[PromptRecord],
+    tokenizer,
+    reward_fn: RewardFn,
+    correctness_fn: RewardFn,
+    group_size: int,
+    grpo: GRPOConfig,
 ) -> Scores:
     """`samples` come grouped consecutively, `group_size` per group, groups in record order;
     `sample.group` indexes `records`. Groups may be missing (a distributed rollout drops a group

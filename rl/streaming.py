@@ -33,8 +33,13 @@ class StreamedStep:
     """One RL step's gradient, accumulated group by group as the rollout completes them."""
 
     def __init__(
-        self, trainer: Trainer, records: Sequence[PromptRecord], tokenizer, reward_fn: RewardFn,
-        correctness_fn: RewardFn, grpo: GRPOConfig,
+        self,
+        trainer: Trainer,
+        records: Sequence[PromptRecord],
+        tokenizer,
+        reward_fn: RewardFn,
+        correctness_fn: RewardFn,
+        grpo: GRPOConfig,
     ) -> None:
         self.trainer = trainer
         self.records = records
@@ -58,7 +63,9 @@ class StreamedStep:
         with self._lock:
             group = samples[0].group
             if any(s.group != group for s in samples):
-                raise ValueError(f"a streamed group holds one prompt's samples; got groups {[s.group for s in samples]}")
+                raise ValueError(
+                    f"a streamed group holds one prompt's samples; got groups {[s.group for s in samples]}"
+                )
             scores = score_group(
                 list(samples), self.records[group], self.tokenizer, self.reward_fn, self.correctness_fn, self.grpo
             )
@@ -75,10 +82,14 @@ class StreamedStep:
         if self._pending:
             samples, advantages = zip(*self._pending)
             self._pending.clear()
-            self.trainer.accumulate(TrainBatch(
-                [s.prompt_ids for s in samples], [s.response_ids for s in samples],
-                [s.logprobs for s in samples], list(advantages),
-            ))
+            self.trainer.accumulate(
+                TrainBatch(
+                    [s.prompt_ids for s in samples],
+                    [s.response_ids for s in samples],
+                    [s.logprobs for s in samples],
+                    list(advantages),
+                )
+            )
 
     def covers(self, samples: Sequence[Sample]) -> bool:
         """Whether exactly these samples were accumulated (a retried rollout may differ)."""

@@ -43,7 +43,9 @@ class TrainBatch:
             raise ValueError(f"TrainBatch fields disagree in length: {sorted(sizes)}")
         for i, (prompt, resp, lps) in enumerate(zip(self.prompt_ids, self.response_ids, self.rollout_logprobs)):
             if not prompt:
-                raise ValueError(f"response {i}: empty prompt (the first response token needs a position to predict it)")
+                raise ValueError(
+                    f"response {i}: empty prompt (the first response token needs a position to predict it)"
+                )
             if len(resp) != len(lps):
                 raise ValueError(f"response {i}: {len(resp)} tokens but {len(lps)} log-probs")
 
@@ -108,8 +110,9 @@ def _pack(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> 
 
 
 class Trainer:
-    def __init__(self, model: torch.nn.Module, pad_token_id: int, grpo: GRPOConfig, optim: OptimConfig,
-                 temperature: float = 1.0) -> None:
+    def __init__(
+        self, model: torch.nn.Module, pad_token_id: int, grpo: GRPOConfig, optim: OptimConfig, temperature: float = 1.0
+    ) -> None:
         self.model = model
         self.pad_token_id = pad_token_id
         self.grpo = grpo
@@ -199,9 +202,15 @@ class Trainer:
                     old_lp = rollout_lp
             logp, logits = self._logprobs(self.model, packed)
             loss, metrics = policy_loss(
-                logp, old_lp, torch.tensor([batch.advantages[i] for i in chunk]), mask,
-                clip_eps=self.grpo.clip_eps, clip_eps_high=self.grpo.clip_eps_high,
-                kl_coef=self.grpo.kl_coef, ref_logp=ref_lp, aggregation=self.grpo.aggregation,
+                logp,
+                old_lp,
+                torch.tensor([batch.advantages[i] for i in chunk]),
+                mask,
+                clip_eps=self.grpo.clip_eps,
+                clip_eps_high=self.grpo.clip_eps_high,
+                kl_coef=self.grpo.kl_coef,
+                ref_logp=ref_lp,
+                aggregation=self.grpo.aggregation,
             )
             weight = tokens if self.grpo.aggregation == "token" else sequences
             (loss * weight).backward()
@@ -240,7 +249,7 @@ class Trainer:
         self.step += 1
         self.model.eval()
         metrics = {key: value / acc.weight for key, value in zip(acc.weighted, values)}
-        per_token = {key: value / acc.tokens for key, value in zip(acc.per_token, values[len(acc.weighted):])}
+        per_token = {key: value / acc.tokens for key, value in zip(acc.per_token, values[len(acc.weighted) :])}
         metrics.update(
             rollout_logprob_gap=per_token["logprob_gap"],
             grad_norm=norm,

@@ -23,12 +23,18 @@ def ensure_base_model(config: RunConfig) -> str:
             f"model directory, or at pretrain.output ({config.pretrain.output}) to pretrain one"
         )
     logger = get_run_logger()
-    logger.info("no base model at %s: pretraining the tiny model (stops at %.0f%% held-out accuracy)",
-                path, 100 * config.pretrain.accuracy_threshold)
+    logger.info(
+        "no base model at %s: pretraining the tiny model (stops at %.0f%% held-out accuracy)",
+        path,
+        100 * config.pretrain.accuracy_threshold,
+    )
     result = pretrain(
-        config.pretrain, config.model,
+        config.pretrain,
+        config.model,
         on_eval=lambda step, loss, acc: logger.info("pretrain step %d loss %.3f held-out acc %.3f", step, loss, acc),
         threads=config.run.torch_threads,
     )
-    logger.info("pretrained in %d steps (%.0f s), held-out greedy accuracy %.3f", result.steps, result.seconds, result.accuracy)
+    logger.info(
+        "pretrained in %d steps (%.0f s), held-out greedy accuracy %.3f", result.steps, result.seconds, result.accuracy
+    )
     return str(path)

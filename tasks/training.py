@@ -22,7 +22,8 @@ def rollout_task(session_key: str, step: int) -> dict:
     A progress artifact follows the complete groups while the rollout runs."""
     session = get_session(session_key)
     artifact = create_progress_artifact(
-        progress=0.0, key=artifact_key(f"{session.config.run.name}-rollout"),
+        progress=0.0,
+        key=artifact_key(f"{session.config.run.name}-rollout"),
         description=f"step {step}: complete groups (each is trained as soon as it completes)",
     )
 

@@ -20,9 +20,18 @@ from infra.run.config import DEFAULT_CONFIG, ConfigError, load_config
 app = typer.Typer(help="GRPO fine-tuning with rollout on preemptible instances, on Prefect.", no_args_is_help=True)
 console = Console()
 
-ConfigOption = Annotated[Optional[Path], typer.Option("--config", "-c", help="Run configuration YAML (default: the embedded demo config).")]
-LogOption = Annotated[str, typer.Option("--console-log-level", help="Prefect log level on the console (all logs still reach the Prefect API/UI).")]
-SetOption = Annotated[Optional[list[str]], typer.Option("--set", help="Override a field: --set rollout.group_size=16 (YAML value).")]
+ConfigOption = Annotated[
+    Optional[Path], typer.Option("--config", "-c", help="Run configuration YAML (default: the embedded demo config).")
+]
+LogOption = Annotated[
+    str,
+    typer.Option(
+        "--console-log-level", help="Prefect log level on the console (all logs still reach the Prefect API/UI)."
+    ),
+]
+SetOption = Annotated[
+    Optional[list[str]], typer.Option("--set", help="Override a field: --set rollout.group_size=16 (YAML value).")
+]
 
 
 def _quiet_weight_loading() -> None:
@@ -52,7 +61,11 @@ def _load(config: Path | None, pairs: list[str] | None):
 
 
 @app.command()
-def pretrain(config: ConfigOption = None, set_: SetOption = None, force: bool = typer.Option(False, help="Retrain even if the model exists.")) -> None:
+def pretrain(
+    config: ConfigOption = None,
+    set_: SetOption = None,
+    force: bool = typer.Option(False, help="Retrain even if the model exists."),
+) -> None:
     """Pretrain the tiny base model until it reaches the held-out accuracy threshold."""
     from rl.pretrain import ThresholdNotReached
     from rl.pretrain import pretrain as run_pretrain
@@ -64,12 +77,20 @@ def pretrain(config: ConfigOption = None, set_: SetOption = None, force: bool = 
     if (target / "config.json").exists() and not force:
         console.print(f"base model already at {target} (use --force to retrain)")
         return
-    with Progress(TextColumn("[bold]pretrain"), BarColumn(), TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=console) as progress:
+    with Progress(
+        TextColumn("[bold]pretrain"),
+        BarColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        console=console,
+    ) as progress:
         bar = progress.add_task("pretrain", total=cfg.pretrain.accuracy_threshold, status="")
 
         def on_eval(step: int, loss: float, accuracy: float) -> None:
-            status = (f"step {step} (gives up at {cfg.pretrain.max_steps})  loss {loss:.3f}  "
-                      f"held-out greedy acc {accuracy:.2f} / {cfg.pretrain.accuracy_threshold:.2f}")
+            status = (
+                f"step {step} (gives up at {cfg.pretrain.max_steps})  loss {loss:.3f}  "
+                f"held-out greedy acc {accuracy:.2f} / {cfg.pretrain.accuracy_threshold:.2f}"
+            )
             progress.update(bar, completed=min(accuracy, cfg.pretrain.accuracy_threshold), status=status)
             if not console.is_terminal:  # no live bar in logs: print a line per evaluation instead
                 console.print(f"pretrain {status}")
@@ -79,8 +100,10 @@ def pretrain(config: ConfigOption = None, set_: SetOption = None, force: bool = 
         except ThresholdNotReached as error:
             console.print(f"[red]{error}[/red]")
             raise typer.Exit(1) from None
-    console.print(f"pretrained to {result.accuracy:.2f} held-out greedy accuracy in {result.steps} steps "
-                  f"({result.seconds:.0f} s): {target}")
+    console.print(
+        f"pretrained to {result.accuracy:.2f} held-out greedy accuracy in {result.steps} steps "
+        f"({result.seconds:.0f} s): {target}"
+    )
 
 
 @app.command()
@@ -97,7 +120,7 @@ def train(config: ConfigOption = None, set_: SetOption = None, console_log_level
 
 DEMO_PHASES_MEASURED = (
     "pretraining: 300-500 steps, 20-60 s; GRPO: {steps} steps, about 6-9 min "
-    "(measured on 2-core AMD EPYC and Intel Xeon machines; README: \"What the demo shows\")"
+    '(measured on 2-core AMD EPYC and Intel Xeon machines; README: "What the demo shows")'
 )
 
 

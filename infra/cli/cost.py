@@ -25,9 +25,18 @@ from infra.ledger import Ledger, LedgerUnavailable, UnknownRun
 from infra.ledger.report import CostReport, StepCost
 from infra.pricing import PriceNotFound
 
-RunIdOption = Annotated[str, typer.Option("--run", help="Run id in the ledger (the rollout fabric's run id, e.g. grpo-demo-1a2b3c4d).")]
-DbOption = Annotated[Optional[str], typer.Option("--db", help="Ledger database URL (default: $RLBOOST_LEDGER_URL, else sqlite:///.rlboost/ledger.sqlite).")]
-CsvOption = Annotated[Optional[Path], typer.Option("--csv", help="Write the per-step costs and a total row to this CSV file.")]
+RunIdOption = Annotated[
+    str, typer.Option("--run", help="Run id in the ledger (the rollout fabric's run id, e.g. grpo-demo-1a2b3c4d).")
+]
+DbOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--db", help="Ledger database URL (default: $RLBOOST_LEDGER_URL, else sqlite:///.rlboost/ledger.sqlite)."
+    ),
+]
+CsvOption = Annotated[
+    Optional[Path], typer.Option("--csv", help="Write the per-step costs and a total row to this CSV file.")
+]
 JsonOption = Annotated[Optional[Path], typer.Option("--json", help="Write the whole report to this JSON file.")]
 
 _json_time = TypeAdapter(datetime)
@@ -63,14 +72,36 @@ def _usd(value: float | None) -> str:
 
 def steps_table(report: CostReport) -> Table:
     table = Table(title=f"cost per step of run {report.run_id}")
-    for header in ("step", "instances", "inst-s", "generated", "wasted", "trained", "preempted",
-                   "cost $", "spot $", "$/M gen", "$/M trained", "on-demand $"):
+    for header in (
+        "step",
+        "instances",
+        "inst-s",
+        "generated",
+        "wasted",
+        "trained",
+        "preempted",
+        "cost $",
+        "spot $",
+        "$/M gen",
+        "$/M trained",
+        "on-demand $",
+    ):
         table.add_column(header, justify="right")
     for s in report.steps:
-        table.add_row(str(s.step), str(s.instances), f"{s.instance_seconds:.0f}", str(s.tokens_generated),
-                      str(s.tokens_wasted), str(s.tokens_trained), str(s.preemptions), _usd(s.cost_usd),
-                      _usd(s.spot_usd), _usd(s.usd_per_million_generated), _usd(s.usd_per_million_trained),
-                      _usd(s.ondemand_only_usd))
+        table.add_row(
+            str(s.step),
+            str(s.instances),
+            f"{s.instance_seconds:.0f}",
+            str(s.tokens_generated),
+            str(s.tokens_wasted),
+            str(s.tokens_trained),
+            str(s.preemptions),
+            _usd(s.cost_usd),
+            _usd(s.spot_usd),
+            _usd(s.usd_per_million_generated),
+            _usd(s.usd_per_million_trained),
+            _usd(s.ondemand_only_usd),
+        )
     return table
 
 
@@ -80,8 +111,14 @@ def classes_table(report: CostReport) -> Table:
     for header in ("instances", "instance-hours", "spend $", "on-demand-only $", "preemptions"):
         table.add_column(header, justify="right")
     for c in report.classes:
-        table.add_row(c.capacity_class, str(c.instances), f"{c.instance_hours:.3f}", _usd(c.spend_usd),
-                      _usd(c.ondemand_only_usd), str(c.preemptions))
+        table.add_row(
+            c.capacity_class,
+            str(c.instances),
+            f"{c.instance_hours:.3f}",
+            _usd(c.spend_usd),
+            _usd(c.ondemand_only_usd),
+            str(c.preemptions),
+        )
     return table
 
 
@@ -95,8 +132,11 @@ def summary_table(report: CostReport) -> Table:
     table.add_column("value", justify="right")
     end = report.ended_at or report.as_of
     rows = [
-        ("period (UTC)", f"{report.started_at:%Y-%m-%d %H:%M:%S} -> {end:%Y-%m-%d %H:%M:%S}"
-                         + ("" if report.ended_at else " (still running)")),
+        (
+            "period (UTC)",
+            f"{report.started_at:%Y-%m-%d %H:%M:%S} -> {end:%Y-%m-%d %H:%M:%S}"
+            + ("" if report.ended_at else " (still running)"),
+        ),
         ("total $ (instances + egress)", _usd(report.total_usd)),
         ("spot $", _usd(report.spend("spot")) + _share(report.spend("spot"), report.total_usd)),
         ("on-demand $", _usd(report.spend("ondemand")) + _share(report.spend("ondemand"), report.total_usd)),
@@ -109,8 +149,10 @@ def summary_table(report: CostReport) -> Table:
         ("$ per million trained tokens", _usd(report.usd_per_million_trained)),
         ("preemptions / evictions", f"{report.preemptions} / {report.evictions}"),
         ("on-demand-only run $", _usd(report.ondemand_only_usd)),
-        ("savings $", _usd(report.savings_usd)
-                      + ("" if report.savings_fraction is None else f" ({report.savings_fraction:.0%})")),
+        (
+            "savings $",
+            _usd(report.savings_usd) + ("" if report.savings_fraction is None else f" ({report.savings_fraction:.0%})"),
+        ),
     ]
     for what, value in rows:
         table.add_row(what, value)

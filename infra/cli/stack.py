@@ -14,27 +14,60 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-StateDirOption = Annotated[Optional[Path], typer.Option("--state-dir", help="Where the stack keeps stack.json, logs and the SQLite database (default .rlboost/stack).")]
+StateDirOption = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--state-dir", help="Where the stack keeps stack.json, logs and the SQLite database (default .rlboost/stack)."
+    ),
+]
 
 
 def up(
-    port: Annotated[Optional[int], typer.Option(help="Port of the Prefect server and UI on 127.0.0.1 (default 4200, or a free one if it is taken).")] = None,
-    database_url: Annotated[Optional[str], typer.Option("--database-url", help="PostgreSQL URL of the Prefect server's database, e.g. postgresql://user:password@host:5432/prefect (default: SQLite in the state directory).")] = None,
-    config: Annotated[Optional[Path], typer.Option("--config", "-c", help="Run configuration whose local pools must have rollout-instance deployments (default: the demo config).")] = None,
-    zombie_after_s: Annotated[Optional[float], typer.Option("--zombie-after-s", help="Seconds without a heartbeat before a flow run is marked Crashed (default: the automation file's 90; more than the 30 s heartbeat).")] = None,
+    port: Annotated[
+        Optional[int],
+        typer.Option(
+            help="Port of the Prefect server and UI on 127.0.0.1 (default 4200, or a free one if it is taken)."
+        ),
+    ] = None,
+    database_url: Annotated[
+        Optional[str],
+        typer.Option(
+            "--database-url",
+            help="PostgreSQL URL of the Prefect server's database, e.g. postgresql://user:password@host:5432/prefect (default: SQLite in the state directory).",
+        ),
+    ] = None,
+    config: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--config",
+            "-c",
+            help="Run configuration whose local pools must have rollout-instance deployments (default: the demo config).",
+        ),
+    ] = None,
+    zombie_after_s: Annotated[
+        Optional[float],
+        typer.Option(
+            "--zombie-after-s",
+            help="Seconds without a heartbeat before a flow run is marked Crashed (default: the automation file's 90; more than the 30 s heartbeat).",
+        ),
+    ] = None,
     state_dir: StateDirOption = None,
 ) -> None:
     """Start a local Prefect server, Redis, the work pools, the zombie-run automation and a worker, and deploy prefect.yaml."""
-    from infra.run.config import ConfigError
     from infra.fleet.prefect_local import UnknownPool
+    from infra.run.config import ConfigError
     from infra.stack.stack import DEFAULT_STATE_DIR, StackError
     from infra.stack.stack import up as start_stack
 
     console = Console()
     try:
         state = start_stack(
-            state_dir=state_dir or DEFAULT_STATE_DIR, port=port, database=database_url, config_path=config,
-            zombie_after_s=zombie_after_s, echo=lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True),
+            state_dir=state_dir or DEFAULT_STATE_DIR,
+            port=port,
+            database=database_url,
+            config_path=config,
+            zombie_after_s=zombie_after_s,
+            echo=lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True),
         )
     except (StackError, UnknownPool, ConfigError, FileNotFoundError) as error:
         console.print(f"[red]rlboost up failed[/red]: {error}", highlight=False, soft_wrap=True)
@@ -55,4 +88,8 @@ def down(state_dir: StateDirOption = None) -> None:
     if state is None:
         console.print(f"no stack is up (no {directory / 'stack.json'}); nothing to stop", highlight=False)
         return
-    console.print(f"the stack of {state.ui_url} is down (its logs and database stay in {state.state_dir})", highlight=False, soft_wrap=True)
+    console.print(
+        f"the stack of {state.ui_url} is down (its logs and database stay in {state.state_dir})",
+        highlight=False,
+        soft_wrap=True,
+    )

@@ -25,10 +25,10 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from infra.rollout.policies.capacity import CapacityConfig, PoolOffer, plan_capacity
-from infra.providers.pool import PoolSpec
-from infra.providers.interface import InstanceHandle, InstanceRecord, PreemptionEvent, Provider
 from infra.providers.errors import CloudError
+from infra.providers.interface import InstanceHandle, InstanceRecord, PreemptionEvent, Provider
+from infra.providers.pool import PoolSpec
+from infra.rollout.policies.capacity import CapacityConfig, PoolOffer, plan_capacity
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,9 @@ class CapacityManager:
             )
             for pool in self.pools
         )
-        budget = self._budget if self._budget is not None else sum(o.price_per_hour * o.max_instances for o in offers) + 1.0
+        budget = (
+            self._budget if self._budget is not None else sum(o.price_per_hour * o.max_instances for o in offers) + 1.0
+        )
         config = CapacityConfig(budget_per_hour=budget, min_availability=0.0, warmup_s=self._warmup_s)
         targets = {t.pool: t.target for t in plan_capacity(offers, config)}
         launched: list[InstanceHandle] = []
@@ -141,7 +143,10 @@ class CapacityManager:
         if launched or terminated or events:
             log.info(
                 "capacity: targets %s; launched %d, terminated %d, preempted %d",
-                targets, len(launched), len(terminated), len(events),
+                targets,
+                len(launched),
+                len(terminated),
+                len(events),
             )
         return ReconcileReport(now, quotes, targets, tuple(launched), tuple(terminated), events)
 

@@ -23,10 +23,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from infra.fleet.capacity_manager import CapacityManager
-from infra.providers.pool import PoolSpec
-from infra.providers.interface import BootHooks, OnChange, Provider
 from infra.providers.composite import CompositeProvider
 from infra.providers.errors import CloudError
+from infra.providers.interface import BootHooks, OnChange, Provider
+from infra.providers.pool import PoolSpec
 from infra.providers.startup import WorkerBootstrap
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,11 @@ class CloudFleet:
             if pool.provider not in self.providers:
                 provider_class = _provider_class(pool)
                 self.providers[pool.provider] = provider_class(
-                    run_id=run_id, bootstrap=bootstrap, on_change=on_change, boot_hooks=boot_hooks, clock=clock,
+                    run_id=run_id,
+                    bootstrap=bootstrap,
+                    on_change=on_change,
+                    boot_hooks=boot_hooks,
+                    clock=clock,
                     **({"current_step": current_step} if current_step is not None else {}),
                     **(options or {}).get(pool.provider, {}),
                 )
@@ -108,8 +112,12 @@ class CloudFleet:
                 try:
                     provider.terminate(record.instance_id)
                 except Exception:
-                    log.exception("pool %s: could not delete %s (zone %s): delete it by hand", record.pool,
-                                  record.instance_id, record.zone)
+                    log.exception(
+                        "pool %s: could not delete %s (zone %s): delete it by hand",
+                        record.pool,
+                        record.instance_id,
+                        record.zone,
+                    )
 
     def _run(self) -> None:
         try:
@@ -134,8 +142,9 @@ def check_reachable_by_vms(redis_url: str, pools: Sequence[PoolSpec]) -> None:
     if parts.scheme == "unix" or loopback:
         where = parts.path if parts.scheme == "unix" else f"{host}:{parts.port or 6379}"
         raise CloudError(
-            pool.name, f"its {pool.provider} VMs cannot reach the run's Redis at {where} (this machine only; the "
-            "embedded Redis listens there): set fabric.redis_url to a Redis the VMs can reach"
+            pool.name,
+            f"its {pool.provider} VMs cannot reach the run's Redis at {where} (this machine only; the "
+            "embedded Redis listens there): set fabric.redis_url to a Redis the VMs can reach",
         )
 
 
@@ -146,6 +155,7 @@ def _provider_class(pool: PoolSpec) -> type[Provider]:
         return getattr(importlib.import_module(module), name)
     except ImportError as error:
         raise CloudError(
-            pool.name, f"provider {pool.provider} needs the `{pool.provider}` extra, which is not installed "
-            f"(no module {error.name}): pip install 'rlboost[{pool.provider}]'"
+            pool.name,
+            f"provider {pool.provider} needs the `{pool.provider}` extra, which is not installed "
+            f"(no module {error.name}): pip install 'rlboost[{pool.provider}]'",
         ) from None

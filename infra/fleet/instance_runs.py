@@ -33,11 +33,11 @@ from prefect.client.schemas.objects import StateType
 from prefect.exceptions import ObjectNotFound
 from prefect.states import Cancelled
 
+from infra.providers.interface import instance_work_queue
+from infra.providers.pool import PoolSpec
+from infra.rollout.registry import InstanceRegistry
 from infra.rollout.settings import WorkerSettings
 from infra.services.prefect_api import current_api_key
-from infra.providers.pool import PoolSpec
-from infra.providers.interface import instance_work_queue
-from infra.rollout.registry import InstanceRegistry
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +65,12 @@ class InstanceRunSpec:
 
     def parameters(self, pool: PoolSpec, instance_id: str) -> dict[str, Any]:
         return {
-            "pool": pool.name, "instance_id": instance_id, "run_id": self.run_id, "model_path": self.model,
-            "capacity_class": pool.capacity_class, "price_per_hour": pool.price_per_hour,
+            "pool": pool.name,
+            "instance_id": instance_id,
+            "run_id": self.run_id,
+            "model_path": self.model,
+            "capacity_class": pool.capacity_class,
+            "price_per_hour": pool.price_per_hour,
             "settings": self.worker.model_dump(),
             **({"environment_block": self.environment_block} if self.environment_block else {}),
         }
@@ -114,8 +118,10 @@ class InstanceRuns:
             if pool.name in self._deployments:
                 return self._deployments[pool.name]
         name = f"{DEPLOYMENT_FLOW}/{pool.name}"
-        fix = (f"add a `{pool.name}` deployment of flows/rollout_instance.py:rollout_instance on work pool "
-               f"`{pool.name}` to prefect.yaml, then run `rlboost up` (or `prefect --no-prompt deploy --all`)")
+        fix = (
+            f"add a `{pool.name}` deployment of flows/rollout_instance.py:rollout_instance on work pool "
+            f"`{pool.name}` to prefect.yaml, then run `rlboost up` (or `prefect --no-prompt deploy --all`)"
+        )
         with self.client() as client:
             try:
                 deployment = client.read_deployment_by_name(name)
@@ -143,7 +149,8 @@ class InstanceRuns:
             log.warning(
                 "work pool %s does not set the flow-run command (deployments/work-pools/local-process.json): its "
                 "flow runs get their own process group, so a preemption notice will not reach them; recreate "
-                "it with `rlboost up`", pool.name,
+                "it with `rlboost up`",
+                pool.name,
             )
         with self._lock:
             self._deployments[pool.name] = deployment.id
@@ -208,7 +215,9 @@ class InstanceRuns:
                 flow_run = client.read_flow_run(run.flow_run_id)
                 if flow_run.state is not None and flow_run.state.type in (StateType.SCHEDULED, StateType.PENDING):
                     client.set_flow_run_state(
-                        run.flow_run_id, Cancelled(message=f"instance {instance_id} {why}"), force=True,
+                        run.flow_run_id,
+                        Cancelled(message=f"instance {instance_id} {why}"),
+                        force=True,
                     )
                 try:
                     queue = client.read_work_queue_by_name(run.work_queue, work_pool_name=run.pool)
@@ -236,7 +245,9 @@ class InstanceRuns:
                     for instance_id, flow_run_id in builtins.list(pending.items()):
                         state = api.read_flow_run(flow_run_id).state
                         if state is not None and state.type == StateType.SCHEDULED:
-                            api.set_flow_run_state(flow_run_id, Cancelled(message="training ended before an instance started this run"))
+                            api.set_flow_run_state(
+                                flow_run_id, Cancelled(message="training ended before an instance started this run")
+                            )
                         elif state is not None and state.is_final():
                             del pending[instance_id]
                         elif instance_id not in asked and registry.request(instance_id, {"op": "drain"}):

@@ -33,13 +33,13 @@ from collections.abc import Callable
 from pathlib import Path
 from uuid import UUID
 
-from infra.services.redis_embedded import REDIS_URL_ENV
+from infra.availability.traces import TraceSchedule
 from infra.fleet.instance_runs import InstanceRuns, InstanceRunSpec, UnknownPool
-from infra.services.prefect_api import check_api, current_api_url
-from infra.providers.pool import PoolSpec
 from infra.providers.interface import InstanceHandle, InstanceRecord, PreemptionEvent, Provider, StopReason
 from infra.providers.local import LocalProvider, TickThread
-from infra.availability.traces import TraceSchedule
+from infra.providers.pool import PoolSpec
+from infra.services.prefect_api import check_api, current_api_url
+from infra.services.redis_embedded import REDIS_URL_ENV
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,9 @@ class PrefectLocalProvider(Provider):
         self.spec = spec
         self.api_url = check_api(api_url or current_api_url(), purpose="fabric.instances: prefect")
         self.runs = InstanceRuns(spec, self.api_url)
-        self._local = LocalProvider(self._instance_command, schedules=schedules, clock=clock, seed=seed, log_dir=log_dir)
+        self._local = LocalProvider(
+            self._instance_command, schedules=schedules, clock=clock, seed=seed, log_dir=log_dir
+        )
         self._ticker = TickThread("prefect-local-provider")
 
     # -- Provider -------------------------------------------------------------------------------
@@ -139,11 +141,21 @@ class PrefectLocalProvider(Provider):
             f"PREFECT_API_URL={self.api_url}",
             f"PREFECT_WORKER_QUERY_SECONDS={WORKER_POLL_S}",
             f"{REDIS_URL_ENV}={self.spec.redis_url}",
-            sys.executable, "-m", "infra.stack.prefect_worker", "--pool", pool.name, "--work-queue", queue, "--name", queue,
-            "--limit", "1", "--run-once", "--stop-with-parent",
+            sys.executable,
+            "-m",
+            "infra.stack.prefect_worker",
+            "--pool",
+            pool.name,
+            "--work-queue",
+            queue,
+            "--name",
+            queue,
+            "--limit",
+            "1",
+            "--run-once",
+            "--stop-with-parent",
         ]
 
     def _settle_ended_runs(self) -> None:
         """Cancel the runs of ended instances that never started, and remove their queues."""
         self.runs.settle(r.instance_id for r in self._local.instances() if r.state == "terminated")
-

@@ -27,4 +27,12 @@ from infra.ledger.reader import UnknownRun
 from infra.ledger.recorder import Ledger, LedgerWriteError
 from infra.ledger.report import CostReport
 
-__all__ = ["CostReport", "Ledger", "LedgerConfig", "LedgerUnavailable", "LedgerWriteError", "UnknownRun", "resolve_ledger_url"]
+__all__ = [
+    "CostReport",
+    "Ledger",
+    "LedgerConfig",
+    "LedgerUnavailable",
+    "LedgerWriteError",
+    "UnknownRun",
+    "resolve_ledger_url",
+]

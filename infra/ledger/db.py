@@ -28,7 +28,9 @@ MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 SUPPORTED_BACKENDS = ("sqlite", "postgresql")
 CONNECT_TIMEOUT_S = 10
 """Seconds to wait for a database server before declaring it unreachable."""
-URL_FIX = "set the ledger URL (`ledger.url` in the run configuration, `--db` for `rlboost cost`, or $RLBOOST_LEDGER_URL)"
+URL_FIX = (
+    "set the ledger URL (`ledger.url` in the run configuration, `--db` for `rlboost cost`, or $RLBOOST_LEDGER_URL)"
+)
 
 
 class LedgerUnavailable(RuntimeError):
@@ -39,7 +41,7 @@ def normalize_url(url: str) -> URL:
     """Parse `url`; plain `postgresql://` / `postgres://` select the psycopg 3 driver."""
     for plain in ("postgresql://", "postgres://"):
         if url.startswith(plain):
-            url = "postgresql+psycopg://" + url[len(plain):]
+            url = "postgresql+psycopg://" + url[len(plain) :]
     try:
         return make_url(url)
     except ArgumentError:

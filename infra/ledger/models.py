@@ -137,7 +137,9 @@ class Usage(Base):
     __tablename__ = "usage"
     __table_args__ = (
         ForeignKeyConstraint(["run_id", "step"], ["steps.run_id", "steps.step"], ondelete="CASCADE"),
-        ForeignKeyConstraint(["run_id", "instance_id"], ["instances.run_id", "instances.instance_id"], ondelete="CASCADE"),
+        ForeignKeyConstraint(
+            ["run_id", "instance_id"], ["instances.run_id", "instances.instance_id"], ondelete="CASCADE"
+        ),
         CheckConstraint("seconds >= 0 AND tokens_generated >= 0 AND tokens_wasted >= 0", name="nonnegative"),
     )
 
@@ -157,7 +159,9 @@ class WeightTransfer(Base):
 
     __tablename__ = "weight_transfers"
     __table_args__ = (
-        ForeignKeyConstraint(["run_id", "instance_id"], ["instances.run_id", "instances.instance_id"], ondelete="CASCADE"),
+        ForeignKeyConstraint(
+            ["run_id", "instance_id"], ["instances.run_id", "instances.instance_id"], ondelete="CASCADE"
+        ),
         CheckConstraint("bytes >= 0 AND egress_usd >= 0", name="nonnegative"),
     )
 

@@ -62,6 +62,9 @@ def _unknown_run_message(engine: Engine, run_id: str) -> str:
     runs = list_runs(engine)
     if not runs:
         return f"no run {run_id!r}: the ledger holds no runs yet"
-    shown = [f"{run.run_id} ({run.name or 'unnamed'}, started {run.started_at:%Y-%m-%d %H:%M} UTC)" for run in runs[:RUNS_LISTED]]
+    shown = [
+        f"{run.run_id} ({run.name or 'unnamed'}, started {run.started_at:%Y-%m-%d %H:%M} UTC)"
+        for run in runs[:RUNS_LISTED]
+    ]
     more = f" and {len(runs) - RUNS_LISTED} older" if len(runs) > RUNS_LISTED else ""
     return f"no run {run_id!r} in the ledger; it holds {len(runs)}: " + ", ".join(shown) + more

@@ -153,8 +153,13 @@ class Ledger:
     ) -> None:
         """Record RL step `step` of a run: when it started, and once known when it ended and how
         many response tokens it trained on."""
-        values = {"run_id": run_id, "step": step, "started_at": as_utc(started_at),
-                  "ended_at": as_utc(ended_at), "tokens_trained": tokens_trained}
+        values = {
+            "run_id": run_id,
+            "step": step,
+            "started_at": as_utc(started_at),
+            "ended_at": as_utc(ended_at),
+            "tokens_trained": tokens_trained,
+        }
         self._upsert(Step, values, f"record_step({run_id!r}, {step})")
 
     def record_instance(
@@ -189,8 +194,9 @@ class Ledger:
             "reason": reason or instance.reason,
             "exit_code": instance.exit_code,
         }
-        self._upsert(Instance, values, f"record_instance({run_id!r}, {instance.instance_id!r})",
-                     merge={"state": _later_state})
+        self._upsert(
+            Instance, values, f"record_instance({run_id!r}, {instance.instance_id!r})", merge={"state": _later_state}
+        )
 
     def record_usage(
         self,
@@ -204,8 +210,14 @@ class Ledger:
     ) -> None:
         """Record what an instance did in a step: its instance-seconds on the step, the tokens it
         generated (wasted included) and the tokens wasted. Totals so far, not increments."""
-        values = {"run_id": run_id, "step": step, "instance_id": instance_id, "seconds": seconds,
-                  "tokens_generated": tokens_generated, "tokens_wasted": tokens_wasted}
+        values = {
+            "run_id": run_id,
+            "step": step,
+            "instance_id": instance_id,
+            "seconds": seconds,
+            "tokens_generated": tokens_generated,
+            "tokens_wasted": tokens_wasted,
+        }
         self._upsert(Usage, values, f"record_usage({run_id!r}, {step}, {instance_id!r})")
 
     def record_transfer(
@@ -222,8 +234,16 @@ class Ledger:
     ) -> None:
         """Record that an instance pulled `nbytes` of policy `version` from `source` (`trainer`,
         `store` or a peer's instance id), what the egress cost, and the step it served."""
-        values = {"run_id": run_id, "instance_id": instance_id, "version": version, "source": source,
-                  "bytes": nbytes, "egress_usd": egress_usd, "step": step, "transferred_at": as_utc(transferred_at)}
+        values = {
+            "run_id": run_id,
+            "instance_id": instance_id,
+            "version": version,
+            "source": source,
+            "bytes": nbytes,
+            "egress_usd": egress_usd,
+            "step": step,
+            "transferred_at": as_utc(transferred_at),
+        }
         self._upsert(WeightTransfer, values, f"record_transfer({run_id!r}, {instance_id!r}, v{version}, {source!r})")
 
     def record_quote(
@@ -237,9 +257,16 @@ class Ledger:
     ) -> None:
         """Record the price a provider quoted for `pool` (`Provider.quote(pool)`), at `quoted_at`
         (default now)."""
-        values = {"run_id": run_id, "pool": pool.name, "quoted_at": as_utc(quoted_at) or datetime.now(UTC),
-                  "provider": pool.provider, "machine_type": pool.machine_type, "zone": zone,
-                  "capacity_class": pool.capacity_class, "usd_per_hour": usd_per_hour}
+        values = {
+            "run_id": run_id,
+            "pool": pool.name,
+            "quoted_at": as_utc(quoted_at) or datetime.now(UTC),
+            "provider": pool.provider,
+            "machine_type": pool.machine_type,
+            "zone": zone,
+            "capacity_class": pool.capacity_class,
+            "usd_per_hour": usd_per_hour,
+        }
         self._upsert(PriceQuote, values, f"record_quote({run_id!r}, {pool.name!r})")
 
     # --- reads ---------------------------------------------------------------------------------
@@ -280,8 +307,11 @@ class Ledger:
         table = model.__table__
         keys = [column.name for column in table.primary_key.columns]
         statement = self._insert(table).values(values)
-        changes = {name: func.coalesce(statement.excluded[name], table.c[name])
-                   for name in values if name not in keys and name not in insert_only}
+        changes = {
+            name: func.coalesce(statement.excluded[name], table.c[name])
+            for name in values
+            if name not in keys and name not in insert_only
+        }
         for name, combine in (merge or {}).items():
             changes[name] = combine(statement.excluded[name], table.c[name])
         statement = statement.on_conflict_do_update(index_elements=keys, set_=changes)

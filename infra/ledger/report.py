@@ -42,7 +42,9 @@ SECONDS_PER_HOUR = 3600.0
 class PriceSource(Protocol):
     """Where prices the ledger lacks come from (an `infra.pricing.Catalog`)."""
 
-    def price(self, provider: str, machine_type: str, region: str | None, capacity_class: str, at: datetime | None) -> float: ...
+    def price(
+        self, provider: str, machine_type: str, region: str | None, capacity_class: str, at: datetime | None
+    ) -> float: ...
 
 
 class InstanceCost(BaseModel):
@@ -136,7 +138,9 @@ def _per_million(usd: float, tokens: int) -> float | None:
 
 def _catalog_price(prices: PriceSource, instance: Instance, capacity_class: str, purpose: str) -> float:
     try:
-        return prices.price(instance.provider, instance.machine_type, instance.zone, capacity_class, instance.launched_at)
+        return prices.price(
+            instance.provider, instance.machine_type, instance.zone, capacity_class, instance.launched_at
+        )
     except PriceNotFound as error:
         raise PriceNotFound(
             f"instance {instance.instance_id} (pool {instance.pool}, {instance.capacity_class}) needs {purpose}: {error}"
@@ -177,11 +181,20 @@ def _instance_costs(records: RunRecords, prices: PriceSource, as_of: datetime) -
     costs = []
     for i in records.instances:
         rate, ondemand_rate, seconds = hourly_price(i, prices), ondemand_price(i, prices), billed_seconds(i, as_of)
-        costs.append(InstanceCost(
-            instance_id=i.instance_id, pool=i.pool, capacity_class=i.capacity_class, machine_type=i.machine_type,
-            usd_per_hour=rate, ondemand_usd_per_hour=ondemand_rate, billed_seconds=seconds, reason=i.reason,
-            spend_usd=seconds * rate / SECONDS_PER_HOUR, ondemand_only_usd=seconds * ondemand_rate / SECONDS_PER_HOUR,
-        ))
+        costs.append(
+            InstanceCost(
+                instance_id=i.instance_id,
+                pool=i.pool,
+                capacity_class=i.capacity_class,
+                machine_type=i.machine_type,
+                usd_per_hour=rate,
+                ondemand_usd_per_hour=ondemand_rate,
+                billed_seconds=seconds,
+                reason=i.reason,
+                spend_usd=seconds * rate / SECONDS_PER_HOUR,
+                ondemand_only_usd=seconds * ondemand_rate / SECONDS_PER_HOUR,
+            )
+        )
     return costs
 
 
@@ -209,17 +222,24 @@ def _step_costs(records: RunRecords, instances: list[InstanceCost], as_of: datet
         rows, egress = usage_by_step[step.step], egress_by_step[step.step]
         cost = egress + usd(rows, own)
         generated, trained = sum(u.tokens_generated for u in rows), step.tokens_trained or 0
-        steps.append(StepCost(
-            step=step.step, started_at=step.started_at, ended_at=step.ended_at,
-            instances=len(rows), instance_seconds=sum(u.seconds for u in rows),
-            tokens_generated=generated, tokens_wasted=sum(u.tokens_wasted for u in rows), tokens_trained=trained,
-            preemptions=_count_within(preemption_times, step.started_at, step.ended_at or as_of),
-            cost_usd=cost,
-            spot_usd=usd([u for u in rows if by_id[u.instance_id].capacity_class == "spot"], own),
-            ondemand_only_usd=egress + usd(rows, ondemand),
-            usd_per_million_generated=_per_million(cost, generated),
-            usd_per_million_trained=_per_million(cost, trained),
-        ))
+        steps.append(
+            StepCost(
+                step=step.step,
+                started_at=step.started_at,
+                ended_at=step.ended_at,
+                instances=len(rows),
+                instance_seconds=sum(u.seconds for u in rows),
+                tokens_generated=generated,
+                tokens_wasted=sum(u.tokens_wasted for u in rows),
+                tokens_trained=trained,
+                preemptions=_count_within(preemption_times, step.started_at, step.ended_at or as_of),
+                cost_usd=cost,
+                spot_usd=usd([u for u in rows if by_id[u.instance_id].capacity_class == "spot"], own),
+                ondemand_only_usd=egress + usd(rows, ondemand),
+                usd_per_million_generated=_per_million(cost, generated),
+                usd_per_million_trained=_per_million(cost, trained),
+            )
+        )
     return steps
 
 
@@ -228,13 +248,16 @@ def _class_spends(instances: list[InstanceCost]) -> list[ClassSpend]:
     for name in CAPACITY_CLASSES:
         members = [c for c in instances if c.capacity_class == name]
         if members:
-            classes.append(ClassSpend(
-                capacity_class=name, instances=len(members),
-                instance_hours=sum(c.billed_seconds for c in members) / SECONDS_PER_HOUR,
-                spend_usd=sum(c.spend_usd for c in members),
-                ondemand_only_usd=sum(c.ondemand_only_usd for c in members),
-                preemptions=sum(1 for c in members if c.reason in PREEMPTION_REASONS),
-            ))
+            classes.append(
+                ClassSpend(
+                    capacity_class=name,
+                    instances=len(members),
+                    instance_hours=sum(c.billed_seconds for c in members) / SECONDS_PER_HOUR,
+                    spend_usd=sum(c.spend_usd for c in members),
+                    ondemand_only_usd=sum(c.ondemand_only_usd for c in members),
+                    preemptions=sum(1 for c in members if c.reason in PREEMPTION_REASONS),
+                )
+            )
     return classes
 
 
@@ -251,14 +274,28 @@ def build_report(records: RunRecords, prices: PriceSource, as_of: datetime | Non
     generated = sum(s.tokens_generated for s in steps)
     trained = sum(s.tokens_trained for s in steps)
     return CostReport(
-        run_id=run.run_id, run_name=run.name, started_at=run.started_at, ended_at=run.ended_at, as_of=as_of,
-        steps=steps, classes=_class_spends(instances), instances=instances,
-        instance_spend_usd=total - egress, egress_usd=egress, transfer_bytes=sum(t.bytes for t in records.transfers),
-        total_usd=total, attributed_usd=attributed, unattributed_usd=total - attributed,
-        tokens_generated=generated, tokens_wasted=sum(s.tokens_wasted for s in steps), tokens_trained=trained,
-        usd_per_million_generated=_per_million(total, generated), usd_per_million_trained=_per_million(total, trained),
+        run_id=run.run_id,
+        run_name=run.name,
+        started_at=run.started_at,
+        ended_at=run.ended_at,
+        as_of=as_of,
+        steps=steps,
+        classes=_class_spends(instances),
+        instances=instances,
+        instance_spend_usd=total - egress,
+        egress_usd=egress,
+        transfer_bytes=sum(t.bytes for t in records.transfers),
+        total_usd=total,
+        attributed_usd=attributed,
+        unattributed_usd=total - attributed,
+        tokens_generated=generated,
+        tokens_wasted=sum(s.tokens_wasted for s in steps),
+        tokens_trained=trained,
+        usd_per_million_generated=_per_million(total, generated),
+        usd_per_million_trained=_per_million(total, trained),
         preemptions=sum(1 for i in records.instances if i.reason in PREEMPTION_REASONS),
         evictions=sum(1 for i in records.instances if i.reason == "evicted"),
-        ondemand_only_usd=ondemand_only, savings_usd=ondemand_only - total,
+        ondemand_only_usd=ondemand_only,
+        savings_usd=ondemand_only - total,
         savings_fraction=(ondemand_only - total) / ondemand_only if ondemand_only else None,
     )

@@ -130,7 +130,9 @@ def load_azure_table(path: Path = AZURE_TABLE) -> PriceTable:
     as_of = next((m.group(1) for _, text in lines if (m := _AS_OF.search(text))), "an unstated date")
     reader = csv.DictReader(text for _, text in rows)
     for (line, _), row in zip(rows[1:], reader, strict=True):
-        step = PriceStep(BEGINNING, _usd(row["ondemand_usd_per_hour"], path, line), _usd(row["spot_usd_per_hour"], path, line))
+        step = PriceStep(
+            BEGINNING, _usd(row["ondemand_usd_per_hour"], path, line), _usd(row["spot_usd_per_hour"], path, line)
+        )
         series[row["machine_type"], row["region"]] = (step,)
     return PriceTable("azure", f"Azure list prices as of {as_of} in {path}", series)
 

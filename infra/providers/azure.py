@@ -39,8 +39,10 @@ from azure.identity import DefaultAzureCredential
 from azure.mgmt.compute import ComputeManagementClient
 from azure.mgmt.compute import models as m
 
-from infra.providers.prices_live import AzureRetailPrices, QuoteBook
+from infra.providers.errors import CredentialsError, PoolConfigError, ZoneUnavailable
 from infra.providers.pool import PoolSpec
+from infra.providers.prices_live import AzureRetailPrices, QuoteBook
+from infra.providers.startup import WorkerBootstrap, render_startup_script
 from infra.providers.zonal import (
     LABEL_POOL,
     LABEL_RUN,
@@ -51,17 +53,20 @@ from infra.providers.zonal import (
     ZonalCloudProvider,
     label_value,
 )
-from infra.providers.errors import CredentialsError, PoolConfigError, ZoneUnavailable
-from infra.providers.startup import WorkerBootstrap, render_startup_script
 
 log = logging.getLogger(__name__)
 
 NETWORK_API_VERSION = "2020-11-01"
 """Lets the VM create (and delete) its own network interface."""
-CAPACITY_CODES = frozenset({
-    "AllocationFailed", "ZonalAllocationFailed", "OverconstrainedAllocationRequest",
-    "OverconstrainedZonalAllocationRequest", "SkuNotAvailable",
-})
+CAPACITY_CODES = frozenset(
+    {
+        "AllocationFailed",
+        "ZonalAllocationFailed",
+        "OverconstrainedAllocationRequest",
+        "OverconstrainedZonalAllocationRequest",
+        "SkuNotAvailable",
+    }
+)
 QUOTA_CODES = frozenset({"QuotaExceeded", "LowPriorityQuotaExceeded"})
 TRANSIENT_CODES = frozenset({"RetryableError", "InternalExecutionError", "TooManyRequests"})
 CREDENTIAL_CODES = frozenset({"ExpiredAuthenticationToken", "InvalidAuthenticationToken", "AuthenticationFailed"})
@@ -127,7 +132,9 @@ class AzureProvider(ZonalCloudProvider):
             self._client_kwargs["base_url"] = base_url
         if authentication_policy is not None:
             self._client_kwargs["authentication_policy"] = authentication_policy
-        self._retail_prices = (retail_prices or AzureRetailPrices(timeout_s=polling.request_timeout_s)) if live_prices else None
+        self._retail_prices = (
+            (retail_prices or AzureRetailPrices(timeout_s=polling.request_timeout_s)) if live_prices else None
+        )
         self._polling = polling
         self._clients: dict[str, ComputeManagementClient] = {}
         self._quotes = QuoteBook(clock=self._clock, ttl_s=price_ttl_s)
@@ -148,7 +155,9 @@ class AzureProvider(ZonalCloudProvider):
         try:
             yield
         except ClientAuthenticationError as error:
-            raise CredentialsError(pool.name, f"Azure rejected the credentials ({_first_line(error.message)}): {LOGIN_FIX}") from None
+            raise CredentialsError(
+                pool.name, f"Azure rejected the credentials ({_first_line(error.message)}): {LOGIN_FIX}"
+            ) from None
         except (ServiceRequestError, ServiceResponseError) as error:
             if zone is None:
                 raise
@@ -161,8 +170,9 @@ class AzureProvider(ZonalCloudProvider):
                 raise CredentialsError(pool.name, f"Azure rejected the credentials ({detail}): {LOGIN_FIX}") from None
             if code == "AuthorizationFailed" or error.status_code == 403:
                 raise CredentialsError(
-                    pool.name, f"permission denied ({detail}): give the identity the Virtual Machine Contributor role "
-                    "on the resource group and Network Contributor on the subnet"
+                    pool.name,
+                    f"permission denied ({detail}): give the identity the Virtual Machine Contributor role "
+                    "on the resource group and Network Contributor on the subnet",
                 ) from None
             if zone is not None:
                 if code in CAPACITY_CODES:
@@ -208,7 +218,9 @@ class AzureProvider(ZonalCloudProvider):
             if poller.done():
                 created.append(name)
             else:
-                failure = failure or ZoneUnavailable(zone, "transient", f"{name} still being created after {self._polling.timeout_s:.0f} s")
+                failure = failure or ZoneUnavailable(
+                    zone, "transient", f"{name} still being created after {self._polling.timeout_s:.0f} s"
+                )
         return created, failure
 
     def virtual_machine(self, pool: PoolSpec, zone: str, name: str, labels: dict[str, str]) -> m.VirtualMachine:
@@ -216,7 +228,9 @@ class AzureProvider(ZonalCloudProvider):
         settings = pool.azure
         assert settings is not None
         location, number = split_zone(zone)
-        script = render_startup_script(self._bootstrap, pool=pool, instance_id=name, run_id=self.run_id, watcher="azure")
+        script = render_startup_script(
+            self._bootstrap, pool=pool, instance_id=name, run_id=self.run_id, watcher="azure"
+        )
         vm = m.VirtualMachine(
             location=location,
             zones=[number] if number else None,
@@ -232,19 +246,31 @@ class AzureProvider(ZonalCloudProvider):
                 custom_data=base64.b64encode(script.encode()).decode(),
                 linux_configuration=m.LinuxConfiguration(
                     disable_password_authentication=True,
-                    ssh=m.SshConfiguration(public_keys=[m.SshPublicKey(
-                        path=f"/home/{settings.admin_username}/.ssh/authorized_keys", key_data=settings.ssh_public_key,
-                    )]),
+                    ssh=m.SshConfiguration(
+                        public_keys=[
+                            m.SshPublicKey(
+                                path=f"/home/{settings.admin_username}/.ssh/authorized_keys",
+                                key_data=settings.ssh_public_key,
+                            )
+                        ]
+                    ),
                 ),
             ),
             network_profile=m.NetworkProfile(
                 network_api_version=NETWORK_API_VERSION,
-                network_interface_configurations=[m.VirtualMachineNetworkInterfaceConfiguration(
-                    name=f"{name}-nic", primary=True, delete_option="Delete",
-                    ip_configurations=[m.VirtualMachineNetworkInterfaceIPConfiguration(
-                        name=f"{name}-ip", subnet=m.SubResource(id=settings.subnet_id),
-                    )],
-                )],
+                network_interface_configurations=[
+                    m.VirtualMachineNetworkInterfaceConfiguration(
+                        name=f"{name}-nic",
+                        primary=True,
+                        delete_option="Delete",
+                        ip_configurations=[
+                            m.VirtualMachineNetworkInterfaceIPConfiguration(
+                                name=f"{name}-ip",
+                                subnet=m.SubResource(id=settings.subnet_id),
+                            )
+                        ],
+                    )
+                ],
             ),
         )
         if pool.capacity_class == "spot":
@@ -273,11 +299,16 @@ class AzureProvider(ZonalCloudProvider):
                 continue
             zone = vm.location + (f"-{vm.zones[0]}" if vm.zones else "")
             step = tags.get(LABEL_STEP, "")
-            seen.append(ObservedInstance(
-                vm.name, pool.name, zone, STATES.get(vm.provisioning_state or "", "running"),
-                created_at=vm.time_created.timestamp() if vm.time_created else None,
-                launch_step=int(step) if step.isdigit() else None,
-            ))
+            seen.append(
+                ObservedInstance(
+                    vm.name,
+                    pool.name,
+                    zone,
+                    STATES.get(vm.provisioning_state or "", "running"),
+                    created_at=vm.time_created.timestamp() if vm.time_created else None,
+                    launch_step=int(step) if step.isdigit() else None,
+                )
+            )
         return seen
 
     def _notice_times(self, pool: PoolSpec, zone: str, names: Sequence[str], now: float) -> dict[str, float]:
@@ -290,8 +321,10 @@ class AzureProvider(ZonalCloudProvider):
 
     def _quote_zone(self, pool: PoolSpec, zone: str) -> float:
         prices = self._retail_prices
-        live = None if prices is None else (
-            lambda: prices.hourly_price(split_zone(zone)[0], pool.machine_type, pool.capacity_class == "spot")
+        live = (
+            None
+            if prices is None
+            else (lambda: prices.hourly_price(split_zone(zone)[0], pool.machine_type, pool.capacity_class == "spot"))
         )
         return self._quotes.quote(pool, zone, live)
 

@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from typing import get_args
 
-from infra.providers.pool import PoolSpec
 from infra.providers.interface import InstanceHandle, InstanceRecord, PreemptionEvent, Provider, StopReason
+from infra.providers.pool import PoolSpec
 
 KINDS: tuple[str, ...] = get_args(PoolSpec.model_fields["provider"].annotation)
 """The values of `PoolSpec.provider`: `local`, `gcp`, `azure`."""

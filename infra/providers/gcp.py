@@ -35,8 +35,10 @@ from google.auth import exceptions as auth_exc
 from google.auth.credentials import Credentials
 from google.cloud import billing_v1, compute_v1
 
-from infra.providers.prices_live import GceShape, GcpCatalogPrices, QuoteBook
+from infra.providers.errors import CredentialsError, PoolConfigError, ZoneUnavailable
 from infra.providers.pool import PoolSpec
+from infra.providers.prices_live import GceShape, GcpCatalogPrices, QuoteBook
+from infra.providers.startup import WorkerBootstrap, render_startup_script
 from infra.providers.zonal import (
     LABEL_POOL,
     LABEL_RUN,
@@ -47,8 +49,6 @@ from infra.providers.zonal import (
     ZonalCloudProvider,
     label_value,
 )
-from infra.providers.errors import CredentialsError, PoolConfigError, ZoneUnavailable
-from infra.providers.startup import WorkerBootstrap, render_startup_script
 
 log = logging.getLogger(__name__)
 
@@ -59,9 +59,15 @@ QUOTA_CODES = frozenset({"QUOTA_EXCEEDED"})
 QUOTA_REASONS = frozenset({"quotaExceeded", "QUOTA_EXCEEDED"})
 THROTTLE_REASONS = frozenset({"rateLimitExceeded", "userRateLimitExceeded", "RATE_LIMIT_EXCEEDED"})
 STATUSES: dict[str, ObservedStatus] = {
-    "PROVISIONING": "running", "STAGING": "running", "RUNNING": "running", "REPAIRING": "running",
-    "STOPPING": "stopping", "SUSPENDING": "stopping",
-    "TERMINATED": "stopped", "SUSPENDED": "stopped", "STOPPED": "stopped",
+    "PROVISIONING": "running",
+    "STAGING": "running",
+    "RUNNING": "running",
+    "REPAIRING": "running",
+    "STOPPING": "stopping",
+    "SUSPENDING": "stopping",
+    "TERMINATED": "stopped",
+    "SUSPENDED": "stopped",
+    "STOPPED": "stopped",
 }
 """GCE instance status -> what it means for the pool."""
 LOGIN_FIX = (
@@ -137,15 +143,18 @@ class GcpProvider(ZonalCloudProvider):
         except auth_exc.RefreshError as error:
             reason = error.args[0] if error.args and isinstance(error.args[0], str) else type(error).__name__
             raise CredentialsError(
-                pool.name, f"the Google Cloud credentials could not be refreshed ({reason}); they have expired "
-                f"or been revoked: {LOGIN_FIX}"
+                pool.name,
+                f"the Google Cloud credentials could not be refreshed ({reason}); they have expired "
+                f"or been revoked: {LOGIN_FIX}",
             ) from None
         except (requests.ConnectionError, requests.Timeout) as error:
             if zone is None:
                 raise
             raise ZoneUnavailable(zone, "transient", f"{type(error).__name__}: {error}") from None
         except gexc.Unauthorized as error:
-            raise CredentialsError(pool.name, f"Google Cloud rejected the credentials ({error.message}): {LOGIN_FIX}") from None
+            raise CredentialsError(
+                pool.name, f"Google Cloud rejected the credentials ({error.message}): {LOGIN_FIX}"
+            ) from None
         except gexc.GoogleAPICallError as error:
             reasons = {item.get("reason") for item in error.errors if isinstance(item, dict)} | {error.reason}
             detail = f"{error.code} {error.message}"
@@ -155,16 +164,20 @@ class GcpProvider(ZonalCloudProvider):
                 raise ZoneUnavailable(zone, "transient", detail) from None
             if isinstance(error, gexc.Forbidden):
                 raise CredentialsError(
-                    pool.name, f"permission denied in project {project} ({error.message}): grant the account "
-                    "roles/compute.instanceAdmin.v1 (and roles/iam.serviceAccountUser on the VMs' service account)"
+                    pool.name,
+                    f"permission denied in project {project} ({error.message}): grant the account "
+                    "roles/compute.instanceAdmin.v1 (and roles/iam.serviceAccountUser on the VMs' service account)",
                 ) from None
             if isinstance(error, gexc.NotFound):
                 raise PoolConfigError(
-                    pool.name, f"not found ({error.message}): check gcp.project ({project}), gcp.zones, gcp.image "
-                    "and gcp.accelerator_type, and that the Compute Engine API is enabled in the project"
+                    pool.name,
+                    f"not found ({error.message}): check gcp.project ({project}), gcp.zones, gcp.image "
+                    "and gcp.accelerator_type, and that the Compute Engine API is enabled in the project",
                 ) from None
             if isinstance(error, gexc.BadRequest):
-                raise PoolConfigError(pool.name, f"Compute Engine refused the VM ({error.message}): {_fix_for(error.message)}") from None
+                raise PoolConfigError(
+                    pool.name, f"Compute Engine refused the VM ({error.message}): {_fix_for(error.message)}"
+                ) from None
             raise
 
     # -- ZonalCloudProvider ---------------------------------------------------------------------
@@ -178,12 +191,16 @@ class GcpProvider(ZonalCloudProvider):
         failure: ZoneUnavailable | None = None
         for name in names:
             request = compute_v1.InsertInstanceRequest(
-                project=pool.gcp.project, zone=zone, request_id=str(uuid.uuid4()),
+                project=pool.gcp.project,
+                zone=zone,
+                request_id=str(uuid.uuid4()),
                 instance_resource=self.instance_resource(pool, zone, name, labels),
             )
             try:
                 with self._translate(pool, zone):
-                    pending.append((name, instances.insert_unary(request=request, timeout=self._polling.request_timeout_s)))
+                    pending.append(
+                        (name, instances.insert_unary(request=request, timeout=self._polling.request_timeout_s))
+                    )
             except ZoneUnavailable as error:
                 failure = error
                 break
@@ -219,24 +236,33 @@ class GcpProvider(ZonalCloudProvider):
             machine_type=f"zones/{zone}/machineTypes/{pool.machine_type}",
             scheduling=scheduling,
             labels=labels,
-            disks=[compute_v1.AttachedDisk(
-                boot=True, auto_delete=True,
-                initialize_params=compute_v1.AttachedDiskInitializeParams(
-                    source_image=settings.image, disk_size_gb=settings.boot_disk_gb,
-                    disk_type=f"zones/{zone}/diskTypes/{settings.boot_disk_type}",
-                ),
-            )],
+            disks=[
+                compute_v1.AttachedDisk(
+                    boot=True,
+                    auto_delete=True,
+                    initialize_params=compute_v1.AttachedDiskInitializeParams(
+                        source_image=settings.image,
+                        disk_size_gb=settings.boot_disk_gb,
+                        disk_type=f"zones/{zone}/diskTypes/{settings.boot_disk_type}",
+                    ),
+                )
+            ],
             network_interfaces=[network],
-            service_accounts=[compute_v1.ServiceAccount(
-                email=settings.service_account or "default", scopes=[CLOUD_PLATFORM_SCOPE],
-            )],
+            service_accounts=[
+                compute_v1.ServiceAccount(
+                    email=settings.service_account or "default",
+                    scopes=[CLOUD_PLATFORM_SCOPE],
+                )
+            ],
             metadata=compute_v1.Metadata(items=[compute_v1.Items(key="startup-script", value=script)]),
         )
         if settings.accelerator_type:
-            instance.guest_accelerators = [compute_v1.AcceleratorConfig(
-                accelerator_type=f"zones/{zone}/acceleratorTypes/{settings.accelerator_type}",
-                accelerator_count=settings.accelerator_count,
-            )]
+            instance.guest_accelerators = [
+                compute_v1.AcceleratorConfig(
+                    accelerator_type=f"zones/{zone}/acceleratorTypes/{settings.accelerator_type}",
+                    accelerator_count=settings.accelerator_count,
+                )
+            ]
         return instance
 
     def _wait(self, pool: PoolSpec, zone: str, operation: compute_v1.Operation) -> ZoneUnavailable | None:
@@ -246,11 +272,16 @@ class GcpProvider(ZonalCloudProvider):
         deadline = time.monotonic() + self._polling.timeout_s
         while operation.status != compute_v1.Operation.Status.DONE:
             if time.monotonic() > deadline:
-                return ZoneUnavailable(zone, "transient", f"operation {operation.name} still running after {self._polling.timeout_s:.0f} s")
+                return ZoneUnavailable(
+                    zone, "transient", f"operation {operation.name} still running after {self._polling.timeout_s:.0f} s"
+                )
             self._sleep(self._polling.interval_s)
             with self._translate(pool, None):
                 operation = operations.wait(
-                    project=pool.gcp.project, zone=zone, operation=operation.name, timeout=self._polling.request_timeout_s
+                    project=pool.gcp.project,
+                    zone=zone,
+                    operation=operation.name,
+                    timeout=self._polling.request_timeout_s,
                 )
         errors = list(operation.error.errors) if operation.error else []
         if not errors:
@@ -262,17 +293,23 @@ class GcpProvider(ZonalCloudProvider):
 
     def _delete(self, pool: PoolSpec, zone: str, name: str) -> None:
         assert pool.gcp is not None
-        request = compute_v1.DeleteInstanceRequest(project=pool.gcp.project, zone=zone, instance=name, request_id=str(uuid.uuid4()))
+        request = compute_v1.DeleteInstanceRequest(
+            project=pool.gcp.project, zone=zone, instance=name, request_id=str(uuid.uuid4())
+        )
         with self._translate(pool, None):
             try:
-                self._client(pool, compute_v1.InstancesClient).delete_unary(request=request, timeout=self._polling.request_timeout_s)
+                self._client(pool, compute_v1.InstancesClient).delete_unary(
+                    request=request, timeout=self._polling.request_timeout_s
+                )
             except gexc.NotFound:
                 log.info("pool %s: %s in %s is already gone", pool.name, name, zone)
 
     def _observe(self, pool: PoolSpec) -> list[ObservedInstance]:
         assert pool.gcp is not None
         instances = self._client(pool, compute_v1.InstancesClient)
-        wanted = f'(labels.{LABEL_RUN} = "{label_value(self.run_id)}") (labels.{LABEL_POOL} = "{label_value(pool.name)}")'
+        wanted = (
+            f'(labels.{LABEL_RUN} = "{label_value(self.run_id)}") (labels.{LABEL_POOL} = "{label_value(pool.name)}")'
+        )
         seen = []
         for zone in pool.zones:
             request = compute_v1.ListInstancesRequest(project=pool.gcp.project, zone=zone, filter=wanted)
@@ -280,10 +317,16 @@ class GcpProvider(ZonalCloudProvider):
                 listed = list(instances.list(request=request, timeout=self._polling.request_timeout_s))
             for vm in listed:
                 step = vm.labels.get(LABEL_STEP, "")
-                seen.append(ObservedInstance(
-                    vm.name, pool.name, zone, STATUSES.get(vm.status, "running"),
-                    created_at=_epoch(vm.creation_timestamp), launch_step=int(step) if step.isdigit() else None,
-                ))
+                seen.append(
+                    ObservedInstance(
+                        vm.name,
+                        pool.name,
+                        zone,
+                        STATUSES.get(vm.status, "running"),
+                        created_at=_epoch(vm.creation_timestamp),
+                        launch_step=int(step) if step.isdigit() else None,
+                    )
+                )
         return seen
 
     def _notice_times(self, pool: PoolSpec, zone: str, names: Sequence[str], now: float) -> dict[str, float]:
@@ -292,9 +335,11 @@ class GcpProvider(ZonalCloudProvider):
             project=pool.gcp.project, zone=zone, filter=f'operationType = "{PREEMPTED_OPERATION}"'
         )
         with self._translate(pool, None):
-            operations = list(self._client(pool, compute_v1.ZoneOperationsClient).list(
-                request=request, timeout=self._polling.request_timeout_s
-            ))
+            operations = list(
+                self._client(pool, compute_v1.ZoneOperationsClient).list(
+                    request=request, timeout=self._polling.request_timeout_s
+                )
+            )
         wanted = set(names)
         notices = {}
         for operation in operations:
@@ -314,7 +359,9 @@ class GcpProvider(ZonalCloudProvider):
         if self._catalog is None:
             client = self._client(pool, billing_v1.CloudCatalogClient)
             self._catalog = GcpCatalogPrices(client, clock=self._clock, timeout_s=self._polling.request_timeout_s)
-        return self._catalog.hourly_price(zone_region(zone), self.machine_shape(pool, zone), pool.capacity_class == "spot")
+        return self._catalog.hourly_price(
+            zone_region(zone), self.machine_shape(pool, zone), pool.capacity_class == "spot"
+        )
 
     def machine_shape(self, pool: PoolSpec, zone: str) -> GceShape:
         """vCPUs, memory and GPUs of the pool's machine type in `zone` (its own GPUs plus the pool's)."""
@@ -324,13 +371,18 @@ class GcpProvider(ZonalCloudProvider):
             client = self._client(pool, compute_v1.MachineTypesClient)
             with self._translate(pool, None):
                 try:
-                    machine = client.get(project=pool.gcp.project, zone=zone, machine_type=pool.machine_type,
-                                         timeout=self._polling.request_timeout_s)
+                    machine = client.get(
+                        project=pool.gcp.project,
+                        zone=zone,
+                        machine_type=pool.machine_type,
+                        timeout=self._polling.request_timeout_s,
+                    )
                 except gexc.NotFound:
                     raise PoolConfigError(
-                        pool.name, f"machine type {pool.machine_type!r} does not exist in zone {zone} of project "
+                        pool.name,
+                        f"machine type {pool.machine_type!r} does not exist in zone {zone} of project "
                         f"{pool.gcp.project}: pick one that every zone of the pool offers "
-                        f"(`gcloud compute machine-types list --zones {zone}`), and check gcp.project and gcp.zones"
+                        f"(`gcloud compute machine-types list --zones {zone}`), and check gcp.project and gcp.zones",
                     ) from None
             accelerators = [(a.guest_accelerator_type, a.guest_accelerator_count) for a in machine.accelerators]
             if pool.gcp.accelerator_type:

@@ -31,9 +31,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Self
 
-from infra.providers.pool import PoolSpec
-from infra.providers.interface import InstanceHandle, InstanceRecord, PreemptionEvent, Provider, StopReason
 from infra.availability.traces import TraceSchedule
+from infra.providers.interface import InstanceHandle, InstanceRecord, PreemptionEvent, Provider, StopReason
+from infra.providers.pool import PoolSpec
 
 log = logging.getLogger(__name__)
 
@@ -307,7 +307,10 @@ class TickThread:
             raise RuntimeError("the tick thread is already running")
         self._stop.clear()
         self._thread = threading.Thread(
-            target=_tick_loop, args=(weakref.ref(owner), self._stop, interval_s, self.name), name=self.name, daemon=True,
+            target=_tick_loop,
+            args=(weakref.ref(owner), self._stop, interval_s, self.name),
+            name=self.name,
+            daemon=True,
         )
         self._thread.start()
 

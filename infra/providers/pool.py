@@ -209,10 +209,14 @@ class PoolSpec(_Spec):
             section = data.get(cloud)
             if provider != cloud:
                 if section is not None:
-                    raise ValueError(f"pool {name!r}: a `{cloud}` section needs `provider: {cloud}` (it has {provider})")
+                    raise ValueError(
+                        f"pool {name!r}: a `{cloud}` section needs `provider: {cloud}` (it has {provider})"
+                    )
                 continue
             if section is None:
-                raise ValueError(f"pool {name!r}: `provider: {cloud}` needs a `{cloud}` section with {', '.join(required)}")
+                raise ValueError(
+                    f"pool {name!r}: `provider: {cloud}` needs a `{cloud}` section with {', '.join(required)}"
+                )
             if isinstance(section, dict):
                 for key, fix in required.items():
                     if not section.get(key):

@@ -27,8 +27,8 @@ import httpx
 
 from infra.pricing.catalog import PriceNotFound
 from infra.pricing.catalog import price as catalog_price
-from infra.providers.pool import PoolSpec
 from infra.providers.errors import CloudError
+from infra.providers.pool import PoolSpec
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,12 @@ class QuoteBook:
                 price, ttl = self._offline(pool, zone), self._retry_s
                 log.warning(
                     "pool %s: no live price in %s (%s: %s); using the offline price %.4f USD/h for %.0f s",
-                    pool.name, zone, type(error).__name__, error, price, ttl,
+                    pool.name,
+                    zone,
+                    type(error).__name__,
+                    error,
+                    price,
+                    ttl,
                 )
         self._cache[pool.name, zone] = (price, now + ttl)
         return price
@@ -185,7 +190,8 @@ class GcpCatalogPrices:
 def azure_hourly_price(items: Iterable[dict[str, Any]], spot: bool) -> float:
     """USD per hour of the Linux consumption meter (`... Spot` for spot) among Retail Prices `items`."""
     meters = [
-        item for item in items
+        item
+        for item in items
         if item.get("type") == "Consumption"
         and item.get("unitOfMeasure") == "1 Hour"
         and "Windows" not in item.get("productName", "")

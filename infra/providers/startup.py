@@ -20,8 +20,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from infra.providers.pool import PoolSpec
 from infra.providers.interface import instance_work_queue
+from infra.providers.pool import PoolSpec
 
 WatcherKind = Literal["gce", "azure"]
 
@@ -60,17 +60,35 @@ def render_startup_script(
     if bootstrap.prefect_api_url is not None:
         env["PREFECT_API_URL"] = bootstrap.prefect_api_url
     watch = [
-        f"{venv}/bin/python", "-m", "infra.watchers", watcher,
+        f"{venv}/bin/python",
+        "-m",
+        "infra.watchers",
+        watcher,
         *(["--instance", instance_id] if watcher == "azure" else []),
-        "--grace-s", str(bootstrap.grace_s), "--",
-        f"{venv}/bin/python", "-m", "infra.stack.prefect_worker", "--pool", pool.name,
-        "--work-queue", instance_work_queue(run_id, instance_id), "--name", instance_id, "--limit", "1",
+        "--grace-s",
+        str(bootstrap.grace_s),
+        "--",
+        f"{venv}/bin/python",
+        "-m",
+        "infra.stack.prefect_worker",
+        "--pool",
+        pool.name,
+        "--work-queue",
+        instance_work_queue(run_id, instance_id),
+        "--name",
+        instance_id,
+        "--limit",
+        "1",
         "--run-once",
     ]
-    install = [] if bootstrap.install is None else [
-        f"{q(bootstrap.python)} -m venv {q(venv)}",
-        f"{q(venv + '/bin/python')} -m pip install --quiet {q(bootstrap.install)}",
-    ]
+    install = (
+        []
+        if bootstrap.install is None
+        else [
+            f"{q(bootstrap.python)} -m venv {q(venv)}",
+            f"{q(venv + '/bin/python')} -m pip install --quiet {q(bootstrap.install)}",
+        ]
+    )
     lines = [
         "#!/bin/bash",
         f"# rlboost rollout instance {instance_id} of pool {pool.name}: install, then serve the pool's work queue.",

@@ -85,7 +85,9 @@ class ZoneFailover:
     a quota failure blocks every zone of its region (quotas are regional). A success resets the count.
     """
 
-    def __init__(self, zones: Sequence[str], region_of: Callable[[str], str], backoff_s: float, max_backoff_s: float) -> None:
+    def __init__(
+        self, zones: Sequence[str], region_of: Callable[[str], str], backoff_s: float, max_backoff_s: float
+    ) -> None:
         self.zones = tuple(zones)
         self._region_of = region_of
         self._backoff_s = backoff_s
@@ -208,7 +210,9 @@ class ZonalCloudProvider(Provider):
         while len(started) < count:
             zones = failover.candidates(self._clock())
             if not zones:
-                log.warning("pool %s: started %d of %d instances; every zone is backing off", pool.name, len(started), count)
+                log.warning(
+                    "pool %s: started %d of %d instances; every zone is backing off", pool.name, len(started), count
+                )
                 break
             zone = zones[0]
             price = self._quote_zone(pool, zone)
@@ -226,8 +230,14 @@ class ZonalCloudProvider(Provider):
             now = self._clock()
             for name in created:
                 record = InstanceRecord(
-                    name, pool.name, pool.capacity_class, pool.machine_type, price,
-                    launched_at=now, zone=zone, launch_step=step,
+                    name,
+                    pool.name,
+                    pool.capacity_class,
+                    pool.machine_type,
+                    price,
+                    launched_at=now,
+                    zone=zone,
+                    launch_step=step,
                 )
                 self._update(record)
                 started.append(record)
@@ -309,12 +319,21 @@ class ZonalCloudProvider(Provider):
         known = {r.instance_id for r in self.instances()}
         for seen in observed.values():
             if seen.name not in known and seen.status == "running":
-                log.info("pool %s: adopting %s in %s (launched by an earlier controller)", pool.name, seen.name, seen.zone)
-                self._update(InstanceRecord(
-                    seen.name, pool.name, pool.capacity_class, pool.machine_type, self._quote_zone(pool, seen.zone),
-                    launched_at=now if seen.created_at is None else seen.created_at,
-                    zone=seen.zone, launch_step=seen.launch_step,
-                ))
+                log.info(
+                    "pool %s: adopting %s in %s (launched by an earlier controller)", pool.name, seen.name, seen.zone
+                )
+                self._update(
+                    InstanceRecord(
+                        seen.name,
+                        pool.name,
+                        pool.capacity_class,
+                        pool.machine_type,
+                        self._quote_zone(pool, seen.zone),
+                        launched_at=now if seen.created_at is None else seen.created_at,
+                        zone=seen.zone,
+                        launch_step=seen.launch_step,
+                    )
+                )
 
     def _preempted(self, pool: PoolSpec, record: InstanceRecord, notice_at: float | None, now: float) -> InstanceRecord:
         silent = notice_at is None

@@ -56,6 +56,7 @@ from dataclasses import asdict, dataclass, fields, replace
 import redis
 from pydantic import Field
 
+from infra.keyspace import controller_prefix, owned_key, queue_key, records_key, sample_key
 from infra.rollout.policies import (
     ClusterSnapshot,
     InstanceView,
@@ -69,9 +70,8 @@ from infra.rollout.policies import (
     reap,
     steal,
 )
-from infra.rollout.registry import InstanceRegistry
-from infra.keyspace import controller_prefix, owned_key, queue_key, records_key, sample_key
 from infra.rollout.protocol import set_current_step
+from infra.rollout.registry import InstanceRegistry
 from infra.rollout.tokenlog import RECORD, GroupSpec, SampleRecord, StepStatus, TokenLog, TokenLogStats
 from rl.config import Section
 from rl.rollout import Sample
@@ -159,9 +159,13 @@ def samples_of_group(records: Sequence[SampleRecord]) -> list[Sample]:
             raise ValueError(f"sample {record.sample_id} is {record.state}, not done")
     return [
         Sample(
-            sample_id=r.sample_id, group=r.group_id, prompt_ids=list(r.prompt_ids),
-            response_ids=list(r.token_ids), logprobs=list(r.logprobs),
-            finish_reason=r.finish_reason or "", policy_version=r.policy_version,
+            sample_id=r.sample_id,
+            group=r.group_id,
+            prompt_ids=list(r.prompt_ids),
+            response_ids=list(r.token_ids),
+            logprobs=list(r.logprobs),
+            finish_reason=r.finish_reason or "",
+            policy_version=r.policy_version,
         )
         for r in records
     ]
@@ -176,7 +180,10 @@ class RolloutController:
     """Runs steps' rollouts for one run; any number of restarts may resume a step."""
 
     def __init__(
-        self, client: redis.Redis, run_id: str, config: ControllerConfig,
+        self,
+        client: redis.Redis,
+        run_id: str,
+        config: ControllerConfig,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.redis = client
@@ -203,9 +210,7 @@ class RolloutController:
 
     # --- the step loop -------------------------------------------------------------------------
 
-    def run_step(
-        self, step: int, policy_version: int, groups: Sequence[GroupSpec], on_group: OnGroup
-    ) -> StepReport:
+    def run_step(self, step: int, policy_version: int, groups: Sequence[GroupSpec], on_group: OnGroup) -> StepReport:
         """Roll out `step` (or resume it) until every group is complete or dropped, streaming
         complete groups to `on_group`; returns the step's report (the stored one if the step
         already finished)."""
@@ -217,9 +222,7 @@ class RolloutController:
         if not log.enqueue_step(step, policy_version, groups):
             stored = log.step_status(step).policy_version
             if stored != policy_version:
-                raise ValueError(
-                    f"step {step} was enqueued for policy version {stored}, not {policy_version}"
-                )
+                raise ValueError(f"step {step} was enqueued for policy version {stored}, not {policy_version}")
         self.redis.hsetnx(step_key, "started_at", repr(self.clock()))
         for name, value in asdict(log.stats()).items():
             self.redis.hsetnx(step_key, f"base_{name}", value)
@@ -270,10 +273,7 @@ class RolloutController:
         pipe.zcount(queue_key(self.run_id, status.step), "-inf", "(0")  # scores < 0: logged tokens
         *owned, queued_partial = pipe.execute()
         mine = f"{status.step}/"
-        running = [
-            sorted(s for s in (m.decode() for m in members) if s.startswith(mine))
-            for members in owned
-        ]
+        running = [sorted(s for s in (m.decode() for m in members) if s.startswith(mine)) for members in owned]
         pipe = self.redis.pipeline(transaction=False)
         for sid in (s for sids in running for s in sids):
             pipe.hget(sample_key(self.run_id, sid), "max_new")
@@ -287,19 +287,28 @@ class RolloutController:
                 samples.append(RunningSample(sid, nbytes // RECORD.itemsize, int(budget or 0)))
                 observed[sid] = (instance.info.instance_id, nbytes // RECORD.itemsize)
             heard = instance.last_heartbeat or instance.registered_at
-            views.append(InstanceView(
-                instance_id=instance.info.instance_id, pool=instance.info.pool,
-                capacity_class=instance.info.capacity_class,
-                policy_version=instance.policy_version, slots=instance.info.slots,
-                running=tuple(samples), last_heartbeat=now - (server_now - heard),
-                price_per_hour=instance.info.price_per_hour,
-                steal_requested_at=self._steal_at.get(instance.info.instance_id),
-            ))
+            views.append(
+                InstanceView(
+                    instance_id=instance.info.instance_id,
+                    pool=instance.info.pool,
+                    capacity_class=instance.info.capacity_class,
+                    policy_version=instance.policy_version,
+                    slots=instance.info.slots,
+                    running=tuple(samples),
+                    last_heartbeat=now - (server_now - heard),
+                    price_per_hour=instance.info.price_per_hour,
+                    steal_requested_at=self._steal_at.get(instance.info.instance_id),
+                )
+            )
         self._credit(status.step, observed)
         step = StepView(
-            step=status.step, policy_version=status.policy_version, started_at=started_at,
+            step=status.step,
+            policy_version=status.policy_version,
+            started_at=started_at,
             total_samples=status.queued + status.running + status.done + status.failed,
-            done=status.done, groups_total=status.groups_total, groups_done=status.groups_done,
+            done=status.done,
+            groups_total=status.groups_total,
+            groups_done=status.groups_done,
         )
         return ClusterSnapshot(now, step, tuple(views), QueueView(status.queued, queued_partial))
 
@@ -313,13 +322,16 @@ class RolloutController:
             self._steal_at.pop(decision.instance_id, None)
             logger.warning(
                 "reaped %s (%s): %d samples requeued",
-                decision.instance_id, decision.reason, samples,
+                decision.instance_id,
+                decision.reason,
+                samples,
             )
             dead.add(decision.instance_id)
         self._reap_orphans(log, snapshot)
-        return replace(snapshot, instances=tuple(
-            replace(i, alive=False) if i.instance_id in dead else i for i in snapshot.instances
-        ))
+        return replace(
+            snapshot,
+            instances=tuple(replace(i, alive=False) if i.instance_id in dead else i for i in snapshot.instances),
+        )
 
     def _reap_orphans(self, log: TokenLog, snapshot: ClusterSnapshot) -> None:
         """Reap owners of running samples that are not registered (one that deregistered
@@ -348,10 +360,14 @@ class RolloutController:
         told = {m.decode() for m in self.redis.smembers(told_key)}
         if released:
             if not self.redis.hexists(step_key, "released_at"):
-                self.redis.hset(step_key, mapping={
-                    "released_at": repr(snapshot.now), "t_local": repr(offload.t_local(num_spot)),
-                    "num_spot": num_spot,
-                })
+                self.redis.hset(
+                    step_key,
+                    mapping={
+                        "released_at": repr(snapshot.now),
+                        "t_local": repr(offload.t_local(num_spot)),
+                        "num_spot": num_spot,
+                    },
+                )
             for instance in snapshot.instances:
                 target = instance.instance_id
                 if instance.rollout_only or not instance.alive or target in told:
@@ -369,9 +385,7 @@ class RolloutController:
             message = {"op": "release", "sample_ids": list(decision.sample_ids)}
             if self.registry.request(decision.from_instance, message):
                 self._steal_at[decision.from_instance] = snapshot.now
-                self.redis.hincrby(
-                    self._key("step", snapshot.step.step), "steals", decision.count
-                )
+                self.redis.hincrby(self._key("step", snapshot.step.step), "steals", decision.count)
 
     def _deliver(self, step: int, records: list[SampleRecord], on_group: OnGroup) -> None:
         """On the delivery thread: hand a group over and record the consumer's busy time."""
@@ -407,10 +421,9 @@ class RolloutController:
         for record in records:
             pipe.hget(sample_key(self.run_id, record.sample_id), "owner")
         owners = pipe.execute()
-        self._credit(step, {
-            r.sample_id: ((owner or b"").decode(), len(r.token_ids))
-            for r, owner in zip(records, owners)
-        })
+        self._credit(
+            step, {r.sample_id: ((owner or b"").decode(), len(r.token_ids)) for r, owner in zip(records, owners)}
+        )
 
     # --- the end of a step ---------------------------------------------------------------------
 
@@ -426,9 +439,7 @@ class RolloutController:
             dropped_tokens += sum(len(r.token_ids) for r in records)
         state = {k.decode(): v.decode() for k, v in self.redis.hgetall(step_key).items()}
         stats = asdict(log.stats())
-        delta = {
-            f.name: stats[f.name] - int(state[f"base_{f.name}"]) for f in fields(TokenLogStats)
-        }
+        delta = {f.name: stats[f.name] - int(state[f"base_{f.name}"]) for f in fields(TokenLogStats)}
         started_at, all_done_at = float(state["started_at"]), float(state["all_done_at"])
         intervals = self.redis.lrange(self._key("busy", step), 0, -1)
         busy = [(float(a), float(b)) for a, b in (i.decode().split() for i in intervals)]
@@ -439,23 +450,34 @@ class RolloutController:
             trainer_idle = max(0.0, end - released_at - _busy_within(busy, released_at, end))
             t_local, num_spot = float(state["t_local"]), int(state["num_spot"])
             trained_tokens = status.tokens_logged - dropped_tokens
-            offload.update(StepTiming(
-                t_local_s=t_local, trainer_idle_s=trainer_idle, rollout_idle_s=rollout_idle,
-                throughput=trained_tokens / max(end - started_at, 1e-9), num_spot=num_spot,
-            ))
+            offload.update(
+                StepTiming(
+                    t_local_s=t_local,
+                    trainer_idle_s=trainer_idle,
+                    rollout_idle_s=rollout_idle,
+                    throughput=trained_tokens / max(end - started_at, 1e-9),
+                    num_spot=num_spot,
+                )
+            )
         report = StepReport(
-            step=step, policy_version=status.policy_version, step_time_s=end - started_at,
+            step=step,
+            policy_version=status.policy_version,
+            step_time_s=end - started_at,
             tokens_generated=status.tokens_logged + delta["wasted_tokens"],
             tokens_wasted=delta["wasted_tokens"] + dropped_tokens,
             migrations=delta["migrations"],
             reaped_instances=int(state.get("reaped_instances", 0)),
-            reaped_samples=delta["reaped_samples"], steals=int(state.get("steals", 0)),
-            rejected_appends=delta["rejected_appends"], t_local_s=t_local, num_spot=num_spot,
-            trainer_idle_s=trainer_idle, rollout_idle_s=rollout_idle,
-            groups_done=status.groups_done, groups_dropped=status.dropped_group_ids,
+            reaped_samples=delta["reaped_samples"],
+            steals=int(state.get("steals", 0)),
+            rejected_appends=delta["rejected_appends"],
+            t_local_s=t_local,
+            num_spot=num_spot,
+            trainer_idle_s=trainer_idle,
+            rollout_idle_s=rollout_idle,
+            groups_done=status.groups_done,
+            groups_dropped=status.dropped_group_ids,
             instance_tokens={
-                k.decode(): int(v)
-                for k, v in sorted(self.redis.hgetall(self._key("itok", step)).items())
+                k.decode(): int(v) for k, v in sorted(self.redis.hgetall(self._key("itok", step)).items())
             },
         )
         pipe = self.redis.pipeline(transaction=True)

@@ -26,7 +26,6 @@ from infra.availability.capacity import CapacityClass
 from infra.keyspace import registry_prefix
 
 
-
 @dataclass(frozen=True)
 class InstanceInfo:
     instance_id: str
@@ -45,9 +44,7 @@ class InstanceInfo:
                 f"{get_args(CapacityClass)}, got {self.capacity_class!r}"
             )
         if self.price_per_hour < 0 or self.slots < 1:
-            raise ValueError(
-                f"instance {self.instance_id}: price_per_hour must be >= 0 and slots >= 1"
-            )
+            raise ValueError(f"instance {self.instance_id}: price_per_hour must be >= 0 and slots >= 1")
 
 
 @dataclass(frozen=True)
@@ -123,17 +120,22 @@ class InstanceRegistry:
     def register(self, info: InstanceInfo) -> None:
         """Add (or re-register) an instance; it counts as alive for one TTL."""
         fields = [
-            "pool", info.pool, "capacity_class", info.capacity_class,
-            "price_per_hour", repr(float(info.price_per_hour)), "slots", info.slots,
-            "free_slots", info.slots, "running", 0,
+            "pool",
+            info.pool,
+            "capacity_class",
+            info.capacity_class,
+            "price_per_hour",
+            repr(float(info.price_per_hour)),
+            "slots",
+            info.slots,
+            "free_slots",
+            info.slots,
+            "running",
+            0,
         ]
-        self._register(
-            keys=[self._members], args=[self.prefix, info.instance_id, self._ttl_ms, *fields]
-        )
+        self._register(keys=[self._members], args=[self.prefix, info.instance_id, self._ttl_ms, *fields])
 
-    def heartbeat(
-        self, instance_id: str, policy_version: int | None, free_slots: int, running: int
-    ) -> bool:
+    def heartbeat(self, instance_id: str, policy_version: int | None, free_slots: int, running: int) -> bool:
         """Refresh liveness and load; False if the instance is not registered (it was evicted
         and must stop)."""
         version = "" if policy_version is None else policy_version
@@ -164,15 +166,15 @@ class InstanceRegistry:
             snapshots.append(
                 InstanceSnapshot(
                     info=InstanceInfo(
-                        instance_id=instance_id, pool=field["pool"],
+                        instance_id=instance_id,
+                        pool=field["pool"],
                         capacity_class=field["capacity_class"],  # type: ignore[arg-type]
-                        price_per_hour=float(field["price_per_hour"]), slots=int(field["slots"]),
+                        price_per_hour=float(field["price_per_hour"]),
+                        slots=int(field["slots"]),
                     ),
                     alive=bool(alive),
                     registered_at=float(field["registered_at"]),
-                    last_heartbeat=(
-                        float(field["heartbeat_at"]) if "heartbeat_at" in field else None
-                    ),
+                    last_heartbeat=(float(field["heartbeat_at"]) if "heartbeat_at" in field else None),
                     policy_version=int(field["version"]) if field.get("version") else None,
                     free_slots=int(field["free_slots"]),
                     running=int(field["running"]),
@@ -192,9 +194,7 @@ class InstanceRegistry:
         if not isinstance(command.get("op"), str):
             raise ValueError(f"a control message needs a string 'op', got {command!r}")
         message = json.dumps(command)
-        return bool(
-            self._request(keys=[self._members], args=[self.prefix, instance_id, message])
-        )
+        return bool(self._request(keys=[self._members], args=[self.prefix, instance_id, message]))
 
     def poll_requests(self, instance_id: str) -> list[dict[str, Any]]:
         """Take the instance's pending control messages, oldest first."""

@@ -66,8 +66,9 @@ def add_worker_flags(parser: argparse.ArgumentParser) -> None:
         if field.annotation is bool:
             parser.add_argument(_flag(name), action="store_true", default=field.default, help=help_text)
         else:
-            parser.add_argument(_flag(name), type=field.annotation, default=field.default,
-                                help=f"{help_text} (default {field.default})")
+            parser.add_argument(
+                _flag(name), type=field.annotation, default=field.default, help=f"{help_text} (default {field.default})"
+            )
 
 
 def settings_from_flags(args: argparse.Namespace) -> dict[str, Any]:

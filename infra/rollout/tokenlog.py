@@ -506,10 +506,7 @@ class TokenLog:
 
     def __init__(self, client: redis.Redis, run_id: str, *, max_reaps: int = 10) -> None:
         if client.get_connection_kwargs().get("decode_responses"):
-            raise ValueError(
-                "TokenLog needs a Redis client with decode_responses=False "
-                "(it stores binary arrays)"
-            )
+            raise ValueError("TokenLog needs a Redis client with decode_responses=False (it stores binary arrays)")
         if not run_id or any(c in run_id for c in "{}") or not run_id.isprintable():
             raise ValueError(f"run_id must be non-empty, printable, without braces: {run_id!r}")
         if max_reaps < 1:
@@ -519,9 +516,7 @@ class TokenLog:
         self.max_reaps = max_reaps
         self.prefix = run_prefix(run_id)
         self._stats_key = stats_key(run_id)
-        self._scripts = {
-            name: client.register_script(_PRELUDE + body) for name, body in _SCRIPTS.items()
-        }
+        self._scripts = {name: client.register_script(_PRELUDE + body) for name, body in _SCRIPTS.items()}
         self._cursors: dict[int, bytes] = {}
 
     def _run(self, script: str, *args: Any) -> Any:
@@ -539,30 +534,36 @@ class TokenLog:
         args: list[Any] = [step, policy_version]
         for g in groups:
             args += [
-                g.group_id, g.n, _pack("I", g.prompt_ids), g.max_new_tokens, g.seed,
-                json.dumps(dict(g.sampling)), json.dumps(g.meta),
+                g.group_id,
+                g.n,
+                _pack("I", g.prompt_ids),
+                g.max_new_tokens,
+                g.seed,
+                json.dumps(dict(g.sampling)),
+                json.dumps(g.meta),
             ]
         return bool(self._run("enqueue", *args))
 
     # --- the owner's side ----------------------------------------------------------------------
 
-    def claim(
-        self, step: int, instance_id: str, policy_version: int, max_samples: int
-    ) -> list[Claim]:
+    def claim(self, step: int, instance_id: str, policy_version: int, max_samples: int) -> list[Claim]:
         """Lease up to `max_samples` queued samples of `step`, partially generated ones first.
 
         Nothing is claimed when the step's policy version differs from `policy_version`.
         """
         if max_samples < 1:
             return []
-        rows = self._run(
-            "claim", step, instance_id, policy_version, max_samples, secrets.token_hex(8)
-        )
+        rows = self._run("claim", step, instance_id, policy_version, max_samples, secrets.token_hex(8))
         return [
             Claim(
-                sample_id=sid.decode(), epoch=int(epoch), prompt_ids=_unpack("I", prompt),
-                generated_ids=token_ids, generated_logprobs=logprobs,
-                max_new_tokens=int(max_new), seed=int(seed), sampling=json.loads(sampling),
+                sample_id=sid.decode(),
+                epoch=int(epoch),
+                prompt_ids=_unpack("I", prompt),
+                generated_ids=token_ids,
+                generated_logprobs=logprobs,
+                max_new_tokens=int(max_new),
+                seed=int(seed),
+                sampling=json.loads(sampling),
             )
             for sid, epoch, prompt, records, max_new, seed, sampling in rows
             for token_ids, logprobs in [_records(records)]
@@ -583,8 +584,9 @@ class TokenLog:
                 raise ValueError(f"sample {f.sample_id}: {k} tokens but {len(f.logprobs)} logprobs")
             if f.finish_reason == "":
                 raise ValueError(f"sample {f.sample_id}: empty finish_reason (use None)")
-            meta.append((f.sample_id, f.instance_id, f.epoch, -1 if f.offset is None else f.offset, k,
-                         f.finish_reason or ""))
+            meta.append(
+                (f.sample_id, f.instance_id, f.epoch, -1 if f.offset is None else f.offset, k, f.finish_reason or "")
+            )
             tokens.extend(f.token_ids)
             logprobs.extend(f.logprobs)
         if not meta:
@@ -596,21 +598,32 @@ class TokenLog:
         return [bool(ok) for ok in reply]
 
     def append(
-        self, sample_id: str, instance_id: str, epoch: int, token_ids: Sequence[int],
-        logprobs: Sequence[float], *, offset: int | None = None,
+        self,
+        sample_id: str,
+        instance_id: str,
+        epoch: int,
+        token_ids: Sequence[int],
+        logprobs: Sequence[float],
+        *,
+        offset: int | None = None,
     ) -> bool:
         return self.log([Flush(sample_id, instance_id, epoch, token_ids, logprobs, offset)])[0]
 
     def finish(
-        self, sample_id: str, instance_id: str, epoch: int, token_ids: Sequence[int],
-        logprobs: Sequence[float], finish_reason: str, *, offset: int | None = None,
+        self,
+        sample_id: str,
+        instance_id: str,
+        epoch: int,
+        token_ids: Sequence[int],
+        logprobs: Sequence[float],
+        finish_reason: str,
+        *,
+        offset: int | None = None,
     ) -> bool:
         flush = Flush(sample_id, instance_id, epoch, token_ids, logprobs, offset, finish_reason)
         return self.log([flush])[0]
 
-    def release(
-        self, sample_id: str, instance_id: str, epoch: int, *, keep_tokens: bool = True
-    ) -> bool:
+    def release(self, sample_id: str, instance_id: str, epoch: int, *, keep_tokens: bool = True) -> bool:
         """Give a leased sample back to the queue (False if the lease is not current).
 
         keep_tokens=False discards its logged tokens (counted in `wasted_tokens`): the
@@ -665,10 +678,17 @@ class TokenLog:
         meta = json.loads(meta)
         return [
             SampleRecord(
-                sample_id=f"{step}/{group_id}/{index}", group_id=group_id, index=index,
-                state=state.decode(), prompt_ids=prompt_ids, token_ids=token_ids, logprobs=logprobs,
+                sample_id=f"{step}/{group_id}/{index}",
+                group_id=group_id,
+                index=index,
+                state=state.decode(),
+                prompt_ids=prompt_ids,
+                token_ids=token_ids,
+                logprobs=logprobs,
                 finish_reason=_text(finish) or None,
-                attempts=int(attempts), migrations=int(migrations), policy_version=int(version),
+                attempts=int(attempts),
+                migrations=int(migrations),
+                policy_version=int(version),
                 meta=meta,
             )
             for index, (state, finish, attempts, migrations, records) in enumerate(samples)
@@ -681,17 +701,22 @@ class TokenLog:
             raise KeyError(f"no step {step} in run {self.run_id!r}")
         version, groups, done, dropped, queued, running, sdone, failed, tokens, dropped_ids = reply
         return StepStatus(
-            step=step, policy_version=int(version), groups_total=int(groups),
-            groups_done=int(done), groups_dropped=int(dropped),
-            dropped_group_ids=tuple(sorted(int(g) for g in dropped_ids)), queued=queued,
-            running=running, done=sdone, failed=failed, tokens_logged=tokens,
+            step=step,
+            policy_version=int(version),
+            groups_total=int(groups),
+            groups_done=int(done),
+            groups_dropped=int(dropped),
+            dropped_group_ids=tuple(sorted(int(g) for g in dropped_ids)),
+            queued=queued,
+            running=running,
+            done=sdone,
+            failed=failed,
+            tokens_logged=tokens,
         )
 
     def stats(self) -> TokenLogStats:
         values = self.client.hgetall(self._stats_key)
-        return TokenLogStats(
-            **{f.name: int(values.get(f.name.encode(), 0)) for f in fields(TokenLogStats)}
-        )
+        return TokenLogStats(**{f.name: int(values.get(f.name.encode(), 0)) for f in fields(TokenLogStats)})
 
     def delete_step(self, step: int) -> bool:
         """Free a trained step's keys (its samples' leases end); False if there was no step."""

@@ -59,17 +59,17 @@ from typing import Any
 import redis
 from pydantic import Field, model_validator
 
-from infra.rollout.flush_pipeline import FlushPipeline
-from infra.services.redis_embedded import RedisSettings
 from infra.availability.capacity import CapacityClass
+from infra.rollout.flush_pipeline import FlushPipeline
 from infra.rollout.protocol import current_step
 from infra.rollout.registry import InstanceInfo, InstanceRegistry
 from infra.rollout.settings import WorkerSettings, add_worker_flags, settings_from_flags
 from infra.rollout.tokenlog import Claim, Flush, TokenLog
-from infra.weights.puller import PullError, WeightPuller
-from infra.weights.model_source import fetch_model, is_url
-from infra.weights.shared import report_transfer, shared_config
+from infra.services.redis_embedded import RedisSettings
 from infra.weights.holders import latest_version
+from infra.weights.model_source import fetch_model, is_url
+from infra.weights.puller import PullError, WeightPuller
+from infra.weights.shared import report_transfer, shared_config
 from rl.generation import GenerationEngine
 
 log = logging.getLogger("rlboost.worker")
@@ -233,7 +233,9 @@ class RolloutWorker:
         if not is_url(location):
             return fetch_model(location)
         settings = shared_config(self.client, self.config.run_id)
-        under_store = settings is not None and settings.store_url and location.startswith(settings.store_url.rstrip("/"))
+        under_store = (
+            settings is not None and settings.store_url and location.startswith(settings.store_url.rstrip("/"))
+        )
         return fetch_model(location, settings.store_options if under_store else None)
 
     def run(self) -> int:
@@ -251,7 +253,10 @@ class RolloutWorker:
         beat.start()
         log.info(
             "worker %s registered (pool %s, %s, %d slots)",
-            cfg.instance_id, cfg.pool, cfg.capacity_class, cfg.slots,
+            cfg.instance_id,
+            cfg.pool,
+            cfg.capacity_class,
+            cfg.slots,
         )
         code = 0
         try:
@@ -275,7 +280,9 @@ class RolloutWorker:
             except redis.RedisError:
                 log.warning("could not deregister %s (the controller will reap it)", cfg.instance_id)
             log.info(
-                "worker %s exit (%s): %s", cfg.instance_id, self._stop_reason or "error",
+                "worker %s exit (%s): %s",
+                cfg.instance_id,
+                self._stop_reason or "error",
                 json.dumps(asdict(self.stats)),
             )
         return code
@@ -374,9 +381,7 @@ class RolloutWorker:
             return False
         step, version = self._step
         return (
-            self._paused_step != step
-            and self.engine.policy_version == version
-            and len(self.held) < self.config.slots
+            self._paused_step != step and self.engine.policy_version == version and len(self.held) < self.config.slots
         )
 
     def _maybe_claim(self) -> None:
@@ -411,9 +416,7 @@ class RolloutWorker:
             self.stats.failed += 1
             return
         self._claims += 1
-        self.held[claim.sample_id] = _Held(
-            claim.sample_id, claim.epoch, len(claim.generated_ids), self._claims
-        )
+        self.held[claim.sample_id] = _Held(claim.sample_id, claim.epoch, len(claim.generated_ids), self._claims)
         self.stats.claimed += 1
         self.stats.resumed += bool(claim.generated_ids)
 
@@ -442,9 +445,9 @@ class RolloutWorker:
             now = time.monotonic()
             k, t = self.config.flush_tokens, self._flush_s
             due = [
-                h for h in self.held.values()
-                if h.finish is not None
-                or (h.tokens and (force or len(h.tokens) >= k or now - h.since >= t))
+                h
+                for h in self.held.values()
+                if h.finish is not None or (h.tokens and (force or len(h.tokens) >= k or now - h.since >= t))
             ]
         if due:
             instance = self.config.instance_id
@@ -586,11 +589,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--redis-url", default=env("RLBOOST_REDIS_URL"), help="Redis URL (env RLBOOST_REDIS_URL)")
     p.add_argument("--run-id", default=env("RLBOOST_RUN_ID"), help="run id (env RLBOOST_RUN_ID)")
-    p.add_argument("--instance-id", default=env("RLBOOST_INSTANCE_ID"),
-                   help="instance id (env RLBOOST_INSTANCE_ID; default <pool>-<host>-<pid>)")
+    p.add_argument(
+        "--instance-id",
+        default=env("RLBOOST_INSTANCE_ID"),
+        help="instance id (env RLBOOST_INSTANCE_ID; default <pool>-<host>-<pid>)",
+    )
     p.add_argument("--pool", default=env("RLBOOST_POOL"), help="pool name (env RLBOOST_POOL)")
-    p.add_argument("--capacity-class", default=env("RLBOOST_CAPACITY_CLASS", "spot"),
-                   choices=["reserved", "ondemand", "spot"], help="env RLBOOST_CAPACITY_CLASS (default spot)")
+    p.add_argument(
+        "--capacity-class",
+        default=env("RLBOOST_CAPACITY_CLASS", "spot"),
+        choices=["reserved", "ondemand", "spot"],
+        help="env RLBOOST_CAPACITY_CLASS (default spot)",
+    )
     p.add_argument("--price-per-hour", type=float, default=0.0)
     p.add_argument("--model", required=True, help="base HF model directory or URL (version 0)")
     add_worker_flags(p)
@@ -611,14 +621,22 @@ def main(argv: list[str] | None = None) -> int:
         if not getattr(args, name):
             parser.error(f"--{name.replace('_', '-')} is required (or its environment variable)")
     logging.basicConfig(
-        level=args.log_level.upper(), stream=sys.stderr,
+        level=args.log_level.upper(),
+        stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     instance_id = args.instance_id or f"{args.pool}-{socket.gethostname()}-{os.getpid()}"
     config = WorkerConfig(
-        redis_url=args.redis_url, run_id=args.run_id, instance_id=instance_id, pool=args.pool,
-        capacity_class=args.capacity_class, price_per_hour=args.price_per_hour, model_path=args.model,
-        max_batch_size=args.max_batch_size, poll_ms=args.poll_ms, device=args.device,
+        redis_url=args.redis_url,
+        run_id=args.run_id,
+        instance_id=instance_id,
+        pool=args.pool,
+        capacity_class=args.capacity_class,
+        price_per_hour=args.price_per_hour,
+        model_path=args.model,
+        max_batch_size=args.max_batch_size,
+        poll_ms=args.poll_ms,
+        device=args.device,
         **settings_from_flags(args),
     )
     import torch

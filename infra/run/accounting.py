@@ -25,8 +25,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from infra.ledger import Ledger
-from infra.providers.pool import PoolSpec
 from infra.providers.interface import InstanceRecord, Provider
+from infra.providers.pool import PoolSpec
 from infra.weights.shared import Transfer
 
 STOPPED_REASONS = ("preempted", "preempted_silent", "crashed")
@@ -36,8 +36,14 @@ class RunAccounting:
     """One run's writes to the ledger; `provider` is None for in-process rollout (no instances)."""
 
     def __init__(
-        self, ledger: Ledger, run_id: str, name: str, pools: Sequence[PoolSpec], provider: Provider | None,
-        transfers: Callable[[], Sequence[Transfer]] | None = None, clock: Callable[[], float] = time.time,
+        self,
+        ledger: Ledger,
+        run_id: str,
+        name: str,
+        pools: Sequence[PoolSpec],
+        provider: Provider | None,
+        transfers: Callable[[], Sequence[Transfer]] | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         """`transfers` returns the weight pulls reported since its last call (`RolloutFabric.drain_transfers`)."""
         self.ledger = ledger
@@ -59,7 +65,10 @@ class RunAccounting:
         self.ledger.record_step(self.run_id, step, started_at=started)
 
     def end_step(
-        self, step: int, tokens_trained: int, instance_tokens: Mapping[str, int] | None = None,
+        self,
+        step: int,
+        tokens_trained: int,
+        instance_tokens: Mapping[str, int] | None = None,
         tokens_wasted: int = 0,
     ) -> None:
         """Step `step` ends now: record the instances, their usage in the step, and the step."""
@@ -75,14 +84,22 @@ class RunAccounting:
             generated = tokens.get(record.instance_id, 0)
             if seconds > 0 or generated or wasted.get(record.instance_id):
                 self.ledger.record_usage(
-                    self.run_id, step, record.instance_id, seconds=seconds,
+                    self.run_id,
+                    step,
+                    record.instance_id,
+                    seconds=seconds,
                     tokens_generated=generated + wasted.get(record.instance_id, 0),
                     tokens_wasted=wasted.get(record.instance_id, 0),
                 )
         for transfer in self.transfers() if self.transfers is not None else ():
             self.ledger.record_transfer(
-                self.run_id, transfer.instance_id, transfer.version, source=transfer.source,
-                nbytes=transfer.nbytes, step=step, transferred_at=ended,
+                self.run_id,
+                transfer.instance_id,
+                transfer.version,
+                source=transfer.source,
+                nbytes=transfer.nbytes,
+                step=step,
+                transferred_at=ended,
             )
         self.ledger.record_step(self.run_id, step, started_at=started, ended_at=ended, tokens_trained=tokens_trained)
 
@@ -112,13 +129,18 @@ def _seconds_within(record: InstanceRecord, start: float, end: float) -> float:
 
 
 def _attribute_waste(
-    records: Sequence[InstanceRecord], tokens: Mapping[str, int], wasted: int, start: float, end: float,
+    records: Sequence[InstanceRecord],
+    tokens: Mapping[str, int],
+    wasted: int,
+    start: float,
+    end: float,
 ) -> dict[str, int]:
     """Split the step's wasted tokens over the instances that stopped in it (see module doc)."""
     if wasted <= 0:
         return {}
     stopped = sorted(
-        r.instance_id for r in records
+        r.instance_id
+        for r in records
         if r.reason in STOPPED_REASONS and r.terminated_at is not None and start <= r.terminated_at <= end
     )
     if not stopped:

@@ -14,8 +14,8 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError
 from pydantic_core import PydanticUndefined
 
-from infra.run.fabric_config import FabricConfig
 from infra.ledger.config import LedgerConfig
+from infra.run.fabric_config import FabricConfig
 from rl.config import (
     DataConfig,
     EvalConfig,
@@ -160,8 +160,12 @@ def _nested_models(annotation: Any) -> list[type[BaseModel]]:
 
 def _reference_section(path: str, model: type[BaseModel], lines: list[str]) -> None:
     nested: list[tuple[str, type[BaseModel]]] = []
-    lines += [f"**`{path}`** ({model.__name__}) — {model.__doc__.strip().splitlines()[0]}", "",
-              "| key | default | meaning |", "|---|---|---|"]
+    lines += [
+        f"**`{path}`** ({model.__name__}) — {model.__doc__.strip().splitlines()[0]}",
+        "",
+        "| key | default | meaning |",
+        "|---|---|---|",
+    ]
     for name, field in model.model_fields.items():
         description = " ".join((field.description or "").split()).replace("|", "\\|")
         models = _nested_models(field.annotation)
@@ -172,8 +176,11 @@ def _reference_section(path: str, model: type[BaseModel], lines: list[str]) -> N
             shown = "`[]`" if is_list else ("—" if field.default is None else f"see `{child}`")
         else:
             default = field.default
-            shown = "—" if default is None or default is PydanticUndefined else (
-                f"`{list(default)}`" if isinstance(default, tuple) else f"`{default}`")
+            shown = (
+                "—"
+                if default is None or default is PydanticUndefined
+                else (f"`{list(default)}`" if isinstance(default, tuple) else f"`{default}`")
+            )
         lines.append(f"| `{name}` | {shown} | {description} |")
     lines.append("")
     for child, inner in nested:

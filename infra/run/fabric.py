@@ -30,18 +30,18 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from infra.rollout.controller import RolloutController, StepReport, samples_of_group
-from infra.weights.model_source import upload_model
-from infra.providers.pool import PoolSpec
-from infra.providers.interface import InstanceRecord, Provider
 from infra.fleet.cloud_fleet import CloudFleet, check_reachable_by_vms
 from infra.providers.composite import CompositeProvider
+from infra.providers.interface import InstanceRecord, Provider
 from infra.providers.local import LocalProvider
-from infra.services.redis_embedded import REDIS_URL_ENV, EmbeddedRedis
+from infra.providers.pool import PoolSpec
+from infra.rollout.controller import RolloutController, StepReport, samples_of_group
 from infra.rollout.registry import InstanceRegistry
 from infra.rollout.settings import worker_flags
-from infra.run.fabric_config import CloudSettings, FabricConfig
 from infra.rollout.tokenlog import GroupSpec, TokenLog
+from infra.run.fabric_config import CloudSettings, FabricConfig
+from infra.services.redis_embedded import REDIS_URL_ENV, EmbeddedRedis
+from infra.weights.model_source import upload_model
 from infra.weights.publisher import WeightPublisher
 from infra.weights.puller import STORE
 from infra.weights.shared import Transfer, drain_transfers, share_config
@@ -51,6 +51,7 @@ from rl.rollout import Sample, step_seed
 
 if TYPE_CHECKING:
     from infra.fleet.instance_runs import InstanceRuns
+
 
 def environment_block_name(run_id: str) -> str:
     """The Prefect Secret block holding a run's instance environment (lowercase letters, digits, dashes)."""
@@ -123,7 +124,10 @@ class RolloutFabric:
         store = weights.resolve_store_url(self.run_dir).rstrip("/")
         model = cloud.model_url or upload_model(self.model_path, f"{store}/base-model", weights.store_options)
         spec = InstanceRunSpec(
-            run_id=self.run_id, redis_url=self.redis_url, model=model, worker=self.config.worker,
+            run_id=self.run_id,
+            redis_url=self.redis_url,
+            model=model,
+            worker=self.config.worker,
             environment_block=environment_block_name(self.run_id),
         )
         self.instance_runs = runs = InstanceRuns(spec, api_url)
@@ -135,9 +139,15 @@ class RolloutFabric:
         if bootstrap.prefect_api_url is None:
             bootstrap = bootstrap.model_copy(update={"prefect_api_url": api_url})
         return CloudFleet(
-            self.config.pools, run_id=self.run_id, redis_url=self.redis_url, bootstrap=bootstrap,
-            on_change=self._cloud_instance_changed, boot_hooks=runs, current_step=lambda: self._step,
-            interval_s=cloud.reconcile_s, options=cloud_options(cloud),
+            self.config.pools,
+            run_id=self.run_id,
+            redis_url=self.redis_url,
+            bootstrap=bootstrap,
+            on_change=self._cloud_instance_changed,
+            boot_hooks=runs,
+            current_step=lambda: self._step,
+            interval_s=cloud.reconcile_s,
+            options=cloud_options(cloud),
         )
 
     def _cloud_instance_changed(self, record: InstanceRecord) -> None:
@@ -149,7 +159,9 @@ class RolloutFabric:
             from infra.fleet.prefect_local import InstanceRunSpec, PrefectLocalProvider
 
             spec = InstanceRunSpec(
-                run_id=self.run_id, redis_url=self.redis_url, model=str(self.model_path.resolve()),
+                run_id=self.run_id,
+                redis_url=self.redis_url,
+                model=str(self.model_path.resolve()),
                 worker=self.config.worker,
             )
             return PrefectLocalProvider(spec, log_dir=log_dir)
@@ -157,11 +169,24 @@ class RolloutFabric:
 
     def _worker_command(self, pool: PoolSpec, instance_id: str) -> list[str]:
         return [
-            sys.executable, "-m", "infra.rollout.worker",
-            "--redis-url", self.redis_url, "--run-id", self.run_id, "--instance-id", instance_id,
-            "--pool", pool.name, "--capacity-class", pool.capacity_class,
-            "--price-per-hour", str(pool.price_per_hour),
-            "--model", str(self.model_path), *worker_flags(self.config.worker),
+            sys.executable,
+            "-m",
+            "infra.rollout.worker",
+            "--redis-url",
+            self.redis_url,
+            "--run-id",
+            self.run_id,
+            "--instance-id",
+            instance_id,
+            "--pool",
+            pool.name,
+            "--capacity-class",
+            pool.capacity_class,
+            "--price-per-hour",
+            str(pool.price_per_hour),
+            "--model",
+            str(self.model_path),
+            *worker_flags(self.config.worker),
         ]
 
     def publish(self, version: int, state_dict) -> None:
@@ -185,9 +210,16 @@ class RolloutFabric:
                 )
             time.sleep(0.2)
 
-    def rollout(self, tokenizer, records: list[PromptRecord], step: int, version: int,
-                rollout: RolloutConfig, run_seed: int,
-                on_group: Callable[[list[Sample]], None] | None = None) -> tuple[list[Sample], StepReport]:
+    def rollout(
+        self,
+        tokenizer,
+        records: list[PromptRecord],
+        step: int,
+        version: int,
+        rollout: RolloutConfig,
+        run_seed: int,
+        on_group: Callable[[list[Sample]], None] | None = None,
+    ) -> tuple[list[Sample], StepReport]:
         """Roll out one step on the instances; samples of delivered groups, sorted by id. Each
         complete group also goes to `on_group` (its samples in order) as soon as it is done."""
         self._step = step
@@ -195,8 +227,14 @@ class RolloutFabric:
         self._wait_for_instances()
         sampling = {"temperature": rollout.temperature, "top_p": rollout.top_p, "top_k": rollout.top_k}
         groups = [
-            GroupSpec(group, tokenizer(record.prompt).input_ids, rollout.group_size, rollout.max_new_tokens,
-                      seed=step_seed(run_seed, step), sampling=sampling)
+            GroupSpec(
+                group,
+                tokenizer(record.prompt).input_ids,
+                rollout.group_size,
+                rollout.max_new_tokens,
+                seed=step_seed(run_seed, step),
+                sampling=sampling,
+            )
             for group, record in enumerate(records)
         ]
         collected: dict[int, list[Sample]] = {}
@@ -218,6 +256,7 @@ class RolloutFabric:
     def drain_transfers(self) -> list[Transfer]:
         """Weight pulls the instances reported since the last call, bytes summed per instance,
         version and kind of source: `trainer`, `store` or `peer`."""
+
         def source(url: str) -> str:
             return "trainer" if url == self.weights.url else url if url == STORE else "peer"
 

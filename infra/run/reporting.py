@@ -4,7 +4,6 @@ markdown for Prefect artifacts), and the reward/accuracy curve as a PNG."""
 from __future__ import annotations
 
 import base64
-
 from pathlib import Path
 
 import matplotlib
@@ -79,12 +78,21 @@ def summary_markdown(summary: dict, plot_path: Path | None) -> str:
     (a Prefect markdown artifact cannot reach files on the machine that ran the flow)."""
     lines = [f"# rl-train {summary['run']}", "", "| metric | value |", "|---|---|"]
     for key, value in summary.items():
-        lines.append(f"| {key.replace('_', ' ')} | {value:.3f} |" if isinstance(value, float) else f"| {key.replace('_', ' ')} | {value} |")
+        lines.append(
+            f"| {key.replace('_', ' ')} | {value:.3f} |"
+            if isinstance(value, float)
+            else f"| {key.replace('_', ' ')} | {value} |"
+        )
     if plot_path:
         encoded = base64.b64encode(Path(plot_path).read_bytes()).decode()
-        lines += ["", "## Reward, accuracy and cost per step", "",
-                  f"![reward, accuracy and cost curves](data:image/png;base64,{encoded})", "",
-                  f"(also at `{plot_path}`)"]
+        lines += [
+            "",
+            "## Reward, accuracy and cost per step",
+            "",
+            f"![reward, accuracy and cost curves](data:image/png;base64,{encoded})",
+            "",
+            f"(also at `{plot_path}`)",
+        ]
     return "\n".join(lines)
 
 
@@ -96,10 +104,20 @@ def plot_curves(rows: list[dict], evals: list[tuple[int, float]], path: Path) ->
     ax.plot(steps, [r["reward"] for r in rows], color="#9bb7d4", linewidth=1, label="train reward (batch mean)")
     if len(rows) >= 10:
         window = max(5, len(rows) // 25)
-        smooth = [sum(r["reward"] for r in rows[max(0, i - window + 1): i + 1]) / len(rows[max(0, i - window + 1): i + 1]) for i in range(len(rows))]
+        smooth = [
+            sum(r["reward"] for r in rows[max(0, i - window + 1) : i + 1]) / len(rows[max(0, i - window + 1) : i + 1])
+            for i in range(len(rows))
+        ]
         ax.plot(steps, smooth, color="#1f5fa8", linewidth=2, label=f"train reward ({window}-step mean)")
     if evals:
-        ax.plot([s for s, _ in evals], [a for _, a in evals], "o-", color="#d1495b", linewidth=2, label="held-out accuracy (T=1)")
+        ax.plot(
+            [s for s, _ in evals],
+            [a for _, a in evals],
+            "o-",
+            color="#d1495b",
+            linewidth=2,
+            label="held-out accuracy (T=1)",
+        )
     ax.set_ylabel("exact match")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
@@ -111,7 +129,9 @@ def plot_curves(rows: list[dict], evals: list[tuple[int, float]], path: Path) ->
     cost_ax.set_xlabel("RL step (policy version)")
     cost_ax.grid(alpha=0.3)
     total_ax = cost_ax.twinx()
-    total_ax.plot(steps, [sum(costs[: i + 1]) for i in range(len(costs))], color="#2e7d32", linewidth=2, label="cumulative ($)")
+    total_ax.plot(
+        steps, [sum(costs[: i + 1]) for i in range(len(costs))], color="#2e7d32", linewidth=2, label="cumulative ($)"
+    )
     total_ax.set_ylabel("cumulative $")
     handles = cost_ax.get_legend_handles_labels()[0] + total_ax.get_legend_handles_labels()[0]
     cost_ax.legend(handles, [h.get_label() for h in handles], loc="upper left")

@@ -24,14 +24,14 @@ from pathlib import Path
 
 import torch
 
+from infra.ledger import Ledger
 from infra.run.accounting import RunAccounting
 from infra.run.config import RunConfig
 from infra.run.fabric import RolloutFabric
-from infra.ledger import Ledger
 from rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rl.engine import HFEngine
-from rl.generation import SamplingParams
 from rl.evaluation import evaluate_accuracy
+from rl.generation import SamplingParams
 from rl.models import load_model
 from rl.prompt_source import PromptSource
 from rl.rewards import FORMAT_PATTERNS, make_reward_fn
@@ -75,11 +75,16 @@ class TrainingSession:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.model, self.tokenizer = load_model(config.model.path, config.model.gguf_file)
         self.trainer = Trainer(
-            self.model, self.tokenizer.pad_token_id, config.grpo, config.optim,
+            self.model,
+            self.tokenizer.pad_token_id,
+            config.grpo,
+            config.optim,
             temperature=config.rollout.temperature,
         )
         self.engine = HFEngine(
-            self.model, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id,
+            self.model,
+            self.tokenizer.eos_token_id,
+            self.tokenizer.pad_token_id,
             max_batch_size=config.rollout.max_batch_size,
         )
         self.prompts = PromptSource(config.data)
@@ -114,7 +119,10 @@ class TrainingSession:
                 self.fabric = RolloutFabric(config.fabric, self.run_id, self.directory, config.model.path)
                 self.fabric.publish(self.step, self.model.state_dict())
             self.accounting = RunAccounting(
-                ledger, self.run_id, config.run.name, config.fabric.pools if self.fabric else (),
+                ledger,
+                self.run_id,
+                config.run.name,
+                config.fabric.pools if self.fabric else (),
                 self.fabric.provider if self.fabric else None,
                 transfers=self.fabric.drain_transfers if self.fabric else None,
             )
@@ -150,9 +158,7 @@ class TrainingSession:
         self.accounting.begin_step(step)
         fabric_stats = {}
         if self.fabric is None:
-            requests = build_requests(
-                self.tokenizer, self._records(), step, self.config.rollout, self.config.run.seed
-            )
+            requests = build_requests(self.tokenizer, self._records(), step, self.config.rollout, self.config.run.seed)
             results = self.engine.generate(requests)
             samples = samples_from_results(requests, results, self.step)
             if on_progress is not None:
@@ -164,7 +170,11 @@ class TrainingSession:
             stream = None
             if self.config.fabric.stream_training:
                 stream = StreamedStep(
-                    self.trainer, self._records(), self.tokenizer, self.reward_fn, self.correctness_fn,
+                    self.trainer,
+                    self._records(),
+                    self.tokenizer,
+                    self.reward_fn,
+                    self.correctness_fn,
                     self.config.grpo,
                 )
                 self._stream = (step, stream)
@@ -176,28 +186,41 @@ class TrainingSession:
                 progress.advance()
 
             samples, report = self.fabric.rollout(
-                self.tokenizer, self._records(), step, self.step, self.config.rollout, self.config.run.seed,
+                self.tokenizer,
+                self._records(),
+                step,
+                self.step,
+                self.config.rollout,
+                self.config.run.seed,
                 on_group=on_group,
             )
             progress.finish()
             self._step_usage[step] = (dict(report.instance_tokens), report.tokens_wasted)
             fabric_stats = {
-                "tokens_wasted": report.tokens_wasted, "migrations": report.migrations,
-                "reaped_instances": report.reaped_instances, "steals": report.steals,
-                "rejected_appends": report.rejected_appends, "groups_dropped": len(report.groups_dropped),
-                "t_local_s": report.t_local_s, "preemptions": self.fabric.preemptions(),
+                "tokens_wasted": report.tokens_wasted,
+                "migrations": report.migrations,
+                "reaped_instances": report.reaped_instances,
+                "steals": report.steals,
+                "rejected_appends": report.rejected_appends,
+                "groups_dropped": len(report.groups_dropped),
+                "t_local_s": report.t_local_s,
+                "preemptions": self.fabric.preemptions(),
             }
         paths = self.paths(step)
         write_samples(paths.rollout, samples)
         tokens = sum(len(s.response_ids) for s in samples)
-        return {"path": str(paths.rollout), "tokens": tokens, "seconds": time.perf_counter() - started,
-                **fabric_stats}
+        return {"path": str(paths.rollout), "tokens": tokens, "seconds": time.perf_counter() - started, **fabric_stats}
 
     def score(self, step: int, rollout_path: str) -> dict:
         samples = read_samples(Path(rollout_path))
         scores = score_samples(
-            samples, self._records(), self.tokenizer, self.reward_fn, self.correctness_fn,
-            self.config.rollout.group_size, self.config.grpo,
+            samples,
+            self._records(),
+            self.tokenizer,
+            self.reward_fn,
+            self.correctness_fn,
+            self.config.rollout.group_size,
+            self.config.grpo,
         )
         path = self.paths(step).scores
         path.write_text(json.dumps(scores.__dict__))
@@ -214,8 +237,10 @@ class TrainingSession:
         advantages = json.loads(Path(scores_path).read_text())["advantages"]
         started = time.perf_counter()
         batch = TrainBatch(
-            [s.prompt_ids for s in samples], [s.response_ids for s in samples],
-            [s.logprobs for s in samples], advantages,
+            [s.prompt_ids for s in samples],
+            [s.response_ids for s in samples],
+            [s.logprobs for s in samples],
+            advantages,
         )
         streamed = self._stream[1] if self._stream and self._stream[0] == step else None
         self._stream = None
@@ -259,7 +284,9 @@ class TrainingSession:
     def evaluate(self) -> float:
         eval_config = self.config.eval
         accuracy = evaluate_accuracy(
-            self.engine, self.tokenizer, self.eval_records,
+            self.engine,
+            self.tokenizer,
+            self.eval_records,
             max_new_tokens=self.config.rollout.max_new_tokens,
             sampling=SamplingParams(temperature=eval_config.temperature),
             samples_per_problem=eval_config.samples_per_problem,
@@ -280,7 +307,6 @@ class TrainingSession:
             "history": {"steps": self.history.steps, "evals": self.history.evals},
         }
         return str(save_checkpoint(self.checkpoint_dir, self.trainer, state, keep=self.config.run.keep_checkpoints))
-
 
     def close(self) -> None:
         try:

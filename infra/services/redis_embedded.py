@@ -38,9 +38,9 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 import redis
+from pydantic import SecretStr, model_validator
 from redis.backoff import NoBackoff
 from redis.retry import Retry
-from pydantic import SecretStr, model_validator
 
 from rl.config import Section
 
@@ -87,9 +87,7 @@ class RedisSettings(Section):
         if self.url is not None:
             parts = urlsplit(self.url)
             if parts.scheme not in ("redis", "rediss", "unix"):
-                raise ValueError(
-                    f"url must start with redis://, rediss:// or unix://, got {parts.scheme!r}://"
-                )
+                raise ValueError(f"url must start with redis://, rediss:// or unix://, got {parts.scheme!r}://")
             if self.password is not None and parts.password:
                 raise ValueError("give the password in the url or in `password`, not both")
         if self.ca_file is not None and not self.uses_tls:
@@ -275,8 +273,11 @@ class EmbeddedRedis:
     def _client(self, socket_timeout: float) -> redis.Redis:
         """A private client that fails at once instead of retrying."""
         return redis.Redis(
-            host=self.host, port=self.port, password=self.password,
-            socket_timeout=socket_timeout, retry=Retry(NoBackoff(), 0),
+            host=self.host,
+            port=self.port,
+            password=self.password,
+            socket_timeout=socket_timeout,
+            retry=Retry(NoBackoff(), 0),
         )
 
     def stop(self) -> None:

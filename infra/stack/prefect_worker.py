@@ -28,9 +28,12 @@ import anyio
 from prefect.workers.process import ProcessWorker
 
 
-async def serve(pool: str, work_queues: list[str], name: str, limit: int, run_once: bool, stop_with_parent: bool) -> None:
-    worker = ProcessWorker(work_pool_name=pool, work_queues=work_queues or None, name=name, limit=limit,
-                           create_pool_if_not_found=False)
+async def serve(
+    pool: str, work_queues: list[str], name: str, limit: int, run_once: bool, stop_with_parent: bool
+) -> None:
+    worker = ProcessWorker(
+        work_pool_name=pool, work_queues=work_queues or None, name=name, limit=limit, create_pool_if_not_found=False
+    )
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -77,11 +80,17 @@ async def _finish_running_flow_runs(worker: ProcessWorker, serving: asyncio.Futu
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m infra.stack.prefect_worker", description=__doc__.splitlines()[0])
     parser.add_argument("--pool", required=True, help="work pool to serve")
-    parser.add_argument("--work-queue", action="append", default=[], help="work queue to poll (repeatable; default: all)")
+    parser.add_argument(
+        "--work-queue", action="append", default=[], help="work queue to poll (repeatable; default: all)"
+    )
     parser.add_argument("--name", required=True, help="worker name shown in the UI")
     parser.add_argument("--limit", type=int, default=4, help="most flow runs at once (default 4)")
-    parser.add_argument("--run-once", action="store_true", help="run the flow runs waiting now, then exit when they end")
-    parser.add_argument("--stop-with-parent", action="store_true", help="stop when the process that started this one dies")
+    parser.add_argument(
+        "--run-once", action="store_true", help="run the flow runs waiting now, then exit when they end"
+    )
+    parser.add_argument(
+        "--stop-with-parent", action="store_true", help="stop when the process that started this one dies"
+    )
     args = parser.parse_args(argv)
     asyncio.run(serve(args.pool, args.work_queue, args.name, args.limit, args.run_once, args.stop_with_parent))
 

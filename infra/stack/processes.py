@@ -59,18 +59,24 @@ def _stat(pid: int) -> tuple[int, int, str] | None:
         text = Path(f"/proc/{pid}/stat").read_text()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
-    fields = text[text.rindex(")") + 2:].split()  # after "pid (comm) "
+    fields = text[text.rindex(")") + 2 :].split()  # after "pid (comm) "
     return int(fields[2]), int(fields[19]), fields[0]
 
 
-def start_detached(name: str, command: Sequence[str], *, env: Mapping[str, str], log: Path,
-                   cwd: Path | None = None) -> ServiceProcess:
+def start_detached(
+    name: str, command: Sequence[str], *, env: Mapping[str, str], log: Path, cwd: Path | None = None
+) -> ServiceProcess:
     """Start `command` in its own session, stdout and stderr appended to `log`."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as out:
         proc = subprocess.Popen(
-            list(command), env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL, stdout=out,
-            stderr=subprocess.STDOUT, start_new_session=True,
+            list(command),
+            env=dict(env),
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     stat = _stat(proc.pid)
     if stat is None:  # exited at once: keep a record anyway; readiness checks will report it

@@ -41,10 +41,9 @@ import redis
 import yaml
 from pydantic import BaseModel
 
-from infra.run.config import load_config
-from infra.services.redis_embedded import REDIS_URL_ENV
 from infra.fleet.prefect_local import UnknownPool
-from infra.services.redis_embedded import find_redis_server
+from infra.run.config import load_config
+from infra.services.redis_embedded import REDIS_URL_ENV, find_redis_server
 from infra.stack.processes import ServiceProcess, log_tail, start_detached, stop
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -126,8 +125,13 @@ class ProjectDeployment:
 def read_project(path: Path = PROJECT_FILE) -> list[ProjectDeployment]:
     project = yaml.safe_load(path.read_text())
     return [
-        ProjectDeployment(d["name"], d["entrypoint"], d["work_pool"]["name"], d["work_pool"].get("work_queue_name") or "default",
-                          own_pull=bool(d.get("pull")))
+        ProjectDeployment(
+            d["name"],
+            d["entrypoint"],
+            d["work_pool"]["name"],
+            d["work_pool"].get("work_queue_name") or "default",
+            own_pull=bool(d.get("pull")),
+        )
         for d in project["deployments"]
     ]
 
@@ -139,8 +143,10 @@ def check_pools(config_path: Path | None, deployments: list[ProjectDeployment]) 
     pools = load_config(config_path).fabric.pools
     deployed = {d.work_pool: d for d in deployments if d.is_rollout_instance}
     where = config_path or "the demo configuration"
-    cloud_fix = (f"`entrypoint: {ROLLOUT_MODULE_ENTRYPOINT}` (the VM has the project installed) and its own "
-                 "`pull: [{prefect.deployments.steps.set_working_directory: {directory: /opt/rlboost}}]`")
+    cloud_fix = (
+        f"`entrypoint: {ROLLOUT_MODULE_ENTRYPOINT}` (the VM has the project installed) and its own "
+        "`pull: [{prefect.deployments.steps.set_working_directory: {directory: /opt/rlboost}}]`"
+    )
     for pool in pools:
         deployment = deployed.get(pool.name)
         if deployment is None:
@@ -223,22 +229,32 @@ class _Starter:
     def server(self, port: int, database: str, given_database: str | None) -> None:
         api = self.state.api_url
         env = {
-            **self.env, "PREFECT_API_URL": api, "PREFECT_UI_API_URL": api,
-            "PREFECT_SERVER_API_HOST": "127.0.0.1", "PREFECT_SERVER_API_PORT": str(port),
+            **self.env,
+            "PREFECT_API_URL": api,
+            "PREFECT_UI_API_URL": api,
+            "PREFECT_SERVER_API_HOST": "127.0.0.1",
+            "PREFECT_SERVER_API_PORT": str(port),
             "PREFECT_API_DATABASE_CONNECTION_URL": database,
         }
         self.echo(f"Prefect server: starting on {self.state.ui_url} (database {self.state.database})")
         started = time.monotonic()
-        process = self.launch("server", [sys.executable, "-m", "prefect", "server", "start",
-                                         "--host", "127.0.0.1", "--port", str(port)], env)
+        process = self.launch(
+            "server",
+            [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+            env,
+        )
         while time.monotonic() - started < self.timeout_s:
             if not process.members():
                 hint = ""
                 if given_database is not None:
                     where = urlsplit(database)
-                    hint = (f"; check that PostgreSQL at {where.hostname}:{where.port or 5432} is running and "
-                            f"that the database {where.path.lstrip('/')!r} exists and accepts these credentials")
-                raise StackError(f"the Prefect server exited during start-up{hint}. Its log ({process.log}):\n{log_tail(process.log)}")
+                    hint = (
+                        f"; check that PostgreSQL at {where.hostname}:{where.port or 5432} is running and "
+                        f"that the database {where.path.lstrip('/')!r} exists and accepts these credentials"
+                    )
+                raise StackError(
+                    f"the Prefect server exited during start-up{hint}. Its log ({process.log}):\n{log_tail(process.log)}"
+                )
             try:
                 if httpx.get(f"{api}/health", timeout=2.0).status_code == 200:
                     self.echo(f"Prefect server: ready in {time.monotonic() - started:.0f} s")
@@ -246,8 +262,10 @@ class _Starter:
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
-        raise StackError(f"the Prefect server did not answer {api}/health within {self.timeout_s:.0f} s; "
-                         f"its log ({process.log}):\n{log_tail(process.log)}")
+        raise StackError(
+            f"the Prefect server did not answer {api}/health within {self.timeout_s:.0f} s; "
+            f"its log ({process.log}):\n{log_tail(process.log)}"
+        )
 
     def redis(self) -> None:
         binary = find_redis_server()
@@ -258,8 +276,8 @@ class _Starter:
             port = _free_port()
             config = directory / "redis.conf"
             config.write_text(
-                f"port {port}\nbind 127.0.0.1\nrequirepass {password}\nsave \"\"\nappendonly no\n"
-                f"dir \"{directory}\"\ndaemonize no\n"
+                f'port {port}\nbind 127.0.0.1\nrequirepass {password}\nsave ""\nappendonly no\n'
+                f'dir "{directory}"\ndaemonize no\n'
             )
             config.chmod(0o600)
             process = self.launch("redis", [binary, str(config)], self.env)
@@ -280,7 +298,9 @@ class _Starter:
             stop([process], grace_s=2)
             self.state.processes.remove(process)
         log = self.state.state_dir / "redis.log"
-        raise StackError(f"redis-server ({binary}) did not start on a free loopback port in 3 attempts; its log ({log}):\n{log_tail(log)}")
+        raise StackError(
+            f"redis-server ({binary}) did not start on a free loopback port in 3 attempts; its log ({log}):\n{log_tail(log)}"
+        )
 
     def work_pools_and_automation(self, pools: list[str], zombie_after_s: float | None) -> None:
         from prefect.client.orchestration import SyncPrefectClient
@@ -293,7 +313,9 @@ class _Starter:
             automation.trigger.within = timedelta(seconds=zombie_after_s)
         with SyncPrefectClient(self.state.api_url) as client:
             for pool in pools:
-                client.create_work_pool(WorkPoolCreate(name=pool, type="process", base_job_template=template), overwrite=True)
+                client.create_work_pool(
+                    WorkPoolCreate(name=pool, type="process", base_job_template=template), overwrite=True
+                )
             for old in client.read_automations_by_name(automation.name):
                 client.delete_automation(old.id)
             client.create_automation(automation)
@@ -301,19 +323,29 @@ class _Starter:
         self.state.automation = automation.name
         self.state.save()
         within = automation.trigger.within.total_seconds()
-        self.echo(f"work pools: {', '.join(pools)} (process; {WORK_POOL_TEMPLATE.relative_to(ROOT)}); "
-                  f"automation {automation.name!r} (Crashed after {within:.0f} s without a heartbeat)")
+        self.echo(
+            f"work pools: {', '.join(pools)} (process; {WORK_POOL_TEMPLATE.relative_to(ROOT)}); "
+            f"automation {automation.name!r} (Crashed after {within:.0f} s without a heartbeat)"
+        )
 
     def deploy(self) -> None:
         log = self.state.state_dir / "deploy.log"
         env = {**self.env, "PREFECT_API_URL": self.state.api_url, "PWD": str(ROOT)}
         self.echo("deployments: prefect --no-prompt deploy --all")
         with log.open("ab") as out:
-            result = subprocess.run([sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all"], cwd=ROOT,
-                                    env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    timeout=self.timeout_s * 3)
+            result = subprocess.run(
+                [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all"],
+                cwd=ROOT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                timeout=self.timeout_s * 3,
+            )
         if result.returncode != 0:
-            raise StackError(f"`prefect deploy --all` failed (exit {result.returncode}); its output ({log}):\n{log_tail(log)}")
+            raise StackError(
+                f"`prefect deploy --all` failed (exit {result.returncode}); its output ({log}):\n{log_tail(log)}"
+            )
         from prefect.client.orchestration import SyncPrefectClient
 
         with SyncPrefectClient(self.state.api_url) as client:
@@ -327,26 +359,45 @@ class _Starter:
 
         name = f"rlboost-{pool}-{queue}"
         env = {
-            **self.env, "PREFECT_API_URL": self.state.api_url, REDIS_URL_ENV: self.state.redis_url,
+            **self.env,
+            "PREFECT_API_URL": self.state.api_url,
+            REDIS_URL_ENV: self.state.redis_url,
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
             "PREFECT_WORKER_QUERY_SECONDS": "2",
         }
-        process = self.launch(f"worker-{pool}-{queue}", [
-            sys.executable, "-m", "infra.stack.prefect_worker", "--pool", pool, "--work-queue", queue, "--name", name,
-        ], env, cwd=ROOT)
+        process = self.launch(
+            f"worker-{pool}-{queue}",
+            [
+                sys.executable,
+                "-m",
+                "infra.stack.prefect_worker",
+                "--pool",
+                pool,
+                "--work-queue",
+                queue,
+                "--name",
+                name,
+            ],
+            env,
+            cwd=ROOT,
+        )
         started = time.monotonic()
         with SyncPrefectClient(self.state.api_url) as client:
             while time.monotonic() - started < self.timeout_s:
                 if not process.members():
-                    raise StackError(f"the worker for pool {pool} exited; its log ({process.log}):\n{log_tail(process.log)}")
+                    raise StackError(
+                        f"the worker for pool {pool} exited; its log ({process.log}):\n{log_tail(process.log)}"
+                    )
                 if any(w.name == name and w.status == "ONLINE" for w in client.read_workers_for_work_pool(pool)):
                     self.state.workers.append(f"{pool}/{queue}")
                     self.state.save()
                     self.echo(f"worker: {name} polls pool {pool!r}, queue {queue!r} (pid {process.pid})")
                     return
                 time.sleep(0.5)
-        raise StackError(f"the worker for pool {pool} did not come online within {self.timeout_s:.0f} s; "
-                         f"its log ({process.log}):\n{log_tail(process.log)}")
+        raise StackError(
+            f"the worker for pool {pool} did not come online within {self.timeout_s:.0f} s; "
+            f"its log ({process.log}):\n{log_tail(process.log)}"
+        )
 
 
 def up(
@@ -379,8 +430,11 @@ def up(
     port = port or _free_port(DEFAULT_PORT)
     url = database_url(state_dir, database)
     state = StackState(
-        state_dir=state_dir, api_url=f"http://127.0.0.1:{port}/api", ui_url=f"http://127.0.0.1:{port}",
-        database=mask_password(url), redis_url="",
+        state_dir=state_dir,
+        api_url=f"http://127.0.0.1:{port}/api",
+        ui_url=f"http://127.0.0.1:{port}",
+        database=mask_password(url),
+        redis_url="",
     )
     starter = _Starter(state, echo, timeout_s)
     try:

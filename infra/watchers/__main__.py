@@ -19,7 +19,10 @@ def _parser() -> argparse.ArgumentParser:
         description="Run COMMAND; on the cloud's preemption notice send it (and its children) SIGTERM.",
     )
     p.add_argument("cloud", choices=["gce", "azure"], help="whose notice to watch")
-    p.add_argument("--metadata-url", help=f"metadata service (default {GCE_METADATA_URL}, or http://$GCE_METADATA_HOST / {AZURE_IMDS_URL})")
+    p.add_argument(
+        "--metadata-url",
+        help=f"metadata service (default {GCE_METADATA_URL}, or http://$GCE_METADATA_HOST / {AZURE_IMDS_URL})",
+    )
     p.add_argument("--instance", help="this VM's name (Azure: only its events count)")
     p.add_argument("--grace-s", type=float, default=25.0, help="drain time before SIGKILL (default 25)")
     p.add_argument("--poll-s", type=float, default=1.0, help="Azure: seconds between polls; GCE: retry delay")
@@ -37,7 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.cloud == "gce":
         watcher = GcePreemptionWatcher(args.metadata_url or default_metadata_url(), retry_s=args.poll_s)
     else:
-        watcher = AzureScheduledEventsWatcher(args.metadata_url or AZURE_IMDS_URL, instance=args.instance, poll_s=args.poll_s)
+        watcher = AzureScheduledEventsWatcher(
+            args.metadata_url or AZURE_IMDS_URL, instance=args.instance, poll_s=args.poll_s
+        )
     return supervise(command, watcher, grace_s=args.grace_s)
 
 

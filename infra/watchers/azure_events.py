@@ -28,7 +28,12 @@ class AzureScheduledEventsWatcher:
     """Waits for a `Preempt` scheduled event of this VM."""
 
     def __init__(
-        self, base_url: str = AZURE_IMDS_URL, *, instance: str | None = None, poll_s: float = 1.0, timeout_s: float = 10.0
+        self,
+        base_url: str = AZURE_IMDS_URL,
+        *,
+        instance: str | None = None,
+        poll_s: float = 1.0,
+        timeout_s: float = 10.0,
     ) -> None:
         """`instance`: this VM's name (None: any `Preempt` event counts, as on a single-VM document)."""
         self.url = base_url.rstrip("/") + SCHEDULED_EVENTS_PATH
@@ -58,8 +63,9 @@ class AzureScheduledEventsWatcher:
         """Approve the eviction now (a failure only means Azure waits for `NotBefore`)."""
         body = {"StartRequests": [{"EventId": notice.event_id}]}
         try:
-            response = httpx.post(self.url, params={"api-version": API_VERSION}, json=body, headers=HEADERS,
-                                  timeout=self._timeout_s)
+            response = httpx.post(
+                self.url, params={"api-version": API_VERSION}, json=body, headers=HEADERS, timeout=self._timeout_s
+            )
             response.raise_for_status()
         except httpx.HTTPError as error:
             log.warning("could not acknowledge scheduled event %s: %s", notice.event_id, error)

@@ -47,9 +47,15 @@ class GcePreemptionWatcher:
         etag: str | None = None
         with httpx.Client(headers=HEADERS, timeout=self._wait_timeout_s + 10) as http:
             while not stop.is_set():
-                params = {} if etag is None else {
-                    "wait_for_change": "true", "last_etag": etag, "timeout_sec": str(self._wait_timeout_s),
-                }
+                params = (
+                    {}
+                    if etag is None
+                    else {
+                        "wait_for_change": "true",
+                        "last_etag": etag,
+                        "timeout_sec": str(self._wait_timeout_s),
+                    }
+                )
                 try:
                     response = http.get(self.url, params=params)
                     response.raise_for_status()

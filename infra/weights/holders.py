@@ -49,6 +49,7 @@ def latest_version(client: redis.Redis, run_id: str) -> int | None:
     value = client.get(latest_version_key(run_id))
     return None if value is None else int(value)
 
+
 _ADVANCE = """
 local cur = redis.call('GET', KEYS[1])
 if cur and tonumber(cur) >= tonumber(ARGV[1]) then return 0 end

@@ -81,8 +81,13 @@ class _Instance:
         except Exception as exc:
             return {"op": "error", "version": version, "error": f"{type(exc).__name__}: {exc}"}
         ready_at = time.time()
-        return {"op": "pulled", "version": version, "url": puller.url, "ready_at": ready_at,
-                "report": dataclasses.asdict(puller.last_report)}
+        return {
+            "op": "pulled",
+            "version": version,
+            "url": puller.url,
+            "ready_at": ready_at,
+            "report": dataclasses.asdict(puller.last_report),
+        }
 
 
 def main(argv: list[str] | None = None) -> None:

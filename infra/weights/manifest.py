@@ -222,7 +222,9 @@ def decode(manifest: Manifest, chunks: Sequence[bytes]) -> dict[str, torch.Tenso
     Each tensor is allocated once and its pieces are copied straight from the chunks' bytes (read
     through their safetensors headers), with no intermediate tensors."""
     if len(chunks) != len(manifest.chunks):
-        raise ManifestError(f"version {manifest.version}: {len(chunks)} chunks given, manifest lists {len(manifest.chunks)}")
+        raise ManifestError(
+            f"version {manifest.version}: {len(chunks)} chunks given, manifest lists {len(manifest.chunks)}"
+        )
     layouts = [_safetensors_layout(data) for data in chunks]
     state_dict: dict[str, torch.Tensor] = {}
     for info in manifest.tensors:
@@ -236,7 +238,9 @@ def decode(manifest: Manifest, chunks: Sequence[bytes]) -> dict[str, torch.Tenso
             begin, end = header.get(piece.key, {}).get("data_offsets", (0, -1))
             size = (piece.stop - piece.start) * element
             if end - begin != size or piece.start != covered or data_start + end > len(chunks[piece.chunk]):
-                raise ManifestError(f"version {manifest.version}: piece {piece.key} of {info.name} does not match chunk {piece.chunk}")
+                raise ManifestError(
+                    f"version {manifest.version}: piece {piece.key} of {info.name} does not match chunk {piece.chunk}"
+                )
             destination[piece.start * element : piece.stop * element] = np.frombuffer(
                 chunks[piece.chunk], dtype=np.uint8, count=size, offset=data_start + begin
             )

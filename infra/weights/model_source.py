@@ -99,7 +99,9 @@ def fetch_model(location: str, options: Mapping[str, Any] | None = None, cache_d
             local = staging / name
             fs.get_file(f"{root}/{name}", str(local))
             if local.stat().st_size != expected["size"] or _digest(local) != expected["sha256"]:
-                raise ModelSourceError(f"{location}/{name} does not match {INDEX} (size or sha256): upload the model again")
+                raise ModelSourceError(
+                    f"{location}/{name} does not match {INDEX} (size or sha256): upload the model again"
+                )
         (staging / INDEX).write_bytes(raw)
         try:
             staging.rename(target)

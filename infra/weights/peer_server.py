@@ -96,7 +96,10 @@ class _ChunkUpload:
 
         watcher = asyncio.create_task(stop_when_client_disconnects())
         try:
-            headers = [(b"content-length", str(len(self.body)).encode()), (b"content-type", b"application/octet-stream")]
+            headers = [
+                (b"content-length", str(len(self.body)).encode()),
+                (b"content-type", b"application/octet-stream"),
+            ]
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             view = memoryview(self.body)
             for offset in range(0, len(view), _PIECE):
@@ -145,9 +148,7 @@ class PeerServer:
         advertised = advertise_host or host
         self.url = f"http://{f'[{advertised}]' if ':' in advertised else advertised}:{port}"
         """Base URL other processes use to reach this server."""
-        config = uvicorn.Config(
-            app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=1
-        )
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=1)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [sock]}, name=f"peer-server-{port}", daemon=True

@@ -189,7 +189,12 @@ class WeightPublisher:
                 if self.server is None:
                     self._fail(exc)
                 else:
-                    log.warning("weights v%d: upload to %s failed (the trainer serves it): %s", encoded.version, self.store.url, exc)
+                    log.warning(
+                        "weights v%d: upload to %s failed (the trainer serves it): %s",
+                        encoded.version,
+                        self.store.url,
+                        exc,
+                    )
             else:
                 self._collect_garbage()
             with self._state:
@@ -211,4 +216,6 @@ class WeightPublisher:
             served = set(self._served)
         kept = set(self.store.complete_versions()) | served | leased
         newest_kept = max(kept, default=-1)
-        self.registry.forget_manifests(v for v in self.registry.recorded_versions() if v not in kept and v < newest_kept)
+        self.registry.forget_manifests(
+            v for v in self.registry.recorded_versions() if v not in kept and v < newest_kept
+        )

@@ -129,7 +129,9 @@ class WeightPuller:
                 held = self._held[version]
                 return decode(held.manifest, held.chunks)
             if self._held and version < max(self._held):
-                raise ValueError(f"versions only move forward: {self.instance_id} holds {max(self._held)}, asked for {version}")
+                raise ValueError(
+                    f"versions only move forward: {self.instance_id} holds {max(self._held)}, asked for {version}"
+                )
             report = PullReport(version=version, instance_id=self.instance_id)
             self.last_report = report
             started = time.monotonic()

@@ -58,8 +58,15 @@ class Transfer:
 def report_transfer(client: redis.Redis, run_id: str, report: PullReport) -> None:
     """Record a completed pull, one entry per source it received bytes from."""
     entries = [
-        json.dumps({"instance_id": report.instance_id, "version": report.version, "source": source,
-                    "nbytes": nbytes, "seconds": report.seconds})
+        json.dumps(
+            {
+                "instance_id": report.instance_id,
+                "version": report.version,
+                "source": source,
+                "nbytes": nbytes,
+                "seconds": report.seconds,
+            }
+        )
         for source, nbytes in sorted(report.bytes_by_source.items())
     ]
     if entries:

@@ -28,7 +28,9 @@ from tests.fakes.http import FakeServer, Reply, Request, Violation, check_keys
 SIZES = {"eastus": {"Standard_NC4as_T4_v3", "Standard_D4s_v5"}, "westus2": {"Standard_NC4as_T4_v3"}}
 API_VERSION = re.compile(r"^\d{4}-\d{2}-\d{2}(-preview)?$")
 VM_FIELDS = {
-    "location": None, "zones": None, "tags": {},
+    "location": None,
+    "zones": None,
+    "tags": {},
     "properties": {
         "hardwareProfile": {"vmSize": None},
         "storageProfile": {
@@ -36,18 +38,30 @@ VM_FIELDS = {
             "osDisk": {"createOption": None, "deleteOption": None, "diskSizeGB": None},
         },
         "osProfile": {
-            "computerName": None, "adminUsername": None, "customData": None,
-            "linuxConfiguration": {"disablePasswordAuthentication": None,
-                                   "ssh": {"publicKeys": [{"path": None, "keyData": None}]}},
+            "computerName": None,
+            "adminUsername": None,
+            "customData": None,
+            "linuxConfiguration": {
+                "disablePasswordAuthentication": None,
+                "ssh": {"publicKeys": [{"path": None, "keyData": None}]},
+            },
         },
         "networkProfile": {
             "networkApiVersion": None,
-            "networkInterfaceConfigurations": [{"name": None, "properties": {
-                "primary": None, "deleteOption": None,
-                "ipConfigurations": [{"name": None, "properties": {"subnet": {"id": None}}}],
-            }}],
+            "networkInterfaceConfigurations": [
+                {
+                    "name": None,
+                    "properties": {
+                        "primary": None,
+                        "deleteOption": None,
+                        "ipConfigurations": [{"name": None, "properties": {"subnet": {"id": None}}}],
+                    },
+                }
+            ],
         },
-        "priority": None, "evictionPolicy": None, "billingProfile": {"maxPrice": None},
+        "priority": None,
+        "evictionPolicy": None,
+        "billingProfile": {"maxPrice": None},
     },
 }
 
@@ -89,7 +103,11 @@ class FakeArm(FakeServer):
             ("GET", vms + r"/(?P<name>[^/]+)", self._get),
             ("DELETE", vms + r"/(?P<name>[^/]+)", self._delete),
             ("GET", vms, self._list),
-            ("GET", r"/subscriptions/(?P<sub>[^/]+)/providers/Microsoft\.Compute/locations/(?P<location>[^/]+)/operations/(?P<op>[^/]+)", self._operation_status),
+            (
+                "GET",
+                r"/subscriptions/(?P<sub>[^/]+)/providers/Microsoft\.Compute/locations/(?P<location>[^/]+)/operations/(?P<op>[^/]+)",
+                self._operation_status,
+            ),
         ]
 
     # -- scripted cloud -------------------------------------------------------------------------
@@ -124,8 +142,9 @@ class FakeArm(FakeServer):
         if self.token is None and given is not None:
             raise Violation("an Authorization header over plain http")
         if self.token is not None and given != f"Bearer {self.token}":
-            return arm_error(401, "ExpiredAuthenticationToken",
-                             "The access token expiry UTC time is earlier than current UTC time.")
+            return arm_error(
+                401, "ExpiredAuthenticationToken", "The access token expiry UTC time is earlier than current UTC time."
+            )
         if sub != self.subscription:
             return arm_error(404, "SubscriptionNotFound", f"The subscription '{sub}' could not be found.")
         if rg is not None and rg not in self.resource_groups:
@@ -133,7 +152,9 @@ class FakeArm(FakeServer):
         return None
 
     def _vm_id(self, rg: str, name: str) -> str:
-        return f"/subscriptions/{self.subscription}/resourceGroups/{rg}/providers/Microsoft.Compute/virtualMachines/{name}"
+        return (
+            f"/subscriptions/{self.subscription}/resourceGroups/{rg}/providers/Microsoft.Compute/virtualMachines/{name}"
+        )
 
     def _async(self, location: str, finish: Callable[[], dict[str, Any] | None], version: str) -> dict[str, str]:
         op = uuid.uuid4().hex
@@ -155,14 +176,26 @@ class FakeArm(FakeServer):
             zones = body.get("zones") or []
             where = f"{location}-{zones[0]}" if zones else location
             if location in self.quota_exceeded:
-                return arm_error(409, "OperationNotAllowed", "Operation could not be completed as it results in exceeding "
-                                 f"approved LowPriorityCores quota. Location: {location}, Current Limit: 0.")
+                return arm_error(
+                    409,
+                    "OperationNotAllowed",
+                    "Operation could not be completed as it results in exceeding "
+                    f"approved LowPriorityCores quota. Location: {location}, Current Limit: 0.",
+                )
             props = body["properties"]
             vm = {
-                "id": self._vm_id(rg, name), "name": name, "type": "Microsoft.Compute/virtualMachines",
-                "location": location, "tags": body.get("tags", {}), **({"zones": zones} if zones else {}),
-                "properties": {**props, "provisioningState": "Creating", "vmId": str(uuid.uuid4()),
-                               "timeCreated": datetime.fromtimestamp(self.clock(), UTC).isoformat()},
+                "id": self._vm_id(rg, name),
+                "name": name,
+                "type": "Microsoft.Compute/virtualMachines",
+                "location": location,
+                "tags": body.get("tags", {}),
+                **({"zones": zones} if zones else {}),
+                "properties": {
+                    **props,
+                    "provisioningState": "Creating",
+                    "vmId": str(uuid.uuid4()),
+                    "timeCreated": datetime.fromtimestamp(self.clock(), UTC).isoformat(),
+                },
             }
             vm["properties"]["osProfile"] = {k: v for k, v in props["osProfile"].items() if k != "customData"}
             self.vms[name] = vm
@@ -172,8 +205,11 @@ class FakeArm(FakeServer):
                 if exhausted:
                     vm["properties"]["provisioningState"] = "Failed"
                     code = "ZonalAllocationFailed" if zones else "AllocationFailed"
-                    return {"code": code, "message": "Allocation failed. We do not have sufficient capacity for the "
-                            "requested VM size in this zone. Read more about improving likelihood of allocation success at http://aka.ms/allocation-guidance"}
+                    return {
+                        "code": code,
+                        "message": "Allocation failed. We do not have sufficient capacity for the "
+                        "requested VM size in this zone. Read more about improving likelihood of allocation success at http://aka.ms/allocation-guidance",
+                    }
                 vm["properties"]["provisioningState"] = "Succeeded"
                 return None
 
@@ -186,11 +222,19 @@ class FakeArm(FakeServer):
                 raise Violation(f"properties.{path} missing")
         location = body.get("location")
         if location not in SIZES:
-            return arm_error(400, "LocationNotAvailableForResourceType", f"The provided location '{location}' is not available for resource type 'Microsoft.Compute/virtualMachines'.")
+            return arm_error(
+                400,
+                "LocationNotAvailableForResourceType",
+                f"The provided location '{location}' is not available for resource type 'Microsoft.Compute/virtualMachines'.",
+            )
         size = props["hardwareProfile"].get("vmSize")
         if size not in SIZES[location]:
-            return arm_error(400, "InvalidParameter", f"The requested VM size {size} is not available in the current "
-                             f"region. The sizes available in the current region are: {', '.join(sorted(SIZES[location]))}.")
+            return arm_error(
+                400,
+                "InvalidParameter",
+                f"The requested VM size {size} is not available in the current "
+                f"region. The sizes available in the current region are: {', '.join(sorted(SIZES[location]))}.",
+            )
         priority = props.get("priority", "Regular")
         if priority not in ("Regular", "Spot", "Low"):
             raise Violation(f"priority {priority!r}")
@@ -208,7 +252,11 @@ class FakeArm(FakeServer):
             return arm_error(400, "InvalidParameter", "Custom data in OSProfile must be in Base64 encoding.")
         keys = os_profile.get("linuxConfiguration", {}).get("ssh", {}).get("publicKeys", [])
         if not keys:
-            return arm_error(400, "InvalidParameter", "Authentication using either SSH or by user name and password must be enabled in Linux profile.")
+            return arm_error(
+                400,
+                "InvalidParameter",
+                "Authentication using either SSH or by user name and password must be enabled in Linux profile.",
+            )
         nics = props["networkProfile"].get("networkInterfaceConfigurations", [])
         if not nics or props["networkProfile"].get("networkApiVersion") is None:
             raise Violation("networkProfile: interface configurations need networkApiVersion")
@@ -220,7 +268,11 @@ class FakeArm(FakeServer):
             if refused:
                 return refused
             if name not in self.vms:
-                return arm_error(404, "ResourceNotFound", f"The Resource 'Microsoft.Compute/virtualMachines/{name}' under resource group '{rg}' was not found.")
+                return arm_error(
+                    404,
+                    "ResourceNotFound",
+                    f"The Resource 'Microsoft.Compute/virtualMachines/{name}' under resource group '{rg}' was not found.",
+                )
             return Reply(200, self.vms[name])
 
     def _list(self, request: Request, sub: str, rg: str) -> Reply:
@@ -230,10 +282,12 @@ class FakeArm(FakeServer):
                 return refused
             start = int(request.query.get("$skiptoken", "0"))
             listed = [self.vms[n] for n in sorted(self.vms)]
-            page = {"value": listed[start:start + self.page_size]}
+            page = {"value": listed[start : start + self.page_size]}
             if start + self.page_size < len(listed):
-                page["nextLink"] = (f"{self.url}{request.path}?api-version={request.query['api-version']}"
-                                    f"&$skiptoken={start + self.page_size}")
+                page["nextLink"] = (
+                    f"{self.url}{request.path}?api-version={request.query['api-version']}"
+                    f"&$skiptoken={start + self.page_size}"
+                )
             return Reply(200, page)
 
     def _delete(self, request: Request, sub: str, rg: str, name: str) -> Reply:
@@ -260,6 +314,9 @@ class FakeArm(FakeServer):
                 if operation.polls_left > 0:
                     return Reply(200, {"name": op, "status": "InProgress"})
                 error = operation.finish()
-                operation.result = {"name": op, "status": "Failed" if error else "Succeeded",
-                                    **({"error": error} if error else {})}
+                operation.result = {
+                    "name": op,
+                    "status": "Failed" if error else "Succeeded",
+                    **({"error": error} if error else {}),
+                }
             return Reply(200, operation.result)

@@ -36,8 +36,11 @@ ZONES = {
     "us-east1-c": {"n1-standard-4": (4, 15360, [])},
 }
 """zone -> machine type -> (vCPUs, memory MB, built-in accelerators)."""
-ACCELERATORS = {"us-central1-a": {"nvidia-l4", "nvidia-tesla-t4"}, "us-central1-b": {"nvidia-l4", "nvidia-tesla-t4"},
-                "us-east1-c": {"nvidia-tesla-t4"}}
+ACCELERATORS = {
+    "us-central1-a": {"nvidia-l4", "nvidia-tesla-t4"},
+    "us-central1-b": {"nvidia-l4", "nvidia-tesla-t4"},
+    "us-east1-c": {"nvidia-tesla-t4"},
+}
 API = "https://www.googleapis.com/compute/v1"
 NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
@@ -48,11 +51,22 @@ LIST_FILTER = re.compile(r'^(\(labels\.([a-z0-9_-]+) = "([a-z0-9_-]*)"\) ?)+$')
 FILTER_TERM = re.compile(r'\(labels\.([a-z0-9_-]+) = "([a-z0-9_-]*)"\)')
 OPERATIONS_FILTER = re.compile(r'^operationType = "([a-z.]+)"$')
 INSTANCE_FIELDS = {
-    "name": None, "machineType": None, "labels": {},
-    "scheduling": {"provisioningModel": None, "instanceTerminationAction": None, "automaticRestart": None,
-                   "onHostMaintenance": None},
-    "disks": [{"boot": None, "autoDelete": None,
-               "initializeParams": {"sourceImage": None, "diskSizeGb": None, "diskType": None}}],
+    "name": None,
+    "machineType": None,
+    "labels": {},
+    "scheduling": {
+        "provisioningModel": None,
+        "instanceTerminationAction": None,
+        "automaticRestart": None,
+        "onHostMaintenance": None,
+    },
+    "disks": [
+        {
+            "boot": None,
+            "autoDelete": None,
+            "initializeParams": {"sourceImage": None, "diskSizeGb": None, "diskType": None},
+        }
+    ],
     "networkInterfaces": [{"network": None, "subnetwork": None, "accessConfigs": [{"name": None, "type": None}]}],
     "serviceAccounts": [{"email": None, "scopes": None}],
     "metadata": {"items": [{"key": None, "value": None}]},
@@ -65,8 +79,16 @@ def rfc3339(t: float) -> str:
 
 
 def gce_error(status: int, reason: str, message: str) -> Reply:
-    return Reply(status, {"error": {"code": status, "message": message,
-                                    "errors": [{"message": message, "domain": "global", "reason": reason}]}})
+    return Reply(
+        status,
+        {
+            "error": {
+                "code": status,
+                "message": message,
+                "errors": [{"message": message, "domain": "global", "reason": reason}],
+            }
+        },
+    )
 
 
 @dataclass
@@ -155,24 +177,49 @@ class FakeGce(FakeServer):
         """A 401/404 answer when the request may not proceed, else None."""
         given = request.headers.get("authorization")
         if self.token is not None and given != f"Bearer {self.token}" and not self._self_signed(given or ""):
-            message = ("Request had invalid authentication credentials. Expected OAuth 2 access token, login "
-                       "cookie or other valid authentication credential.")
-            return Reply(401, {"error": {"code": 401, "message": message, "status": "UNAUTHENTICATED",
-                                         "errors": [{"message": "Invalid Credentials", "domain": "global",
-                                                     "reason": "authError"}]}})
+            message = (
+                "Request had invalid authentication credentials. Expected OAuth 2 access token, login "
+                "cookie or other valid authentication credential."
+            )
+            return Reply(
+                401,
+                {
+                    "error": {
+                        "code": 401,
+                        "message": message,
+                        "status": "UNAUTHENTICATED",
+                        "errors": [{"message": "Invalid Credentials", "domain": "global", "reason": "authError"}],
+                    }
+                },
+            )
         if project != self.project:
             return gce_error(404, "notFound", f"The resource 'projects/{project}' was not found")
         if zone not in ZONES:
             return gce_error(404, "notFound", f"The resource 'projects/{project}/zones/{zone}' was not found")
         return None
 
-    def _operation(self, zone: str, kind: str, target: str, *, polls: int,
-                   on_done: Callable[[], dict[str, Any] | None] = lambda: None, user: str = "rollout@") -> dict[str, Any]:
+    def _operation(
+        self,
+        zone: str,
+        kind: str,
+        target: str,
+        *,
+        polls: int,
+        on_done: Callable[[], dict[str, Any] | None] = lambda: None,
+        user: str = "rollout@",
+    ) -> dict[str, Any]:
         name = f"operation-{uuid.uuid4().hex[:12]}"
         body = {
-            "kind": "compute#operation", "id": str(next(self._ids)), "name": name, "operationType": kind,
-            "zone": f"{API}/projects/{self.project}/zones/{zone}", "targetLink": target, "user": user,
-            "status": "RUNNING", "progress": 0, "insertTime": rfc3339(self.clock()),
+            "kind": "compute#operation",
+            "id": str(next(self._ids)),
+            "name": name,
+            "operationType": kind,
+            "zone": f"{API}/projects/{self.project}/zones/{zone}",
+            "targetLink": target,
+            "user": user,
+            "status": "RUNNING",
+            "progress": 0,
+            "insertTime": rfc3339(self.clock()),
             "selfLink": f"{API}/projects/{self.project}/zones/{zone}/operations/{name}",
         }
         operation = _Operation(body, polls, on_done)
@@ -204,11 +251,19 @@ class FakeGce(FakeServer):
                 return refused
             name = body["name"]
             if (zone, name) in self.instances:
-                return gce_error(409, "alreadyExists", f"The resource 'projects/{project}/zones/{zone}/instances/{name}' already exists")
+                return gce_error(
+                    409,
+                    "alreadyExists",
+                    f"The resource 'projects/{project}/zones/{zone}/instances/{name}' already exists",
+                )
             link = f"{API}/projects/{project}/zones/{zone}/instances/{name}"
             instance = {
-                **body, "kind": "compute#instance", "id": str(next(self._ids)), "status": "PROVISIONING",
-                "zone": f"{API}/projects/{project}/zones/{zone}", "selfLink": link,
+                **body,
+                "kind": "compute#instance",
+                "id": str(next(self._ids)),
+                "status": "PROVISIONING",
+                "zone": f"{API}/projects/{project}/zones/{zone}",
+                "selfLink": link,
                 "machineType": f"{API}/projects/{project}/{body['machineType']}",
                 "creationTimestamp": rfc3339(self.clock()),
             }
@@ -230,13 +285,21 @@ class FakeGce(FakeServer):
             if key not in body:
                 raise Violation(f"instance: missing {key}")
         if not NAME.match(body["name"]):
-            return gce_error(400, "invalid", f"Invalid value for field 'resource.name': '{body['name']}'. Must be a match of regex '(?:[a-z](?:[-a-z0-9]{{0,61}}[a-z0-9])?)'")
+            return gce_error(
+                400,
+                "invalid",
+                f"Invalid value for field 'resource.name': '{body['name']}'. Must be a match of regex '(?:[a-z](?:[-a-z0-9]{{0,61}}[a-z0-9])?)'",
+            )
         match = re.match(r"^zones/([^/]+)/machineTypes/([^/]+)$", body["machineType"])
         if not match or match.group(1) != zone:
             raise Violation(f"machineType {body['machineType']!r} is not zones/{zone}/machineTypes/<type>")
         if match.group(2) not in ZONES[zone]:
-            return gce_error(400, "invalid", f"Invalid value for field 'resource.machineType': '{body['machineType']}'. "
-                             f"Machine type with name '{match.group(2)}' does not exist in zone '{zone}'.")
+            return gce_error(
+                400,
+                "invalid",
+                f"Invalid value for field 'resource.machineType': '{body['machineType']}'. "
+                f"Machine type with name '{match.group(2)}' does not exist in zone '{zone}'.",
+            )
         scheduling = body["scheduling"]
         spot = scheduling.get("provisioningModel") == "SPOT"
         if scheduling.get("provisioningModel") not in ("SPOT", "STANDARD"):
@@ -244,20 +307,34 @@ class FakeGce(FakeServer):
         if spot and scheduling.get("instanceTerminationAction") not in ("DELETE", "STOP"):
             raise Violation("a Spot VM must say its instanceTerminationAction")
         if spot and scheduling.get("automaticRestart", True):
-            return gce_error(400, "invalid", "Invalid value for field 'resource.scheduling.automaticRestart': 'true'. Preemptible instances cannot be automatically restarted.")
+            return gce_error(
+                400,
+                "invalid",
+                "Invalid value for field 'resource.scheduling.automaticRestart': 'true'. Preemptible instances cannot be automatically restarted.",
+            )
         accelerators = body.get("guestAccelerators", [])
         if (spot or accelerators) and scheduling.get("onHostMaintenance") != "TERMINATE":
-            return gce_error(400, "invalid", "Invalid value for field 'resource.scheduling.onHostMaintenance': 'MIGRATE'. Instances with guest accelerators or Spot VMs do not support live migration.")
+            return gce_error(
+                400,
+                "invalid",
+                "Invalid value for field 'resource.scheduling.onHostMaintenance': 'MIGRATE'. Instances with guest accelerators or Spot VMs do not support live migration.",
+            )
         for accelerator in accelerators:
             match = re.match(r"^zones/([^/]+)/acceleratorTypes/([^/]+)$", accelerator.get("acceleratorType", ""))
             if not match or match.group(1) != zone or not isinstance(accelerator.get("acceleratorCount"), int):
                 raise Violation(f"guestAccelerators: {accelerator}")
             if match.group(2) not in ACCELERATORS[zone]:
-                return gce_error(400, "invalid", f"Invalid value for field 'resource.guestAccelerators[0].acceleratorType': "
-                                 f"'{accelerator['acceleratorType']}'. Accelerator type '{match.group(2)}' does not exist in zone '{zone}'.")
+                return gce_error(
+                    400,
+                    "invalid",
+                    f"Invalid value for field 'resource.guestAccelerators[0].acceleratorType': "
+                    f"'{accelerator['acceleratorType']}'. Accelerator type '{match.group(2)}' does not exist in zone '{zone}'.",
+                )
         for key, value in body.get("labels", {}).items():
             if not LABEL_KEY.match(key) or not LABEL_VALUE.match(value):
-                return gce_error(400, "invalid", f"Invalid value for field 'resource.labels': label {key}={value!r} is not valid.")
+                return gce_error(
+                    400, "invalid", f"Invalid value for field 'resource.labels': label {key}={value!r} is not valid."
+                )
         boots = [d for d in body["disks"] if d.get("boot")]
         if len(boots) != 1 or not boots[0].get("initializeParams", {}).get("sourceImage"):
             raise Violation("disks: need exactly one boot disk with initializeParams.sourceImage")
@@ -271,10 +348,15 @@ class FakeGce(FakeServer):
     def _capacity_error(self, zone: str, body: dict[str, Any]) -> dict[str, Any] | None:
         region = zone.rsplit("-", 1)[0]
         if region in self.quota_exceeded:
-            return {"code": "QUOTA_EXCEEDED", "message": f"Quota 'PREEMPTIBLE_NVIDIA_L4_GPUS' exceeded.  Limit: 0.0 in region {region}."}
+            return {
+                "code": "QUOTA_EXCEEDED",
+                "message": f"Quota 'PREEMPTIBLE_NVIDIA_L4_GPUS' exceeded.  Limit: 0.0 in region {region}.",
+            }
         if zone in self.exhausted:
-            return {"code": "ZONE_RESOURCE_POOL_EXHAUSTED",
-                    "message": f"The zone 'projects/{self.project}/zones/{zone}' does not have enough resources available to fulfill the request.  Try a different zone, or try again later."}
+            return {
+                "code": "ZONE_RESOURCE_POOL_EXHAUSTED",
+                "message": f"The zone 'projects/{self.project}/zones/{zone}' does not have enough resources available to fulfill the request.  Try a different zone, or try again later.",
+            }
         return None
 
     def _list(self, request: Request, project: str, zone: str) -> Reply:
@@ -286,10 +368,20 @@ class FakeGce(FakeServer):
             if set(request.query) - {"filter"} or (wanted and not LIST_FILTER.match(wanted)):
                 raise Violation(f"list query {request.query}")
             terms = dict(FILTER_TERM.findall(wanted))
-            items = [dict(v) for (z, _), v in sorted(self.instances.items())
-                     if z == zone and all(v.get("labels", {}).get(k) == val for k, val in terms.items())]
-            return Reply(200, {"kind": "compute#instanceList", "id": f"projects/{project}/zones/{zone}/instances",
-                               "items": items, "selfLink": f"{API}/projects/{project}/zones/{zone}/instances"})
+            items = [
+                dict(v)
+                for (z, _), v in sorted(self.instances.items())
+                if z == zone and all(v.get("labels", {}).get(k) == val for k, val in terms.items())
+            ]
+            return Reply(
+                200,
+                {
+                    "kind": "compute#instanceList",
+                    "id": f"projects/{project}/zones/{zone}/instances",
+                    "items": items,
+                    "selfLink": f"{API}/projects/{project}/zones/{zone}/instances",
+                },
+            )
 
     def _get(self, request: Request, project: str, zone: str, name: str) -> Reply:
         with self.lock:
@@ -297,7 +389,9 @@ class FakeGce(FakeServer):
             if denied:
                 return denied
             if (zone, name) not in self.instances:
-                return gce_error(404, "notFound", f"The resource 'projects/{project}/zones/{zone}/instances/{name}' was not found")
+                return gce_error(
+                    404, "notFound", f"The resource 'projects/{project}/zones/{zone}/instances/{name}' was not found"
+                )
             return Reply(200, self.instances[zone, name])
 
     def _delete(self, request: Request, project: str, zone: str, name: str) -> Reply:
@@ -309,7 +403,9 @@ class FakeGce(FakeServer):
                 raise Violation(f"query {request.query}: expected only a UUID requestId")
             instance = self.instances.get((zone, name))
             if instance is None:
-                return gce_error(404, "notFound", f"The resource 'projects/{project}/zones/{zone}/instances/{name}' was not found")
+                return gce_error(
+                    404, "notFound", f"The resource 'projects/{project}/zones/{zone}/instances/{name}' was not found"
+                )
             instance["status"] = "STOPPING"
             return Reply(200, self._operation(zone, "delete", instance["selfLink"], polls=self.operation_polls))
 
@@ -320,7 +416,9 @@ class FakeGce(FakeServer):
                 return denied
             operation = self.operations.get((zone, op))
             if operation is None:
-                return gce_error(404, "notFound", f"The resource 'projects/{project}/zones/{zone}/operations/{op}' was not found")
+                return gce_error(
+                    404, "notFound", f"The resource 'projects/{project}/zones/{zone}/operations/{op}' was not found"
+                )
             if operation.body["status"] != "DONE":
                 operation.polls_left -= 1
                 if operation.polls_left <= 0:
@@ -335,7 +433,11 @@ class FakeGce(FakeServer):
             match = OPERATIONS_FILTER.match(request.query.get("filter", ""))
             if set(request.query) != {"filter"} or not match:
                 raise Violation(f"operations query {request.query}")
-            items = [o.body for (z, _), o in self.operations.items() if z == zone and o.body["operationType"] == match.group(1)]
+            items = [
+                o.body
+                for (z, _), o in self.operations.items()
+                if z == zone and o.body["operationType"] == match.group(1)
+            ]
             return Reply(200, {"kind": "compute#operationList", "items": items})
 
     def _machine_type(self, request: Request, project: str, zone: str, machine: str) -> Reply:
@@ -344,12 +446,23 @@ class FakeGce(FakeServer):
             if denied:
                 return denied
             if machine not in ZONES[zone]:
-                return gce_error(404, "notFound", f"The resource 'projects/{project}/zones/{zone}/machineTypes/{machine}' was not found")
+                return gce_error(
+                    404,
+                    "notFound",
+                    f"The resource 'projects/{project}/zones/{zone}/machineTypes/{machine}' was not found",
+                )
             cpus, memory, accelerators = ZONES[zone][machine]
-            return Reply(200, {
-                "kind": "compute#machineType", "name": machine, "guestCpus": cpus, "memoryMb": memory, "zone": zone,
-                "accelerators": [{"guestAcceleratorType": t, "guestAcceleratorCount": n} for t, n in accelerators],
-            })
+            return Reply(
+                200,
+                {
+                    "kind": "compute#machineType",
+                    "name": machine,
+                    "guestCpus": cpus,
+                    "memoryMb": memory,
+                    "zone": zone,
+                    "accelerators": [{"guestAcceleratorType": t, "guestAcceleratorCount": n} for t, n in accelerators],
+                },
+            )
 
     def _token(self, request: Request) -> Reply:
         form = dict(parse_qsl(request.body or ""))
@@ -359,8 +472,15 @@ class FakeGce(FakeServer):
             raise Violation(f"token request {sorted(form)}")
         if form["refresh_token"] not in self.refresh_tokens:
             return Reply(400, {"error": "invalid_grant", "error_description": "Token has been expired or revoked."})
-        return Reply(200, {"access_token": self.token, "expires_in": 3599, "token_type": "Bearer",
-                           "scope": "https://www.googleapis.com/auth/cloud-platform"})
+        return Reply(
+            200,
+            {
+                "access_token": self.token,
+                "expires_in": 3599,
+                "token_type": "Bearer",
+                "scope": "https://www.googleapis.com/auth/cloud-platform",
+            },
+        )
 
     def _self_signed(self, authorization: str) -> bool:
         """A service account's self-signed JWT (what the client libraries send instead of asking

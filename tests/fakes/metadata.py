@@ -78,12 +78,19 @@ class FakeScheduledEvents(FakeServer):
     def schedule(self, event_type: str, resources: list[str], notice_s: float = 30.0) -> str:
         event_id = str(uuid.uuid4()).upper()
         with self.lock:
-            self.events.append({
-                "EventId": event_id, "EventStatus": "Scheduled", "EventType": event_type,
-                "ResourceType": "VirtualMachine", "Resources": resources,
-                "NotBefore": formatdate(time.time() + notice_s, usegmt=True),
-                "Description": "", "EventSource": "Platform", "DurationInSeconds": -1,
-            })
+            self.events.append(
+                {
+                    "EventId": event_id,
+                    "EventStatus": "Scheduled",
+                    "EventType": event_type,
+                    "ResourceType": "VirtualMachine",
+                    "Resources": resources,
+                    "NotBefore": formatdate(time.time() + notice_s, usegmt=True),
+                    "Description": "",
+                    "EventSource": "Platform",
+                    "DurationInSeconds": -1,
+                }
+            )
             self.incarnation += 1
         return event_id
 

@@ -24,17 +24,33 @@ def gcp_sku(description: str, usage: str, region: str, unit: str, usd: float, gr
     units, nanos = int(usd), round((usd - int(usd)) * 1e9)
     sku_id = hashlib.md5(f"{description}/{region}".encode()).hexdigest()[:12].upper()
     return {
-        "name": f"services/{COMPUTE_SERVICE}/skus/{sku_id}", "skuId": sku_id, "description": description,
-        "category": {"serviceDisplayName": "Compute Engine", "resourceFamily": "Compute",
-                     "resourceGroup": group, "usageType": usage},
+        "name": f"services/{COMPUTE_SERVICE}/skus/{sku_id}",
+        "skuId": sku_id,
+        "description": description,
+        "category": {
+            "serviceDisplayName": "Compute Engine",
+            "resourceFamily": "Compute",
+            "resourceGroup": group,
+            "usageType": usage,
+        },
         "serviceRegions": [region],
-        "pricingInfo": [{
-            "effectiveTime": "2025-06-01T00:00:00Z",
-            "pricingExpression": {
-                "usageUnit": unit, "displayQuantity": 1, "baseUnit": "s", "baseUnitConversionFactor": 3600,
-                "tieredRates": [{"startUsageAmount": 0, "unitPrice": {"currencyCode": "USD", "units": str(units), "nanos": nanos}}],
-            },
-        }],
+        "pricingInfo": [
+            {
+                "effectiveTime": "2025-06-01T00:00:00Z",
+                "pricingExpression": {
+                    "usageUnit": unit,
+                    "displayQuantity": 1,
+                    "baseUnit": "s",
+                    "baseUnitConversionFactor": 3600,
+                    "tieredRates": [
+                        {
+                            "startUsageAmount": 0,
+                            "unitPrice": {"currencyCode": "USD", "units": str(units), "nanos": nanos},
+                        }
+                    ],
+                },
+            }
+        ],
         "serviceProviderName": "Google",
     }
 
@@ -52,26 +68,41 @@ class FakeBillingCatalog(FakeServer):
 
     def _skus(self, request: Request, service: str) -> Reply:
         if service != COMPUTE_SERVICE:
-            return Reply(404, {"error": {"code": 404, "message": f"service {service} not found", "status": "NOT_FOUND"}})
+            return Reply(
+                404, {"error": {"code": 404, "message": f"service {service} not found", "status": "NOT_FOUND"}}
+            )
         if request.query.get("currencyCode") != "USD":
             raise Violation(f"currencyCode {request.query.get('currencyCode')!r}")
         unknown = set(request.query) - {"currencyCode", "pageToken", "$alt"}
         if unknown:
             raise Violation(f"unknown query parameters {sorted(unknown)}")
         start = int(request.query.get("pageToken") or 0)
-        page: dict[str, Any] = {"skus": self.skus[start:start + self.page_size]}
+        page: dict[str, Any] = {"skus": self.skus[start : start + self.page_size]}
         if start + self.page_size < len(self.skus):
             page["nextPageToken"] = str(start + self.page_size)
         return Reply(200, page)
 
 
-def azure_item(sku_name: str, product: str, region: str, arm_sku: str, usd: float, start: str = "2025-01-01T00:00:00Z") -> dict[str, Any]:
+def azure_item(
+    sku_name: str, product: str, region: str, arm_sku: str, usd: float, start: str = "2025-01-01T00:00:00Z"
+) -> dict[str, Any]:
     """One Retail Prices API item."""
     return {
-        "currencyCode": "USD", "tierMinimumUnits": 0.0, "retailPrice": usd, "unitPrice": usd,
-        "armRegionName": region, "location": "US East", "effectiveStartDate": start,
-        "meterName": sku_name, "productName": product, "skuName": sku_name, "serviceName": "Virtual Machines",
-        "serviceFamily": "Compute", "unitOfMeasure": "1 Hour", "type": "Consumption", "isPrimaryMeterRegion": True,
+        "currencyCode": "USD",
+        "tierMinimumUnits": 0.0,
+        "retailPrice": usd,
+        "unitPrice": usd,
+        "armRegionName": region,
+        "location": "US East",
+        "effectiveStartDate": start,
+        "meterName": sku_name,
+        "productName": product,
+        "skuName": sku_name,
+        "serviceName": "Virtual Machines",
+        "serviceFamily": "Compute",
+        "unitOfMeasure": "1 Hour",
+        "type": "Consumption",
+        "isPrimaryMeterRegion": True,
         "armSkuName": arm_sku,
     }
 
@@ -97,10 +128,17 @@ class FakeRetailPrices(FakeServer):
             raise Violation(f"query {request.query}")
         wanted = [i for i in self.items if i["armRegionName"] == match["region"] and i["armSkuName"] == match["sku"]]
         skip = int(request.query.get("$skip", "0"))
-        page = {"BillingCurrency": "USD", "CustomerEntityId": "Default", "CustomerEntityType": "Retail",
-                "Items": wanted[skip:skip + self.page_size], "Count": len(wanted[skip:skip + self.page_size])}
+        page = {
+            "BillingCurrency": "USD",
+            "CustomerEntityId": "Default",
+            "CustomerEntityType": "Retail",
+            "Items": wanted[skip : skip + self.page_size],
+            "Count": len(wanted[skip : skip + self.page_size]),
+        }
         if skip + self.page_size < len(wanted):
-            page["NextPageLink"] = f"{self.prices_url}?{urlencode({'$filter': request.query['$filter'], '$skip': skip + self.page_size})}"
+            page["NextPageLink"] = (
+                f"{self.prices_url}?{urlencode({'$filter': request.query['$filter'], '$skip': skip + self.page_size})}"
+            )
         else:
             page["NextPageLink"] = None
         return Reply(200, page)

@@ -107,8 +107,15 @@ class FakeVmHost:
         home.mkdir(exist_ok=True)
         env = {**self.env, "HOME": str(home), "GCE_METADATA_HOST": metadata.url.removeprefix("http://")}
         with log.open("wb") as out:
-            process = subprocess.Popen(["bash", "-c", script], cwd=home, env=env, stdin=subprocess.DEVNULL,
-                                       stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            process = subprocess.Popen(
+                ["bash", "-c", script],
+                cwd=home,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         with self._lock:
             self.booted[name] = BootedVm(name, zone, process, metadata, log)
 

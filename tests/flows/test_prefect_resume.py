@@ -41,9 +41,16 @@ rl_train(overrides=json.loads(sys.argv[1]))
 
 def _overrides(base: Path, output: Path, steps: int) -> dict:
     return {
-        "model.path": str(base), "run.output_dir": str(output), "run.name": RUN, "run.steps": steps,
-        "run.checkpoint_every": 1, "rollout.prompts_per_step": 4, "rollout.group_size": 4,
-        "eval.size": 8, "eval.every": 100, "fabric.enabled": False,
+        "model.path": str(base),
+        "run.output_dir": str(output),
+        "run.name": RUN,
+        "run.steps": steps,
+        "run.checkpoint_every": 1,
+        "rollout.prompts_per_step": 4,
+        "rollout.group_size": 4,
+        "eval.size": 8,
+        "eval.every": 100,
+        "fabric.enabled": False,
     }
 
 
@@ -64,14 +71,21 @@ def _prompts(run_dir: Path, step: int) -> set[tuple[int, ...]]:
 
 def test_rerun_after_a_crash_continues_and_extra_steps_train_on_fresh_prompts(prefect_harness, tmp_path):
     base = tmp_path / "base"
-    model, tokenizer = build_tiny_llama(TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128), seed=0)
+    model, tokenizer = build_tiny_llama(
+        TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128), seed=0
+    )
     save_model(model, tokenizer, base)
     run_dir = tmp_path / "runs" / RUN
     overrides = _overrides(base, tmp_path / "runs", steps=3)
 
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PYTHONPATH": str(ROOT)}
-    crashing = subprocess.Popen([sys.executable, "-c", CRASHING_RUN, json.dumps(overrides)], cwd=ROOT, env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    crashing = subprocess.Popen(
+        [sys.executable, "-c", CRASHING_RUN, json.dumps(overrides)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.time() + 300
         while latest_checkpoint(run_dir / "checkpoints") is None:

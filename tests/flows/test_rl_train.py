@@ -8,7 +8,12 @@ import json
 
 import pytest
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId, TaskRunFilter, TaskRunFilterFlowRunId
+from prefect.client.schemas.filters import (
+    FlowRunFilter,
+    FlowRunFilterParentFlowRunId,
+    TaskRunFilter,
+    TaskRunFilterFlowRunId,
+)
 
 from flows.rl_train import rl_train
 from infra.ledger import Ledger
@@ -20,7 +25,9 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def base_model(tmp_path_factory):
     path = tmp_path_factory.mktemp("model") / "base"
-    model, tokenizer = build_tiny_llama(TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128), seed=0)
+    model, tokenizer = build_tiny_llama(
+        TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128), seed=0
+    )
     save_model(model, tokenizer, path)
     return path
 
@@ -46,10 +53,11 @@ async def _children(flow_run_id):
         )
         tasks = {}
         for run in runs:
-            task_runs = await client.read_task_runs(task_run_filter=TaskRunFilter(flow_run_id=TaskRunFilterFlowRunId(any_=[run.id])))
+            task_runs = await client.read_task_runs(
+                task_run_filter=TaskRunFilter(flow_run_id=TaskRunFilterFlowRunId(any_=[run.id]))
+            )
             tasks[run.name] = sorted(t.name.rsplit("-", 1)[0] for t in task_runs if t.state.is_completed())
         return runs, tasks
-
 
 
 def test_two_steps_then_resume(prefect_harness, base_model, tmp_path):
@@ -82,7 +90,9 @@ def test_two_steps_then_resume(prefect_harness, base_model, tmp_path):
     found = asyncio.run(artifacts())
     keys = {a.key for a in found if a.key}
     assert {"flow-test-summary", "flow-test-steps", "flow-test-progress", "flow-test-rollout"} <= keys
-    per_step_tables = [a for a in found if a.type == "table" and a.key is None and a.flow_run_id in {r.id for r in runs}]
+    per_step_tables = [
+        a for a in found if a.type == "table" and a.key is None and a.flow_run_id in {r.id for r in runs}
+    ]
     assert len(per_step_tables) == 2
 
     # Resume: the same run asked for 3 steps continues from its step-2 checkpoint.

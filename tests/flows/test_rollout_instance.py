@@ -44,7 +44,11 @@ def _serve_until_registered_then_drain(redis_client, **parameters):
 def test_rollout_instance_flow_registers_and_completes_on_drain(prefect_harness, redis_url, redis_client, tmp_path):
     save_tiny_model(tmp_path / "base")
     state = _serve_until_registered_then_drain(
-        redis_client, pool="spot", instance_id="spot-flow-0", run_id="flow-instance", redis_url=redis_url,
+        redis_client,
+        pool="spot",
+        instance_id="spot-flow-0",
+        run_id="flow-instance",
+        redis_url=redis_url,
         model_path=str(tmp_path / "base"),
     )
     assert state.is_completed() and state.result() == 0
@@ -52,7 +56,9 @@ def test_rollout_instance_flow_registers_and_completes_on_drain(prefect_harness,
     assert not any(i.info.instance_id == "spot-flow-0" for i in registry.alive())
 
 
-def test_sigterm_drains_the_instance_and_ends_the_run_crashed(prefect_harness, redis_url, redis_client, tmp_path, monkeypatch):
+def test_sigterm_drains_the_instance_and_ends_the_run_crashed(
+    prefect_harness, redis_url, redis_client, tmp_path, monkeypatch
+):
     """The notice reaches the flow's process (here: this one, the flow runs on the main thread):
     the worker hands everything back, deregisters, and the run ends Crashed naming the signal.
     The Redis URL comes from the environment, as the prefect instance provider passes it."""
@@ -74,8 +80,11 @@ def test_sigterm_drains_the_instance_and_ends_the_run_crashed(prefect_harness, r
     watcher.start()
     try:
         state = rollout_instance(
-            pool="spot", instance_id="spot-flow-1", run_id="flow-preempt",
-            model_path=str(tmp_path / "base"), return_state=True,
+            pool="spot",
+            instance_id="spot-flow-1",
+            run_id="flow-preempt",
+            model_path=str(tmp_path / "base"),
+            return_state=True,
         )
     finally:
         stop_watching.set()
@@ -86,8 +95,9 @@ def test_sigterm_drains_the_instance_and_ends_the_run_crashed(prefect_harness, r
     assert not registry.all(), "a drained instance deregisters"
 
 
-def test_a_cloud_instance_reads_its_secrets_from_the_runs_secret_block(prefect_harness, redis_url, redis_client,
-                                                                        tmp_path, monkeypatch):
+def test_a_cloud_instance_reads_its_secrets_from_the_runs_secret_block(
+    prefect_harness, redis_url, redis_client, tmp_path, monkeypatch
+):
     from prefect.blocks.system import Secret
 
     from flows.rollout_instance import load_environment
@@ -97,9 +107,15 @@ def test_a_cloud_instance_reads_its_secrets_from_the_runs_secret_block(prefect_h
     for name in (REDIS_URL_ENV, "RLBOOST_WEIGHTS_SECRET"):  # absent again after the test
         monkeypatch.setenv(name, "unset")
         monkeypatch.delenv(name)
-    Secret(value={REDIS_URL_ENV: redis_url, "RLBOOST_WEIGHTS_SECRET": "s" * 32}).save("rlboost-flow-env-instances", overwrite=True)
+    Secret(value={REDIS_URL_ENV: redis_url, "RLBOOST_WEIGHTS_SECRET": "s" * 32}).save(
+        "rlboost-flow-env-instances", overwrite=True
+    )
     state = _serve_until_registered_then_drain(  # no redis_url parameter: it comes from the block
-        redis_client, pool="spot", instance_id="spot-env-0", run_id="flow-env", model_path=str(tmp_path / "base"),
+        redis_client,
+        pool="spot",
+        instance_id="spot-env-0",
+        run_id="flow-env",
+        model_path=str(tmp_path / "base"),
         environment_block="rlboost-flow-env-instances",
     )
     assert state.is_completed()

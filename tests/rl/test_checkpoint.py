@@ -48,8 +48,10 @@ def rl_step(trainer, engine, tokenizer, prompts: PromptSource, cursor: int) -> t
     noise = np.random.uniform(-0.1, 0.1, len(samples))  # numpy RNG
     keep = torch.randperm(len(samples))[:6].tolist()  # torch RNG: a random subset
     batch = TrainBatch(
-        [samples[i].prompt_ids for i in keep], [samples[i].response_ids for i in keep],
-        [samples[i].logprobs for i in keep], [scores.advantages[i] + float(noise[i]) for i in keep],
+        [samples[i].prompt_ids for i in keep],
+        [samples[i].response_ids for i in keep],
+        [samples[i].logprobs for i in keep],
+        [scores.advantages[i] + float(noise[i]) for i in keep],
     )
     metrics = trainer.train_step(batch)
     return metrics, cursor + ROLLOUT.prompts_per_step

@@ -70,9 +70,7 @@ def batch1(model, requests: list[GenerationRequest]) -> list[GenerationResult]:
     return [engine.generate([r])[0] for r in requests]
 
 
-def run_and_release(
-    engine: HFEngine, requests: list[GenerationRequest], stops: dict[str, int]
-) -> dict[str, list[int]]:
+def run_and_release(engine: HFEngine, requests: list[GenerationRequest], stops: dict[str, int]) -> dict[str, list[int]]:
     """Run `requests` together; release each sample once it has stops[sample_id] tokens."""
     for request in requests:
         engine.add(request)
@@ -103,15 +101,11 @@ def test_tensor_hash_matches_python_reference():
 def test_gumbel_noise_is_a_pure_function_of_key_position_and_token():
     keys = [sample_key(0, "a"), sample_key(0, "b"), sample_key(1, "a")]
     together = gumbel_noise(keys, [0, 5, 0], 100, torch.device("cpu"))
-    alone = torch.cat(
-        [gumbel_noise([k], [p], 100, torch.device("cpu")) for k, p in zip(keys, [0, 5, 0])]
-    )
+    alone = torch.cat([gumbel_noise([k], [p], 100, torch.device("cpu")) for k, p in zip(keys, [0, 5, 0])])
     assert torch.equal(together, alone)
     assert torch.isfinite(together).all()
     assert not torch.equal(together[0], together[2])  # seed matters
-    assert not torch.equal(
-        together[0], gumbel_noise(keys[:1], [1], 100, torch.device("cpu"))[0]
-    )  # position
+    assert not torch.equal(together[0], gumbel_noise(keys[:1], [1], 100, torch.device("cpu"))[0])  # position
     assert sample_key(3, "x") == sample_key(3, "x") != sample_key(3, "y")
     big = gumbel_noise([sample_key(0, "m")], [0], 200_000, torch.device("cpu"))[0]
     assert abs(big.mean().item() - 0.5772) < 0.02  # Euler-Mascheroni: it is Gumbel(0, 1)
@@ -150,9 +144,7 @@ def test_interrupt_and_resume_full_batch(model):
 
 def test_batched_generation_matches_batch_one(model):
     requests = make_requests(32, seed=6, budget=20)
-    rate = match_rate(
-        HFEngine(model, EOS, PAD, max_batch_size=32).generate(requests), batch1(model, requests)
-    )
+    rate = match_rate(HFEngine(model, EOS, PAD, max_batch_size=32).generate(requests), batch1(model, requests))
     print(f"\nbatch of 32 vs batch-1: token match rate {rate:.4f}")
     assert rate >= 0.99
 
@@ -191,10 +183,7 @@ def test_continuous_admission_matches_batch_one(model):
             if chunk.finish_reason is not None:
                 reasons[chunk.sample_id] = chunk.finish_reason
         step += 1
-    got = [
-        GenerationResult(r.sample_id, tokens[r.sample_id], [], reasons[r.sample_id])
-        for r in requests
-    ]
+    got = [GenerationResult(r.sample_id, tokens[r.sample_id], [], reasons[r.sample_id]) for r in requests]
     rate = match_rate(got, batch1(model, requests))
     print(f"\ncontinuous admission vs batch-1: token match rate {rate:.4f}")
     assert rate >= 0.99
@@ -242,23 +231,15 @@ def test_resume_with_nothing_left_to_generate(model):
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_logprobs_match_a_plain_forward_pass(model, temperature):
-    requests = make_requests(
-        8, seed=12, budget=12, sampling=SamplingParams(temperature=temperature)
-    )
+    requests = make_requests(8, seed=12, budget=12, sampling=SamplingParams(temperature=temperature))
     results = HFEngine(model, EOS, PAD).generate(requests)
     with torch.inference_mode():
         for request, result in zip(requests, results):
             ids = torch.tensor([request.prompt_ids + result.token_ids])
             logits = model(input_ids=ids).logits[0].float()
             steps = torch.arange(len(result.token_ids)) + len(request.prompt_ids) - 1
-            want = (
-                (logits[steps] / temperature)
-                .log_softmax(-1)
-                .gather(-1, torch.tensor(result.token_ids)[:, None])
-            )
-            torch.testing.assert_close(
-                torch.tensor(result.new_logprobs), want[:, 0], atol=1e-4, rtol=0
-            )
+            want = (logits[steps] / temperature).log_softmax(-1).gather(-1, torch.tensor(result.token_ids)[:, None])
+            torch.testing.assert_close(torch.tensor(result.new_logprobs), want[:, 0], atol=1e-4, rtol=0)
 
 
 def test_top_k_and_top_p_logprobs_are_renormalised(model):
@@ -266,9 +247,7 @@ def test_top_k_and_top_p_logprobs_are_renormalised(model):
     request = make_requests(1, seed=13, budget=10, sampling=sampling)[0]
     result = HFEngine(model, EOS, PAD).generate([request])[0]
     with torch.inference_mode():
-        logits = (
-            model(input_ids=torch.tensor([request.prompt_ids + result.token_ids])).logits[0].float()
-        )
+        logits = model(input_ids=torch.tensor([request.prompt_ids + result.token_ids])).logits[0].float()
     for i, (token, logprob) in enumerate(zip(result.token_ids, result.new_logprobs)):
         probs = (logits[len(request.prompt_ids) - 1 + i] / 0.8).softmax(-1)
         top, order = probs.topk(5)
@@ -276,18 +255,14 @@ def test_top_k_and_top_p_logprobs_are_renormalised(model):
         nucleus = int((top.cumsum(0) - top < 0.6).sum())  # smallest prefix holding >= 0.6
         kept = top[:nucleus] / top[:nucleus].sum()
         assert token in order[:nucleus].tolist()
-        assert logprob == pytest.approx(
-            kept[order[:nucleus].tolist().index(token)].log().item(), abs=1e-4
-        )
+        assert logprob == pytest.approx(kept[order[:nucleus].tolist().index(token)].log().item(), abs=1e-4)
 
 
 def test_top_k_one_equals_greedy(model):
     greedy = make_requests(16, seed=14, budget=12, sampling=SamplingParams(greedy=True))
     top1 = make_requests(16, seed=14, budget=12, sampling=SamplingParams(temperature=1.3, top_k=1))
     engine = HFEngine(model, EOS, PAD)
-    assert [r.token_ids for r in engine.generate(greedy)] == [
-        r.token_ids for r in engine.generate(top1)
-    ]
+    assert [r.token_ids for r in engine.generate(greedy)] == [r.token_ids for r in engine.generate(top1)]
 
 
 def test_mixed_sampling_params_in_one_batch(model):

@@ -118,8 +118,9 @@ def test_metrics_are_detached_0_dim_tensors() -> None:
     logp = _leaf([[-1.0, -2.0]])
     ref = torch.tensor([[-1.5, -1.0]], dtype=torch.float64)
     for ref_logp in (None, ref):
-        _, metrics = policy_loss(logp, logp.detach(), torch.ones(1, dtype=torch.float64), torch.ones(1, 2),
-                                 ref_logp=ref_logp)
+        _, metrics = policy_loss(
+            logp, logp.detach(), torch.ones(1, dtype=torch.float64), torch.ones(1, 2), ref_logp=ref_logp
+        )
         assert sorted(metrics) == ["clip_fraction", "kl", "loss", "policy_loss", "ratio_mean", "tis_weight_mean"]
         for name, value in metrics.items():
             assert isinstance(value, torch.Tensor) and value.dim() == 0, name
@@ -148,9 +149,7 @@ def test_token_and_sequence_aggregation_differ_for_unequal_lengths() -> None:
         (math.log(1.1), 1.0, False),  # inside the band
     ],
 )
-def test_clipping_zeroes_gradient_outside_band(
-    log_ratio: float, advantage: float, clipped: bool
-) -> None:
+def test_clipping_zeroes_gradient_outside_band(log_ratio: float, advantage: float, clipped: bool) -> None:
     old = torch.tensor([[-1.0]], dtype=torch.float64)
     logp = _leaf([[-1.0 + log_ratio]])
     adv = torch.tensor([advantage], dtype=torch.float64)
@@ -190,9 +189,7 @@ def test_masked_tokens_contribute_nothing() -> None:
     results = []
     for values in (base, garbage):
         logp = _leaf(values)
-        loss, metrics = policy_loss(
-            logp, old, adv, mask, kl_coef=0.1, ref_logp=ref, aggregation="sequence"
-        )
+        loss, metrics = policy_loss(logp, old, adv, mask, kl_coef=0.1, ref_logp=ref, aggregation="sequence")
         loss.backward()
         results.append((loss.item(), {key: value.item() for key, value in metrics.items()}, logp.grad))
     (loss_a, metrics_a, grad_a), (loss_b, metrics_b, grad_b) = results
@@ -207,9 +204,7 @@ def test_kl_term_added_with_coefficient_and_reported() -> None:
     ref = torch.tensor([[math.log(2.0), 0.0]], dtype=torch.float64)
     adv = torch.tensor([1.0], dtype=torch.float64)
     k3 = 1.0 - math.log(2.0)
-    loss, metrics = policy_loss(
-        logp, logp.detach(), adv, torch.ones(1, 2), kl_coef=0.5, ref_logp=ref
-    )
+    loss, metrics = policy_loss(logp, logp.detach(), adv, torch.ones(1, 2), kl_coef=0.5, ref_logp=ref)
     assert metrics["kl"] == pytest.approx(k3 / 2)
     assert metrics["policy_loss"] == pytest.approx(-1.0)
     assert loss.item() == pytest.approx(-1.0 + 0.5 * k3 / 2)
@@ -222,20 +217,16 @@ def test_kl_term_added_with_coefficient_and_reported() -> None:
 def test_kl_reported_without_entering_loss_when_coef_zero() -> None:
     logp = _leaf([[0.0]])
     ref = torch.tensor([[math.log(2.0)]], dtype=torch.float64)
-    loss, metrics = policy_loss(logp, logp.detach(), torch.ones(1, dtype=torch.float64),
-                                torch.ones(1, 1), ref_logp=ref)
+    loss, metrics = policy_loss(logp, logp.detach(), torch.ones(1, dtype=torch.float64), torch.ones(1, 1), ref_logp=ref)
     assert metrics["kl"] == pytest.approx(1.0 - math.log(2.0))
     assert loss.item() == pytest.approx(-1.0)
 
 
 def test_truncated_importance_weights() -> None:
     logp = _leaf([[-1.0, -1.0, -1.0]])
-    behaviour = torch.tensor([[-1.0 - math.log(2.0), -1.0 + math.log(2.0), -1.0]],
-                             dtype=torch.float64)
+    behaviour = torch.tensor([[-1.0 - math.log(2.0), -1.0 + math.log(2.0), -1.0]], dtype=torch.float64)
     adv = torch.tensor([1.0], dtype=torch.float64)
-    loss, metrics = policy_loss(
-        logp, logp.detach(), adv, torch.ones(1, 3), behaviour_logp=behaviour, tis_cap=1.5
-    )
+    loss, metrics = policy_loss(logp, logp.detach(), adv, torch.ones(1, 3), behaviour_logp=behaviour, tis_cap=1.5)
     weights = [1.5, 0.5, 1.0]  # min(2, 1.5), min(0.5, 1.5), min(1, 1.5)
     assert loss.item() == pytest.approx(-sum(weights) / 3)
     assert metrics["tis_weight_mean"] == pytest.approx(1.0)

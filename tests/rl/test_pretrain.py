@@ -77,8 +77,15 @@ def scripted(monkeypatch, values):
 
 def small_config(tmp_path, **kwargs) -> PretrainConfig:
     values = dict(
-        output=tmp_path / "base", batch_size=4, lr=1e-3, warmup_steps=0, max_steps=10, eval_every=1,
-        eval_size=10, accuracy_threshold=0.5, seed=0,
+        output=tmp_path / "base",
+        batch_size=4,
+        lr=1e-3,
+        warmup_steps=0,
+        max_steps=10,
+        eval_every=1,
+        eval_size=10,
+        accuracy_threshold=0.5,
+        seed=0,
     )
     values.update(kwargs)
     return PretrainConfig(**values)

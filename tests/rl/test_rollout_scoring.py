@@ -146,8 +146,10 @@ def test_score_samples_accepts_missing_groups_but_not_partial_ones():
 
 def test_samples_from_results_pairs_requests_and_results():
     requests = [GenerationRequest("2/1/0", [1, 5], 3), GenerationRequest("2/1/1", [1, 6], 3)]
-    results = [GenerationResult("2/1/0", [7, 2], [-0.1, -0.2], "stop"),
-               GenerationResult("2/1/1", [8, 9, 10], [-1.0, -2.0, -3.0], "length")]
+    results = [
+        GenerationResult("2/1/0", [7, 2], [-0.1, -0.2], "stop"),
+        GenerationResult("2/1/1", [8, 9, 10], [-1.0, -2.0, -3.0], "length"),
+    ]
     samples = samples_from_results(requests, results, policy_version=5)
     assert samples == [
         Sample("2/1/0", 1, [1, 5], [7, 2], [-0.1, -0.2], "stop", 5),

@@ -30,8 +30,17 @@ def _step_data(tokenizer):
         for index in range(GROUP):
             text = record.answer if index % 2 == 0 else str(rng.randint(0, 99))
             response = tokenizer(text, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
-            samples.append(Sample(f"1/{group}/{index}", group, prompt_ids, response,
-                                  [-1.0 - 0.1 * j for j in range(len(response))], "eos", 0))
+            samples.append(
+                Sample(
+                    f"1/{group}/{index}",
+                    group,
+                    prompt_ids,
+                    response,
+                    [-1.0 - 0.1 * j for j in range(len(response))],
+                    "eos",
+                    0,
+                )
+            )
     return records, samples
 
 
@@ -51,8 +60,14 @@ def test_groups_streamed_out_of_order_give_the_whole_step_update():
     reward = make_reward_fn("exact_match")
     scores = score_samples(samples, records, tokenizer, reward, reward, GROUP, GRPOConfig())
     assert 0 < sum(scores.correct) < len(samples)
-    whole.train_step(TrainBatch([s.prompt_ids for s in samples], [s.response_ids for s in samples],
-                                [s.logprobs for s in samples], scores.advantages))
+    whole.train_step(
+        TrainBatch(
+            [s.prompt_ids for s in samples],
+            [s.response_ids for s in samples],
+            [s.logprobs for s in samples],
+            scores.advantages,
+        )
+    )
 
     streamed, _ = _trainer()
     stream = _stream(streamed, tokenizer, records)

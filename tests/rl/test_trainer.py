@@ -59,7 +59,9 @@ def test_micro_batching_gives_the_full_batch_update(aggregation, recompute):
     for micro in (3, 64):
         model = tiny_model()
         trainer = Trainer(
-            model, PAD, GRPOConfig(aggregation=aggregation),
+            model,
+            PAD,
+            GRPOConfig(aggregation=aggregation),
             # lr 1e-4: Adam's first step moves every weight by about lr * sign(grad); a wrong
             # micro-batch weighting shows in the gradients (compared tightly below) and, for
             # any sign it flips, as a 2e-4 parameter difference. Gradients of ~1e-8 (near Adam's
@@ -83,8 +85,10 @@ def test_micro_batching_gives_the_full_batch_update(aggregation, recompute):
 
 def _subset(batch: TrainBatch, rows: list[int]) -> TrainBatch:
     return TrainBatch(
-        [batch.prompt_ids[i] for i in rows], [batch.response_ids[i] for i in rows],
-        [batch.rollout_logprobs[i] for i in rows], [batch.advantages[i] for i in rows],
+        [batch.prompt_ids[i] for i in rows],
+        [batch.response_ids[i] for i in rows],
+        [batch.rollout_logprobs[i] for i in rows],
+        [batch.advantages[i] for i in rows],
     )
 
 
@@ -95,8 +99,9 @@ def test_streamed_pieces_in_any_order_give_the_whole_batch_update(aggregation):
     results = []
     for pieces in ([list(range(12))], [[9, 10, 11], [0, 1, 2], [6, 7, 8], [3, 4, 5]]):
         model = tiny_model()
-        trainer = Trainer(model, PAD, GRPOConfig(aggregation=aggregation),
-                          OptimConfig(lr=1e-4, micro_batch_size=2, max_grad_norm=1e9))
+        trainer = Trainer(
+            model, PAD, GRPOConfig(aggregation=aggregation), OptimConfig(lr=1e-4, micro_batch_size=2, max_grad_norm=1e9)
+        )
         trainer.begin_step()
         for rows in pieces:
             trainer.accumulate(_subset(batch, rows))
@@ -141,8 +146,9 @@ def host_reads(monkeypatch) -> list[tuple[str, str, str]]:
 @pytest.mark.parametrize("aggregation", ["token", "sequence"])
 def test_metrics_are_read_once_per_step_not_per_micro_batch(aggregation, host_reads):
     """accumulate reads no metric on the host; finish_step reads them all in one transfer."""
-    trainer = Trainer(tiny_model(), PAD, GRPOConfig(aggregation=aggregation, kl_coef=0.1),
-                      OptimConfig(micro_batch_size=2))
+    trainer = Trainer(
+        tiny_model(), PAD, GRPOConfig(aggregation=aggregation, kl_coef=0.1), OptimConfig(micro_batch_size=2)
+    )
     trainer.begin_step()
     trainer.accumulate(random_batch(size=6))
     trainer.accumulate(random_batch(size=4, seed=1))
@@ -154,8 +160,21 @@ def test_metrics_are_read_once_per_step_not_per_micro_batch(aggregation, host_re
     metrics = trainer.finish_step()
     assert host_reads == [("tolist", "trainer.py", "finish_step")]
     assert all(type(value) is float for value in metrics.values())
-    assert sorted(metrics) == sorted(["loss", "policy_loss", "kl", "clip_fraction", "ratio_mean", "tis_weight_mean",
-                                      "rollout_logprob_gap", "grad_norm", "entropy", "lr", "response_tokens"])
+    assert sorted(metrics) == sorted(
+        [
+            "loss",
+            "policy_loss",
+            "kl",
+            "clip_fraction",
+            "ratio_mean",
+            "tis_weight_mean",
+            "rollout_logprob_gap",
+            "grad_norm",
+            "entropy",
+            "lr",
+            "response_tokens",
+        ]
+    )
 
 
 def test_streaming_protocol_errors_and_abandon():
@@ -212,15 +231,20 @@ def test_engine_logprobs_agree_with_the_trainer(temperature):
     rng = random.Random(0)
     requests = [
         GenerationRequest(
-            sample_id=f"s{i}", prompt_ids=[BOS] + [rng.randrange(4, 100) for _ in range(rng.randint(3, 8))],
-            max_new_tokens=6, seed=11, sampling=SamplingParams(temperature=temperature),
+            sample_id=f"s{i}",
+            prompt_ids=[BOS] + [rng.randrange(4, 100) for _ in range(rng.randint(3, 8))],
+            max_new_tokens=6,
+            seed=11,
+            sampling=SamplingParams(temperature=temperature),
         )
         for i in range(8)
     ]
     results = engine.generate(requests)
     batch = TrainBatch(
-        [r.prompt_ids for r in requests], [r.token_ids for r in results],
-        [r.new_logprobs for r in results], [1.0, -1.0] * 4,
+        [r.prompt_ids for r in requests],
+        [r.token_ids for r in results],
+        [r.new_logprobs for r in results],
+        [1.0, -1.0] * 4,
     )
     trainer = Trainer(model, PAD, GRPOConfig(), OptimConfig(micro_batch_size=3), temperature=temperature)
     metrics = trainer.train_step(batch)

@@ -7,7 +7,13 @@ balancing), `reaper` (heartbeat eviction), `offload` (adaptive `T_local`), `capa
 targets).
 """
 
-from infra.rollout.policies.capacity import CapacityConfig, CapacityTarget, PoolOffer, effective_throughput, plan_capacity
+from infra.rollout.policies.capacity import (
+    CapacityConfig,
+    CapacityTarget,
+    PoolOffer,
+    effective_throughput,
+    plan_capacity,
+)
 from infra.rollout.policies.dispatch import DispatchDecision, active, dispatch, eligible, priority
 from infra.rollout.policies.offload import OffloadController, StepTiming
 from infra.rollout.policies.reaper import ReapDecision, ReaperConfig, reap

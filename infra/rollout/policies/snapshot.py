@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from infra.availability.capacity import CapacityClass
+
 """`reserved` instances also train; `ondemand` and `spot` instances only generate."""
 
 

@@ -51,9 +51,7 @@ def _stealable(instance: InstanceView, config: StealConfig) -> list[RunningSampl
     return candidates[: max(0, len(instance.running) - config.min_keep)]
 
 
-def steal(
-    snapshot: ClusterSnapshot, config: StealConfig, *, reserved_released: bool
-) -> tuple[StealDecision, ...]:
+def steal(snapshot: ClusterSnapshot, config: StealConfig, *, reserved_released: bool) -> tuple[StealDecision, ...]:
     """Steal decisions for this snapshot; none while any sample is queued.
 
     Receivers are the instances dispatch would serve (free slots, alive, not draining, on the

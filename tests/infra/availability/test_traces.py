@@ -12,6 +12,7 @@ import pytest
 
 import infra
 from infra.availability.traces import (
+    SHIPPED_TRACES_DIR,
     AvailabilityTrace,
     CapacityChange,
     PoissonLifetimes,
@@ -23,7 +24,6 @@ from infra.availability.traces import (
     load_skynomad_h100,
     load_spotserve,
     load_trace,
-    SHIPPED_TRACES_DIR,
     summarize,
     traces_dir,
 )
@@ -41,8 +41,13 @@ def test_the_traces_ship_with_the_package(monkeypatch):
     monkeypatch.delenv("RLBOOST_TRACES_DIR", raising=False)
     assert traces_dir() == SHIPPED_TRACES_DIR
     assert SHIPPED_TRACES_DIR.is_relative_to(Path(infra.__file__).parent)
-    for licence in ("bamboo/LICENSE", "skynomad/LICENSE", "skynomad/NOTICE", "spotserve/LICENSE-Apache-2.0.txt",
-                    "gcp-spot-prices-cyclenerd/LICENSE"):
+    for licence in (
+        "bamboo/LICENSE",
+        "skynomad/LICENSE",
+        "skynomad/NOTICE",
+        "spotserve/LICENSE-Apache-2.0.txt",
+        "gcp-spot-prices-cyclenerd/LICENSE",
+    ):
         assert (SHIPPED_TRACES_DIR / licence).is_file(), licence
     assert load_trace("skynomad/h100/us-central1-a").slots == 16  # read from the shipped .csv.gz
 

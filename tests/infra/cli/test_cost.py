@@ -40,12 +40,16 @@ def test_prints_cost_per_step_spend_per_class_and_savings(ledger_url):
 
 def test_exports_csv_and_json_with_hand_computed_numbers(ledger_url, tmp_path):
     csv_path, json_path = tmp_path / "cost.csv", tmp_path / "cost.json"
-    result = runner.invoke(app, ["cost", "--run", RUN_ID, "--db", ledger_url, "--csv", str(csv_path), "--json", str(json_path)], env=WIDE)
+    result = runner.invoke(
+        app, ["cost", "--run", RUN_ID, "--db", ledger_url, "--csv", str(csv_path), "--json", str(json_path)], env=WIDE
+    )
     assert result.exit_code == 0, result.output
     rows = list(csv.DictReader(csv_path.open()))
     assert [row["step"] for row in rows] == ["1", "2", "total"]
     assert [float(row["cost_usd"]) for row in rows] == pytest.approx([2.821944, 2.688333, 5.540833], abs=1e-6)
-    assert [float(row["spot_usd"]) for row in rows] == pytest.approx([3230 * 1.1 / 3600, 2400 * 1.1 / 3600, 5730 * 1.1 / 3600])
+    assert [float(row["spot_usd"]) for row in rows] == pytest.approx(
+        [3230 * 1.1 / 3600, 2400 * 1.1 / 3600, 5730 * 1.1 / 3600]
+    )
     assert [int(row["tokens_wasted"]) for row in rows] == [50, 40, 90]
     assert [int(row["preemptions"]) for row in rows] == [1, 1, 2]
     assert float(rows[2]["instance_seconds"]) == 3600 + 5730
@@ -53,7 +57,9 @@ def test_exports_csv_and_json_with_hand_computed_numbers(ledger_url, tmp_path):
     assert report["run_id"] == RUN_ID and len(report["steps"]) == 2 and len(report["instances"]) == 4
     assert report["savings_usd"] == pytest.approx(4.099356, abs=1e-6)
     assert report["ondemand_only_usd"] == pytest.approx(9.640189, abs=1e-6)
-    assert {c["capacity_class"]: c["spend_usd"] for c in report["classes"]} == pytest.approx({"reserved": 3.67, "spot": 1.750833}, abs=1e-6)
+    assert {c["capacity_class"]: c["spend_usd"] for c in report["classes"]} == pytest.approx(
+        {"reserved": 3.67, "spot": 1.750833}, abs=1e-6
+    )
 
 
 def test_the_database_defaults_to_the_environment_variable(ledger_url, monkeypatch):
@@ -70,16 +76,26 @@ def test_an_unknown_run_lists_the_recorded_ones(ledger_url):
 
 def test_a_machine_type_without_a_price_is_named_with_the_fix(ledger_url):
     with Ledger(ledger_url) as ledger:
-        ledger.record_instance(RUN_ID, InstanceRecord("spot-9", "spot", "spot", "cpu-laptop", None, at(0)), provider="local")
+        ledger.record_instance(
+            RUN_ID, InstanceRecord("spot-9", "spot", "spot", "cpu-laptop", None, at(0)), provider="local"
+        )
     result = runner.invoke(app, ["cost", "--run", RUN_ID, "--db", ledger_url], env=WIDE)
     assert result.exit_code == 1
-    for expected in ("instance spot-9 (pool spot, spot)", "machine type 'cpu-laptop'", "(no region given)",
-                     "gcp_gpu_spot_price_changes.csv", "azure_gpu_prices.csv", "set the pool's price_per_hour"):
+    for expected in (
+        "instance spot-9 (pool spot, spot)",
+        "machine type 'cpu-laptop'",
+        "(no region given)",
+        "gcp_gpu_spot_price_changes.csv",
+        "azure_gpu_prices.csv",
+        "set the pool's price_per_hour",
+    ):
         assert expected in result.output
 
 
 def test_an_unreachable_or_missing_database_is_explained(tmp_path):
-    result = runner.invoke(app, ["cost", "--run", RUN_ID, "--db", "postgresql://ledger:s3cret@127.0.0.1:9/ledger"], env=WIDE)
+    result = runner.invoke(
+        app, ["cost", "--run", RUN_ID, "--db", "postgresql://ledger:s3cret@127.0.0.1:9/ledger"], env=WIDE
+    )
     assert result.exit_code == 1
     assert "postgresql+psycopg://ledger:***@127.0.0.1:9/ledger" in result.output and "s3cret" not in result.output
     result = runner.invoke(app, ["cost", "--run", RUN_ID, "--db", f"sqlite:///{tmp_path / 'none.sqlite'}"], env=WIDE)

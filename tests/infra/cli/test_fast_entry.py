@@ -21,6 +21,9 @@ def test_importing_loads_no_torch(module):
 
 
 def test_help_loads_no_torch():
-    code = "import sys; sys.argv = ['rlboost', '--help']\nfrom infra.cli.app import app\ntry:\n    app()\nexcept SystemExit:\n    pass\nprint('LOADED', sorted(m for m in %r if m in sys.modules))" % (HEAVY,)
+    code = (
+        "import sys; sys.argv = ['rlboost', '--help']\nfrom infra.cli.app import app\ntry:\n    app()\nexcept SystemExit:\n    pass\nprint('LOADED', sorted(m for m in %r if m in sys.modules))"
+        % (HEAVY,)
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
     assert "LOADED []" in out.stdout and "Usage" in out.stdout

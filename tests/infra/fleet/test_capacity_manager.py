@@ -13,10 +13,10 @@ from google.auth.credentials import AnonymousCredentials
 
 from infra.fleet.capacity_manager import CapacityManager
 from infra.ledger import Ledger
-from infra.providers.pool import PoolSpec
-from infra.providers.interface import InstanceHandle, InstanceRecord, PreemptionEvent, Provider, StopReason
 from infra.providers.errors import PoolConfigError
 from infra.providers.gcp import GcpProvider
+from infra.providers.interface import InstanceHandle, InstanceRecord, PreemptionEvent, Provider, StopReason
+from infra.providers.pool import PoolSpec
 from infra.providers.startup import WorkerBootstrap
 from tests.fakes.gce import FakeGce
 from tests.fakes.support import serving
@@ -38,8 +38,14 @@ class ScriptedProvider(Provider):
         room = self.capacity.get(pool.name, count)
         started = []
         for _ in range(min(count, room)):
-            record = InstanceRecord(f"{pool.name}-{len(self.records)}", pool.name, pool.capacity_class,
-                                    pool.machine_type, self.prices[pool.name], launched_at=self.clock())
+            record = InstanceRecord(
+                f"{pool.name}-{len(self.records)}",
+                pool.name,
+                pool.capacity_class,
+                pool.machine_type,
+                self.prices[pool.name],
+                launched_at=self.clock(),
+            )
             self.records[record.instance_id] = record
             started.append(record)
         if pool.name in self.capacity:
@@ -53,8 +59,9 @@ class ScriptedProvider(Provider):
         return self.records[instance_id]
 
     def terminate(self, instance_id: str, reason: StopReason = "scaled_down") -> None:
-        self.records[instance_id] = replace(self.records[instance_id], state="terminated", reason=reason,
-                                            terminated_at=self.clock())
+        self.records[instance_id] = replace(
+            self.records[instance_id], state="terminated", reason=reason, terminated_at=self.clock()
+        )
 
     def preempt(self, instance_id: str) -> None:
         self.terminate(instance_id, "preempted")
@@ -73,8 +80,10 @@ class ScriptedProvider(Provider):
 
 
 def pool(name: str, size: int = 3, **fields: object) -> PoolSpec:
-    return PoolSpec.model_validate({"name": name, "capacity_class": "spot", "size": size,
-                                    "machine_type": "g2-standard-8", "price_per_hour": 0.5} | fields)
+    return PoolSpec.model_validate(
+        {"name": name, "capacity_class": "spot", "size": size, "machine_type": "g2-standard-8", "price_per_hour": 0.5}
+        | fields
+    )
 
 
 def running(provider: Provider, name: str) -> list[str]:
@@ -176,18 +185,35 @@ def test_keeps_a_gcp_spot_pool_at_target_through_preemptions_and_a_zone_running_
     clock = Clock()
     ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
     ledger.start_run("e2e", name="capacity", started_at=clock())
-    spot = PoolSpec.model_validate({
-        "name": "l4-spot", "provider": "gcp", "capacity_class": "spot", "size": 3, "min_size": 3,
-        "machine_type": "g2-standard-8", "price_per_hour": 0.5, "max_price_per_hour": 1.0, "notice_s": 30,
-        "gcp": {"project": "rollout-proj", "zones": ["us-central1-a", "us-central1-b"],
-                "image": "projects/deeplearning-platform-release/global/images/family/common-cu128-ubuntu-2204-nvidia-570"},
-    })
+    spot = PoolSpec.model_validate(
+        {
+            "name": "l4-spot",
+            "provider": "gcp",
+            "capacity_class": "spot",
+            "size": 3,
+            "min_size": 3,
+            "machine_type": "g2-standard-8",
+            "price_per_hour": 0.5,
+            "max_price_per_hour": 1.0,
+            "notice_s": 30,
+            "gcp": {
+                "project": "rollout-proj",
+                "zones": ["us-central1-a", "us-central1-b"],
+                "image": "projects/deeplearning-platform-release/global/images/family/common-cu128-ubuntu-2204-nvidia-570",
+            },
+        }
+    )
     changes: list[InstanceRecord] = []
     with serving(FakeGce(clock=clock)) as gce:
         provider = GcpProvider(
-            run_id="e2e", bootstrap=WorkerBootstrap(), credentials=AnonymousCredentials(),
-            client_options=ClientOptions(api_endpoint=gce.url), live_prices=False, clock=clock,
-            sleep=lambda s: None, backoff_s=120.0,
+            run_id="e2e",
+            bootstrap=WorkerBootstrap(),
+            credentials=AnonymousCredentials(),
+            client_options=ClientOptions(api_endpoint=gce.url),
+            live_prices=False,
+            clock=clock,
+            sleep=lambda s: None,
+            backoff_s=120.0,
             on_change=lambda r: (changes.append(r), ledger.record_instance("e2e", r, provider="gcp", zone=r.zone)),
         )
         manager = CapacityManager(provider, [spot], clock=clock)

@@ -12,11 +12,11 @@ import pytest
 from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
 
-from infra.providers.pool import PoolSpec
-from infra.providers.interface import InstanceRecord
 from infra.fleet.cloud_fleet import CloudFleet
 from infra.providers.errors import CloudError, PoolConfigError
 from infra.providers.gcp import GcpProvider
+from infra.providers.interface import InstanceRecord
+from infra.providers.pool import PoolSpec
 from infra.providers.startup import WorkerBootstrap
 from tests.fakes.gce import FakeGce
 from tests.helpers import Clock, wait_for
@@ -26,19 +26,43 @@ LOCAL = PoolSpec(name="local", capacity_class="reserved", size=1, machine_type="
 
 
 def gcp_pool(project: str = "rollout-proj") -> PoolSpec:
-    return PoolSpec.model_validate({
-        "name": "l4-spot", "provider": "gcp", "capacity_class": "spot", "size": 2, "min_size": 2,
-        "machine_type": "g2-standard-8", "price_per_hour": 0.5,
-        "gcp": {"project": project, "zones": ["us-central1-a", "us-central1-b"],
-                "image": "projects/deeplearning-platform-release/global/images/family/x"},
-    })
+    return PoolSpec.model_validate(
+        {
+            "name": "l4-spot",
+            "provider": "gcp",
+            "capacity_class": "spot",
+            "size": 2,
+            "min_size": 2,
+            "machine_type": "g2-standard-8",
+            "price_per_hour": 0.5,
+            "gcp": {
+                "project": project,
+                "zones": ["us-central1-a", "us-central1-b"],
+                "image": "projects/deeplearning-platform-release/global/images/family/x",
+            },
+        }
+    )
 
 
 def fleet_for(pools, gce: FakeGce, clock: Clock, **kwargs) -> CloudFleet:
-    options = {"gcp": {"credentials": AnonymousCredentials(), "client_options": ClientOptions(api_endpoint=gce.url),
-                       "live_prices": False, "sleep": lambda s: None}}
-    return CloudFleet(pools, run_id="fleet-run", redis_url=REDIS, bootstrap=WorkerBootstrap(), interval_s=0.02,
-                      clock=clock, options=options, **kwargs)
+    options = {
+        "gcp": {
+            "credentials": AnonymousCredentials(),
+            "client_options": ClientOptions(api_endpoint=gce.url),
+            "live_prices": False,
+            "sleep": lambda s: None,
+        }
+    }
+    return CloudFleet(
+        pools,
+        run_id="fleet-run",
+        redis_url=REDIS,
+        bootstrap=WorkerBootstrap(),
+        interval_s=0.02,
+        clock=clock,
+        options=options,
+        **kwargs,
+    )
 
 
 def test_keeps_a_gcp_pool_at_target_through_a_preemption_then_deletes_its_vms(gce, clock):
@@ -61,9 +85,14 @@ def test_keeps_a_gcp_pool_at_target_through_a_preemption_then_deletes_its_vms(gc
     assert fleet.failure is None and "cloud-fleet" not in [t.name for t in threading.enumerate()]
     # Stopping deleted the two VMs that were running; the preempted one was already gone.
     assert gce.names() == [] and gce.names(status="STOPPING") == sorted([first[1], replacement])
-    assert {r.instance_id: r.reason for r in gcp.instances(live_only=True)} == dict.fromkeys([first[1], replacement], "scaled_down")
+    assert {r.instance_id: r.reason for r in gcp.instances(live_only=True)} == dict.fromkeys(
+        [first[1], replacement], "scaled_down"
+    )
     assert [(c.state, c.reason) for c in changes if c.instance_id == first[0]] == [
-        ("running", None), ("terminating", "preempted"), ("terminated", "preempted")]
+        ("running", None),
+        ("terminating", "preempted"),
+        ("terminated", "preempted"),
+    ]
     assert {c.instance_id for c in changes} == {first[0], first[1], replacement}
     inserts = len(gce.requests_to("POST", r"/instances$"))
     time.sleep(0.1)
@@ -87,9 +116,15 @@ def test_without_cloud_pools_there_is_nothing_to_run():
     assert fleet.failure is None
 
 
-@pytest.mark.parametrize("url", [
-    "redis://:pw@127.0.0.1:40123/0", "redis://localhost", "redis://[::1]:6379", "unix:///tmp/redis.sock",
-])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://:pw@127.0.0.1:40123/0",
+        "redis://localhost",
+        "redis://[::1]:6379",
+        "unix:///tmp/redis.sock",
+    ],
+)
 def test_a_loopback_redis_is_refused(url):
     with pytest.raises(CloudError, match=r"pool 'l4-spot': .*gcp VMs cannot reach.*set fabric.redis_url") as caught:
         CloudFleet([gcp_pool()], run_id="r", redis_url=url, bootstrap=WorkerBootstrap())

@@ -24,8 +24,8 @@ from infra.ledger import Ledger, LedgerConfig, LedgerUnavailable, LedgerWriteErr
 from infra.ledger.db import create_ledger_engine, current_revision, downgrade_to, normalize_url, upgrade_to_head
 from infra.ledger.models import Base, Instance, PriceQuote, Run, Step, Usage, WeightTransfer
 from infra.ledger.recorder import as_utc
-from infra.providers.pool import PoolSpec
 from infra.providers.interface import InstanceRecord
+from infra.providers.pool import PoolSpec
 
 pytestmark = pytest.mark.integration
 
@@ -53,15 +53,20 @@ def record_small_run(ledger: Ledger, run_id: str = RUN_ID) -> None:
         return record
 
     def end(record: InstanceRecord, notice: float, t: float, reason: str, exit_code: int) -> None:
-        ended = dataclasses.replace(record, state="terminated", notice_at=at(notice), terminated_at=at(t),
-                                    reason=reason, exit_code=exit_code)
+        ended = dataclasses.replace(
+            record, state="terminated", notice_at=at(notice), terminated_at=at(t), reason=reason, exit_code=exit_code
+        )
         ledger.record_instance(run_id, ended, provider="local")
 
     def usage(step: int, instance_id: str, seconds: float, generated: int, wasted: int = 0) -> None:
-        ledger.record_usage(run_id, step, instance_id, seconds=seconds, tokens_generated=generated, tokens_wasted=wasted)
+        ledger.record_usage(
+            run_id, step, instance_id, seconds=seconds, tokens_generated=generated, tokens_wasted=wasted
+        )
 
     ledger.start_run(run_id, name="grpo-demo", started_at=at(0))
-    spot_pool = PoolSpec(name="spot", capacity_class="spot", size=3, machine_type="a2-highgpu-1g", price_per_hour=SPOT_PRICE)
+    spot_pool = PoolSpec(
+        name="spot", capacity_class="spot", size=3, machine_type="a2-highgpu-1g", price_per_hour=SPOT_PRICE
+    )
     ledger.record_quote(run_id, spot_pool, SPOT_PRICE, quoted_at=at(0))
     reserved0 = launch("reserved-0", "reserved", RESERVED_PRICE, 0)
     spot0 = launch("spot-0", "spot", SPOT_PRICE, 0)
@@ -99,7 +104,9 @@ def ledger_url(request, tmp_path):
         yield f"sqlite:///{tmp_path / 'ledger.sqlite'}"
         return
     if not os.environ.get("DATABASE_URL"):
-        pytest.skip("DATABASE_URL is not set: set it to a PostgreSQL database to run the PostgreSQL ledger tests (`make test-full` does when one answers)")
+        pytest.skip(
+            "DATABASE_URL is not set: set it to a PostgreSQL database to run the PostgreSQL ledger tests (`make test-full` does when one answers)"
+        )
     schema = f"ledger_test_{uuid.uuid4().hex[:12]}"
     admin = create_engine(normalize_url(os.environ["DATABASE_URL"]))
     with admin.begin() as connection:
@@ -184,12 +191,20 @@ def test_instance_lifecycle_fills_in_and_a_stale_replay_does_not_revive_it(ledge
     ledger.record_instance("r", launched, provider="gcp", zone="us-central1-a", ready_at=at(20))
     noticed = dataclasses.replace(launched, state="terminating", notice_at=at(100))
     ledger.record_instance("r", noticed, provider="gcp", zone="us-central1-a")
-    ledger.record_instance("r", dataclasses.replace(noticed, state="terminated", terminated_at=at(130), reason="preempted", exit_code=0), provider="gcp")
+    ledger.record_instance(
+        "r",
+        dataclasses.replace(noticed, state="terminated", terminated_at=at(130), reason="preempted", exit_code=0),
+        provider="gcp",
+    )
     ledger.record_instance("r", launched, provider="gcp")  # a stale record, replayed
 
     row = _get(ledger, Instance, "r", "spot-0")
     assert (row.state, row.reason, row.exit_code, row.zone) == ("terminated", "preempted", 0, "us-central1-a")
-    assert (row.ready_at, row.notice_at, row.terminated_at) == (T0 + timedelta(seconds=20), T0 + timedelta(seconds=100), T0 + timedelta(seconds=130))
+    assert (row.ready_at, row.notice_at, row.terminated_at) == (
+        T0 + timedelta(seconds=20),
+        T0 + timedelta(seconds=100),
+        T0 + timedelta(seconds=130),
+    )
     assert row.launched_at.tzinfo == UTC
 
     ledger.record_instance("r", launched, provider="gcp", reason="evicted")  # reaped by the controller
@@ -207,7 +222,9 @@ def test_repeats_replace_totals_keep_the_first_start_and_keep_values_not_given(l
     step = _get(ledger, Step, "r", 1)
     assert (step.ended_at, step.tokens_trained) == (T0 + timedelta(seconds=60), 500)
 
-    ledger.record_instance("r", InstanceRecord("spot-0", "spot", "spot", "a2-highgpu-1g", SPOT_PRICE, at(0)), provider="local")
+    ledger.record_instance(
+        "r", InstanceRecord("spot-0", "spot", "spot", "a2-highgpu-1g", SPOT_PRICE, at(0)), provider="local"
+    )
     ledger.record_usage("r", 1, "spot-0", seconds=30, tokens_generated=300, tokens_wasted=3)
     ledger.record_usage("r", 1, "spot-0", seconds=60, tokens_generated=700, tokens_wasted=5)  # totals, not increments
     usage = _get(ledger, Usage, "r", 1, "spot-0")
@@ -227,7 +244,12 @@ def test_price_quotes_are_keyed_by_pool_and_time(ledger):
     ledger.record_quote("r", pool, 1.30, quoted_at=at(60), zone="us-central1-a")
     assert _count(ledger, PriceQuote) == 2
     quote = _get(ledger, PriceQuote, "r", "spot", T0)
-    assert (quote.usd_per_hour, quote.provider, quote.machine_type, quote.capacity_class) == (1.20, "local", "a2-highgpu-1g", "spot")
+    assert (quote.usd_per_hour, quote.provider, quote.machine_type, quote.capacity_class) == (
+        1.20,
+        "local",
+        "a2-highgpu-1g",
+        "spot",
+    )
 
 
 def test_the_small_run_costs_what_a_hand_computation_says(ledger):
@@ -277,7 +299,9 @@ def test_an_unknown_run_lists_the_runs_there_are(ledger):
     with pytest.raises(UnknownRun, match="holds no runs yet"):
         ledger.report("nope")
     record_small_run(ledger)
-    with pytest.raises(UnknownRun, match=r"no run 'nope'.*holds 1: grpo-demo-1a2b3c4d \(grpo-demo, started 2025-06-01 00:00 UTC\)"):
+    with pytest.raises(
+        UnknownRun, match=r"no run 'nope'.*holds 1: grpo-demo-1a2b3c4d \(grpo-demo, started 2025-06-01 00:00 UTC\)"
+    ):
         ledger.report("nope")
 
 
@@ -292,7 +316,9 @@ def test_an_unreachable_database_names_the_url_without_its_password():
 def test_a_bad_url_an_unsupported_database_or_a_missing_driver_or_file_is_explained(tmp_path):
     with pytest.raises(LedgerUnavailable, match="is not a database URL"):
         Ledger("not a url")
-    with pytest.raises(LedgerUnavailable, match=r"mysql://u:\*\*\*@h/db: the ledger supports SQLite and PostgreSQL only"):
+    with pytest.raises(
+        LedgerUnavailable, match=r"mysql://u:\*\*\*@h/db: the ledger supports SQLite and PostgreSQL only"
+    ):
         Ledger("mysql://u:pw@h/db")
     with pytest.raises(LedgerUnavailable, match=r"psycopg2://u:\*\*\*@h/db: no driver .*postgresql\+psycopg://"):
         Ledger("postgresql+psycopg2://u:pw@h/db")

@@ -34,23 +34,49 @@ class StubPrices:
             raise PriceNotFound(f"no {capacity_class} price for {machine_type!r}") from None
 
 
-def instance(instance_id: str, capacity_class: str, price: float | None, start: float, end: float | None = None,
-             reason: str | None = None, notice: float | None = None, machine_type: str = "g2-standard-8") -> Instance:
+def instance(
+    instance_id: str,
+    capacity_class: str,
+    price: float | None,
+    start: float,
+    end: float | None = None,
+    reason: str | None = None,
+    notice: float | None = None,
+    machine_type: str = "g2-standard-8",
+) -> Instance:
     return Instance(
-        run_id="r", instance_id=instance_id, pool=capacity_class, provider="gcp", zone="us-central1-b",
-        machine_type=machine_type, capacity_class=capacity_class, price_per_hour=price, launched_at=t(start),
-        notice_at=None if notice is None else t(notice), terminated_at=None if end is None else t(end),
-        state="running" if end is None else "terminated", reason=reason,
+        run_id="r",
+        instance_id=instance_id,
+        pool=capacity_class,
+        provider="gcp",
+        zone="us-central1-b",
+        machine_type=machine_type,
+        capacity_class=capacity_class,
+        price_per_hour=price,
+        launched_at=t(start),
+        notice_at=None if notice is None else t(notice),
+        terminated_at=None if end is None else t(end),
+        state="running" if end is None else "terminated",
+        reason=reason,
     )
 
 
 def usage(step: int, instance_id: str, seconds: float, generated: int, wasted: int = 0) -> Usage:
-    return Usage(run_id="r", step=step, instance_id=instance_id, seconds=seconds, tokens_generated=generated, tokens_wasted=wasted)
+    return Usage(
+        run_id="r",
+        step=step,
+        instance_id=instance_id,
+        seconds=seconds,
+        tokens_generated=generated,
+        tokens_wasted=wasted,
+    )
 
 
 def records(instances, usages, steps=None, transfers=(), ended: float | None = 3600) -> RunRecords:
-    steps = steps or [Step(run_id="r", step=1, started_at=t(0), ended_at=t(1800), tokens_trained=1000),
-                      Step(run_id="r", step=2, started_at=t(1800), ended_at=t(3600), tokens_trained=1000)]
+    steps = steps or [
+        Step(run_id="r", step=1, started_at=t(0), ended_at=t(1800), tokens_trained=1000),
+        Step(run_id="r", step=2, started_at=t(1800), ended_at=t(3600), tokens_trained=1000),
+    ]
     run = Run(run_id="r", name="demo", started_at=t(0), ended_at=None if ended is None else t(ended))
     return RunRecords(run, list(steps), list(instances), list(usages), list(transfers))
 
@@ -62,7 +88,11 @@ def test_step_cost_is_its_instance_seconds_at_each_price_plus_its_egress():
     rows = records(
         [instance("reserved-0", "reserved", 0.80, 0, 3600), instance("spot-0", "spot", 0.20, 0, 3600)],
         [usage(1, "reserved-0", 1800, 500), usage(1, "spot-0", 900, 700), usage(2, "reserved-0", 1800, 600)],
-        transfers=[WeightTransfer(run_id="r", instance_id="spot-0", version=1, source="store", step=1, bytes=5, egress_usd=0.05)],
+        transfers=[
+            WeightTransfer(
+                run_id="r", instance_id="spot-0", version=1, source="store", step=1, bytes=5, egress_usd=0.05
+            )
+        ],
     )
     report = build_report(rows, CATALOG)
     step1, step2 = report.steps
@@ -82,8 +112,11 @@ def test_step_cost_is_its_instance_seconds_at_each_price_plus_its_egress():
 
 def test_prices_come_from_the_catalog_when_missing_and_on_demand_instances_keep_their_own():
     rows = records(
-        [instance("spot-0", "spot", None, 0, 3600), instance("od-0", "ondemand", 1.00, 0, 3600),
-         instance("reserved-0", "reserved", 0.50, 0, 3600)],
+        [
+            instance("spot-0", "spot", None, 0, 3600),
+            instance("od-0", "ondemand", 1.00, 0, 3600),
+            instance("reserved-0", "reserved", 0.50, 0, 3600),
+        ],
         [],
     )
     report = build_report(rows, CATALOG)
@@ -91,14 +124,19 @@ def test_prices_come_from_the_catalog_when_missing_and_on_demand_instances_keep_
     assert (by_id["spot-0"].usd_per_hour, by_id["spot-0"].ondemand_usd_per_hour) == (0.25, 0.85)
     assert (by_id["od-0"].usd_per_hour, by_id["od-0"].ondemand_usd_per_hour) == (1.00, 1.00)  # its own price
     assert (by_id["reserved-0"].usd_per_hour, by_id["reserved-0"].ondemand_usd_per_hour) == (0.50, 0.85)
-    assert {"reserved": 0.50, "ondemand": 1.00, "spot": 0.25} == {c.capacity_class: approx(c.spend_usd) for c in report.classes}
+    assert {"reserved": 0.50, "ondemand": 1.00, "spot": 0.25} == {
+        c.capacity_class: approx(c.spend_usd) for c in report.classes
+    }
     # The catalog is asked with the instance's provider, zone and launch time.
     assert ("gcp", "g2-standard-8", "us-central1-b", "spot", t(0)) in CATALOG.asked
 
 
 def test_a_missing_price_names_the_instance_and_why_it_is_needed():
     rows = records([instance("spot-7", "spot", 0.30, 0, 60, machine_type="x9-mystery")], [])
-    with pytest.raises(PriceNotFound, match=r"instance spot-7 \(pool spot, spot\) needs an on-demand price for the counterfactual: no ondemand price for 'x9-mystery'"):
+    with pytest.raises(
+        PriceNotFound,
+        match=r"instance spot-7 \(pool spot, spot\) needs an on-demand price for the counterfactual: no ondemand price for 'x9-mystery'",
+    ):
         build_report(rows, CATALOG)
 
 
@@ -107,15 +145,20 @@ def test_running_instances_are_billed_up_to_as_of_or_the_run_end():
     assert build_report(rows, CATALOG).instances[0].billed_seconds == 1000
     later = build_report(rows, CATALOG, as_of=t(2000))
     assert later.as_of == t(2000) and later.total_usd == approx(2000 * 0.36 / 3600)
-    assert build_report(records([instance("spot-0", "spot", 0.36, 500)], [], ended=None), CATALOG, as_of=t(100)).total_usd == 0
+    assert (
+        build_report(records([instance("spot-0", "spot", 0.36, 500)], [], ended=None), CATALOG, as_of=t(100)).total_usd
+        == 0
+    )
 
 
 def test_preemptions_count_in_the_step_of_their_notice_and_evictions_apart():
     rows = records(
-        [instance("spot-0", "spot", 0.2, 0, 1830, reason="preempted", notice=1800),   # notice at step 2's start
-         instance("spot-1", "spot", 0.2, 0, 600, reason="preempted_silent"),         # no notice: its end
-         instance("spot-2", "spot", 0.2, 0, 900, reason="evicted"),
-         instance("spot-3", "spot", 0.2, 0, 3600, reason="scaled_down")],
+        [
+            instance("spot-0", "spot", 0.2, 0, 1830, reason="preempted", notice=1800),  # notice at step 2's start
+            instance("spot-1", "spot", 0.2, 0, 600, reason="preempted_silent"),  # no notice: its end
+            instance("spot-2", "spot", 0.2, 0, 900, reason="evicted"),
+            instance("spot-3", "spot", 0.2, 0, 3600, reason="scaled_down"),
+        ],
         [],
     )
     report = build_report(rows, CATALOG)

@@ -9,7 +9,9 @@ import pytest
 from infra.pricing import PriceNotFound, default_catalog, price, region_of
 from infra.pricing.catalog import AZURE_TABLE, GCP_HISTORY, Catalog, load_azure_table, load_gcp_history
 
-HEADER = "effective_from_utc,source_commit,machine_type,gpu_type,gpu_count,region,ondemand_usd_per_hour,spot_usd_per_hour\n"
+HEADER = (
+    "effective_from_utc,source_commit,machine_type,gpu_type,gpu_count,region,ondemand_usd_per_hour,spot_usd_per_hour\n"
+)
 HISTORY = HEADER + (
     "2024-01-01T00:00:00Z,aaa,g2-standard-8,l4,1,us-east1,0.90,0.30\n"
     "2024-01-01T00:00:00Z,aaa,g2-standard-8,l4,1,europe-west4,0.99,0.33\n"
@@ -35,10 +37,14 @@ def test_a_gcp_price_holds_from_its_change_point_until_the_next(catalog):
     assert catalog.price("gcp", "g2-standard-8", "us-east1", "spot", at("2024-02-29T23:59:59")) == 0.30
     assert catalog.price("gcp", "g2-standard-8", "us-east1", "spot", at("2024-03-01")) == 0.20
     assert catalog.price("gcp", "g2-standard-8", "us-east1", "ondemand", at("2024-03-15")) == 0.90
-    assert catalog.price("gcp", "g2-standard-8", "us-east1", "reserved", at("2024-03-15")) == 0.90  # on-demand list price
+    assert (
+        catalog.price("gcp", "g2-standard-8", "us-east1", "reserved", at("2024-03-15")) == 0.90
+    )  # on-demand list price
     assert catalog.price("gcp", "g2-standard-8", "us-east1", "spot", at("2024-08-01")) == 0.40  # back after REMOVED
     assert catalog.price("gcp", "g2-standard-8", "us-east1", "spot") == 0.40  # latest
-    assert catalog.price("gcp", "g2-standard-8", "europe-west4", "spot", at("2030-01-01")) == 0.33  # the last step holds
+    assert (
+        catalog.price("gcp", "g2-standard-8", "europe-west4", "spot", at("2030-01-01")) == 0.33
+    )  # the last step holds
 
 
 def test_removed_pairs_and_dates_before_the_first_price_are_not_priced(catalog):
@@ -62,7 +68,9 @@ def test_the_azure_table_is_dated_list_prices_with_its_source():
     assert any("skypilot-catalog" in line for line in header) and any("prices.azure.com" in line for line in header)
     table = load_azure_table()
     assert table.source.startswith("Azure list prices as of 2026-11-29")
-    assert {"Standard_NC4as_T4_v3", "Standard_NC24ads_A100_v4", "Standard_ND96isr_H100_v5"} <= set(table.machine_types())
+    assert {"Standard_NC4as_T4_v3", "Standard_NC24ads_A100_v4", "Standard_ND96isr_H100_v5"} <= set(
+        table.machine_types()
+    )
     azure = Catalog([table])
     assert azure.price("azure", "Standard_NC4as_T4_v3", "westus2", "ondemand") == 0.526
     assert azure.price("azure", "Standard_ND96isr_H100_v5", "eastus", "ondemand") == 98.32
@@ -76,8 +84,14 @@ def test_an_unknown_machine_type_or_region_says_where_prices_come_from_and_how_t
     message = str(unknown.value)
     assert "no spot price for machine type 'cpu-laptop'" in message and "does not list this machine type" in message
     assert "changes.csv" in message and str(AZURE_TABLE) in message
-    assert "Fix: set the pool's price_per_hour" in message and "g2-standard-8" in message and "Standard_NC4as_T4_v3" in message
-    with pytest.raises(PriceNotFound, match=r"in region mars1 .*listed in 2 other regions, e.g. europe-west4, us-east1"):
+    assert (
+        "Fix: set the pool's price_per_hour" in message
+        and "g2-standard-8" in message
+        and "Standard_NC4as_T4_v3" in message
+    )
+    with pytest.raises(
+        PriceNotFound, match=r"in region mars1 .*listed in 2 other regions, e.g. europe-west4, us-east1"
+    ):
         catalog.price("gcp", "g2-standard-8", "mars1", "ondemand")
 
 

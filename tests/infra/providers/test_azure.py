@@ -12,13 +12,13 @@ from azure.core.credentials import AccessToken
 from azure.core.exceptions import ClientAuthenticationError
 from azure.core.pipeline.policies import BearerTokenCredentialPolicy, SansIOHTTPPolicy
 
-from infra.providers.prices_live import AzureRetailPrices, azure_hourly_price
 from infra.pricing import price
 from infra.providers.azure import AzureProvider
-from infra.providers.pool import PoolSpec
-from infra.providers.zonal import LABEL_POOL, LABEL_RUN, LABEL_STEP, OperationPolling
 from infra.providers.errors import CredentialsError, PoolConfigError
+from infra.providers.pool import PoolSpec
+from infra.providers.prices_live import AzureRetailPrices, azure_hourly_price
 from infra.providers.startup import WorkerBootstrap
+from infra.providers.zonal import LABEL_POOL, LABEL_RUN, LABEL_STEP, OperationPolling
 from tests.fakes.arm import FakeArm
 from tests.fakes.prices import FakeRetailPrices, azure_item
 from tests.fakes.support import serving
@@ -30,13 +30,24 @@ SUBNET = f"/subscriptions/{SUBSCRIPTION}/resourceGroups/net-rg/providers/Microso
 
 def azure_pool(**overrides: object) -> PoolSpec:
     azure = {
-        "subscription_id": SUBSCRIPTION, "resource_group": "rollout-rg", "zones": ["eastus-1", "eastus-2"],
-        "image": "microsoft-dsvm:ubuntu-hpc:2204:latest", "subnet_id": SUBNET,
+        "subscription_id": SUBSCRIPTION,
+        "resource_group": "rollout-rg",
+        "zones": ["eastus-1", "eastus-2"],
+        "image": "microsoft-dsvm:ubuntu-hpc:2204:latest",
+        "subnet_id": SUBNET,
         "ssh_public_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample rollout",
     }
     azure |= overrides.pop("azure", {})  # type: ignore[arg-type]
-    fields = {"name": "t4-spot", "provider": "azure", "capacity_class": "spot", "size": 4,
-              "machine_type": "Standard_NC4as_T4_v3", "price_per_hour": 0.1, "max_price_per_hour": 0.3, "azure": azure}
+    fields = {
+        "name": "t4-spot",
+        "provider": "azure",
+        "capacity_class": "spot",
+        "size": 4,
+        "machine_type": "Standard_NC4as_T4_v3",
+        "price_per_hour": 0.1,
+        "max_price_per_hour": 0.3,
+        "azure": azure,
+    }
     return PoolSpec.model_validate(fields | overrides)
 
 
@@ -103,18 +114,30 @@ def test_spot_launch_asks_for_a_spot_vm_with_max_price_tags_and_the_worker(arm, 
     assert len(handles) == 2
     body = put_bodies(arm)[0]
     props = body["properties"]
-    assert (props["priority"], props["evictionPolicy"], props["billingProfile"]) == ("Spot", "Delete", {"maxPrice": 0.3})
+    assert (props["priority"], props["evictionPolicy"], props["billingProfile"]) == (
+        "Spot",
+        "Delete",
+        {"maxPrice": 0.3},
+    )
     assert (body["location"], body["zones"]) == ("eastus", ["1"])
     assert body["tags"] == {LABEL_RUN: "run-42", LABEL_POOL: "t4-spot", LABEL_STEP: "5"}
     assert props["hardwareProfile"] == {"vmSize": "Standard_NC4as_T4_v3"}
-    assert props["storageProfile"]["imageReference"] == {"publisher": "microsoft-dsvm", "offer": "ubuntu-hpc", "sku": "2204", "version": "latest"}
+    assert props["storageProfile"]["imageReference"] == {
+        "publisher": "microsoft-dsvm",
+        "offer": "ubuntu-hpc",
+        "sku": "2204",
+        "version": "latest",
+    }
     assert props["osProfile"]["linuxConfiguration"]["disablePasswordAuthentication"] is True
     nic = props["networkProfile"]["networkInterfaceConfigurations"][0]
     assert nic["properties"]["ipConfigurations"][0]["properties"]["subnet"] == {"id": SUBNET}
     script = base64.b64decode(props["osProfile"]["customData"]).decode()
     name = body["properties"]["osProfile"]["computerName"]
     assert f"-m infra.watchers azure --instance {name}" in script
-    assert f"-m infra.stack.prefect_worker --pool t4-spot --work-queue run-42-{name} --name {name} --limit 1 --run-once" in script
+    assert (
+        f"-m infra.stack.prefect_worker --pool t4-spot --work-queue run-42-{name} --name {name} --limit 1 --run-once"
+        in script
+    )
     # The SDK's poller followed the Azure-AsyncOperation documents to the end.
     assert len(arm.requests_to("GET", r"/operations/")) >= 2 * arm.operation_polls
     assert sorted(arm.names()) == sorted(h.instance_id for h in handles)
@@ -169,7 +192,10 @@ def test_eviction_is_detected_and_the_record_ends_when_the_vm_is_gone(arm, clock
     assert provider.describe(evicted).state == "terminated"
     assert [r.state for r in provider.instances(live_only=True)] == ["running", "running"]
     assert [(c.instance_id, c.state) for c in changes if c.instance_id == evicted] == [
-        (evicted, "running"), (evicted, "terminating"), (evicted, "terminated")]
+        (evicted, "running"),
+        (evicted, "terminating"),
+        (evicted, "terminated"),
+    ]
 
 
 def test_terminate_deletes_the_vm(arm, clock):
@@ -197,9 +223,20 @@ def test_a_new_controller_adopts_the_runs_vms(arm, clock):
 def test_live_spot_price_comes_from_the_retail_prices_api(arm, clock, retail):
     retail.items = [
         azure_item("NC4as T4 v3", "Virtual Machines NCasT4_v3 Series", "eastus", "Standard_NC4as_T4_v3", 0.526),
-        azure_item("NC4as T4 v3 Spot", "Virtual Machines NCasT4_v3 Series Windows", "eastus", "Standard_NC4as_T4_v3", 0.09),
-        azure_item("NC4as T4 v3 Low Priority", "Virtual Machines NCasT4_v3 Series", "eastus", "Standard_NC4as_T4_v3", 0.105),
-        azure_item("NC4as T4 v3 Spot", "Virtual Machines NCasT4_v3 Series", "eastus", "Standard_NC4as_T4_v3", 0.0526, "2024-01-01T00:00:00Z"),
+        azure_item(
+            "NC4as T4 v3 Spot", "Virtual Machines NCasT4_v3 Series Windows", "eastus", "Standard_NC4as_T4_v3", 0.09
+        ),
+        azure_item(
+            "NC4as T4 v3 Low Priority", "Virtual Machines NCasT4_v3 Series", "eastus", "Standard_NC4as_T4_v3", 0.105
+        ),
+        azure_item(
+            "NC4as T4 v3 Spot",
+            "Virtual Machines NCasT4_v3 Series",
+            "eastus",
+            "Standard_NC4as_T4_v3",
+            0.0526,
+            "2024-01-01T00:00:00Z",
+        ),
         azure_item("NC4as T4 v3 Spot", "Virtual Machines NCasT4_v3 Series", "eastus", "Standard_NC4as_T4_v3", 0.0631),
         azure_item("NC4as T4 v3 Spot", "Virtual Machines NCasT4_v3 Series", "westus2", "Standard_NC4as_T4_v3", 0.07),
     ]
@@ -208,8 +245,10 @@ def test_live_spot_price_comes_from_the_retail_prices_api(arm, clock, retail):
     assert len(retail.requests) == 3  # five eastus items, two per page
     assert provider.quote(azure_pool(name="regular", capacity_class="ondemand")) == pytest.approx(0.526)
     sent = retail.requests[0].query["$filter"]
-    assert sent == ("serviceName eq 'Virtual Machines' and armRegionName eq 'eastus' "
-                    "and armSkuName eq 'Standard_NC4as_T4_v3' and priceType eq 'Consumption'")
+    assert sent == (
+        "serviceName eq 'Virtual Machines' and armRegionName eq 'eastus' "
+        "and armSkuName eq 'Standard_NC4as_T4_v3' and priceType eq 'Consumption'"
+    )
 
 
 def test_quote_falls_back_offline_when_the_prices_api_is_unreachable(arm, clock, caplog):
@@ -223,7 +262,9 @@ def test_quote_falls_back_offline_when_the_prices_api_is_unreachable(arm, clock,
 
 def test_a_meterless_answer_has_no_price():
     with pytest.raises(LookupError):
-        azure_hourly_price([azure_item("NC4as T4 v3", "Virtual Machines NCasT4_v3 Series Windows", "eastus", "x", 1.0)], spot=False)
+        azure_hourly_price(
+            [azure_item("NC4as T4 v3", "Virtual Machines NCasT4_v3 Series Windows", "eastus", "x", 1.0)], spot=False
+        )
 
 
 def test_unknown_vm_size_is_a_pool_error_naming_the_fix(arm, clock):
@@ -256,4 +297,11 @@ def test_expired_token_and_failed_login_are_clear_errors_without_secrets(arm, cl
     assert "pool 't4-spot'" in str(refused.value) and "az login" in str(refused.value)
     assert "eyJ.stale-token" not in str(rejected.value) + caplog.text
     fresh = StaticCredential("eyJ.fresh-token")
-    assert len(make_provider(arm, clock, credential=fresh, authentication_policy=BearerOverHttp(fresh, scope)).launch(pool, 1)) == 1
+    assert (
+        len(
+            make_provider(arm, clock, credential=fresh, authentication_policy=BearerOverHttp(fresh, scope)).launch(
+                pool, 1
+            )
+        )
+        == 1
+    )

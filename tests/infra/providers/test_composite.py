@@ -10,36 +10,62 @@ import pytest
 from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
 
-from infra.providers.prices_live import offline_price
-from infra.providers.pool import PoolSpec
 from infra.providers.composite import CompositeProvider
 from infra.providers.gcp import GcpProvider
 from infra.providers.local import LocalProvider
+from infra.providers.pool import PoolSpec
+from infra.providers.prices_live import offline_price
 from infra.providers.startup import WorkerBootstrap
 
 pytestmark = pytest.mark.integration  # real processes
 
 LOCAL = PoolSpec(name="local-spot", capacity_class="spot", size=2, machine_type="g2-standard-8", price_per_hour=0.11)
-GCP = PoolSpec.model_validate({
-    "name": "l4-spot", "provider": "gcp", "capacity_class": "spot", "size": 2, "machine_type": "g2-standard-8",
-    "price_per_hour": 0.5, "gcp": {"project": "rollout-proj", "zones": ["us-central1-a"],
-                                   "image": "projects/deeplearning-platform-release/global/images/family/x"},
-})
-AZURE = PoolSpec.model_validate({
-    "name": "t4-azure", "provider": "azure", "capacity_class": "spot", "size": 1,
-    "machine_type": "Standard_NC4as_T4_v3", "price_per_hour": 0.2,
-    "azure": {"subscription_id": "00000000-0000-0000-0000-000000000000", "resource_group": "rg", "zones": ["eastus-1"],
-              "image": "microsoft-dsvm:ubuntu-hpc:2204:latest",
-              "subnet_id": "/subscriptions/x/resourceGroups/rg/providers/Microsoft.Network/virtualNetworks/v/subnets/s",
-              "ssh_public_key": "ssh-ed25519 AAAA test"},
-})
+GCP = PoolSpec.model_validate(
+    {
+        "name": "l4-spot",
+        "provider": "gcp",
+        "capacity_class": "spot",
+        "size": 2,
+        "machine_type": "g2-standard-8",
+        "price_per_hour": 0.5,
+        "gcp": {
+            "project": "rollout-proj",
+            "zones": ["us-central1-a"],
+            "image": "projects/deeplearning-platform-release/global/images/family/x",
+        },
+    }
+)
+AZURE = PoolSpec.model_validate(
+    {
+        "name": "t4-azure",
+        "provider": "azure",
+        "capacity_class": "spot",
+        "size": 1,
+        "machine_type": "Standard_NC4as_T4_v3",
+        "price_per_hour": 0.2,
+        "azure": {
+            "subscription_id": "00000000-0000-0000-0000-000000000000",
+            "resource_group": "rg",
+            "zones": ["eastus-1"],
+            "image": "microsoft-dsvm:ubuntu-hpc:2204:latest",
+            "subnet_id": "/subscriptions/x/resourceGroups/rg/providers/Microsoft.Network/virtualNetworks/v/subnets/s",
+            "ssh_public_key": "ssh-ed25519 AAAA test",
+        },
+    }
+)
 
 
 @pytest.fixture
 def gcp(gce, clock) -> GcpProvider:
-    return GcpProvider(run_id="mixed", bootstrap=WorkerBootstrap(), credentials=AnonymousCredentials(),
-                       client_options=ClientOptions(api_endpoint=gce.url), live_prices=False, clock=clock,
-                       sleep=lambda s: None)
+    return GcpProvider(
+        run_id="mixed",
+        bootstrap=WorkerBootstrap(),
+        credentials=AnonymousCredentials(),
+        client_options=ClientOptions(api_endpoint=gce.url),
+        live_prices=False,
+        clock=clock,
+        sleep=lambda s: None,
+    )
 
 
 def local_provider(seconds: float = 60) -> LocalProvider:
@@ -119,8 +145,11 @@ def test_start_and_shutdown_reach_the_local_provider_only(gcp, gce):
 
 def test_a_pool_of_a_kind_without_provider_is_refused_by_name(local):
     composite = CompositeProvider({"local": local})
-    for call in (lambda: composite.launch(GCP, 1), lambda: composite.quote(AZURE),
-                 lambda: composite.refresh([LOCAL, GCP])):
+    for call in (
+        lambda: composite.launch(GCP, 1),
+        lambda: composite.quote(AZURE),
+        lambda: composite.refresh([LOCAL, GCP]),
+    ):
         with pytest.raises(ValueError, match=r"pool '(l4-spot|t4-azure)' has provider '(gcp|azure)'.*it has: local"):
             call()
     assert local.instances() == []

@@ -12,12 +12,12 @@ from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
 from google.oauth2.credentials import Credentials as UserCredentials
 
-from infra.providers.prices_live import offline_price
-from infra.providers.pool import PoolSpec
-from infra.providers.zonal import LABEL_POOL, LABEL_RUN, LABEL_STEP
 from infra.providers.errors import CredentialsError, PoolConfigError
 from infra.providers.gcp import GcpProvider
+from infra.providers.pool import PoolSpec
+from infra.providers.prices_live import offline_price
 from infra.providers.startup import WorkerBootstrap
+from infra.providers.zonal import LABEL_POOL, LABEL_RUN, LABEL_STEP
 from tests.fakes.gce import FakeGce
 from tests.fakes.prices import FakeBillingCatalog, gcp_sku
 from tests.fakes.support import serving
@@ -29,13 +29,22 @@ RUN = "Run-42"
 
 def gcp_pool(**overrides: object) -> PoolSpec:
     gcp = {
-        "project": "rollout-proj", "zones": ["us-central1-a", "us-central1-b"],
+        "project": "rollout-proj",
+        "zones": ["us-central1-a", "us-central1-b"],
         "image": "projects/deeplearning-platform-release/global/images/family/common-cu128-ubuntu-2204-nvidia-570",
-        "accelerator_type": "nvidia-tesla-t4", "service_account": "rollout@rollout-proj.iam.gserviceaccount.com",
+        "accelerator_type": "nvidia-tesla-t4",
+        "service_account": "rollout@rollout-proj.iam.gserviceaccount.com",
     }
     gcp |= overrides.pop("gcp", {})  # type: ignore[arg-type]
-    fields = {"name": "t4-spot", "provider": "gcp", "capacity_class": "spot", "size": 4,
-              "machine_type": "n1-standard-4", "price_per_hour": 0.2, "gcp": gcp}
+    fields = {
+        "name": "t4-spot",
+        "provider": "gcp",
+        "capacity_class": "spot",
+        "size": 4,
+        "machine_type": "n1-standard-4",
+        "price_per_hour": 0.2,
+        "gcp": gcp,
+    }
     return PoolSpec.model_validate(fields | overrides)
 
 
@@ -79,26 +88,40 @@ def test_spot_launch_asks_for_spot_gpus_labels_and_the_worker(gce, clock):
     bodies = insert_bodies(gce)
     assert len(bodies) == 2
     body = bodies[0]
-    assert body["scheduling"] == {"provisioningModel": "SPOT", "instanceTerminationAction": "DELETE",
-                                  "automaticRestart": False, "onHostMaintenance": "TERMINATE"}
+    assert body["scheduling"] == {
+        "provisioningModel": "SPOT",
+        "instanceTerminationAction": "DELETE",
+        "automaticRestart": False,
+        "onHostMaintenance": "TERMINATE",
+    }
     assert body["machineType"] == "zones/us-central1-a/machineTypes/n1-standard-4"
-    assert body["guestAccelerators"] == [{"acceleratorType": "zones/us-central1-a/acceleratorTypes/nvidia-tesla-t4",
-                                          "acceleratorCount": 1}]
+    assert body["guestAccelerators"] == [
+        {"acceleratorType": "zones/us-central1-a/acceleratorTypes/nvidia-tesla-t4", "acceleratorCount": 1}
+    ]
     assert body["labels"] == {LABEL_RUN: "run-42", LABEL_POOL: "t4-spot", LABEL_STEP: "7"}
     disk = body["disks"][0]
     assert disk["boot"] and disk["autoDelete"] and disk["initializeParams"]["sourceImage"] == gcp_pool().gcp.image
-    assert body["serviceAccounts"] == [{"email": "rollout@rollout-proj.iam.gserviceaccount.com",
-                                        "scopes": ["https://www.googleapis.com/auth/cloud-platform"]}]
+    assert body["serviceAccounts"] == [
+        {
+            "email": "rollout@rollout-proj.iam.gserviceaccount.com",
+            "scopes": ["https://www.googleapis.com/auth/cloud-platform"],
+        }
+    ]
     script = next(i["value"] for i in body["metadata"]["items"] if i["key"] == "startup-script")
     assert "pip install --quiet 'rlboost[gcp]==0.1.0'" in script
-    assert f"-m infra.stack.prefect_worker --pool t4-spot --work-queue {RUN}-{body['name']} --name {body['name']} --limit 1 --run-once" in script
+    assert (
+        f"-m infra.stack.prefect_worker --pool t4-spot --work-queue {RUN}-{body['name']} --name {body['name']} --limit 1 --run-once"
+        in script
+    )
     assert "-m infra.watchers gce" in script and "PREFECT_API_URL=http://prefect.internal:4200/api" in script
     # Every insert carried an idempotency key and was waited on through the zone operations API.
     assert all(re.fullmatch(r"[0-9a-f-]{36}", r.query["requestId"]) for r in gce.requests_to("POST", r"/instances$"))
     assert len(gce.requests_to("POST", r"/operations/[^/]+/wait$")) == 2 * gce.operation_polls
     records = provider.instances()
     assert {r.zone for r in records} == {"us-central1-a"} and {r.launch_step for r in records} == {7}
-    assert all(r.state == "running" and r.launched_at == clock.t and r.price_per_hour == pytest.approx(0.2) for r in records)
+    assert all(
+        r.state == "running" and r.launched_at == clock.t and r.price_per_hour == pytest.approx(0.2) for r in records
+    )
     assert sorted(gce.names("us-central1-a")) == sorted(h.instance_id for h in handles)
     assert [c.state for c in changes] == ["running", "running"]
 
@@ -107,7 +130,11 @@ def test_standard_pool_asks_for_standard_provisioning(gce, clock):
     provider = make_provider(gce, clock)
     provider.launch(gcp_pool(capacity_class="ondemand", gcp={"accelerator_type": None}), 1)
     (body,) = insert_bodies(gce)
-    assert body["scheduling"] == {"provisioningModel": "STANDARD", "automaticRestart": True, "onHostMaintenance": "TERMINATE"}
+    assert body["scheduling"] == {
+        "provisioningModel": "STANDARD",
+        "automaticRestart": True,
+        "onHostMaintenance": "TERMINATE",
+    }
     assert "guestAccelerators" not in body
 
 
@@ -177,10 +204,13 @@ def test_quota_blocks_every_zone_of_the_region(gce, clock):
     assert [r.path.split("/")[6] for r in gce.requests_to("POST", r"/instances$")] == ["us-central1-a", "us-east1-c"]
 
 
-@pytest.mark.parametrize("status,reason,skipped", [
-    (429, "rateLimitExceeded", []),                  # throttled: only that zone backs off
-    (403, "quotaExceeded", ["us-central1-b"]),       # a regional quota: the region backs off
-])
+@pytest.mark.parametrize(
+    "status,reason,skipped",
+    [
+        (429, "rateLimitExceeded", []),  # throttled: only that zone backs off
+        (403, "quotaExceeded", ["us-central1-b"]),  # a regional quota: the region backs off
+    ],
+)
 def test_immediate_throttling_and_quota_errors_fail_over(gce, clock, status, reason, skipped):
     provider = make_provider(gce, clock)
     pool = gcp_pool(gcp={"zones": ["us-central1-a", "us-central1-b", "us-east1-c"]})
@@ -216,7 +246,11 @@ def test_preemption_is_detected_from_status_and_the_preempted_operation(gce, clo
     clock.advance(5)
     provider.refresh()
     record = provider.describe(name)
-    assert (record.state, record.reason, record.notice_at) == ("terminating", "preempted", pytest.approx(notice_at, abs=1e-3))
+    assert (record.state, record.reason, record.notice_at) == (
+        "terminating",
+        "preempted",
+        pytest.approx(notice_at, abs=1e-3),
+    )
     (event,) = provider.preemptions()
     assert (event.instance_id, event.silent, event.kill_at) == (name, False, pytest.approx(notice_at + 30, abs=1e-3))
     assert provider.preemptions() == []
@@ -225,7 +259,11 @@ def test_preemption_is_detected_from_status_and_the_preempted_operation(gce, clo
     provider.refresh()
     record = provider.describe(name)
     assert (record.state, record.terminated_at, record.reason) == ("terminated", clock.t, "preempted")
-    assert [(c.state, c.reason) for c in changes] == [("running", None), ("terminating", "preempted"), ("terminated", "preempted")]
+    assert [(c.state, c.reason) for c in changes] == [
+        ("running", None),
+        ("terminating", "preempted"),
+        ("terminated", "preempted"),
+    ]
     assert provider.instances(live_only=True) == []
 
 
@@ -274,10 +312,31 @@ def test_a_new_controller_adopts_the_runs_vms(gce, clock):
 def test_live_price_sums_the_machine_types_parts_from_the_billing_catalog(gce, clock, catalog):
     region = "us-central1"
     catalog.skus = [
-        gcp_sku("Spot Preemptible N1 Predefined Instance Core running in Americas", "Preemptible", region, "h", 0.0075, "N1Standard"),
+        gcp_sku(
+            "Spot Preemptible N1 Predefined Instance Core running in Americas",
+            "Preemptible",
+            region,
+            "h",
+            0.0075,
+            "N1Standard",
+        ),
         gcp_sku("N1 Predefined Instance Core running in Americas", "OnDemand", region, "h", 0.0316, "N1Standard"),
-        gcp_sku("Spot Preemptible N1 Predefined Instance Core running in Virginia", "Preemptible", "us-east4", "h", 0.009, "N1Standard"),
-        gcp_sku("Spot Preemptible N1 Predefined Instance Ram running in Americas", "Preemptible", region, "GiBy.h", 0.001, "N1Standard"),
+        gcp_sku(
+            "Spot Preemptible N1 Predefined Instance Core running in Virginia",
+            "Preemptible",
+            "us-east4",
+            "h",
+            0.009,
+            "N1Standard",
+        ),
+        gcp_sku(
+            "Spot Preemptible N1 Predefined Instance Ram running in Americas",
+            "Preemptible",
+            region,
+            "GiBy.h",
+            0.001,
+            "N1Standard",
+        ),
         gcp_sku("N1 Predefined Instance Ram running in Americas", "OnDemand", region, "GiBy.h", 0.0042, "N1Standard"),
         gcp_sku("Spot Preemptible Nvidia Tesla T4 GPU running in Americas", "Preemptible", region, "h", 0.14, "GPU"),
         gcp_sku("Nvidia Tesla T4 GPU running in Americas", "OnDemand", region, "h", 0.35, "GPU"),
@@ -323,8 +382,13 @@ def test_unknown_project_is_a_pool_error_naming_the_setting(gce, clock):
 
 
 def user_credentials(gce: FakeGce, *, token: str | None, refresh_token: str) -> UserCredentials:
-    return UserCredentials(token=token, refresh_token=refresh_token, token_uri=f"{gce.url}/token",
-                           client_id="client-id.apps.googleusercontent.com", client_secret="client-secret-value")
+    return UserCredentials(
+        token=token,
+        refresh_token=refresh_token,
+        token_uri=f"{gce.url}/token",
+        client_id="client-id.apps.googleusercontent.com",
+        client_secret="client-secret-value",
+    )
 
 
 def test_expired_or_revoked_credentials_are_a_clear_error_without_secrets(gce, clock, caplog):
@@ -332,10 +396,14 @@ def test_expired_or_revoked_credentials_are_a_clear_error_without_secrets(gce, c
     gce.refresh_tokens = {"1//valid-refresh-token"}
     pool = gcp_pool()
     with caplog.at_level(logging.DEBUG):
-        stale = make_provider(gce, clock, credentials=user_credentials(gce, token="ya29.stale-token", refresh_token="1//x"))
+        stale = make_provider(
+            gce, clock, credentials=user_credentials(gce, token="ya29.stale-token", refresh_token="1//x")
+        )
         with pytest.raises(CredentialsError) as rejected:
             stale.launch(pool, 1)
-        revoked = make_provider(gce, clock, credentials=user_credentials(gce, token=None, refresh_token="1//revoked-refresh"))
+        revoked = make_provider(
+            gce, clock, credentials=user_credentials(gce, token=None, refresh_token="1//revoked-refresh")
+        )
         with pytest.raises(CredentialsError) as refused:
             revoked.launch(pool, 1)
     for error in (rejected, refused):
@@ -345,7 +413,9 @@ def test_expired_or_revoked_credentials_are_a_clear_error_without_secrets(gce, c
     for secret in ("ya29.stale-token", "1//revoked-refresh", "client-secret-value", "ya29.fresh-access-token"):
         assert secret not in shown
     # A valid refresh token gets a fresh access token, which the API accepts.
-    good = make_provider(gce, clock, credentials=user_credentials(gce, token=None, refresh_token="1//valid-refresh-token"))
+    good = make_provider(
+        gce, clock, credentials=user_credentials(gce, token=None, refresh_token="1//valid-refresh-token")
+    )
     assert len(good.launch(pool, 1)) == 1
     assert gce.requests_to("POST", r"/instances$")[-1].headers["authorization"] == "Bearer ya29.fresh-access-token"
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from infra.providers import LocalProvider, PoissonAvailability, PoolSpec, TraceAvailability
 from infra.availability.traces import AvailabilityTrace, TraceEvent, TraceSchedule
+from infra.providers import LocalProvider, PoissonAvailability, PoolSpec, TraceAvailability
 from tests.helpers import Clock, wait_for
 
 CHILD = r"""
@@ -234,7 +234,9 @@ def test_helper_thread_replays_the_schedule_in_real_time(tmp_path):
         provider.launch(spot(notice_s=3.0), 3)
         wait_ready(tmp_path, ["spot-0", "spot-1", "spot-2"])  # handlers set before the drop at 1 s
         provider.start(interval_s=0.05)
-        wait_for(lambda: len(provider.instances()) == 5 and len(provider.instances(live_only=True)) == 3, "drop and return")
+        wait_for(
+            lambda: len(provider.instances()) == 5 and len(provider.instances(live_only=True)) == 3, "drop and return"
+        )
     finally:
         provider.shutdown()
     records = provider.instances()
@@ -280,7 +282,10 @@ def test_pool_spec_trace_availability():
 
 def test_a_cloud_pool_is_refused(tmp_path):
     provider = LocalProvider(factory(tmp_path, "sleep"), log_dir=tmp_path)
-    cloud = spot(provider="gcp", gcp={"project": "my-rl-project", "zones": ["us-central1-a"], "image": "projects/x/global/images/y"})
+    cloud = spot(
+        provider="gcp",
+        gcp={"project": "my-rl-project", "zones": ["us-central1-a"], "image": "projects/x/global/images/y"},
+    )
     try:
         with pytest.raises(ValueError, match="pool spot: provider 'gcp' is not local"):
             provider.launch(cloud, 1)

@@ -65,15 +65,32 @@ class Instance:
     is long, so only the controller's `reap_timeout_s` decides that it is dead."""
 
     def __init__(
-        self, redis_url: str, run_id: str, instance_id: str, length: Callable[[str], int], *,
-        capacity_class: str = "spot", slots: int = 4, step_s: float = STEP_S, policy_version: int = 0,
+        self,
+        redis_url: str,
+        run_id: str,
+        instance_id: str,
+        length: Callable[[str], int],
+        *,
+        capacity_class: str = "spot",
+        slots: int = 4,
+        step_s: float = STEP_S,
+        policy_version: int = 0,
     ) -> None:
         self.client = GatedRedis.from_url(redis_url)
         self.engine = ScriptedEngine(length, step_s=step_s, policy_version=policy_version)
         config = WorkerConfig(
-            redis_url=redis_url, run_id=run_id, instance_id=instance_id, pool=f"local-{capacity_class}",
-            capacity_class=capacity_class, model_path="(scripted engine)", slots=slots,
-            flush_tokens=1, flush_ms=5, heartbeat_s=0.05, ttl_s=10, poll_ms=20,
+            redis_url=redis_url,
+            run_id=run_id,
+            instance_id=instance_id,
+            pool=f"local-{capacity_class}",
+            capacity_class=capacity_class,
+            model_path="(scripted engine)",
+            slots=slots,
+            flush_tokens=1,
+            flush_ms=5,
+            heartbeat_s=0.05,
+            ttl_s=10,
+            poll_ms=20,
         )
         self.worker = RolloutWorker(config, client=self.client, engine=self.engine)
         self.exit_code: int | None = None
@@ -261,9 +278,7 @@ def test_idle_instance_steals_from_an_overloaded_one(redis_client, run_id, fleet
     assert_complete(TokenLog(redis_client, run_id), 0, groups, length)
 
 
-def test_reserved_instance_releases_at_t_local_while_spot_is_alive(
-    redis_client, run_id, fleet, sent, background
-):
+def test_reserved_instance_releases_at_t_local_while_spot_is_alive(redis_client, run_id, fleet, sent, background):
     groups = make_groups(2, 2, max_new=64)
     length = group_length({0: 40, 1: 40})
     clock = ManualClock()
@@ -350,15 +365,21 @@ def test_killed_controller_is_resumed_by_a_new_one(redis_client, redis_url, run_
     spec = {
         "config": config,
         "groups": [
-            {"group_id": g.group_id, "prompt_ids": list(g.prompt_ids), "n": g.n,
-             "max_new_tokens": g.max_new_tokens, "meta": g.meta}
+            {
+                "group_id": g.group_id,
+                "prompt_ids": list(g.prompt_ids),
+                "n": g.n,
+                "max_new_tokens": g.max_new_tokens,
+                "meta": g.meta,
+            }
             for g in groups
         ],
     }
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TEST_REDIS_URL": redis_url}
     process = subprocess.Popen(
         [sys.executable, "-c", _CONTROLLER_PROCESS, run_id, json.dumps(spec)],
-        cwd=ROOT, env=env,
+        cwd=ROOT,
+        env=env,
     )
     try:
         fleet("a", length, policy_version=1)

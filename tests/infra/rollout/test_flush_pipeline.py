@@ -28,7 +28,9 @@ def test_batches_apply_in_order_and_callbacks_run_on_the_caller_thread(leased):
     pipeline = FlushPipeline(log)
     seen: list[tuple[int, list[bool], str]] = []
     for batch, offset in enumerate((0, 2, 4)):
-        flushes = [Flush(sid, "a", c.epoch, [10 + batch, 20 + batch], [-0.5, -0.25], offset) for sid, c in claims.items()]
+        flushes = [
+            Flush(sid, "a", c.epoch, [10 + batch, 20 + batch], [-0.5, -0.25], offset) for sid, c in claims.items()
+        ]
         pipeline.submit(flushes, lambda results, b=batch: seen.append((b, results, threading.current_thread().name)))
         assert pipeline.busy
     pipeline.settle()

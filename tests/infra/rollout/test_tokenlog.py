@@ -30,8 +30,7 @@ def log(redis_client, run_id) -> TokenLog:
 
 def groups(count: int, n: int, max_new: int = 8) -> list[GroupSpec]:
     return [
-        GroupSpec(g, [1, 2, 3 + g], n, max_new, seed=7, sampling=SAMPLING, meta={"answer": g})
-        for g in range(count)
+        GroupSpec(g, [1, 2, 3 + g], n, max_new, seed=7, sampling=SAMPLING, meta={"answer": g}) for g in range(count)
     ]
 
 
@@ -307,9 +306,13 @@ class Model:
                     s.state, s.finish = "done", f.finish_reason
                 ok = True
             elif (
-                f.offset is not None and at + len(new) == have and s.tokens[at:] == new
-                and ((s.state == "running" and not f.finish_reason)
-                     or (s.state == "done" and f.finish_reason == s.finish))
+                f.offset is not None
+                and at + len(new) == have
+                and s.tokens[at:] == new
+                and (
+                    (s.state == "running" and not f.finish_reason)
+                    or (s.state == "done" and f.finish_reason == s.finish)
+                )
             ):
                 ok = True
         self.rejected += not ok
@@ -332,9 +335,7 @@ class Model:
         return True
 
     def release_all(self, instance: str) -> int:
-        owned = sorted(
-            sid for sid, s in self.samples.items() if s.state == "running" and s.owner == instance
-        )
+        owned = sorted(sid for sid, s in self.samples.items() if s.state == "running" and s.owner == instance)
         for sid in owned:
             self.requeue(sid, keep=True)
         return len(owned)
@@ -432,10 +433,7 @@ def _random_run(redis_client: redis.Redis, seed: int, ops: int) -> None:
         assert log.release_all(i) == model.release_all(i)
     while claims := log.claim(0, "drain", 0, 64):
         assert [c.sample_id for c in claims] == model.claim("drain", len(claims))
-        flushes = [
-            Flush(c.sample_id, "drain", c.epoch, [], [], len(c.generated_ids), "stop")
-            for c in claims
-        ]
+        flushes = [Flush(c.sample_id, "drain", c.epoch, [], [], len(c.generated_ids), "stop") for c in claims]
         assert log.log(flushes) == [model.log(f) for f in flushes]
 
     status = log.step_status(0)
@@ -453,7 +451,9 @@ def _random_run(redis_client: redis.Redis, seed: int, ops: int) -> None:
             assert record.attempts == sample.attempts
     stats = log.stats()
     assert (stats.rejected_appends, stats.wasted_tokens, stats.migrations) == (
-        model.rejected, model.wasted, model.migrations
+        model.rejected,
+        model.wasted,
+        model.migrations,
     )
 
 

@@ -26,14 +26,14 @@ import redis
 import torch
 from pydantic import ValidationError
 
+from infra.rollout.protocol import current_step, set_current_step
 from infra.rollout.registry import InstanceRegistry
+from infra.rollout.settings import WorkerSettings
 from infra.rollout.tokenlog import GroupSpec, SampleRecord, TokenLog
+from infra.rollout.worker import WorkerConfig
 from infra.weights.config import WeightsConfig
 from infra.weights.publisher import WeightPublisher
 from infra.weights.shared import drain_transfers, share_config
-from infra.rollout.protocol import current_step, set_current_step
-from infra.rollout.settings import WorkerSettings
-from infra.rollout.worker import WorkerConfig
 from rl.engine import HFEngine
 from rl.generation import GenerationRequest, SamplingParams
 from rl.models import TinyLlamaShape, build_tiny_llama, save_model
@@ -68,8 +68,7 @@ def test_current_step_protocol_is_monotonic(redis_client):
 
 
 def test_worker_config_is_strict():
-    base = dict(redis_url="redis://x", run_id="r", instance_id="i", pool="p",
-                model_path="m")
+    base = dict(redis_url="redis://x", run_id="r", instance_id="i", pool="p", model_path="m")
     assert WorkerConfig(**base).slots == WorkerSettings().slots  # one model: the run config's defaults
     with pytest.raises(ValidationError, match="extra"):
         WorkerConfig(**base, slot=3)
@@ -105,23 +104,51 @@ class Cluster:
 
     def spawn(self, name: str, slots: int = 8) -> None:
         args = [
-            "--run-id", self.run_id, "--redis-url", self.url,
-            "--model", str(self.root / "base"),
-            "--slots", str(slots), "--flush-tokens", "2", "--flush-ms", "5",
-            "--heartbeat-s", "0.5", "--ttl-s", "3", "--poll-ms", "20",
+            "--run-id",
+            self.run_id,
+            "--redis-url",
+            self.url,
+            "--model",
+            str(self.root / "base"),
+            "--slots",
+            str(slots),
+            "--flush-tokens",
+            "2",
+            "--flush-ms",
+            "5",
+            "--heartbeat-s",
+            "0.5",
+            "--ttl-s",
+            "3",
+            "--poll-ms",
+            "20",
         ]
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         if name == "w":  # through the CLI, identity from the provider's environment variables
             command = [sys.executable, "-m", "infra.cli.app", "worker", *args]
-            env |= {"RLBOOST_INSTANCE_ID": name, "RLBOOST_POOL": "local-spot",
-                    "RLBOOST_CAPACITY_CLASS": "spot"}
+            env |= {"RLBOOST_INSTANCE_ID": name, "RLBOOST_POOL": "local-spot", "RLBOOST_CAPACITY_CLASS": "spot"}
         else:
-            command = [sys.executable, "-m", "infra.rollout.worker", *args, "--instance-id", name,
-                       "--pool", "local-reserved", "--capacity-class", "reserved"]
+            command = [
+                sys.executable,
+                "-m",
+                "infra.rollout.worker",
+                *args,
+                "--instance-id",
+                name,
+                "--pool",
+                "local-reserved",
+                "--capacity-class",
+                "reserved",
+            ]
         with (self.root / f"{name}.log").open("wb") as out:
             self.procs[name] = subprocess.Popen(
-                command, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                stderr=subprocess.STDOUT, start_new_session=True,
+                command,
+                cwd=ROOT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
 
     def logs(self, name: str) -> str:
@@ -180,12 +207,13 @@ class Cluster:
         """What one in-process engine generates for the step's samples."""
         self.model.load_state_dict(self.weights(version))
         requests = [
-            GenerationRequest(f"{step}/{g.group_id}/{j}", list(g.prompt_ids), g.max_new_tokens,
-                              g.seed, SamplingParams(**g.sampling))
-            for g in groups for j in range(g.n)
+            GenerationRequest(
+                f"{step}/{g.group_id}/{j}", list(g.prompt_ids), g.max_new_tokens, g.seed, SamplingParams(**g.sampling)
+            )
+            for g in groups
+            for j in range(g.n)
         ]
-        engine = HFEngine(self.model, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id,
-                          max_batch_size=8)
+        engine = HFEngine(self.model, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id, max_batch_size=8)
         return {r.sample_id: r.token_ids for r in engine.generate(requests)}
 
     def wait(self, predicate, timeout: float, what: str):
@@ -226,8 +254,15 @@ class Cluster:
 def make_groups(step: int, count: int, n: int, max_new: int) -> list[GroupSpec]:
     rng = random.Random(step)
     return [
-        GroupSpec(g, [1] + [rng.randrange(4, 100) for _ in range(rng.randint(6, 12))], n, max_new,
-                  seed=100 + step, sampling=SAMPLING, meta={"g": g})
+        GroupSpec(
+            g,
+            [1] + [rng.randrange(4, 100) for _ in range(rng.randint(6, 12))],
+            n,
+            max_new,
+            seed=100 + step,
+            sampling=SAMPLING,
+            meta={"g": g},
+        )
         for g in range(count)
     ]
 
@@ -268,8 +303,11 @@ def test_one_worker_completes_a_step(cluster):
     assert pulled and sum(t.nbytes for t in pulled) > 0  # w pulled v1 and reported the transfer
     w = next(s for s in c.registry.alive() if s.info.instance_id == "w")
     assert (w.info.pool, w.info.capacity_class) == ("local-spot", "spot")
-    c.wait(lambda: next(s for s in c.registry.alive() if s.info.instance_id == "w").policy_version == 1,
-           3.0, "a heartbeat with version 1")
+    c.wait(
+        lambda: next(s for s in c.registry.alive() if s.info.instance_id == "w").policy_version == 1,
+        3.0,
+        "a heartbeat with version 1",
+    )
 
 
 def test_sigterm_hands_back_samples_with_their_tokens(cluster):
@@ -298,8 +336,10 @@ def test_sigterm_hands_back_samples_with_their_tokens(cluster):
     for sid, before in queued.items():
         assert records[sid].token_ids[: len(before.token_ids)] == before.token_ids
         assert records[sid].attempts == before.attempts + 1
-    print(f"[sigterm] {len(handed_back)} samples handed back with "
-          f"{sum(len(queued[s].token_ids) for s in handed_back)} logged tokens")
+    print(
+        f"[sigterm] {len(handed_back)} samples handed back with "
+        f"{sum(len(queued[s].token_ids) for s in handed_back)} logged tokens"
+    )
     assert c.log.stats().wasted_tokens == 0
 
 
@@ -361,8 +401,11 @@ def test_release_all_hands_back_everything_and_stops_claiming(cluster):
     time.sleep(0.5)  # it must not claim again: nothing runs, nothing is logged
     after = c.log.step_status(step)
     assert (after.running, after.tokens_logged, after.queued) == (0, before.tokens_logged, before.queued)
-    c.wait(lambda: next(s for s in c.registry.alive() if s.info.instance_id == "zombie").free_slots == 0,
-           3.0, "a heartbeat reporting no free slots")
+    c.wait(
+        lambda: next(s for s in c.registry.alive() if s.info.instance_id == "zombie").free_slots == 0,
+        3.0,
+        "a heartbeat reporting no free slots",
+    )
     assert c.registry.request("zombie", {"op": "resume"})
     c.wait_complete(step)
     records = c.check_step(step, version, groups, "release_all + resume")

@@ -24,28 +24,47 @@ STEPS = 2
 MAX_STEPS = 6
 """Run at least STEPS steps, more (up to MAX_STEPS) until a preemption has interrupted a sample: on
 a loaded machine spot instances may die while still starting, before they claim anything."""
-CONFIG = FabricConfig.model_validate({
-    "enabled": True,
-    "pools": [
-        {"name": "reserved", "capacity_class": "reserved", "size": 1, "machine_type": "a2-highgpu-1g", "price_per_hour": 3.67},
-        {"name": "spot", "capacity_class": "spot", "size": 3, "machine_type": "a2-highgpu-1g", "price_per_hour": 1.1,
-         "notice_s": 0.5, "silent_kill_fraction": 0.5,
-         "availability": {"poisson": {"mean_life_s": 6.0, "mean_gap_s": 1.0, "seed": 11}}},
-    ],
-    "worker": {"slots": 2, "flush_tokens": 2, "flush_ms": 20, "heartbeat_s": 0.2, "ttl_s": 0.8},
-    "controller": {"reap_timeout_s": 0.8, "poll_s": 0.05, "max_reaps": 100},
-})
+CONFIG = FabricConfig.model_validate(
+    {
+        "enabled": True,
+        "pools": [
+            {
+                "name": "reserved",
+                "capacity_class": "reserved",
+                "size": 1,
+                "machine_type": "a2-highgpu-1g",
+                "price_per_hour": 3.67,
+            },
+            {
+                "name": "spot",
+                "capacity_class": "spot",
+                "size": 3,
+                "machine_type": "a2-highgpu-1g",
+                "price_per_hour": 1.1,
+                "notice_s": 0.5,
+                "silent_kill_fraction": 0.5,
+                "availability": {"poisson": {"mean_life_s": 6.0, "mean_gap_s": 1.0, "seed": 11}},
+            },
+        ],
+        "worker": {"slots": 2, "flush_tokens": 2, "flush_ms": 20, "heartbeat_s": 0.2, "ttl_s": 0.8},
+        "controller": {"reap_timeout_s": 0.8, "poll_s": 0.05, "max_reaps": 100},
+    }
+)
 
 
 def _version_weights(base_state: dict, version: int) -> dict:
     """A distinct, deterministic policy per version (stands in for an optimizer step)."""
     generator = torch.Generator().manual_seed(version)
-    return {k: v + 0.02 * version * torch.randn(v.shape, generator=generator) if v.is_floating_point() else v
-            for k, v in base_state.items()}
+    return {
+        k: v + 0.02 * version * torch.randn(v.shape, generator=generator) if v.is_floating_point() else v
+        for k, v in base_state.items()
+    }
 
 
 def test_random_preemptions_lose_nothing_and_change_no_token(tmp_path):
-    model, tokenizer = build_tiny_llama(TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128), seed=0)
+    model, tokenizer = build_tiny_llama(
+        TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128), seed=0
+    )
     save_model(model, tokenizer, tmp_path / "base")
     model, tokenizer = load_model(tmp_path / "base")
     base_state = {k: v.clone() for k, v in model.state_dict().items()}
@@ -87,7 +106,9 @@ def test_random_preemptions_lose_nothing_and_change_no_token(tmp_path):
         preemptions = fabric.preemptions()
     finally:
         fabric.close()
-    print(f"chaos: {preemptions} preemptions, {migrations} migrations, {exact}/{total} samples identical, "
-          f"token match rate {matching / positions:.4f}")
+    print(
+        f"chaos: {preemptions} preemptions, {migrations} migrations, {exact}/{total} samples identical, "
+        f"token match rate {matching / positions:.4f}"
+    )
     assert preemptions >= 2 and migrations >= 1, "the chaos schedule should have interrupted generation"
     assert matching / positions >= 0.99

@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from infra.run.config import ConfigError, parse_config
 from infra.providers.pool import PoolSpec
+from infra.run.config import ConfigError, parse_config
 from tests.helpers import REPO_ROOT
 
 GCP_POOL = """\
@@ -99,7 +99,9 @@ def test_gcp_zones_must_be_zones(bad):
 
 def test_azure_settings_are_checked():
     assert "subscription_id" in error_of(AZURE_POOL.replace("0b1f6471-1bf0-4dda-aec3-111122223333\n", "my-sub\n"))
-    assert "neither `publisher:offer:sku:version`" in error_of(AZURE_POOL.replace("ubuntu-hpc:2204:latest", "ubuntu-hpc"))
+    assert "neither `publisher:offer:sku:version`" in error_of(
+        AZURE_POOL.replace("ubuntu-hpc:2204:latest", "ubuntu-hpc")
+    )
     assert "not Azure locations" in error_of(AZURE_POOL.replace("westeurope", "West Europe"))
 
 

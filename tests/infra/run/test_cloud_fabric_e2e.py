@@ -33,10 +33,10 @@ from prefect.exceptions import ObjectNotFound
 from prefect.settings import PREFECT_API_URL
 
 from flows.rl_train import rl_train
-from infra.run.fabric import environment_block_name
 from infra.ledger import Ledger
-from infra.weights.model_source import INDEX
+from infra.run.fabric import environment_block_name
 from infra.services.redis_embedded import EmbeddedRedis
+from infra.weights.model_source import INDEX
 from rl.models import TinyLlamaShape, build_tiny_llama, save_model
 from rl.rollout import read_samples
 from tests.fakes.gce import FakeGce
@@ -67,14 +67,26 @@ def service_account_key(gce: FakeGce, path: Path) -> Path:
     fake's token endpoint knows."""
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     email = "rollout@rollout-proj.iam.gserviceaccount.com"
-    gce.service_accounts[email] = key.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
-    path.write_text(json.dumps({
-        "type": "service_account", "project_id": gce.project, "private_key_id": "k1", "client_email": email,
-        "client_id": "1", "token_uri": f"{gce.url}/token",
-        "private_key": key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                         serialization.NoEncryption()).decode(),
-    }))
+    gce.service_accounts[email] = (
+        key.public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        .decode()
+    )
+    path.write_text(
+        json.dumps(
+            {
+                "type": "service_account",
+                "project_id": gce.project,
+                "private_key_id": "k1",
+                "client_email": email,
+                "client_id": "1",
+                "token_uri": f"{gce.url}/token",
+                "private_key": key.private_bytes(
+                    serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+                ).decode(),
+            }
+        )
+    )
     return path
 
 
@@ -87,7 +99,10 @@ def deploy_rollout_instance(api_url: str, install_dir: Path) -> None:
         client.create_work_pool(WorkPoolCreate(name=POOL, type="process", base_job_template=template), overwrite=True)
         flow_id = client.create_flow_from_name("rollout-instance")
         client.create_deployment(
-            flow_id=flow_id, name=POOL, work_pool_name=POOL, entrypoint="flows.rollout_instance.rollout_instance",
+            flow_id=flow_id,
+            name=POOL,
+            work_pool_name=POOL,
+            entrypoint="flows.rollout_instance.rollout_instance",
             pull_steps=[{"prefect.deployments.steps.set_working_directory": {"directory": str(install_dir)}}],
         )
 
@@ -98,7 +113,9 @@ def test_training_keeps_a_gcp_spot_pool_through_a_preemption(prefect_harness, tm
         pytest.skip("this machine has no routable IPv4 address for the VMs to reach Redis at")
     api_url = PREFECT_API_URL.value()
     base = tmp_path / "base"
-    model, tokenizer = build_tiny_llama(TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128), seed=0)
+    model, tokenizer = build_tiny_llama(
+        TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128), seed=0
+    )
     save_model(model, tokenizer, base)
     # The image: the project installed in <install_dir>/venv (here: this interpreter's environment).
     install_dir = tmp_path / "opt"
@@ -112,26 +129,50 @@ def test_training_keeps_a_gcp_spot_pool_through_a_preemption(prefect_harness, tm
     ):
         monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(service_account_key(gce, tmp_path / "key.json")))
         vm_env = {
-            "PATH": os.environ["PATH"], "DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            "OMP_NUM_THREADS": "1", "PREFECT_LOGGING_LEVEL": "INFO",
+            "PATH": os.environ["PATH"],
+            "DO_NOT_TRACK": "1",
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "OMP_NUM_THREADS": "1",
+            "PREFECT_LOGGING_LEVEL": "INFO",
         }
         pool = {
-            "name": POOL, "provider": "gcp", "capacity_class": "spot", "size": 2, "min_size": 2,
-            "machine_type": "g2-standard-8", "price_per_hour": 0.3, "notice_s": 30.0,
-            "gcp": {"project": gce.project, "zones": ["us-central1-a", "us-central1-b"],
-                    "image": "projects/rlboost-images/global/images/family/rollout"},
+            "name": POOL,
+            "provider": "gcp",
+            "capacity_class": "spot",
+            "size": 2,
+            "min_size": 2,
+            "machine_type": "g2-standard-8",
+            "price_per_hour": 0.3,
+            "notice_s": 30.0,
+            "gcp": {
+                "project": gce.project,
+                "zones": ["us-central1-a", "us-central1-b"],
+                "image": "projects/rlboost-images/global/images/family/rollout",
+            },
         }
         overrides = {
-            "model.path": str(base), "run.output_dir": str(tmp_path / "runs"), "run.name": "cloud-e2e",
-            "run.steps": STEPS, "run.checkpoint_every": STEPS,
-            "rollout.prompts_per_step": 4, "rollout.group_size": 4, "rollout.max_new_tokens": 32,
-            "eval.size": 8, "eval.every": STEPS,
-            "fabric.enabled": True, "fabric.pools": [pool], "fabric.redis_url": redis_server.url,
+            "model.path": str(base),
+            "run.output_dir": str(tmp_path / "runs"),
+            "run.name": "cloud-e2e",
+            "run.steps": STEPS,
+            "run.checkpoint_every": STEPS,
+            "rollout.prompts_per_step": 4,
+            "rollout.group_size": 4,
+            "rollout.max_new_tokens": 32,
+            "eval.size": 8,
+            "eval.every": STEPS,
+            "fabric.enabled": True,
+            "fabric.pools": [pool],
+            "fabric.redis_url": redis_server.url,
             "fabric.worker": {"slots": 8, "flush_tokens": 2, "flush_ms": 50, "heartbeat_s": 0.3, "ttl_s": 3.0},
             "fabric.controller": {"reap_timeout_s": 3.0},
-            "fabric.cloud": {"bootstrap": {"install": None, "install_dir": str(install_dir), "grace_s": 20.0},
-                             "gcp_api_endpoint": gce.url, "live_prices": False, "reconcile_s": 0.5,
-                             "drain_timeout_s": 60.0},
+            "fabric.cloud": {
+                "bootstrap": {"install": None, "install_dir": str(install_dir), "grace_s": 20.0},
+                "gcp_api_endpoint": gce.url,
+                "live_prices": False,
+                "reconcile_s": 0.5,
+                "drain_timeout_s": 60.0,
+            },
         }
         run_dir = tmp_path / "runs" / "cloud-e2e"
         with FakeVmHost(gce, tmp_path / "vms", vm_env, grace_s=20.0) as host:
@@ -174,14 +215,21 @@ def test_training_keeps_a_gcp_spot_pool_through_a_preemption(prefect_harness, tm
 
         # Their flow runs: the preempted one Crashed with the notice, the others drained (Completed).
         with SyncPrefectClient(api_url) as client:
-            runs = {r.name: r for r in client.read_flow_runs(
-                deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[POOL])))}
+            runs = {
+                r.name: r
+                for r in client.read_flow_runs(
+                    deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[POOL]))
+                )
+            }
             assert set(runs) == {f"{POOL}/{name}" for name in host.booted}, sorted(runs)
             states = {name.split("/", 1)[1]: run.state for name, run in runs.items()}
             # Crashed with the instance's own message, or Prefect's when the notice came while the
             # flow run was still starting (before the instance's handler was installed).
-            assert all(states[n].is_crashed() and ("preempted: SIGTERM" in states[n].message
-                                                   or "termination signal" in states[n].message) for n in preempted), states
+            assert all(
+                states[n].is_crashed()
+                and ("preempted: SIGTERM" in states[n].message or "termination signal" in states[n].message)
+                for n in preempted
+            ), states
             assert all(s.is_completed() for n, s in states.items() if n not in preempted), states
             ledger_run_id = state.result()["ledger_run_id"]
             with pytest.raises(ObjectNotFound):  # the instances' secrets are gone with the run

@@ -144,7 +144,8 @@ def test_multiple_errors_are_reported_together():
 
 def test_dotted_overrides_apply():
     config = parse_config(
-        BASE, "cfg.yaml",
+        BASE,
+        "cfg.yaml",
         overrides={"grpo.clip_eps": 0.3, "rollout.group_size": 3, "run.name": "x", "optim.lr": "0.5"},
     )
     assert config.grpo.clip_eps == pytest.approx(0.3)

@@ -20,10 +20,21 @@ from rl.rollout import build_requests, read_samples
 pytestmark = pytest.mark.integration
 
 POOLS = [
-    {"name": "reserved", "capacity_class": "reserved", "size": 1, "machine_type": "a2-highgpu-1g", "price_per_hour": 3.67},
     {
-        "name": "spot", "capacity_class": "spot", "size": 2, "machine_type": "a2-highgpu-1g", "price_per_hour": 1.10,
-        "notice_s": 1.0, "silent_kill_fraction": 0.5,
+        "name": "reserved",
+        "capacity_class": "reserved",
+        "size": 1,
+        "machine_type": "a2-highgpu-1g",
+        "price_per_hour": 3.67,
+    },
+    {
+        "name": "spot",
+        "capacity_class": "spot",
+        "size": 2,
+        "machine_type": "a2-highgpu-1g",
+        "price_per_hour": 1.10,
+        "notice_s": 1.0,
+        "silent_kill_fraction": 0.5,
         "availability": {"poisson": {"mean_life_s": 4.0, "mean_gap_s": 1.0, "seed": 3}},
     },
 ]
@@ -31,14 +42,23 @@ POOLS = [
 
 def test_fabric_run_with_preemptions_matches_in_process_generation(prefect_harness, tmp_path):
     base = tmp_path / "base"
-    model, tokenizer = build_tiny_llama(TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128), seed=0)
+    model, tokenizer = build_tiny_llama(
+        TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128), seed=0
+    )
     save_model(model, tokenizer, base)
     overrides = {
-        "model.path": str(base), "run.output_dir": str(tmp_path / "runs"), "run.name": "fabric-e2e",
-        "run.steps": 3, "run.checkpoint_every": 3,
-        "rollout.prompts_per_step": 6, "rollout.group_size": 4, "rollout.max_new_tokens": 48,
-        "eval.size": 8, "eval.every": 3,
-        "fabric.enabled": True, "fabric.pools": POOLS,
+        "model.path": str(base),
+        "run.output_dir": str(tmp_path / "runs"),
+        "run.name": "fabric-e2e",
+        "run.steps": 3,
+        "run.checkpoint_every": 3,
+        "rollout.prompts_per_step": 6,
+        "rollout.group_size": 4,
+        "rollout.max_new_tokens": 48,
+        "eval.size": 8,
+        "eval.every": 3,
+        "fabric.enabled": True,
+        "fabric.pools": POOLS,
         "fabric.worker": {"slots": 8, "flush_tokens": 2, "flush_ms": 50, "heartbeat_s": 0.3, "ttl_s": 1.5},
         "fabric.controller": {"reap_timeout_s": 1.5},
     }
@@ -63,7 +83,9 @@ def test_fabric_run_with_preemptions_matches_in_process_generation(prefect_harne
 
     totals = [json.loads((run_dir / "steps" / f"{s:06d}" / "metrics.json").read_text()) for s in (1, 2, 3)]
     migrations = sum(m["migrations"] for m in totals)
-    print(f"preemptions {totals[-1]['preemptions']}, migrations {migrations}, wasted {sum(m['tokens_wasted'] for m in totals)}")
+    print(
+        f"preemptions {totals[-1]['preemptions']}, migrations {migrations}, wasted {sum(m['tokens_wasted'] for m in totals)}"
+    )
     assert totals[-1]["preemptions"] >= 1, "the spot pool's Poisson schedule should have preempted an instance"
 
     # Step 1 ran on version 0 (the base model): regenerate it in process and compare token by token.
@@ -76,5 +98,7 @@ def test_fabric_run_with_preemptions_matches_in_process_generation(prefect_harne
     positions = sum(len(t) for t in expected.values())
     matching = sum(sum(a == b for a, b in zip(expected[k], got[k])) for k in expected)
     exact = sum(expected[k] == got[k] for k in expected)
-    print(f"fabric vs in-process: {exact}/{len(expected)} samples identical, token match rate {matching / positions:.4f}")
+    print(
+        f"fabric vs in-process: {exact}/{len(expected)} samples identical, token match rate {matching / positions:.4f}"
+    )
     assert matching / positions >= 0.99

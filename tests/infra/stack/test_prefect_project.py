@@ -11,8 +11,8 @@ import yaml
 from prefect.events.schemas.automations import AutomationCore, Posture
 from prefect.flows import load_flow_from_entrypoint
 
-from infra.run.config import load_config
 from infra.fleet.instance_runs import UnknownPool
+from infra.run.config import load_config
 from infra.stack.stack import (
     ROLLOUT_ENTRYPOINT,
     ROLLOUT_MODULE_ENTRYPOINT,
@@ -40,7 +40,12 @@ def test_deployment_entrypoints_load_and_training_parameters_match():
             flow.validate_parameters(deployment.get("parameters", {}))
             assert (ROOT / deployment["parameters"]["config_path"]).exists()
             load_config(ROOT / deployment["parameters"]["config_path"], deployment["parameters"].get("overrides"))
-    assert flows == {"grpo": "rl-train", "grpo-nightly": "rl-train", "reserved": "rollout-instance", "spot": "rollout-instance"}
+    assert flows == {
+        "grpo": "rl-train",
+        "grpo-nightly": "rl-train",
+        "reserved": "rollout-instance",
+        "spot": "rollout-instance",
+    }
 
 
 def test_every_demo_pool_has_a_rollout_instance_deployment_on_its_work_pool():
@@ -53,16 +58,42 @@ def test_every_demo_pool_has_a_rollout_instance_deployment_on_its_work_pool():
 
 def test_a_cloud_pool_needs_a_deployment_that_runs_from_the_installed_project(tmp_path):
     config = tmp_path / "cloud.yaml"
-    config.write_text(yaml.safe_dump({"fabric": {"enabled": True, "pools": [
-        {"name": "reserved", "capacity_class": "reserved", "size": 1, "machine_type": "a2-highgpu-1g", "price_per_hour": 3.67},
-        {"name": "l4-spot", "provider": "gcp", "capacity_class": "spot", "size": 2, "machine_type": "g2-standard-8",
-         "price_per_hour": 0.3, "gcp": {"project": "rollout-proj", "zones": ["us-central1-a"], "image": "img"}},
-    ]}}))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "fabric": {
+                    "enabled": True,
+                    "pools": [
+                        {
+                            "name": "reserved",
+                            "capacity_class": "reserved",
+                            "size": 1,
+                            "machine_type": "a2-highgpu-1g",
+                            "price_per_hour": 3.67,
+                        },
+                        {
+                            "name": "l4-spot",
+                            "provider": "gcp",
+                            "capacity_class": "spot",
+                            "size": 2,
+                            "machine_type": "g2-standard-8",
+                            "price_per_hour": 0.3,
+                            "gcp": {"project": "rollout-proj", "zones": ["us-central1-a"], "image": "img"},
+                        },
+                    ],
+                }
+            }
+        )
+    )
     local = [d for d in read_project() if d.is_rollout_instance]
-    with pytest.raises(UnknownPool, match=rf"unknown pool 'l4-spot'.*entrypoint: {ROLLOUT_MODULE_ENTRYPOINT}.*own `pull"):
+    with pytest.raises(
+        UnknownPool, match=rf"unknown pool 'l4-spot'.*entrypoint: {ROLLOUT_MODULE_ENTRYPOINT}.*own `pull"
+    ):
         check_pools(config, local)
     checkout = ProjectDeployment("l4-spot", ROLLOUT_ENTRYPOINT, "l4-spot", "default")
-    with pytest.raises(UnknownPool, match="runs on gcp VMs, but its deployment rollout-instance/l4-spot would look for this checkout"):
+    with pytest.raises(
+        UnknownPool, match="runs on gcp VMs, but its deployment rollout-instance/l4-spot would look for this checkout"
+    ):
         check_pools(config, [*local, checkout])
     installed = ProjectDeployment("l4-spot", ROLLOUT_MODULE_ENTRYPOINT, "l4-spot", "default", own_pull=True)
     assert check_pools(config, [*local, installed]) == ["reserved", "l4-spot"]

@@ -26,10 +26,10 @@ import redis
 from prefect.client.orchestration import SyncPrefectClient
 from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName, FlowRunFilter, FlowRunFilterTags
 
-from infra.rollout.settings import WorkerSettings
-from infra.providers.pool import PoolSpec
 from infra.fleet.prefect_local import InstanceRunSpec, PrefectLocalProvider, UnknownPool
+from infra.providers.pool import PoolSpec
 from infra.rollout.registry import InstanceRegistry
+from infra.rollout.settings import WorkerSettings
 from infra.stack.stack import StackState
 from rl.models import TinyLlamaShape
 from tests.helpers import REPO_ROOT, save_tiny_model
@@ -41,14 +41,26 @@ BIN = Path(sys.executable).parent
 ZOMBIE_AFTER_S = 45
 """The automation's window in this test (the file's default is 90 s): above the 30 s heartbeat."""
 POOLS = [
-    {"name": "reserved", "capacity_class": "reserved", "size": 1, "machine_type": "a2-highgpu-1g", "price_per_hour": 3.67},
+    {
+        "name": "reserved",
+        "capacity_class": "reserved",
+        "size": 1,
+        "machine_type": "a2-highgpu-1g",
+        "price_per_hour": 3.67,
+    },
     {"name": "spot", "capacity_class": "spot", "size": 1, "machine_type": "a2-highgpu-1g", "price_per_hour": 1.10},
 ]
 
 
 def _cli(*args: str, env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([str(BIN / args[0]), *args[1:]], cwd=ROOT, env={**os.environ, **(env or {}), "COLUMNS": "200"},
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [str(BIN / args[0]), *args[1:]],
+        cwd=ROOT,
+        env={**os.environ, **(env or {}), "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -71,14 +83,22 @@ def base_model_dir(tmp_path_factory):
 def test_up_prints_the_api_url_and_refuses_a_second_stack(stack):
     state, output = stack
     assert output.strip().splitlines()[-1] == f"export PREFECT_API_URL={state.api_url}"
-    assert state.deployments == ["rl-train/grpo", "rl-train/grpo-nightly", "rollout-instance/reserved", "rollout-instance/spot"]
+    assert state.deployments == [
+        "rl-train/grpo",
+        "rl-train/grpo-nightly",
+        "rollout-instance/reserved",
+        "rollout-instance/spot",
+    ]
     assert state.work_pools == ["reserved", "spot"] and state.workers == ["reserved/default"]
     assert [p.name for p in state.processes] == ["server", "redis", "worker-reserved-default"]
     assert all(p.leader_alive() for p in state.processes)
     with SyncPrefectClient(state.api_url) as client:
         nightly = client.read_deployment_by_name("rl-train/grpo-nightly")
         assert [s.schedule.cron for s in nightly.schedules] == ["0 3 * * *"]
-        assert client.read_automations_by_name("rlboost-crash-zombie-flow-runs")[0].trigger.within.total_seconds() == ZOMBIE_AFTER_S
+        assert (
+            client.read_automations_by_name("rlboost-crash-zombie-flow-runs")[0].trigger.within.total_seconds()
+            == ZOMBIE_AFTER_S
+        )
 
     again = _cli("rlboost", "up", "--state-dir", str(state.state_dir))
     assert again.returncode == 1
@@ -90,13 +110,30 @@ def test_up_prints_the_api_url_and_refuses_a_second_stack(stack):
 def test_deployment_run_trains_to_completion_with_instances_as_flow_runs(stack, base_model_dir, tmp_path):
     state, _ = stack
     overrides = {
-        "model.path": str(base_model_dir), "run.output_dir": str(tmp_path), "run.name": "stack-e2e", "run.steps": 2,
-        "run.checkpoint_every": 1, "rollout.prompts_per_step": 4, "rollout.group_size": 4, "eval.size": 8,
-        "eval.every": 2, "fabric.instances": "prefect", "fabric.pools": POOLS,
+        "model.path": str(base_model_dir),
+        "run.output_dir": str(tmp_path),
+        "run.name": "stack-e2e",
+        "run.steps": 2,
+        "run.checkpoint_every": 1,
+        "rollout.prompts_per_step": 4,
+        "rollout.group_size": 4,
+        "eval.size": 8,
+        "eval.every": 2,
+        "fabric.instances": "prefect",
+        "fabric.pools": POOLS,
         "fabric.worker": {"slots": 8, "heartbeat_s": 0.3, "ttl_s": 3.0},
     }
-    result = _cli("prefect", "deployment", "run", "rl-train/grpo", "--watch", "--params", json.dumps({"overrides": overrides}),
-                  env={"PREFECT_API_URL": state.api_url}, timeout=600)
+    result = _cli(
+        "prefect",
+        "deployment",
+        "run",
+        "rl-train/grpo",
+        "--watch",
+        "--params",
+        json.dumps({"overrides": overrides}),
+        env={"PREFECT_API_URL": state.api_url},
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert "Flow run finished successfully in 'Completed'" in result.stdout
     assert (tmp_path / "stack-e2e" / "checkpoints" / "step_000002" / "model.safetensors").exists()
@@ -106,7 +143,9 @@ def test_deployment_run_trains_to_completion_with_instances_as_flow_runs(stack, 
         assert train.state.is_completed() and train.work_queue_name == "default"
         steps = {json.loads(p.read_text())["step"] for p in (tmp_path / "stack-e2e" / "steps").glob("*/metrics.json")}
         assert steps == {1, 2}
-        instances = client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=["rollout-instance"])))
+        instances = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=["rollout-instance"]))
+        )
         by_name = {r.name: r for r in instances}
         assert set(by_name) == {"reserved/reserved-0", "spot/spot-0"}, by_name
         for run in instances:
@@ -121,13 +160,22 @@ def _state(client: SyncPrefectClient, flow_run_id):
 
 def test_preempted_instances_end_crashed_and_unknown_pools_are_refused(stack, base_model_dir, tmp_path):
     state, _ = stack
-    spec = InstanceRunSpec(run_id="preempt-test", redis_url=state.redis_url, model=str(base_model_dir.resolve()),
-                           worker=WorkerSettings(heartbeat_s=0.3, ttl_s=3.0))
-    spot = PoolSpec(name="spot", capacity_class="spot", size=2, machine_type="a2-highgpu-1g", price_per_hour=1.1, notice_s=20.0)
+    spec = InstanceRunSpec(
+        run_id="preempt-test",
+        redis_url=state.redis_url,
+        model=str(base_model_dir.resolve()),
+        worker=WorkerSettings(heartbeat_s=0.3, ttl_s=3.0),
+    )
+    spot = PoolSpec(
+        name="spot", capacity_class="spot", size=2, machine_type="a2-highgpu-1g", price_per_hour=1.1, notice_s=20.0
+    )
     provider = PrefectLocalProvider(spec, api_url=state.api_url, log_dir=tmp_path / "instances")
     client = redis.Redis.from_url(state.redis_url)
     try:
-        with pytest.raises(UnknownPool, match=r"unknown pool 'gpu'.*no deployment rollout-instance/gpu.*deployed rollout pools: reserved, spot"):
+        with pytest.raises(
+            UnknownPool,
+            match=r"unknown pool 'gpu'.*no deployment rollout-instance/gpu.*deployed rollout pools: reserved, spot",
+        ):
             provider.launch(spot.model_copy(update={"name": "gpu"}), 1)
         provider.launch(spot, 2)
         registry = InstanceRegistry(client, spec.run_id)
@@ -153,7 +201,10 @@ def test_preempted_instances_end_crashed_and_unknown_pools_are_refused(stack, ba
     finally:
         provider.shutdown()
         client.close()
-    assert {r.instance_id: r.reason for r in provider.instances()} == {"spot-0": "preempted", "spot-1": "preempted_silent"}
+    assert {r.instance_id: r.reason for r in provider.instances()} == {
+        "spot-0": "preempted",
+        "spot-1": "preempted_silent",
+    }
 
 
 def _processes_using(api_url: str) -> list[int]:

@@ -9,9 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from infra.cli.app import app
+from infra.fleet.prefect_local import InstanceRunSpec, PrefectLocalProvider
 from infra.rollout.settings import WorkerSettings
 from infra.services.prefect_api import PrefectApiUnreachable, check_api
-from infra.fleet.prefect_local import InstanceRunSpec, PrefectLocalProvider
 
 runner = CliRunner()
 
@@ -39,7 +39,9 @@ def test_up_with_a_pool_prefect_yaml_cannot_run_fails_before_starting_anything(t
 
 
 def test_up_rejects_a_database_url_it_cannot_use_without_showing_the_password(tmp_path):
-    result = runner.invoke(app, ["up", "--database-url", "mysql://me:secret@db:3306/prefect", "--state-dir", str(tmp_path)])
+    result = runner.invoke(
+        app, ["up", "--database-url", "mysql://me:secret@db:3306/prefect", "--state-dir", str(tmp_path)]
+    )
     assert result.exit_code == 1
     text = " ".join(result.output.split())
     assert "unsupported scheme 'mysql'" in text and "postgresql://user:password@host:5432/database" in text

@@ -25,7 +25,9 @@ pytestmark = pytest.mark.integration
 def postgres_database():
     """A fresh database on the server of $DATABASE_URL (dropped afterwards); its URL."""
     if not os.environ.get("DATABASE_URL"):
-        pytest.skip("DATABASE_URL is not set: set it to a PostgreSQL database to run the PostgreSQL stack test (`make test-full` does when one answers)")
+        pytest.skip(
+            "DATABASE_URL is not set: set it to a PostgreSQL database to run the PostgreSQL stack test (`make test-full` does when one answers)"
+        )
     admin_url = make_url(os.environ["DATABASE_URL"]).set(drivername="postgresql+psycopg")
     name = f"rlboost_stack_{uuid.uuid4().hex[:10]}"
     admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
@@ -57,7 +59,12 @@ def test_stack_runs_its_prefect_server_on_postgresql(postgres_database, tmp_path
 
 def test_unreachable_postgresql_fails_up_with_the_log_and_what_to_check(tmp_path):
     with pytest.raises(StackError) as caught:
-        up(state_dir=tmp_path, database="postgresql://prefect:secret@127.0.0.1:9/prefect", timeout_s=120, echo=lambda _: None)
+        up(
+            state_dir=tmp_path,
+            database="postgresql://prefect:secret@127.0.0.1:9/prefect",
+            timeout_s=120,
+            echo=lambda _: None,
+        )
     message = str(caught.value)
     assert "the Prefect server exited during start-up; check that PostgreSQL at 127.0.0.1:9 is running" in message
     assert "secret" not in message.split("Its log")[0]

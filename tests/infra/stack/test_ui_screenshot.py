@@ -26,16 +26,30 @@ SCREENSHOT = ROOT / "artifacts" / "prefect-ui-run.png"
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(not CHROMIUM.exists(), reason="Chromium is not installed at /usr/bin/chromium; install it with `apt-get install -y chromium` to check the Prefect UI in a browser"),
+    pytest.mark.skipif(
+        not CHROMIUM.exists(),
+        reason="Chromium is not installed at /usr/bin/chromium; install it with `apt-get install -y chromium` to check the Prefect UI in a browser",
+    ),
 ]
 
 
 def _chromium(url: str, *output: str) -> subprocess.CompletedProcess:
     """Render `url` headless (the UI is a single-page app: give it time to fetch and draw)."""
     return subprocess.run(
-        [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1600,1000",
-         "--virtual-time-budget=20000", *output, url],
-        capture_output=True, text=True, timeout=180,
+        [
+            str(CHROMIUM),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--window-size=1600,1000",
+            "--virtual-time-budget=20000",
+            *output,
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
 
 
@@ -48,12 +62,21 @@ def stack(tmp_path_factory):
 
 def test_finished_run_shows_its_artifacts_in_the_ui(stack, tmp_path):
     base = tmp_path / "base"
-    model, tokenizer = build_tiny_llama(TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128), seed=0)
+    model, tokenizer = build_tiny_llama(
+        TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128), seed=0
+    )
     save_model(model, tokenizer, base)
     overrides = {
-        "model.path": str(base), "run.output_dir": str(tmp_path / "runs"), "run.name": "ui-check", "run.steps": 2,
-        "run.checkpoint_every": 2, "rollout.prompts_per_step": 4, "rollout.group_size": 4, "eval.size": 8,
-        "eval.every": 1, "fabric.enabled": False,
+        "model.path": str(base),
+        "run.output_dir": str(tmp_path / "runs"),
+        "run.name": "ui-check",
+        "run.steps": 2,
+        "run.checkpoint_every": 2,
+        "rollout.prompts_per_step": 4,
+        "rollout.group_size": 4,
+        "eval.size": 8,
+        "eval.every": 1,
+        "fabric.enabled": False,
     }
     with temporary_settings({PREFECT_API_URL: stack.api_url}):
         state = rl_train(overrides=overrides, return_state=True)

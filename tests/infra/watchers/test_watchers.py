@@ -108,7 +108,9 @@ def test_azure_watcher_takes_only_this_vms_preempt_event_and_acknowledges_it(sch
     event_id = scheduled_events.schedule("Preempt", ["vm-a"])
     box["thread"].join(5)
     notice = box["result"]
-    assert (notice.source, notice.event_id) == ("azure-scheduled-events", event_id) and notice.not_before.endswith("GMT")
+    assert (notice.source, notice.event_id) == ("azure-scheduled-events", event_id) and notice.not_before.endswith(
+        "GMT"
+    )
     request = scheduled_events.requests[0]
     assert request.query == {"api-version": "2020-07-01"} and request.headers["metadata"] == "true"
     watcher.acknowledge(notice)
@@ -137,7 +139,9 @@ def test_supervisor_acknowledges_the_azure_event_after_the_drain(scheduled_event
 
 
 def test_supervisor_kills_a_worker_that_does_not_drain_in_time(gce_metadata, tmp_path):
-    box = in_thread(lambda: supervise(worker_command(tmp_path, "ignore"), GcePreemptionWatcher(gce_metadata.url), grace_s=0.5))
+    box = in_thread(
+        lambda: supervise(worker_command(tmp_path, "ignore"), GcePreemptionWatcher(gce_metadata.url), grace_s=0.5)
+    )
     wait_for((tmp_path / "worker.ready").exists, "the worker")
     gce_metadata.preempt()
     box["thread"].join(10)
@@ -149,9 +153,18 @@ def test_supervisor_returns_the_status_of_a_worker_that_exits_by_itself(gce_meta
 
 
 def test_process_tree_lists_descendants():
-    child = subprocess.Popen([sys.executable, "-S", "-c", "import subprocess, sys, time; "
-                              "p = subprocess.Popen([sys.executable, '-S', '-c', 'import time; time.sleep(30)']); "
-                              "print(p.pid, flush=True); time.sleep(30)"], stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-S",
+            "-c",
+            "import subprocess, sys, time; "
+            "p = subprocess.Popen([sys.executable, '-S', '-c', 'import time; time.sleep(30)']); "
+            "print(p.pid, flush=True); time.sleep(30)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         grandchild = int(child.stdout.readline())
         assert process_tree(child.pid) == [child.pid, grandchild]
@@ -163,9 +176,22 @@ def test_process_tree_lists_descendants():
 
 def test_cli_runs_the_command_under_the_gce_watcher(gce_metadata, tmp_path):
     cli = subprocess.Popen(
-        [sys.executable, "-m", "infra.watchers", "gce", "--metadata-url", gce_metadata.url, "--grace-s", "10", "--",
-         *worker_command(tmp_path)],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "infra.watchers",
+            "gce",
+            "--metadata-url",
+            gce_metadata.url,
+            "--grace-s",
+            "10",
+            "--",
+            *worker_command(tmp_path),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     wait_for((tmp_path / "worker.ready").exists, "the worker", timeout_s=30)
     gce_metadata.preempt()
@@ -185,19 +211,35 @@ fi
 
 
 def test_the_boot_script_installs_the_project_and_runs_the_instances_worker_under_the_watcher(tmp_path):
-    pool = PoolSpec.model_validate({
-        "name": "t4-spot", "provider": "gcp", "capacity_class": "spot", "size": 2, "machine_type": "n1-standard-4",
-        "price_per_hour": 0.2, "gcp": {"project": "rollout-proj", "zones": ["us-central1-a"], "image": "img"},
-    })
+    pool = PoolSpec.model_validate(
+        {
+            "name": "t4-spot",
+            "provider": "gcp",
+            "capacity_class": "spot",
+            "size": 2,
+            "machine_type": "n1-standard-4",
+            "price_per_hour": 0.2,
+            "gcp": {"project": "rollout-proj", "zones": ["us-central1-a"], "image": "img"},
+        }
+    )
     stub = tmp_path / "python3"
     stub.write_text(STUB_PYTHON)
     stub.chmod(0o755)
-    bootstrap = WorkerBootstrap(install="rlboost[gcp] @ git+https://example.com/it's/rlboost", python=str(stub),
-                                install_dir=str(tmp_path / "opt"), prefect_api_url="http://prefect:4200/api")
+    bootstrap = WorkerBootstrap(
+        install="rlboost[gcp] @ git+https://example.com/it's/rlboost",
+        python=str(stub),
+        install_dir=str(tmp_path / "opt"),
+        prefect_api_url="http://prefect:4200/api",
+    )
     script = render_startup_script(bootstrap, pool=pool, instance_id="t4-spot-0a1b2c3d", run_id="run 1", watcher="gce")
     log = tmp_path / "calls.log"
-    done = subprocess.run(["bash", "-c", script], env={**os.environ, "RLBOOST_TEST_LOG": str(log)},
-                          capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        ["bash", "-c", script],
+        env={**os.environ, "RLBOOST_TEST_LOG": str(log)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert done.returncode == 0, done.stderr
     venv = tmp_path / "opt" / "venv"
     assert log.read_text().splitlines() == [
@@ -212,10 +254,16 @@ def test_the_boot_script_installs_the_project_and_runs_the_instances_worker_unde
 
     # An image with the project baked in: no venv, no pip, straight to the worker.
     log.unlink()
-    baked = render_startup_script(bootstrap.model_copy(update={"install": None}), pool=pool, instance_id="vm-b",
-                                  run_id="r", watcher="gce")
-    done = subprocess.run(["bash", "-c", baked], env={**os.environ, "RLBOOST_TEST_LOG": str(log)},
-                          capture_output=True, text=True, timeout=30)
+    baked = render_startup_script(
+        bootstrap.model_copy(update={"install": None}), pool=pool, instance_id="vm-b", run_id="r", watcher="gce"
+    )
+    done = subprocess.run(
+        ["bash", "-c", baked],
+        env={**os.environ, "RLBOOST_TEST_LOG": str(log)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert done.returncode == 0, done.stderr
     assert log.read_text().splitlines() == [
         f"python -m infra.watchers gce --grace-s 25.0 -- {venv}/bin/python -m infra.stack.prefect_worker --pool t4-spot "

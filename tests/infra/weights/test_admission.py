@@ -25,7 +25,12 @@ def test_slots_bound_concurrency_and_admit_the_earliest_puller_first():
         await asyncio.sleep(0)  # first holds the only slot; the rest queue up
         waiting = [
             asyncio.create_task(upload(name, progress, started))
-            for name, progress, started in [("late", 0, 9.0), ("middle", 500, 5.0), ("early", 0, 1.0), ("middle-ahead", 900, 5.0)]
+            for name, progress, started in [
+                ("late", 0, 9.0),
+                ("middle", 500, 5.0),
+                ("early", 0, 1.0),
+                ("middle-ahead", 900, 5.0),
+            ]
         ]
         await asyncio.gather(first, *waiting)
         assert slots.busy == 0

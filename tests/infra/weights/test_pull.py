@@ -21,15 +21,13 @@ from urllib.parse import urlsplit
 import pytest
 import torch
 
-from infra.weights.config import WeightsConfig
-from infra.weights.publisher import WeightPublisher
-from infra.weights.puller import PullError, WeightPuller
 from infra.weights.auth import authorization
-from infra.weights.holders import HolderRegistry
+from infra.weights.config import WeightsConfig
+from infra.weights.holders import HolderRegistry, weights_channel
 from infra.weights.manifest import encode, fingerprint
 from infra.weights.peer_server import PeerServer
-from infra.weights.puller import STORE
-from infra.weights.holders import weights_channel
+from infra.weights.publisher import WeightPublisher
+from infra.weights.puller import STORE, PullError, WeightPuller
 from tests.helpers import REPO_ROOT
 
 pytestmark = pytest.mark.integration
@@ -72,9 +70,21 @@ class _InstanceProcess:
 
     def __init__(self, redis_url: str, instance_id: str, run_dir: Path) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "infra.weights.instance", "--redis-url", redis_url,
-             "--instance-id", instance_id, "--run-dir", str(run_dir)],
-            cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            [
+                sys.executable,
+                "-m",
+                "infra.weights.instance",
+                "--redis-url",
+                redis_url,
+                "--instance-id",
+                instance_id,
+                "--run-dir",
+                str(run_dir),
+            ],
+            cwd=REPO,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
         )
 
     def command(self, message: dict, timeout: float = 60) -> dict:

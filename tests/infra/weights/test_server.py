@@ -13,14 +13,13 @@ from urllib.parse import urlsplit
 import pytest
 import torch
 
-from infra.weights.config import WeightsConfig
-from infra.weights.publisher import WeightPublisher
-from infra.weights.puller import WeightPuller
 from infra.weights.auth import authorization
+from infra.weights.config import WeightsConfig
 from infra.weights.holders import HolderRegistry
 from infra.weights.manifest import EncodedVersion, encode, fingerprint
 from infra.weights.peer_server import PeerServer
-from infra.weights.puller import STORE
+from infra.weights.publisher import WeightPublisher
+from infra.weights.puller import STORE, WeightPuller
 
 pytestmark = pytest.mark.integration
 

@@ -9,11 +9,10 @@ import pytest
 import torch
 
 from infra.weights.config import WeightsConfig
-from infra.weights.publisher import WeightPublisher
-from infra.weights.puller import WeightPuller
-from infra.weights.store import WeightStore
 from infra.weights.manifest import MANIFEST_FILE, encode, fingerprint
-from infra.weights.puller import STORE
+from infra.weights.publisher import WeightPublisher
+from infra.weights.puller import STORE, WeightPuller
+from infra.weights.store import WeightStore
 
 pytestmark = pytest.mark.integration
 

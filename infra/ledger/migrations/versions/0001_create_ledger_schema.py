@@ -43,8 +43,13 @@ def upgrade() -> None:
         sa.Column("state", sa.String(length=16), nullable=False),
         sa.Column("reason", sa.String(length=32), nullable=True),
         sa.Column("exit_code", sa.Integer(), nullable=True),
-        sa.CheckConstraint("capacity_class IN ('reserved', 'ondemand', 'spot')", name=op.f("ck_instances_capacity_class")),
-        sa.CheckConstraint("reason IN ('preempted', 'preempted_silent', 'evicted', 'scaled_down', 'finished', 'crashed')", name=op.f("ck_instances_reason")),
+        sa.CheckConstraint(
+            "capacity_class IN ('reserved', 'ondemand', 'spot')", name=op.f("ck_instances_capacity_class")
+        ),
+        sa.CheckConstraint(
+            "reason IN ('preempted', 'preempted_silent', 'evicted', 'scaled_down', 'finished', 'crashed')",
+            name=op.f("ck_instances_reason"),
+        ),
         sa.CheckConstraint("state IN ('running', 'terminating', 'terminated')", name=op.f("ck_instances_state")),
         sa.CheckConstraint("price_per_hour >= 0", name=op.f("ck_instances_price_nonnegative")),
         sa.ForeignKeyConstraint(["run_id"], ["runs.run_id"], name=op.f("fk_instances_run_id_runs"), ondelete="CASCADE"),
@@ -60,9 +65,13 @@ def upgrade() -> None:
         sa.Column("zone", sa.String(length=64), nullable=True),
         sa.Column("capacity_class", sa.String(length=16), nullable=False),
         sa.Column("usd_per_hour", sa.Double(), nullable=False),
-        sa.CheckConstraint("capacity_class IN ('reserved', 'ondemand', 'spot')", name=op.f("ck_price_quotes_capacity_class")),
+        sa.CheckConstraint(
+            "capacity_class IN ('reserved', 'ondemand', 'spot')", name=op.f("ck_price_quotes_capacity_class")
+        ),
         sa.CheckConstraint("usd_per_hour >= 0", name=op.f("ck_price_quotes_price_nonnegative")),
-        sa.ForeignKeyConstraint(["run_id"], ["runs.run_id"], name=op.f("fk_price_quotes_run_id_runs"), ondelete="CASCADE"),
+        sa.ForeignKeyConstraint(
+            ["run_id"], ["runs.run_id"], name=op.f("fk_price_quotes_run_id_runs"), ondelete="CASCADE"
+        ),
         sa.PrimaryKeyConstraint("run_id", "pool", "quoted_at", name=op.f("pk_price_quotes")),
     )
     op.create_table(
@@ -84,9 +93,18 @@ def upgrade() -> None:
         sa.Column("seconds", sa.Double(), nullable=False),
         sa.Column("tokens_generated", sa.BigInteger(), nullable=False),
         sa.Column("tokens_wasted", sa.BigInteger(), nullable=False),
-        sa.CheckConstraint("seconds >= 0 AND tokens_generated >= 0 AND tokens_wasted >= 0", name=op.f("ck_usage_nonnegative")),
-        sa.ForeignKeyConstraint(["run_id", "instance_id"], ["instances.run_id", "instances.instance_id"], name=op.f("fk_usage_run_id_instances"), ondelete="CASCADE"),
-        sa.ForeignKeyConstraint(["run_id", "step"], ["steps.run_id", "steps.step"], name=op.f("fk_usage_run_id_steps"), ondelete="CASCADE"),
+        sa.CheckConstraint(
+            "seconds >= 0 AND tokens_generated >= 0 AND tokens_wasted >= 0", name=op.f("ck_usage_nonnegative")
+        ),
+        sa.ForeignKeyConstraint(
+            ["run_id", "instance_id"],
+            ["instances.run_id", "instances.instance_id"],
+            name=op.f("fk_usage_run_id_instances"),
+            ondelete="CASCADE",
+        ),
+        sa.ForeignKeyConstraint(
+            ["run_id", "step"], ["steps.run_id", "steps.step"], name=op.f("fk_usage_run_id_steps"), ondelete="CASCADE"
+        ),
         sa.PrimaryKeyConstraint("run_id", "step", "instance_id", name=op.f("pk_usage")),
     )
     op.create_table(
@@ -100,7 +118,12 @@ def upgrade() -> None:
         sa.Column("egress_usd", sa.Double(), nullable=False),
         sa.Column("transferred_at", sa.DateTime(timezone=True), nullable=True),
         sa.CheckConstraint("bytes >= 0 AND egress_usd >= 0", name=op.f("ck_weight_transfers_nonnegative")),
-        sa.ForeignKeyConstraint(["run_id", "instance_id"], ["instances.run_id", "instances.instance_id"], name=op.f("fk_weight_transfers_run_id_instances"), ondelete="CASCADE"),
+        sa.ForeignKeyConstraint(
+            ["run_id", "instance_id"],
+            ["instances.run_id", "instances.instance_id"],
+            name=op.f("fk_weight_transfers_run_id_instances"),
+            ondelete="CASCADE",
+        ),
         sa.PrimaryKeyConstraint("run_id", "instance_id", "version", "source", name=op.f("pk_weight_transfers")),
     )
 

@@ -53,7 +53,9 @@ def inst(
 
 
 def snap(*instances: InstanceView, queued: int = 0, now: float = NOW, version: int = 1) -> ClusterSnapshot:
-    step = StepView(step=3, policy_version=version, started_at=0.0, total_samples=64, done=0, groups_total=8, groups_done=0)
+    step = StepView(
+        step=3, policy_version=version, started_at=0.0, total_samples=64, done=0, groups_total=8, groups_done=0
+    )
     return ClusterSnapshot(now, step, tuple(instances), QueueView(queued))
 
 
@@ -69,7 +71,13 @@ def test_snapshot_helpers():
     assert sample.remaining == 0
     busy = inst("a", slots=2, running=3)
     assert busy.free_slots == 0
-    s = snap(inst("r", cls="reserved"), inst("s"), inst("o", cls="ondemand"), inst("d", draining=True), inst("x", alive=False))
+    s = snap(
+        inst("r", cls="reserved"),
+        inst("s"),
+        inst("o", cls="ondemand"),
+        inst("d", draining=True),
+        inst("x", alive=False),
+    )
     assert s.rollout_only_alive == 2
     assert not s.can_generate(inst("v", version=2)) and not s.can_generate(inst("n", version=None))
 
@@ -93,8 +101,13 @@ def test_dispatch_nothing_without_instances_or_with_all_dead():
 def test_dispatch_caps_at_free_slots_and_queue():
     s = snap(inst("a", running=1), inst("b", running=3), queued=10)
     assert dispatch(s, reserved_released=False) == (DispatchDecision("a", 3), DispatchDecision("b", 1))
-    assert counts(dispatch(snap(inst("a", running=1), inst("b", running=3), queued=2), reserved_released=False)) == {"a": 2}
-    assert counts(dispatch(snap(inst("a", running=1), inst("b", running=3), queued=4), reserved_released=False)) == {"a": 3, "b": 1}
+    assert counts(dispatch(snap(inst("a", running=1), inst("b", running=3), queued=2), reserved_released=False)) == {
+        "a": 2
+    }
+    assert counts(dispatch(snap(inst("a", running=1), inst("b", running=3), queued=4), reserved_released=False)) == {
+        "a": 3,
+        "b": 1,
+    }
     assert dispatch(snap(inst("a"), queued=0), reserved_released=False) == ()
 
 
@@ -104,20 +117,35 @@ def test_dispatch_serves_spot_before_reserved():
 
 
 def test_dispatch_skips_wrong_version_draining_and_dead():
-    s = snap(inst("v2", version=2), inst("none", version=None), inst("drain", draining=True), inst("dead", alive=False), inst("ok"), queued=20)
+    s = snap(
+        inst("v2", version=2),
+        inst("none", version=None),
+        inst("drain", draining=True),
+        inst("dead", alive=False),
+        inst("ok"),
+        queued=20,
+    )
     assert counts(dispatch(s, reserved_released=False)) == {"ok": 4}
 
 
 def test_dispatch_after_t_local_gives_reserved_nothing():
     s = snap(inst("r", cls="reserved"), inst("s"), inst("o", cls="ondemand"), queued=20)
     assert counts(dispatch(s, reserved_released=True)) == {"s": 4, "o": 4}
-    assert not eligible(s, s.instances[0], reserved_released=True) and not active(s, s.instances[0], reserved_released=True)
+    assert not eligible(s, s.instances[0], reserved_released=True) and not active(
+        s, s.instances[0], reserved_released=True
+    )
 
 
 def test_zero_spot_reserved_never_release_and_keep_getting_work():
     controller = OffloadController(initial_t_local=10.0)
     for now in (0.0, 10.0, 1e6):
-        s = snap(inst("r1", cls="reserved"), inst("r2", cls="reserved", running=2), inst("gone", alive=False), queued=5, now=now)
+        s = snap(
+            inst("r1", cls="reserved"),
+            inst("r2", cls="reserved", running=2),
+            inst("gone", alive=False),
+            queued=5,
+            now=now,
+        )
         released = controller.should_release(now, s.step.started_at, s.rollout_only_alive)
         assert released is False
         assert counts(dispatch(s, reserved_released=released)) == {"r1": 4, "r2": 1}  # 4 and 3 running
@@ -166,9 +194,16 @@ def test_steal_config_validation():
 
 def test_steal_needs_an_eligible_receiver_and_a_real_gap():
     config = StealConfig()
-    assert steal(snap(inst("a", slots=8, running=8), inst("b", slots=8, version=2)), config, reserved_released=False) == ()
-    assert steal(snap(inst("a", slots=8, running=8), inst("r", cls="reserved", slots=8)), config, reserved_released=True) == ()
-    assert steal(snap(inst("a", slots=8, running=3), inst("b", slots=8, running=2)), config, reserved_released=False) == ()
+    assert (
+        steal(snap(inst("a", slots=8, running=8), inst("b", slots=8, version=2)), config, reserved_released=False) == ()
+    )
+    assert (
+        steal(snap(inst("a", slots=8, running=8), inst("r", cls="reserved", slots=8)), config, reserved_released=True)
+        == ()
+    )
+    assert (
+        steal(snap(inst("a", slots=8, running=3), inst("b", slots=8, running=2)), config, reserved_released=False) == ()
+    )
     assert steal(snap(), config, reserved_released=False) == ()
 
 
@@ -265,7 +300,10 @@ def test_offload_rejects_bad_parameters():
 
 def test_capacity_ranks_by_price_per_effective_throughput():
     offers = (PoolOffer("a", 1.0, 1.0, max_instances=10), PoolOffer("b", 1.5, 2.0, max_instances=10))
-    assert plan_capacity(offers, CapacityConfig(budget_per_hour=4.5)) == (CapacityTarget("a", 0), CapacityTarget("b", 3))
+    assert plan_capacity(offers, CapacityConfig(budget_per_hour=4.5)) == (
+        CapacityTarget("a", 0),
+        CapacityTarget("b", 3),
+    )
     churny = PoolOffer("c", 1.0, 100.0, max_instances=1, preemptions_per_hour=6.0)
     assert effective_throughput(churny, CapacityConfig(budget_per_hour=1.0, warmup_s=600.0)) == 50.0
 
@@ -289,18 +327,35 @@ def test_capacity_respects_price_cap_budget_max_and_availability():
 def test_capacity_minimums_first_then_cheapest_fill_and_leftover_budget():
     best = PoolOffer("best", 1.0, 10.0, max_instances=10)
     floor = PoolOffer("floor", 1.0, 1.0, max_instances=10, min_instances=2)
-    assert plan_capacity((best, floor), CapacityConfig(budget_per_hour=5.0)) == (CapacityTarget("best", 3), CapacityTarget("floor", 2))
+    assert plan_capacity((best, floor), CapacityConfig(budget_per_hour=5.0)) == (
+        CapacityTarget("best", 3),
+        CapacityTarget("floor", 2),
+    )
     pricey = PoolOffer("pricey", 4.0, 10.0, max_instances=10)
     cheap = PoolOffer("cheap", 1.0, 1.0, max_instances=10)
-    assert plan_capacity((pricey, cheap), CapacityConfig(budget_per_hour=6.0)) == (CapacityTarget("pricey", 1), CapacityTarget("cheap", 2))
+    assert plan_capacity((pricey, cheap), CapacityConfig(budget_per_hour=6.0)) == (
+        CapacityTarget("pricey", 1),
+        CapacityTarget("cheap", 2),
+    )
     free = PoolOffer("free", 0.0, 1.0, max_instances=7)
     assert plan_capacity((free,), CapacityConfig(budget_per_hour=0.0)) == (CapacityTarget("free", 7),)
-    assert plan_capacity((free, cheap), CapacityConfig(budget_per_hour=100.0, max_total=9)) == (CapacityTarget("free", 7), CapacityTarget("cheap", 2))
+    assert plan_capacity((free, cheap), CapacityConfig(budget_per_hour=100.0, max_total=9)) == (
+        CapacityTarget("free", 7),
+        CapacityTarget("cheap", 2),
+    )
 
 
 def test_capacity_tie_breaks_on_availability_then_name():
-    offers = (PoolOffer("z", 1.0, 1.0, max_instances=5), PoolOffer("y", 1.0, 1.0, max_instances=5, availability=0.9), PoolOffer("x", 1.0, 1.0, max_instances=5))
-    assert plan_capacity(offers, CapacityConfig(budget_per_hour=7.0)) == (CapacityTarget("z", 2), CapacityTarget("y", 0), CapacityTarget("x", 5))
+    offers = (
+        PoolOffer("z", 1.0, 1.0, max_instances=5),
+        PoolOffer("y", 1.0, 1.0, max_instances=5, availability=0.9),
+        PoolOffer("x", 1.0, 1.0, max_instances=5),
+    )
+    assert plan_capacity(offers, CapacityConfig(budget_per_hour=7.0)) == (
+        CapacityTarget("z", 2),
+        CapacityTarget("y", 0),
+        CapacityTarget("x", 5),
+    )
     with pytest.raises(ValueError):
         PoolOffer("bad", 1.0, 1.0, max_instances=1, min_instances=2)
 
@@ -312,7 +367,10 @@ def random_snapshot(rng: random.Random) -> ClusterSnapshot:
     instances = []
     for k in range(rng.randint(0, 8)):
         slots = rng.randint(1, 8)
-        running = tuple(RunningSample(f"i{k}-{j}", rng.randint(0, 300), rng.choice([64, 256, 512])) for j in range(rng.randint(0, slots)))
+        running = tuple(
+            RunningSample(f"i{k}-{j}", rng.randint(0, 300), rng.choice([64, 256, 512]))
+            for j in range(rng.randint(0, slots))
+        )
         instances.append(
             InstanceView(
                 f"i{k}",
@@ -359,4 +417,6 @@ def test_random_snapshots_keep_the_invariants(seed):
         assert d.count > 0 and len(victim.running) - d.count >= config.min_keep
         assert victim.steal_requested_at is None or NOW - victim.steal_requested_at >= config.cooldown_s
         remaining = {r.sample_id: r.remaining for r in victim.running}
-        assert len(set(d.sample_ids)) == d.count and all(remaining[i] >= config.min_remaining_tokens for i in d.sample_ids)
+        assert len(set(d.sample_ids)) == d.count and all(
+            remaining[i] >= config.min_remaining_tokens for i in d.sample_ids
+        )
