@@ -27,8 +27,10 @@ $(TEST_STAMP): $(STAMP)
 
 setup: $(STAMP)
 
+# `make demo ARGS="--set run.torch_threads=1"` passes overrides to `rlboost demo`.
+ARGS ?=
 demo: setup
-	$(BIN)/rlboost demo
+	$(BIN)/rlboost demo $(ARGS)
 
 test: $(TEST_STAMP)
 	$(BIN)/ruff check .
