@@ -151,7 +151,7 @@ class PretrainConfig(Section):
     families: tuple[str, ...] = ("add",)
     """Problem families to learn."""
     batch_size: int = Field(128, ge=1)
-    """Problems per optimizer step (128 reached the demo's threshold in 250-400 steps for every
+    """Problems per optimizer step (128 reached the demo's threshold in 250-450 steps for every
     seed measured; 64 took 300-1,100: `bench/pretrain.py`)."""
     lr: float = Field(3e-3, gt=0)
     """Peak AdamW learning rate."""
@@ -159,7 +159,7 @@ class PretrainConfig(Section):
     """Linear warm-up."""
     max_steps: int = Field(1000, ge=1)
     """Give up (with an error) if the threshold is not reached by then: the demo's recipe needs
-    250-400 steps, so a run still below it at 1,000 will not get there soon."""
+    250-450 steps, so a run still below it at 1,000 will not get there soon."""
     eval_every: int = Field(100, ge=1)
     """Steps between held-out evaluations."""
     eval_size: int = Field(200, ge=10)
