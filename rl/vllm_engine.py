@@ -21,10 +21,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from rl.generation import FINISH_LENGTH, FINISH_STOP, GenerationEngine, GenerationRequest, TokenChunk
 from rl.sampling import sample_key
@@ -97,7 +98,13 @@ class _Live:
 
 
 class VLLMEngine(GenerationEngine):
-    """`GenerationEngine` on vLLM; `model_dir` is a Hugging Face model directory."""
+    """`GenerationEngine` on vLLM; `model_dir` is a Hugging Face model directory.
+
+    In-process (`VLLMOptions.multiprocessing` off), vLLM's distributed state is global to the
+    process, and shutting an engine down tears it down: one such engine per process at a time.
+    """
+
+    _in_process: ClassVar[weakref.WeakSet[VLLMEngine]] = weakref.WeakSet()
 
     def __init__(
         self,
@@ -116,6 +123,11 @@ class VLLMEngine(GenerationEngine):
         self.model_dir = Path(model_dir)
         if current_platform.is_cpu():
             check_cpu_head_dim(self.model_dir)
+        if not options.multiprocessing and self._in_process:
+            raise RuntimeError(
+                "another in-process VLLMEngine is open in this process (vLLM's state is per process): "
+                "close() it first, or set multiprocessing"
+            )
         self.eos_token_id = eos_token_id
         self.options = options
         self.policy_version = policy_version
@@ -143,8 +155,15 @@ class VLLMEngine(GenerationEngine):
                 log_stats=False,
                 multiprocess_mode=options.multiprocessing,
             )
+        if not options.multiprocessing:
+            self._in_process.add(self)
         self._live: dict[str, _Live] = {}
         self._finished: list[_Live] = []  # finished on arrival, reported by the next step()
+
+    def close(self) -> None:
+        """Shut vLLM's engine core down (and its child process, if any); the engine is unusable after."""
+        self._engine.engine_core.shutdown()
+        self._in_process.discard(self)
 
     def add(self, request: GenerationRequest) -> None:
         from vllm import SamplingParams as VLLMSamplingParams
