@@ -210,7 +210,12 @@ class VLLMEngine(GenerationEngine):
         return len(self._live)
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        self._engine.collective_rpc("rlboost_load_state_dict", args=(dict(state_dict),))
+        from rl.vllm_plugins import pack_state_dict
+
+        if self.options.multiprocessing:  # the tensors cross to another process as bytes
+            self._engine.collective_rpc("rlboost_load_packed_state_dict", args=(pack_state_dict(state_dict),))
+        else:
+            self._engine.collective_rpc("rlboost_load_state_dict", args=(dict(state_dict),))
         if not self._engine.reset_prefix_cache(reset_running_requests=True):
             raise RuntimeError("vLLM could not reset its prefix cache after a weight reload")
         self.policy_version = version

@@ -111,3 +111,24 @@ class WeightLoaderExtension:
     def rlboost_load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Reload every weight in place from `state_dict` (Hugging Face checkpoint names)."""
         self.model_runner.reload_weights(weights_iterator=iter(state_dict.items()), is_checkpoint_format=True)
+
+    def rlboost_load_packed_state_dict(self, packed: Mapping[str, tuple[str, list[int], bytes]]) -> None:
+        """`rlboost_load_state_dict` of a `pack_state_dict` (what crosses to a worker process)."""
+        self.rlboost_load_state_dict({name: unpack_tensor(*entry) for name, entry in packed.items()})
+
+
+def pack_state_dict(state_dict: Mapping[str, torch.Tensor]) -> dict[str, tuple[str, list[int], bytes]]:
+    """Each tensor as (dtype name, shape, raw bytes): vLLM's RPC to a worker process carries bytes,
+    not the tensors of a nested dict."""
+    packed = {}
+    for name, tensor in state_dict.items():
+        tensor = tensor.detach().cpu().contiguous()
+        raw = tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
+        packed[name] = (str(tensor.dtype).removeprefix("torch."), list(tensor.shape), raw)
+    return packed
+
+
+def unpack_tensor(dtype: str, shape: list[int], raw: bytes) -> torch.Tensor:
+    """The tensor `pack_state_dict` packed."""
+    flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+    return flat.view(getattr(torch, dtype)).reshape(shape)
