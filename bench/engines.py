@@ -36,10 +36,12 @@ from rl.vllm_engine import VLLMEngine  # noqa: E402
 from rl.vllm_options import VLLMOptions  # noqa: E402
 
 
-def make_requests(count: int, new_tokens: int, bos_id: int, vocab: int) -> list[GenerationRequest]:
+def make_requests(count: int, new_tokens: int, bos_id: int | None, vocab: int) -> list[GenerationRequest]:
+    """Random 8-14 token prompts over the vocabulary's low ids, after the bos token if there is one."""
     rng = random.Random(18)
+    start = [] if bos_id is None else [bos_id]
     return [
-        GenerationRequest(f"t{i}", [bos_id] + [rng.randrange(4, vocab) for _ in range(rng.randint(8, 14))], new_tokens)
+        GenerationRequest(f"t{i}", start + [rng.randrange(4, vocab) for _ in range(rng.randint(8, 14))], new_tokens)
         for i in range(count)
     ]
 

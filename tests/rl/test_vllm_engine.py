@@ -170,7 +170,7 @@ def test_streams_one_token_per_step_and_admits_as_sequences_finish(idle_engine):
         assert len(streamed[request.sample_id]) == request.max_new_tokens or streamed[request.sample_id][-1] == EOS
 
 
-def test_release_returns_the_tokens_so_far_and_frees_the_slot(idle_engine):
+def test_release_returns_the_tokens_so_far_and_forgets_the_request(idle_engine):
     request = make_requests(1, seed=3, budget=30)[0]
     idle_engine.add(request)
     with pytest.raises(ValueError, match="already live"):
