@@ -188,6 +188,7 @@ class VLLMEngine(GenerationEngine):
 
     def add(self, request: GenerationRequest) -> None:
         from vllm import SamplingParams as VLLMSamplingParams
+        from vllm.exceptions import VLLMValidationError
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
@@ -196,8 +197,8 @@ class VLLMEngine(GenerationEngine):
         if request.sample_id in self._live:
             raise ValueError(f"sample_id {request.sample_id!r} is already live in this engine")
         live = _Live(request, list(request.generated_ids))
-        self._live[request.sample_id] = live
         if self._finish_reason(live) is not None:
+            self._live[request.sample_id] = live
             self._finished.append(live)
             return
         params = VLLMSamplingParams(
@@ -212,9 +213,12 @@ class VLLMEngine(GenerationEngine):
                 sample_key(request.seed, request.sample_id), len(live.response), request.sampling
             ),
         )
-        self._engine.add_request(
-            request.sample_id, TokensPrompt(prompt_token_ids=[*request.prompt_ids, *live.response]), params
-        )
+        prompt = TokensPrompt(prompt_token_ids=[*request.prompt_ids, *live.response])
+        try:
+            self._engine.add_request(request.sample_id, prompt, params)
+        except VLLMValidationError as exc:
+            raise ValueError(f"request {request.sample_id!r}: vLLM refuses it: {exc}") from exc
+        self._live[request.sample_id] = live
 
     def release(self, sample_id: str) -> list[int]:
         live = self._live.pop(sample_id)  # KeyError for an unknown id

@@ -188,6 +188,13 @@ def test_release_returns_the_tokens_so_far_and_forgets_the_request(idle_engine):
     assert rerun.token_ids[: len(streamed)] == streamed
 
 
+def test_a_request_vllm_refuses_raises_and_leaves_nothing_live(idle_engine):
+    too_long = GenerationRequest("long", [BOS] * 300, max_new_tokens=4)  # the tiny model's max_model_len is 256
+    with pytest.raises(ValueError, match="max_model_len|maximum model length|longer than"):
+        idle_engine.add(too_long)
+    assert not idle_engine.has_work()
+
+
 def test_generated_ids_that_already_end_finish_on_arrival(idle_engine):
     budget_spent = GenerationRequest("full", [BOS, 5], max_new_tokens=3, generated_ids=[7, 8, 9])
     stopped = GenerationRequest("stopped", [BOS, 5], max_new_tokens=8, generated_ids=[7, EOS])
