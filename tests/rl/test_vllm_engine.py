@@ -54,8 +54,6 @@ def engine(vllm_installed, model_dir):
 @pytest.fixture(scope="module")
 def process_engine(engine, model_dir):
     """A second engine, its engine core in a child process (in-process engines are one per process)."""
-    with pytest.raises(RuntimeError, match="another in-process VLLMEngine"):
-        VLLMEngine(model_dir, EOS, OPTIONS)
     process_engine = VLLMEngine(model_dir, EOS, OPTIONS.model_copy(update={"multiprocessing": True}))
     yield process_engine
     process_engine.close()
@@ -337,6 +335,11 @@ engine.close()
 
 
 # --- errors -------------------------------------------------------------------------------------
+
+
+def test_a_second_in_process_engine_is_refused(idle_engine, model_dir):
+    with pytest.raises(RuntimeError, match="another in-process VLLMEngine is open"):
+        VLLMEngine(model_dir, EOS, OPTIONS)
 
 
 def test_missing_vllm_names_the_extra(model_dir, monkeypatch):
