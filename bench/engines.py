@@ -5,7 +5,7 @@ into one) decodes `--samples` random prompts of `--new-tokens` response tokens (
 keyed sampling) on each engine after a warm-up; the figures are the fastest of `--repeats` runs.
 Then, on vLLM: every sample released at a random position and resumed (`resume_token_match`, the
 fraction of tokens equal to the uninterrupted run), the largest log-prob difference from HF over
-the positions where both drew the same token, and the seconds of an in-place weight reload
+each response's prefix where both drew the same tokens, and the seconds of an in-place weight reload
 (median of 5, prefix-cache reset included).
 
     .venv/bin/python bench/engines.py [--samples 64] [--new-tokens 32] [--repeats 3] [--threads 1]
@@ -85,6 +85,17 @@ def token_match(got: list[GenerationResult], want: list[GenerationResult]) -> fl
     return same / sum(max(len(a.token_ids), len(b.token_ids)) for a, b in zip(got, want))
 
 
+def logprob_max_abs_diff(got: list[GenerationResult], want: list[GenerationResult]) -> float:
+    """Largest log-prob difference over each pair's common token prefix (the same contexts)."""
+    diffs = [0.0]
+    for a, b in zip(got, want):
+        for x, y, p, q in zip(a.token_ids, b.token_ids, a.new_logprobs, b.new_logprobs):
+            if x != y:
+                break
+            diffs.append(abs(p - q))
+    return max(diffs)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", type=Path, help="a Hugging Face model directory (default: the tiny Llama)")
@@ -116,12 +127,7 @@ def main() -> None:
             f"vLLM: {vllm_tokens_per_s:,.0f} tokens/s; HF vs vLLM token match {token_match(vllm_results, hf_results):.4f}"
         )
         resume_match = token_match(released_and_resumed(engine, requests), vllm_results)
-        logprob_diff = max(
-            abs(a - b)
-            for v, h in zip(vllm_results, hf_results)
-            for x, y, a, b in zip(v.token_ids, h.token_ids, v.new_logprobs, h.new_logprobs)
-            if x == y
-        )
+        logprob_diff = logprob_max_abs_diff(vllm_results, hf_results)
         state = model.state_dict()
         reloads = []
         for version in range(1, 6):
