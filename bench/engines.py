@@ -102,7 +102,9 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads, both engines (vLLM runs in this process)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch intra-op threads, both engines (vLLM runs in this process)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
