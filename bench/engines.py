@@ -140,7 +140,7 @@ def main() -> None:
     print(
         json.dumps(
             {
-                "model": str(args.model_dir or "tiny-llama (demo shape)"),
+                "model": args.model_dir.name if args.model_dir else "tiny-llama (demo shape)",
                 "hf_tokens_per_s": round(hf_tokens_per_s),
                 "vllm_tokens_per_s": round(vllm_tokens_per_s),
                 "speedup": round(vllm_tokens_per_s / hf_tokens_per_s, 2),
