@@ -26,6 +26,7 @@ import contextlib
 import json
 import os
 import random
+import sys
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -108,6 +109,28 @@ def _caller_state_kept():
         torch.set_num_threads(threads)
 
 
+@contextlib.contextmanager
+def _modules_vllm_cannot_scan_hidden():
+    """Hide from `sys.modules`, while an engine starts in this process, the modules vLLM 0.32's
+    start-up scan trips on: on CPU it rebinds Triton kernels by calling `hasattr(value, "__dict__")`
+    on every attribute of every module, and some objects raise there (werkzeug's LocalProxy, as
+    `flask.g`, raises RuntimeError outside an app context). None of them holds a kernel."""
+    hidden = {}
+    for name, module in list(sys.modules.items()):
+        for value in list((getattr(module, "__dict__", None) or {}).values()):
+            try:
+                hasattr(value, "__dict__")
+            except Exception:
+                hidden[name] = module
+                break
+    for name in hidden:
+        del sys.modules[name]
+    try:
+        yield
+    finally:
+        sys.modules.update(hidden)
+
+
 @dataclass(eq=False)
 class _Live:
     """A request between add() and its final chunk."""
@@ -168,7 +191,11 @@ class VLLMEngine(GenerationEngine):
         # vLLM's CPU platform reads this variable while it builds the config (and turns a
         # single-process executor into a multiprocessing one unless it is "0").
         multiprocessing = "1" if options.multiprocessing else "0"
-        with _environment(VLLM_ENABLE_V1_MULTIPROCESSING=multiprocessing), _caller_state_kept():
+        with (
+            _environment(VLLM_ENABLE_V1_MULTIPROCESSING=multiprocessing),
+            _caller_state_kept(),
+            _modules_vllm_cannot_scan_hidden(),
+        ):
             config = args.create_engine_config(UsageContext.ENGINE_CONTEXT)
             self._engine = LLMEngine(
                 vllm_config=config,

@@ -337,6 +337,22 @@ engine.close()
 # --- errors -------------------------------------------------------------------------------------
 
 
+def test_an_engine_starts_in_a_process_that_imported_flask(vllm_installed, model_dir):
+    """vLLM's CPU start-up scan of every module trips on flask's context proxies (moto's server,
+    which other tests start, imports flask); the engine hides those modules while it starts."""
+    script = f"""
+import flask
+from rl.generation import GenerationRequest
+from rl.vllm_engine import VLLMEngine
+from rl.vllm_options import VLLMOptions
+
+engine = VLLMEngine({str(model_dir)!r}, {EOS}, VLLMOptions(kv_cache_bytes=64 << 20))
+assert len(engine.generate([GenerationRequest("a", [{BOS}, 5, 6], 4)])[0].token_ids) >= 1
+engine.close()
+"""
+    subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, check=True, timeout=120)
+
+
 def test_a_second_in_process_engine_is_refused(idle_engine, model_dir):
     with pytest.raises(RuntimeError, match="another in-process VLLMEngine is open"):
         VLLMEngine(model_dir, EOS, OPTIONS)
