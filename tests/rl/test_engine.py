@@ -1,4 +1,4 @@
-"""Tests for rl/engine.py: deterministic, resumable, batched generation with the HF backend."""
+"""Tests for rl/engine.py and rl/sampling.py: deterministic, resumable, batched generation with the HF backend."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import random
 import pytest
 import torch
 
-from rl.engine import HFEngine, _mix64, _mix64_tensor, _signed, gumbel_noise, sample_key
+from rl.engine import HFEngine
 from rl.generation import GenerationEngine, GenerationRequest, GenerationResult, SamplingParams
 from rl.models import TinyLlamaShape, build_tiny_llama
+from rl.sampling import _mix64, _mix64_tensor, _signed, gumbel_noise, sample_key
 
 EOS, PAD, BOS = 2, 0, 1
 

