@@ -315,7 +315,7 @@ def test_an_engine_in_this_process_keeps_its_random_state_and_threads(vllm_insta
     the caller's state comes back (a fresh process: this one already holds an in-process engine)."""
     script = f"""
 import random, numpy, torch
-from rl.vllm_engine import VLLMEngine, import_vllm
+from rl.vllm_engine import VLLMEngine
 from rl.vllm_options import VLLMOptions
 
 def draws():
@@ -344,7 +344,7 @@ def test_an_engine_starts_in_a_process_that_imported_flask(vllm_installed, model
     script = f"""
 import flask
 from rl.generation import GenerationRequest
-from rl.vllm_engine import VLLMEngine, import_vllm
+from rl.vllm_engine import VLLMEngine
 from rl.vllm_options import VLLMOptions
 
 engine = VLLMEngine({str(model_dir)!r}, {EOS}, VLLMOptions(kv_cache_bytes=64 << 20))
