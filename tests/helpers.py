@@ -4,7 +4,9 @@
 * `wait_for`: poll a condition until it holds, failing the test with what it waited for;
 * `Clock`: epoch seconds that move only when a test says so (providers, fakes, policies);
 * `save_tiny_model`: a tiny Llama saved as a Hugging Face model directory (the base model of
-  rollout instances, flows and the stack in their tests).
+  rollout instances, flows and the stack in their tests);
+* `resumed`, `match_rate`: a generation request continued from a prefix, and the fraction of
+  tokens two sets of responses share (the engines' resume and cross-engine tests).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from rl.generation import GenerationRequest, GenerationResult
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,3 +50,25 @@ def save_tiny_model(path: Path, shape=None, seed: int = 0) -> Path:
     model, tokenizer = build_tiny_llama(shape, seed=seed)
     save_model(model, tokenizer, path)
     return path
+
+
+def resumed(request: GenerationRequest, generated: list[int]) -> GenerationRequest:
+    """`request` continued after `generated`: the same sample with those tokens as its prefix."""
+    return GenerationRequest(
+        request.sample_id,
+        request.prompt_ids,
+        request.max_new_tokens,
+        request.seed,
+        request.sampling,
+        list(generated),
+        request.stop_token_ids,
+    )
+
+
+def match_rate(got: list[GenerationResult], want: list[GenerationResult]) -> float:
+    """Fraction of token positions (over the longer of each pair) where the responses agree."""
+    same = total = 0
+    for a, b in zip(got, want):
+        same += sum(x == y for x, y in zip(a.token_ids, b.token_ids))
+        total += max(len(a.token_ids), len(b.token_ids))
+    return same / total

@@ -11,6 +11,7 @@ from rl.engine import HFEngine
 from rl.generation import GenerationEngine, GenerationRequest, GenerationResult, SamplingParams
 from rl.models import TinyLlamaShape, build_tiny_llama
 from rl.sampling import _mix64, _mix64_tensor, _signed, gumbel_noise, sample_key
+from tests.helpers import match_rate, resumed
 
 EOS, PAD, BOS = 2, 0, 1
 
@@ -43,27 +44,6 @@ def make_requests(n: int, seed: int = 0, budget: int = 16, **kwargs) -> list[Gen
         )
         for i in range(n)
     ]
-
-
-def resumed(request: GenerationRequest, generated: list[int]) -> GenerationRequest:
-    return GenerationRequest(
-        request.sample_id,
-        request.prompt_ids,
-        request.max_new_tokens,
-        request.seed,
-        request.sampling,
-        list(generated),
-        request.stop_token_ids,
-    )
-
-
-def match_rate(got: list[GenerationResult], want: list[GenerationResult]) -> float:
-    """Fraction of token positions (over the longer of each pair) where the responses agree."""
-    same = total = 0
-    for a, b in zip(got, want):
-        same += sum(x == y for x, y in zip(a.token_ids, b.token_ids))
-        total += max(len(a.token_ids), len(b.token_ids))
-    return same / total
 
 
 def batch1(model, requests: list[GenerationRequest]) -> list[GenerationResult]:

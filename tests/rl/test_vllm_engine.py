@@ -19,7 +19,7 @@ from rl.generation import GenerationEngine, GenerationRequest, GenerationResult,
 from rl.models import TinyLlamaShape, load_model
 from rl.vllm_engine import VLLMEngine, import_vllm
 from rl.vllm_options import VLLMOptions
-from tests.helpers import REPO_ROOT, save_tiny_model
+from tests.helpers import REPO_ROOT, match_rate, resumed, save_tiny_model
 
 pytestmark = pytest.mark.integration
 
@@ -85,27 +85,6 @@ def make_requests(n: int, seed: int = 0, budget: int = 20, **kwargs) -> list[Gen
         )
         for i in range(n)
     ]
-
-
-def resumed(request: GenerationRequest, generated: list[int]) -> GenerationRequest:
-    return GenerationRequest(
-        request.sample_id,
-        request.prompt_ids,
-        request.max_new_tokens,
-        request.seed,
-        request.sampling,
-        list(generated),
-        request.stop_token_ids,
-    )
-
-
-def match_rate(got: list[GenerationResult], want: list[GenerationResult]) -> float:
-    """Fraction of token positions (over the longer of each pair) where the responses agree."""
-    same = total = 0
-    for a, b in zip(got, want):
-        same += sum(x == y for x, y in zip(a.token_ids, b.token_ids))
-        total += max(len(a.token_ids), len(b.token_ids))
-    return same / total
 
 
 def run_and_release(
