@@ -5,8 +5,9 @@
 * `Clock`: epoch seconds that move only when a test says so (providers, fakes, policies);
 * `save_tiny_model`: a tiny Llama saved as a Hugging Face model directory (the base model of
   rollout instances, flows and the stack in their tests);
-* `resumed`, `match_rate`: a generation request continued from a prefix, and the fraction of
-  tokens two sets of responses share (the engines' resume and cross-engine tests).
+* `resumed`, `match_rate`, `run_and_release`: a generation request continued from a prefix, the
+  fraction of tokens two sets of responses share, and a run that releases each sample at a chosen
+  length (the engines' resume and cross-engine tests).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from rl.generation import GenerationRequest, GenerationResult
+from rl.generation import GenerationEngine, GenerationRequest, GenerationResult
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -72,3 +73,23 @@ def match_rate(got: list[GenerationResult], want: list[GenerationResult]) -> flo
         same += sum(x == y for x, y in zip(a.token_ids, b.token_ids))
         total += max(len(a.token_ids), len(b.token_ids))
     return same / total
+
+
+def run_and_release(
+    engine: GenerationEngine, requests: list[GenerationRequest], stops: dict[str, int]
+) -> dict[str, list[int]]:
+    """Run `requests` together; release each sample once it has stops[sample_id] tokens."""
+    for request in requests:
+        engine.add(request)
+    tokens = {r.sample_id: [] for r in requests}
+    done = set()
+    while engine.has_work():
+        for chunk in engine.step():
+            tokens[chunk.sample_id] += chunk.token_ids
+            if chunk.finish_reason is not None:
+                done.add(chunk.sample_id)
+        for sample_id, generated in tokens.items():
+            if sample_id not in done and len(generated) >= stops[sample_id]:
+                assert engine.release(sample_id) == generated
+                done.add(sample_id)
+    return tokens

@@ -11,7 +11,7 @@ from rl.engine import HFEngine
 from rl.generation import GenerationEngine, GenerationRequest, GenerationResult, SamplingParams
 from rl.models import TinyLlamaShape, build_tiny_llama
 from rl.sampling import _mix64, _mix64_tensor, _signed, gumbel_noise, sample_key
-from tests.helpers import match_rate, resumed
+from tests.helpers import match_rate, resumed, run_and_release
 
 EOS, PAD, BOS = 2, 0, 1
 
@@ -49,24 +49,6 @@ def make_requests(n: int, seed: int = 0, budget: int = 16, **kwargs) -> list[Gen
 def batch1(model, requests: list[GenerationRequest]) -> list[GenerationResult]:
     engine = HFEngine(model, EOS, PAD, max_batch_size=1)
     return [engine.generate([r])[0] for r in requests]
-
-
-def run_and_release(engine: HFEngine, requests: list[GenerationRequest], stops: dict[str, int]) -> dict[str, list[int]]:
-    """Run `requests` together; release each sample once it has stops[sample_id] tokens."""
-    for request in requests:
-        engine.add(request)
-    tokens = {r.sample_id: [] for r in requests}
-    done = set()
-    while engine.has_work():
-        for chunk in engine.step():
-            tokens[chunk.sample_id] += chunk.token_ids
-            if chunk.finish_reason is not None:
-                done.add(chunk.sample_id)
-        for sample_id, generated in tokens.items():
-            if sample_id not in done and len(generated) >= stops[sample_id]:
-                assert engine.release(sample_id) == generated
-                done.add(sample_id)
-    return tokens
 
 
 # --- deterministic noise -------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from rl.generation import GenerationEngine, GenerationRequest, GenerationResult,
 from rl.models import TinyLlamaShape, load_model
 from rl.vllm_engine import VLLMEngine, import_vllm
 from rl.vllm_options import VLLMOptions
-from tests.helpers import REPO_ROOT, match_rate, resumed, save_tiny_model
+from tests.helpers import REPO_ROOT, match_rate, resumed, run_and_release, save_tiny_model
 
 pytestmark = pytest.mark.integration
 
@@ -85,26 +85,6 @@ def make_requests(n: int, seed: int = 0, budget: int = 20, **kwargs) -> list[Gen
         )
         for i in range(n)
     ]
-
-
-def run_and_release(
-    engine: GenerationEngine, requests: list[GenerationRequest], stops: dict[str, int]
-) -> dict[str, list[int]]:
-    """Run `requests` together; release each sample once it has stops[sample_id] tokens."""
-    for request in requests:
-        engine.add(request)
-    tokens = {r.sample_id: [] for r in requests}
-    done = set()
-    while engine.has_work():
-        for chunk in engine.step():
-            tokens[chunk.sample_id] += chunk.token_ids
-            if chunk.finish_reason is not None:
-                done.add(chunk.sample_id)
-        for sample_id, generated in tokens.items():
-            if sample_id not in done and len(generated) >= stops[sample_id]:
-                assert engine.release(sample_id) == generated
-                done.add(sample_id)
-    return tokens
 
 
 def migrate(
