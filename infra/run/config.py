@@ -27,6 +27,7 @@ from rl.config import (
     RolloutConfig,
     Section,
 )
+from rl.engine_spec import EngineSpec
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "deployments" / "configs" / "demo.yaml"
 
@@ -68,6 +69,11 @@ class RunConfig(Section):
     pretrain: PretrainConfig = PretrainConfig()
     fabric: FabricConfig = FabricConfig()
     ledger: LedgerConfig = LedgerConfig()
+
+    def engine_spec(self) -> EngineSpec:
+        """The run's engine: the in-process engine's and, with each pool's overrides, the instances'."""
+        rollout = self.rollout
+        return EngineSpec(kind=rollout.engine, device=rollout.device, dtype=self.model.dtype, vllm=rollout.vllm)
 
 
 class ConfigError(ValueError):

@@ -47,6 +47,8 @@ from infra.weights.puller import STORE
 from infra.weights.shared import Transfer, drain_transfers, share_config
 from rl.config import RolloutConfig
 from rl.datasets import PromptRecord
+from rl.devices import TORCH_DTYPES
+from rl.engine_spec import EngineSpec
 from rl.rollout import Sample, step_seed
 
 if TYPE_CHECKING:
@@ -72,13 +74,22 @@ def cloud_options(cloud: CloudSettings) -> dict[str, dict[str, Any]]:
 
 
 class RolloutFabric:
-    def __init__(self, config: FabricConfig, run_id: str, run_dir: Path, model_path: Path) -> None:
+    def __init__(
+        self,
+        config: FabricConfig,
+        run_id: str,
+        run_dir: Path,
+        model_path: Path,
+        engine: EngineSpec = EngineSpec(),
+    ) -> None:
+        """`engine` is the run's engine (each pool's overrides apply); weights travel in its dtype."""
         if not config.pools:
             raise ValueError("fabric.pools is empty: configure at least one pool of rollout instances")
         self.config = config
         self.run_id = run_id
         self.model_path = Path(model_path)
         self.run_dir = Path(run_dir)
+        self.engine = engine
         self._redis_server: EmbeddedRedis | None = None
         configured_redis = config.redis_url or os.environ.get(REDIS_URL_ENV)
         if configured_redis is None:
@@ -94,7 +105,9 @@ class RolloutFabric:
             # unless the user set one (which remote instances need too).
             os.environ.setdefault(config.weights.secret_env, secrets.token_hex(32))
         share_config(self.redis, run_id, config.weights, run_dir)
-        self.weights = WeightPublisher(config.weights, self.redis, run_id, run_dir=run_dir)
+        self.weights = WeightPublisher(
+            config.weights, self.redis, run_id, run_dir=run_dir, dtype=TORCH_DTYPES[engine.dtype]
+        )
         self._step = 0
         local_pools = [pool for pool in config.pools if pool.provider == "local"]
         providers: dict[str, Provider] = {}
@@ -128,6 +141,7 @@ class RolloutFabric:
             redis_url=self.redis_url,
             model=model,
             worker=self.config.worker,
+            engine=self.engine,
             environment_block=environment_block_name(self.run_id),
         )
         self.instance_runs = runs = InstanceRuns(spec, api_url)
@@ -163,6 +177,7 @@ class RolloutFabric:
                 redis_url=self.redis_url,
                 model=str(self.model_path.resolve()),
                 worker=self.config.worker,
+                engine=self.engine,
             )
             return PrefectLocalProvider(spec, log_dir=log_dir)
         return LocalProvider(self._worker_command, log_dir=log_dir)
@@ -186,6 +201,8 @@ class RolloutFabric:
             str(pool.price_per_hour),
             "--model",
             str(self.model_path),
+            "--engine",
+            pool.engine_spec(self.engine).model_dump_json(),
             *worker_flags(self.config.worker),
         ]
 

@@ -14,6 +14,7 @@ streamed samples against the step's scores and takes the optimizer step.
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 import time
@@ -28,10 +29,12 @@ from infra.ledger import Ledger
 from infra.run.accounting import RunAccounting
 from infra.run.config import RunConfig
 from infra.run.fabric import RolloutFabric
+from infra.run.preflight import in_process_engine_device, preflight
 from rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from rl.engine import HFEngine
+from rl.devices import resolve_device
+from rl.engine_factory import build_engine
 from rl.evaluation import evaluate_accuracy
-from rl.generation import SamplingParams
+from rl.generation import GenerationEngine, SamplingParams
 from rl.models import load_model
 from rl.prompt_source import PromptSource
 from rl.rewards import FORMAT_PATTERNS, make_reward_fn
@@ -73,20 +76,22 @@ class TrainingSession:
             torch.set_num_threads(config.run.torch_threads)
         self.directory = config.run.directory
         self.directory.mkdir(parents=True, exist_ok=True)
+        preflight(config)
+        self.device = resolve_device(config.model.device, "model.device")
         self.model, self.tokenizer = load_model(config.model.path, config.model.gguf_file)
+        self.model.to(self.device)
         self.trainer = Trainer(
             self.model,
             self.tokenizer.pad_token_id,
             config.grpo,
             config.optim,
             temperature=config.rollout.temperature,
+            autocast_dtype=torch.bfloat16 if config.model.dtype == "bf16" else None,
         )
-        self.engine = HFEngine(
-            self.model,
-            self.tokenizer.eos_token_id,
-            self.tokenizer.pad_token_id,
-            max_batch_size=config.rollout.max_batch_size,
-        )
+        self._engine: GenerationEngine | None = None
+        """The in-process engine (rollout without the fabric, and evaluation), made on first use."""
+        self._engine_shares_model = False
+        """Whether that engine runs `self.model` itself (so it is always at the current version)."""
         self.prompts = PromptSource(config.data)
         self.eval_records = self.prompts.eval_records(config.eval.size)
         pattern = FORMAT_PATTERNS.get(config.data.family) if config.data.source == "arithmetic" else None
@@ -103,7 +108,6 @@ class TrainingSession:
             self.cursor = state["cursor"]
             self.history = History(state["history"]["steps"], [tuple(e) for e in state["history"]["evals"]])
             self.resumed_from = self.trainer.step
-        self.engine.policy_version = self.trainer.step
         self.fabric: RolloutFabric | None = None
         self._stream: tuple[int, StreamedStep] | None = None
         """The step whose groups are being trained while they arrive (fabric rollout only)."""
@@ -116,7 +120,9 @@ class TrainingSession:
         ledger = Ledger(config.ledger.resolved_url())
         try:
             if config.fabric.enabled:
-                self.fabric = RolloutFabric(config.fabric, self.run_id, self.directory, config.model.path)
+                self.fabric = RolloutFabric(
+                    config.fabric, self.run_id, self.directory, config.model.path, engine=config.engine_spec()
+                )
                 self.fabric.publish(self.step, self.model.state_dict())
             self.accounting = RunAccounting(
                 ledger,
@@ -131,6 +137,37 @@ class TrainingSession:
             if self.fabric is not None:
                 self.fabric.close()
             raise
+
+    @property
+    def engine(self) -> GenerationEngine:
+        """The in-process engine, holding the current policy version. An HF engine in fp32 on the
+        trainer's device runs the trainer's own model; any other gets the weights after each step."""
+        if self._engine is None:
+            self._engine = self._make_engine()
+        if self._engine.policy_version != self.step:
+            if self._engine_shares_model:
+                self._engine.policy_version = self.step
+            else:
+                self._engine.load_weights(self.model.state_dict(), self.step)
+        return self._engine
+
+    def _make_engine(self) -> GenerationEngine:
+        spec = self.config.engine_spec().model_copy(update={"device": in_process_engine_device(self.config)})
+        self._engine_shares_model = (
+            spec.kind == "hf" and spec.dtype == "fp32" and resolve_device(spec.device, "rollout.device") == self.device
+        )
+        model = None  # vLLM loads the base model from disk: version 0, brought up to date by `engine`
+        if spec.kind == "hf":
+            model = self.model if self._engine_shares_model else copy.deepcopy(self.model)
+        return build_engine(
+            spec,
+            self.config.model.path,
+            eos_token_id=self.tokenizer.eos_token_id,
+            pad_token_id=self.tokenizer.pad_token_id,
+            max_batch_size=self.config.rollout.max_batch_size,
+            policy_version=self.step if model is not None else 0,
+            model=model,
+        )
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -251,7 +288,6 @@ class TrainingSession:
             if streamed is not None:  # e.g. a retried rollout task: train the batch as a whole
                 streamed.abandon()
             metrics = self.trainer.train_step(batch)
-        self.engine.policy_version = self.step
         metrics["seconds"] = time.perf_counter() - started
         return metrics
 
@@ -312,6 +348,8 @@ class TrainingSession:
         try:
             if self.fabric is not None:
                 self.fabric.close()
+            if self._engine is not None:
+                self._engine.close()
         finally:
             self.accounting.finish()
             self.accounting.ledger.close()

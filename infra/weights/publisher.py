@@ -5,8 +5,8 @@
     ...                                              # the trainer keeps training meanwhile
     publisher.close()                                # finishes pending work, stops serving
 
-`publish(version, state_dict)` copies the tensors to host memory (the trainer may update its
-parameters right after) and hands the copy to a background thread, which, in order:
+`publish(version, state_dict)` copies the tensors to host memory, in the engines' dtype when one is
+given (the trainer may update its parameters right after) and hands the copy to a background thread, which, in order:
 
 1. encodes it (`infra.weights.manifest`: safetensors chunks of `chunk_mb`, sha256 each) and
    records the manifest's sha256 in Redis;
@@ -60,8 +60,11 @@ class WeightPublisher:
         redis_client: redis.Redis,
         run_id: str,
         run_dir: str | Path | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
+        """`dtype`: floating-point tensors are published in it (the engines' dtype; None: as given)."""
         self.config = config
+        self.dtype = dtype
         self.store = WeightStore(config.resolve_store_url(run_dir), config.store_options)
         self.server = PeerServer.from_config(config) if config.serve_from_trainer else None
         self.registry = HolderRegistry(redis_client, run_id, config.holder_ttl_s)
@@ -97,7 +100,10 @@ class WeightPublisher:
             parent = self._published
         if parent is not None and version <= parent:
             raise ValueError(f"versions only move forward: published {parent}, then {version}")
-        snapshot = {name: tensor.detach().to("cpu", copy=True) for name, tensor in state_dict.items()}
+        snapshot = {
+            name: tensor.detach().to("cpu", dtype=self.dtype if tensor.is_floating_point() else None, copy=True)
+            for name, tensor in state_dict.items()
+        }
         with self._state:
             self._published = version
         self._snapshots.put((version, parent, snapshot))

