@@ -28,8 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
-from rl.config import VLLMOptions  # noqa: E402
 
+from rl.config import VLLMOptions  # noqa: E402
 from rl.engine import HFEngine  # noqa: E402
 from rl.generation import GenerationEngine, GenerationRequest, GenerationResult  # noqa: E402
 from rl.models import TinyLlamaShape, build_tiny_llama, load_model, save_model  # noqa: E402

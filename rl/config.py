@@ -94,7 +94,8 @@ class VLLMOptions(Section):
     tensor_parallel_size: int = Field(1, ge=1)
     """Devices one engine shards the model over."""
     enforce_eager: bool = True
-    """Eager PyTorch, no graph capture or compilation (starts in seconds; on CPU the default)."""
+    """Eager PyTorch: no graph capture, no compilation, torch.compile off for vLLM's helper ops too
+    (starts in seconds; a killed instance cannot leave a half-written compiled kernel behind)."""
     multiprocessing: bool = False
     """Run vLLM's engine core in a child process (overlaps scheduling with the model on GPUs;
     starts ~30 s slower on CPU, and the caller then needs an `if __name__ == "__main__":` guard)."""

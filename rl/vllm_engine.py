@@ -196,8 +196,12 @@ class VLLMEngine(GenerationEngine):
         # vLLM's CPU platform reads this variable while it builds the config (and turns a
         # single-process executor into a multiprocessing one unless it is "0").
         multiprocessing = "1" if options.multiprocessing else "0"
+        # Eager mode compiles nothing: vLLM's sampler helpers are torch.compile'd at import, which on
+        # CPU builds C++ into a cache shared by every process of the user, and an instance killed
+        # while writing it leaves a truncated library that fails every later engine's first step.
+        eager = {"TORCHDYNAMO_DISABLE": "1"} if options.enforce_eager else {}
         with (
-            _environment(VLLM_ENABLE_V1_MULTIPROCESSING=multiprocessing),
+            _environment(VLLM_ENABLE_V1_MULTIPROCESSING=multiprocessing, **eager),
             _caller_state_kept(),
             _modules_vllm_cannot_scan_hidden(),
         ):

@@ -60,6 +60,18 @@ def _load(config: Path | None, pairs: list[str] | None):
         raise typer.Exit(2) from None
 
 
+def _preflight(cfg) -> None:
+    """Stop with the field and the fix when the run cannot start on this machine as configured."""
+    from infra.run.preflight import PreflightError, preflight
+
+    try:
+        preflight(cfg)
+    except PreflightError as error:
+        console.print("[red]cannot start the run[/red]")
+        console.print(str(error), markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+
+
 @app.command()
 def pretrain(
     config: ConfigOption = None,
@@ -114,7 +126,7 @@ def train(config: ConfigOption = None, set_: SetOption = None, console_log_level
 
     _quiet_weight_loading()
 
-    _load(config, set_)  # fail fast, before Prefect starts
+    _preflight(_load(config, set_))  # fail fast, before Prefect starts
     run_training(config, _overrides(set_))
 
 

@@ -319,3 +319,34 @@ def test_bad_batches_raise_value_error():
     with pytest.raises(ValueError, match="no response tokens"):
         trainer.train_step(TrainBatch([[BOS, 5], [BOS]], [[], []], [[], []], [1.0, -1.0]))
     assert trainer.step == 0
+
+
+def test_bf16_autocast_keeps_fp32_weights_and_follows_the_fp32_step():
+    """Mixed precision: the forward/backward run in bf16, the weights and AdamW state stay fp32, and
+    one step moves the parameters as the fp32 step does (to bf16's precision)."""
+    batch = random_batch(seed=3)
+    fp32_model, bf16_model = tiny_model(), tiny_model()
+    start = params(fp32_model)
+    Trainer(fp32_model, PAD, GRPOConfig(), OptimConfig(lr=1e-2)).train_step(batch)
+    trainer = Trainer(bf16_model, PAD, GRPOConfig(), OptimConfig(lr=1e-2), autocast_dtype=torch.bfloat16)
+    metrics = trainer.train_step(batch)
+    assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values())
+    assert {p.dtype for p in bf16_model.parameters()} == {torch.float32}
+    assert all(s["exp_avg"].dtype == torch.float32 for s in trainer.optimizer.state.values())
+    want, got = params(fp32_model), params(bf16_model)
+    moved = sum((want[k] - start[k]).abs().sum() for k in want)
+    off = sum((got[k] - want[k]).abs().sum() for k in want)
+    assert off < 0.1 * moved, (off, moved)
+
+
+def test_positive_advantage_raises_the_response_logprob_under_bf16():
+    model = tiny_model()
+    prompt = [BOS, 20, 21, 14, 22]
+    good, bad = [30, 31, 32, EOS], [40, 41, 42, EOS]
+    before = sequence_logprob(model, prompt, good), sequence_logprob(model, prompt, bad)
+    trainer = Trainer(model, PAD, GRPOConfig(), OptimConfig(lr=3e-3), autocast_dtype=torch.bfloat16)
+    batch = TrainBatch([prompt, prompt], [good, bad], [[0.0] * 4, [0.0] * 4], [1.0, -1.0])
+    for _ in range(3):
+        trainer.train_step(batch)
+    after = sequence_logprob(model, prompt, good), sequence_logprob(model, prompt, bad)
+    assert after[0] > before[0] + 0.5 and after[1] < before[1] - 0.5

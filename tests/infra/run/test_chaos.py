@@ -1,7 +1,8 @@
 """Chaos: a multi-step rollout on the fabric while spot instances are killed at random (mean life
 of a few seconds; SIGTERM with a short notice or a silent SIGKILL), against real Redis and
-real worker processes. Every sample must come back exactly once, with exactly the tokens an
-uninterrupted in-process engine generates for it, however often it migrated."""
+real worker processes, whose engines are HF or vLLM. Every sample must come back exactly once,
+with exactly the tokens an uninterrupted in-process HF engine generates for it, however often it
+migrated (the keyed sampler draws the same tokens in both backends)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import time
 import pytest
 import torch
 
+from infra.providers.pool import PoissonAvailability
 from infra.run.fabric import RolloutFabric
 from infra.run.fabric_config import FabricConfig
-from rl.config import DataConfig, RolloutConfig
+from rl.config import DataConfig, RolloutConfig, VLLMOptions
 from rl.engine import HFEngine
+from rl.engine_spec import EngineSpec
 from rl.models import TinyLlamaShape, build_tiny_llama, load_model, save_model
 from rl.prompt_source import PromptSource
 from rl.rollout import build_requests
@@ -52,6 +55,30 @@ CONFIG = FabricConfig.model_validate(
 )
 
 
+ENGINES = {
+    "hf": (EngineSpec(), CONFIG),
+    # vLLM instances take ~10 s to start here (import, engine core): spot instances live longer, or
+    # they would rarely get to claim anything before their next preemption.
+    "vllm": (
+        EngineSpec(kind="vllm", device="cpu", vllm=VLLMOptions(max_num_seqs=8, kv_cache_bytes=64 << 20)),
+        CONFIG.model_copy(
+            update={
+                "pools": (
+                    CONFIG.pools[0],
+                    CONFIG.pools[1].model_copy(
+                        update={
+                            "availability": PoissonAvailability(
+                                poisson={"mean_life_s": 20.0, "mean_gap_s": 1.0, "seed": 11}
+                            )
+                        }
+                    ),
+                )
+            }
+        ),
+    ),
+}
+
+
 def _version_weights(base_state: dict, version: int) -> dict:
     """A distinct, deterministic policy per version (stands in for an optimizer step)."""
     generator = torch.Generator().manual_seed(version)
@@ -61,7 +88,9 @@ def _version_weights(base_state: dict, version: int) -> dict:
     }
 
 
-def test_random_preemptions_lose_nothing_and_change_no_token(tmp_path):
+@pytest.mark.parametrize("engine_kind", ENGINES)
+def test_random_preemptions_lose_nothing_and_change_no_token(tmp_path, engine_kind):
+    engine_spec, config = ENGINES[engine_kind]
     model, tokenizer = build_tiny_llama(
         TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128), seed=0
     )
@@ -72,10 +101,10 @@ def test_random_preemptions_lose_nothing_and_change_no_token(tmp_path):
     prompts = PromptSource(DataConfig(family="chain"))
     engine = HFEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id)
 
-    fabric = RolloutFabric(CONFIG, "chaos", tmp_path / "run", tmp_path / "base")
+    fabric = RolloutFabric(config, "chaos", tmp_path / "run", tmp_path / "base", engine=engine_spec)
     migrations = exact = total = matching = positions = 0
     try:
-        deadline = time.time() + 60  # let the spot instances start (import torch, load) once
+        deadline = time.time() + 120  # let the spot instances start (import torch, load) once
         while len(fabric.registry.alive()) < 4 and time.time() < deadline:
             time.sleep(0.2)
         for step in range(1, MAX_STEPS + 1):
@@ -107,7 +136,7 @@ def test_random_preemptions_lose_nothing_and_change_no_token(tmp_path):
     finally:
         fabric.close()
     print(
-        f"chaos: {preemptions} preemptions, {migrations} migrations, {exact}/{total} samples identical, "
+        f"chaos ({engine_kind}): {preemptions} preemptions, {migrations} migrations, {exact}/{total} samples identical, "
         f"token match rate {matching / positions:.4f}"
     )
     assert preemptions >= 2 and migrations >= 1, "the chaos schedule should have interrupted generation"

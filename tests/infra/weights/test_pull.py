@@ -346,3 +346,25 @@ def test_retention_keeps_the_newest_and_every_version_being_pulled(redis_client,
         assert registry.recorded_versions() == [4]
     finally:
         publisher.close()
+
+
+def test_weights_are_published_in_the_engines_dtype(redis_client, run):
+    """bf16 engines get bf16 weights: half of fp32's bytes on every transfer; integer buffers stay as they are."""
+    run_id, run_dir, registry = run
+    config = WeightsConfig(chunk_mb=1 / 64)
+    state_dict = {**_state_dict(0.1), "positions": torch.arange(7)}
+    publisher = WeightPublisher(config, redis_client, run_id, run_dir=run_dir, dtype=torch.bfloat16)
+    puller = WeightPuller(config, redis_client, run_id, "instance", run_dir=run_dir)
+    try:
+        publisher.publish(1, state_dict)
+        publisher.flush(timeout=30)
+        pulled = puller.pull(1)
+        assert pulled["positions"].dtype == torch.int64 and torch.equal(pulled["positions"], torch.arange(7))
+        floats = [name for name, tensor in state_dict.items() if tensor.is_floating_point()]
+        assert floats and all(pulled[name].dtype == torch.bfloat16 for name in floats)
+        assert all(torch.equal(pulled[name], state_dict[name].to(torch.bfloat16)) for name in floats)
+        fp32_bytes = sum(state_dict[name].numel() * 4 for name in floats)
+        assert sum(puller.last_report.bytes_by_source.values()) < 0.55 * fp32_bytes + 1024
+    finally:
+        puller.close()
+        publisher.close()
