@@ -142,6 +142,7 @@ def test_training_keeps_a_gcp_spot_pool_through_a_preemption(prefect_harness, tm
             "size": 2,
             "min_size": 2,
             "machine_type": "g2-standard-8",
+            "device": "cpu",  # the "VMs" are processes on this CPU-only machine; a g2 would get cuda
             "price_per_hour": 0.3,
             "notice_s": 30.0,
             "gcp": {
