@@ -1,6 +1,7 @@
 """The rollout worker: one rollout instance's loop of claim -> generate -> flush (docs/ARCHITECTURE.md §3-4).
 
-A `RolloutWorker` owns a `GenerationEngine` (HF/torch) and runs it against the run's token log:
+A `RolloutWorker` owns a `GenerationEngine` (HF/torch, wrapped in `rl.stops.StopStrings` so the
+stop strings in a group's sampling end its samples) and runs it against the run's token log:
 
 * it registers in the `InstanceRegistry` and heartbeats from a background thread (policy version
   held, free slots, running samples); a heartbeat answered False means it was evicted: it stops;
@@ -212,12 +213,14 @@ class RolloutWorker:
         signal.signal(signal.SIGINT, handler)
 
     def load_engine(self) -> GenerationEngine:
-        """The HF engine on the base model (its weights are version 0)."""
+        """The HF engine on the base model (its weights are version 0), applying each sample's
+        stop strings (`rl.stops.StopStrings`, with the model's tokenizer)."""
         from rl.engine import HFEngine
         from rl.models import load_model
+        from rl.stops import StopStrings
 
         model, tokenizer = load_model(self._local_model())
-        self.engine = HFEngine(
+        engine = HFEngine(
             model,
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
@@ -225,6 +228,7 @@ class RolloutWorker:
             policy_version=0,
             device=self.config.device,
         )
+        self.engine = StopStrings(engine, tokenizer)
         return self.engine
 
     def _local_model(self) -> Path:

@@ -34,9 +34,11 @@ from rl.evaluation import evaluate_accuracy
 from rl.generation import SamplingParams
 from rl.models import load_model
 from rl.prompt_source import PromptSource
-from rl.rewards import FORMAT_PATTERNS, make_reward_fn
+from rl.prompts import check_chat_template
+from rl.rewards import make_reward_fn
 from rl.rollout import build_requests, read_samples, samples_from_results, write_samples
 from rl.scoring import score_samples
+from rl.stops import StopStrings
 from rl.streaming import StreamedStep
 from rl.trainer import TrainBatch, Trainer
 
@@ -74,6 +76,7 @@ class TrainingSession:
         self.directory = config.run.directory
         self.directory.mkdir(parents=True, exist_ok=True)
         self.model, self.tokenizer = load_model(config.model.path, config.model.gguf_file)
+        check_chat_template(self.tokenizer, config.prompt, config.model.path)  # before any work
         self.trainer = Trainer(
             self.model,
             self.tokenizer.pad_token_id,
@@ -81,15 +84,18 @@ class TrainingSession:
             config.optim,
             temperature=config.rollout.temperature,
         )
-        self.engine = HFEngine(
-            self.model,
-            self.tokenizer.eos_token_id,
-            self.tokenizer.pad_token_id,
-            max_batch_size=config.rollout.max_batch_size,
+        self.engine = StopStrings(
+            HFEngine(
+                self.model,
+                self.tokenizer.eos_token_id,
+                self.tokenizer.pad_token_id,
+                max_batch_size=config.rollout.max_batch_size,
+            ),
+            self.tokenizer,
         )
         self.prompts = PromptSource(config.data)
         self.eval_records = self.prompts.eval_records(config.eval.size)
-        pattern = FORMAT_PATTERNS.get(config.data.family) if config.data.source == "arithmetic" else None
+        pattern = config.reward.format_pattern(config.data.family if config.data.source == "arithmetic" else None)
         self.reward_fn = make_reward_fn(
             config.reward.kind, config.reward.format_weight, pattern if config.reward.format_weight else None
         )
@@ -158,7 +164,9 @@ class TrainingSession:
         self.accounting.begin_step(step)
         fabric_stats = {}
         if self.fabric is None:
-            requests = build_requests(self.tokenizer, self._records(), step, self.config.rollout, self.config.run.seed)
+            requests = build_requests(
+                self.tokenizer, self._records(), step, self.config.rollout, self.config.run.seed, self.config.prompt
+            )
             results = self.engine.generate(requests)
             samples = samples_from_results(requests, results, self.step)
             if on_progress is not None:
@@ -193,6 +201,7 @@ class TrainingSession:
                 self.config.rollout,
                 self.config.run.seed,
                 on_group=on_group,
+                prompt=self.config.prompt,
             )
             progress.finish()
             self._step_usage[step] = (dict(report.instance_tokens), report.tokens_wasted)
@@ -291,6 +300,7 @@ class TrainingSession:
             sampling=SamplingParams(temperature=eval_config.temperature),
             samples_per_problem=eval_config.samples_per_problem,
             seed=self.config.run.seed + 7919,
+            prompt=self.config.prompt,
         )
         self.history.evals.append((self.step, accuracy))
         return accuracy
