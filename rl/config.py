@@ -98,7 +98,9 @@ class RewardConfig(Section):
     """How responses are scored."""
 
     kind: str = "exact_match"
-    """`exact_match` (final number equals the answer) or `boxed` (answer inside \\boxed{})."""
+    """`exact_match` (the response's answer equals the reference: the number after its last `####`
+    if it has one, else its final number) or `boxed` (answer inside \\boxed{}); a GSM8K reference
+    (a solution ending with `#### 72`) counts as its number for both."""
     format_weight: float = Field(0.0, ge=0)
     """Weight of the format reward added to correctness (0 disables it)."""
     format: str = "family"
