@@ -36,7 +36,7 @@ class SamplingParams:
     """Argmax decoding (for evaluation); logprobs are then plain log_softmax(logits)."""
     stop: tuple[str, ...] = ()
     """Stop strings: the response ends (finish_reason "stop") at the first token whose decoded text
-    completes one of them, that token included. The engines ignore this field; `rl.stops.StopStrings`
+    (special tokens skipped) completes one of them, that token included. The engines ignore this field; `rl.stops.StopStrings`
     wrapped around any engine applies it, so it travels with the request (and the token log's
     per-group `sampling`) wherever the sample is generated."""
 

@@ -1,6 +1,7 @@
 """Stop strings for every engine: `StopStrings` wraps any `GenerationEngine` (HF, vLLM) and ends a
 sample at the first token whose decoded text completes one of its request's
-`SamplingParams.stop` strings.
+`SamplingParams.stop` strings (in the text as decoded with special tokens skipped, the text the
+rewards see: a stop string never matches inside a special token's name).
 
 Engine-agnostic on purpose: the engines' sampling is untouched, and the stop strings travel with
 the request (in the token log, with the group's `sampling`), so a sample released on one instance
@@ -42,10 +43,10 @@ def find_stop(tokenizer, response: Sequence[int], new: int, stops: Sequence[str]
     window = window_tokens(stops)
     for index in range(len(response) - new, len(response)):
         start = max(0, index + 1 - window)
-        text = tokenizer.decode(list(response[start : index + 1]), skip_special_tokens=False)
+        text = tokenizer.decode(list(response[start : index + 1]), skip_special_tokens=True)
         if not any(stop in text for stop in stops):
             continue
-        before = tokenizer.decode(list(response[start:index]), skip_special_tokens=False)
+        before = tokenizer.decode(list(response[start:index]), skip_special_tokens=True)
         if any(stop in text and stop not in before for stop in stops):
             return index
     return None
@@ -77,7 +78,7 @@ class StopStrings(GenerationEngine):
             self.inner.add(request)
             return
         prefix = list(request.generated_ids)
-        if prefix and any(stop in self.tokenizer.decode(prefix, skip_special_tokens=False) for stop in stops):
+        if prefix and any(stop in self.tokenizer.decode(prefix, skip_special_tokens=True) for stop in stops):
             self._stopped_on_arrival.append(request.sample_id)
         else:
             self.inner.add(request)

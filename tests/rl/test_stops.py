@@ -45,13 +45,19 @@ def test_find_stop_returns_the_completing_token(tiny):
     _, tokenizer = tiny
     response = ids(tokenizer, "so 7+5=12 #### 12\n\nmore")
     at = find_stop(tokenizer, response, len(response), ["####"])
-    assert tokenizer.decode(response[: at + 1]) == "so 7+5=12 ####"
+    assert tokenizer.decode(response[: at + 1], skip_special_tokens=True) == "so 7+5=12 ####"
     at = find_stop(tokenizer, response, len(response), ["\n\n", "####"])  # the first to complete wins
-    assert tokenizer.decode(response[: at + 1]) == "so 7+5=12 ####"
+    assert tokenizer.decode(response[: at + 1], skip_special_tokens=True) == "so 7+5=12 ####"
     assert find_stop(tokenizer, response, len(response), ["nope"]) is None
     # Only the last `new` tokens are candidates, and one that merely follows a stop completes none.
     assert find_stop(tokenizer, response, 3, ["####"]) is None
     assert find_stop(tokenizer, response, 3, ["more"]) == len(response) - 1
+
+
+def test_stop_strings_never_match_inside_special_tokens(tiny):
+    _, tokenizer = tiny
+    response = ids(tokenizer, "12") + [tokenizer.pad_token_id, tokenizer.eos_token_id]  # "<pad>", "<eos>"
+    assert find_stop(tokenizer, response, len(response), ["pad", "<", "eos"]) is None
 
 
 def test_find_stop_decodes_a_bounded_tail_window(tiny):
@@ -111,8 +117,8 @@ def test_a_stop_string_ends_the_response_after_its_completing_token(tiny):
         assert got.finish_reason == FINISH_STOP
         assert got.token_ids == want.token_ids[: at + 1]
         assert got.new_logprobs == pytest.approx(want.new_logprobs[: at + 1])
-        assert tokenizer.decode(got.token_ids).endswith(stop)
-        assert stop not in tokenizer.decode(got.token_ids[:-1])
+        assert tokenizer.decode(got.token_ids, skip_special_tokens=True).endswith(stop)
+        assert stop not in tokenizer.decode(got.token_ids[:-1], skip_special_tokens=True)
     assert hits >= 1
 
 

@@ -426,8 +426,8 @@ def test_stop_strings_in_the_groups_sampling_end_samples_on_the_worker(cluster):
     records = c.check_step(step, version, groups, "stop strings")  # as StopStrings(HFEngine) in process
     stopped = 0
     for record in records.values():
-        text = c.tokenizer.decode(record.token_ids)
-        assert not any(s in c.tokenizer.decode(record.token_ids[:-1]) for s in stops)
+        text = c.tokenizer.decode(record.token_ids, skip_special_tokens=True)
+        assert not any(s in c.tokenizer.decode(record.token_ids[:-1], skip_special_tokens=True) for s in stops)
         if record.finish_reason == "stop" and record.token_ids[-1] != c.tokenizer.eos_token_id:
             stopped += 1
             assert text[-1] in stops

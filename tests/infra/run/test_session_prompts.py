@@ -59,13 +59,13 @@ def test_in_process_rollout_uses_the_chat_template_and_stops(tmp_path):
         stopped = 0
         for sample in samples:
             assert sample.prompt_ids == encode_prompt(tokenizer, records[sample.group].prompt, session.config.prompt)
-            text = tokenizer.decode(sample.response_ids)
+            text = tokenizer.decode(sample.response_ids, skip_special_tokens=True)
             if sample.finish_reason == FINISH_STOP and sample.response_ids[-1] != tokenizer.eos_token_id:
                 stopped += 1
                 assert text[-1] in STOPS
-            assert not any(s in tokenizer.decode(sample.response_ids[:-1]) for s in STOPS)
+            assert not any(s in tokenizer.decode(sample.response_ids[:-1], skip_special_tokens=True) for s in STOPS)
         assert stopped >= 1
-        assert tokenizer.decode(samples[0].prompt_ids).startswith("<system>Add.\n<user>")
+        assert tokenizer.decode(samples[0].prompt_ids, skip_special_tokens=True).startswith("<system>Add.\n<user>")
         assert 0.0 <= session.evaluate() <= 1.0  # evaluation encodes and stops the same way
     finally:
         session.close()
