@@ -7,13 +7,14 @@ Loading from YAML with file/line-aware errors lives in `infra.run.config`.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rl.problems import FAMILIES
-from rl.rewards import REWARD_KINDS
+from rl.rewards import FORMAT_PATTERNS, NAMED_FORMATS, REWARD_KINDS
 
 
 class Section(BaseModel):
@@ -63,7 +64,8 @@ class DataConfig(Section):
     source: Literal["arithmetic", "file"] = "arithmetic"
     """`arithmetic`: generated problems; `file`: a JSONL/Parquet dataset at `path`."""
     family: str = "add"
-    """Arithmetic family for `source: arithmetic` (`add` or `chain`)."""
+    """Problem family for `source: arithmetic`: `add`, `chain` (for the tiny model) or `words` (English
+    word problems ending in `#### <number>`, for an instruct model such as SmolLM2)."""
     path: Path | None = None
     """Dataset file for `source: file` (.jsonl or .parquet)."""
     prompt_field: str = "prompt"
@@ -134,14 +136,54 @@ class RewardConfig(Section):
     """How responses are scored."""
 
     kind: str = "exact_match"
-    """`exact_match` (final number equals the answer) or `boxed` (answer inside \\boxed{})."""
+    """`exact_match` (the response's answer equals the reference: the number after its last `####`
+    if it has one, else its final number) or `boxed` (answer inside \\boxed{}); a GSM8K reference
+    (a solution ending with `#### 72`) counts as its number for both."""
     format_weight: float = Field(0.0, ge=0)
     """Weight of the format reward added to correctness (0 disables it)."""
+    format: str = "family"
+    """What the format reward checks (the whole stripped response must match): `family` (the
+    arithmetic family's own pattern, `data.source: arithmetic` only), `boxed` (ends with a
+    \\boxed{...}), `gsm8k` (ends with `#### <number>`), or any other text as a Python regex."""
 
     @model_validator(mode="after")
     def _kind(self) -> RewardConfig:
         if self.kind not in REWARD_KINDS:
             raise ValueError(f"kind must be one of {REWARD_KINDS}, got {self.kind!r}")
+        if self.format != "family" and self.format not in NAMED_FORMATS:
+            try:
+                re.compile(self.format)
+            except re.error as error:
+                raise ValueError(
+                    f"format {self.format!r} is neither family, {', '.join(NAMED_FORMATS)} nor a valid regex: {error}"
+                ) from None
+        return self
+
+    def format_pattern(self, family: str | None) -> str | None:
+        """The regex of the format reward; `family` is the arithmetic family (None for file data)."""
+        if self.format == "family":
+            return FORMAT_PATTERNS.get(family) if family is not None else None
+        return NAMED_FORMATS.get(self.format, self.format)
+
+
+class PromptConfig(Section):
+    """How a prompt's text becomes the model's input, and where a response stops."""
+
+    chat_template: bool = False
+    """Wrap each prompt as a user message and render it with the tokenizer's chat template (with
+    the generation prompt), as instruct models expect; the model must ship a chat template."""
+    system_prompt: str | None = None
+    """A system message before the user message (needs `chat_template: true`)."""
+    stop: tuple[str, ...] = ()
+    """Stop strings: a response ends (finish reason `stop`) at the first token whose decoded text
+    completes one of them, keeping that token; the same on every engine and across migrations."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PromptConfig:
+        if self.system_prompt is not None and not self.chat_template:
+            raise ValueError("system_prompt needs chat_template: true (a system message is part of a chat)")
+        if any(not s for s in self.stop):
+            raise ValueError(f"stop strings must be non-empty, got {list(self.stop)}")
         return self
 
 

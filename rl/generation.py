@@ -3,7 +3,7 @@
 * `SamplingParams`, `GenerationRequest`, `TokenChunk` (what `step()` streams) and
   `GenerationResult` (what `generate()` returns);
 * `GenerationEngine`, the abstract streaming interface (add / step / release / load_weights),
-  with a run-to-completion `generate()` built on it.
+  with a run-to-completion `generate()` built on it (stop strings: `rl.stops.StopStrings`).
 
 The backends (`rl.engine.HFEngine`) import torch; this module does not, so configuration, the
 token log and the command line can use these types without loading it.
@@ -34,8 +34,16 @@ class SamplingParams:
     """Keep only the k most likely tokens; 0 = off."""
     greedy: bool = False
     """Argmax decoding (for evaluation); logprobs are then plain log_softmax(logits)."""
+    stop: tuple[str, ...] = ()
+    """Stop strings: the response ends (finish_reason "stop") at the first token whose decoded text
+    (special tokens skipped) completes one of them, that token included. The engines ignore this field; `rl.stops.StopStrings`
+    wrapped around any engine applies it, so it travels with the request (and the token log's
+    per-group `sampling`) wherever the sample is generated."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.stop, str) or not all(isinstance(s, str) and s for s in self.stop):
+            raise ValueError(f"stop must be a sequence of non-empty strings, got {self.stop!r}")
+        object.__setattr__(self, "stop", tuple(self.stop))  # from JSON: a list
         if not self.greedy and not self.temperature > 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}; use greedy=True for argmax")
         if not 0 < self.top_p <= 1:

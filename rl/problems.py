@@ -14,6 +14,11 @@ Two families:
   solution ``"357+67=424"``: each step writes the running sum, then the next operand; the last
   number is the answer.
 
+* ``words``: a one-step word problem in plain English for instruct models (e.g. SmolLM2-135M),
+  adding or taking away small numbers, asking for GSM8K's answer convention: ``"Sam has 7 apples
+  and buys 5 more. How many apples does Sam have now? End your answer with '#### <number>'."``,
+  solution ``"Sam has 7 + 5 = 12 apples.\\n#### 12"``, answer ``"12"``.
+
 The split is by problem, not by draw: a problem whose operands hash into the held-out bucket is
 never produced by a training stream, so evaluation measures generalisation. Everything is a pure
 function of its seed.
@@ -26,7 +31,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-FAMILIES = ("add", "chain")
+FAMILIES = ("add", "chain", "words")
 HELD_OUT_BUCKETS = 10
 """One problem in this many is reserved for evaluation."""
 ADD_OPERAND_DIGITS = 3
@@ -49,7 +54,24 @@ def _is_held_out(operands: tuple[int, ...]) -> bool:
     return int.from_bytes(digest, "little") % HELD_OUT_BUCKETS == 0
 
 
+WORDS_NAMES = ("Sam", "Mia", "Leo", "Ava", "Ben", "Zoe", "Max", "Lily")
+WORDS_ITEMS = ("apples", "pencils", "marbles", "cookies", "stickers", "books", "coins", "cards")
+WORDS_MAX = 20
+"""Largest number a ``words`` problem starts from or adds (the difficulty knob). With 20 the base
+SmolLM2-135M-Instruct is right on 31% greedily, 7.8% at temperature 1 (`bench/words_baseline.py`;
+README "Your own model and data")."""
+WORDS_SUFFIX = " End your answer with '#### <number>'."
+"""What every ``words`` prompt asks for: GSM8K's answer convention (`rl.rewards.GSM8K_FORMAT`)."""
+_WORDS_KINDS = ("buys", "gives")
+
+
 def _operands(rng: random.Random, family: str) -> tuple[int, ...]:
+    if family == "words":  # (kind, name, item, start, change)
+        kind = rng.randrange(len(_WORDS_KINDS))
+        start = rng.randint(2, WORDS_MAX)
+        change = rng.randint(1, WORDS_MAX) if kind == 0 else rng.randint(1, start - 1)
+        return (kind, rng.randrange(len(WORDS_NAMES)), rng.randrange(len(WORDS_ITEMS)), start, change)
+
     def number() -> int:
         return rng.randint(10, 99) if rng.random() < 0.5 else rng.randint(100, 999)
 
@@ -57,7 +79,23 @@ def _operands(rng: random.Random, family: str) -> tuple[int, ...]:
     return tuple(number() for _ in range(count))
 
 
+def _word_problem(operands: tuple[int, ...]) -> Problem:
+    kind, name_index, item_index, start, change = operands
+    name, item = WORDS_NAMES[name_index], WORDS_ITEMS[item_index]
+    if _WORDS_KINDS[kind] == "buys":
+        total = start + change
+        question = f"{name} has {start} {item} and buys {change} more. How many {item} does {name} have now?"
+        work = f"{name} has {start} + {change} = {total} {item}."
+    else:
+        total = start - change
+        question = f"{name} has {start} {item} and gives {change} to a friend. How many {item} does {name} have left?"
+        work = f"{name} has {start} - {change} = {total} {item} left."
+    return Problem(question + WORDS_SUFFIX, str(total), f"{work}\n#### {total}", "words")
+
+
 def make_problem(operands: tuple[int, ...], family: str) -> Problem:
+    if family == "words":
+        return _word_problem(operands)
     if family == "add":
         total = sum(operands)
         prompt = "+".join(f"{operand:0{ADD_OPERAND_DIGITS}d}" for operand in operands) + "="

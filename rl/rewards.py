@@ -1,11 +1,12 @@
 """Verifiable rewards: pure functions from (decoded response, reference answer) to a float.
 
-Owns answer extraction (final number, last ``\\boxed{...}``), number normalisation, the
-correctness rewards (``exact_match``, ``boxed``), the format reward and its patterns for the
-arithmetic families, and `make_reward_fn`, which combines them as
-``correctness + format_weight * format``. Malformed model output scores 0.0 and never raises;
-a reference answer that cannot be compared (e.g. a non-numeric answer for ``exact_match``) is a
-dataset or configuration error and raises ``ValueError``.
+Owns answer extraction (final number, last ``\\boxed{...}``, the number after GSM8K's ``####``),
+number normalisation, the correctness rewards (``exact_match``, ``boxed``), the format reward with
+its patterns for the arithmetic families and the named ones (``boxed``, ``gsm8k``), and
+`make_reward_fn`, which combines them as ``correctness + format_weight * format``. Malformed model
+output scores 0.0 and never raises; a reference answer that cannot be compared (e.g. a
+non-numeric answer for ``exact_match``) is a dataset or configuration error and raises
+``ValueError``.
 """
 
 from __future__ import annotations
@@ -20,8 +21,14 @@ ADD_FORMAT = r"-?\d+"
 CHAIN_FORMAT = r"\d+(?:\+\d+=\d+)+"
 """A response of the ``chain`` family: the first running sum, then one or more ``+N=M`` steps,
 e.g. ``357+67=424+8=432``."""
-FORMAT_PATTERNS = {"add": ADD_FORMAT, "chain": CHAIN_FORMAT}
+BOXED_FORMAT = r"(?s).*\\boxed\{[^{}]+\}\.?"
+"""A response that ends with its answer in a box, e.g. ``so it is \\boxed{12}.``"""
+GSM8K_FORMAT = r"(?s).*#### ?[+-]?[0-9][0-9,]*(?:\.[0-9]+)?\.?"
+"""A response that ends with ``#### <number>`` (GSM8K's convention), e.g. ``7 + 5 = 12. #### 12``."""
+FORMAT_PATTERNS = {"add": ADD_FORMAT, "chain": CHAIN_FORMAT, "words": GSM8K_FORMAT}
 """Format pattern per arithmetic family (keys are `rl.problems.FAMILIES`)."""
+NAMED_FORMATS = {"boxed": BOXED_FORMAT, "gsm8k": GSM8K_FORMAT}
+"""Format patterns usable with any data source, by the name `reward.format` gives them."""
 
 _DIGITS = r"(?P<int>[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?P<frac>\.[0-9]+)?"
 _NUMBER_IN_TEXT = re.compile(
@@ -31,7 +38,9 @@ _NUMBER_IN_TEXT = re.compile(
     r")" + _DIGITS + r"(?!\w|[.,][0-9])"  # not glued to letters: "12a", "1.2.3" are no numbers
 )
 _NUMBER = re.compile(r"(?P<sign>[+-])?" + _DIGITS)
+_LEADING_NUMBER = re.compile(r"\s*(?P<sign>[+-])?" + _DIGITS + r"(?!\w|[.,][0-9])")
 _BOXED = "\\boxed{"
+_GSM8K = "####"
 
 
 def normalize_number(s: str) -> str | None:
@@ -82,12 +91,24 @@ def extract_boxed(text: str) -> str | None:
     return None
 
 
+def extract_gsm8k(text: str) -> str | None:
+    """The number right after the last ``####`` (GSM8K's answer marker), normalised; None if the
+    text has no ``####`` or no number follows it: ``"7 + 5 = 12\\n#### 12"`` -> ``"12"``."""
+    start = text.rfind(_GSM8K)
+    if start < 0:
+        return None
+    match = _LEADING_NUMBER.match(text, start + len(_GSM8K))
+    return None if match is None else _canonical(match)
+
+
 def _numeric_answer(answer: str) -> str:
     normalized = normalize_number(answer)
+    if normalized is None and _GSM8K in answer:  # a GSM8K solution: "... #### 72"
+        normalized = extract_gsm8k(answer)
     if normalized is None:
         raise ValueError(
-            f"reference answer {answer!r} is not a number; exact_match needs numeric answers "
-            "(use the 'boxed' reward for symbolic ones)"
+            f"reference answer {answer!r} is not a number (nor a solution ending with '#### <number>'); "
+            "exact_match needs numeric answers (use the 'boxed' reward for symbolic ones)"
         )
     return normalized
 
@@ -96,14 +117,18 @@ def exact_match_reward(response: str, answer: str) -> float:
     """1.0 if the response's final number equals the numeric ``answer`` (both normalised).
 
     A response containing ``\\boxed{`` is judged by the final number inside its last box (an
-    unbalanced box scores 0.0). Raises ValueError only if ``answer`` itself is not a number.
+    unbalanced box scores 0.0); otherwise one containing ``####`` by the number right after the
+    last ``####`` (none there scores 0.0). A GSM8K reference (a solution ending with
+    ``#### 72``) counts as its number. Raises ValueError only if ``answer`` itself is not a number.
     """
     expected = _numeric_answer(answer)
     if _BOXED in response:
         boxed = extract_boxed(response)
         if boxed is None:
             return 0.0
-        response = boxed
+        return 1.0 if extract_final_number(boxed.strip()) == expected else 0.0
+    if _GSM8K in response:
+        return 1.0 if extract_gsm8k(response) == expected else 0.0
     return 1.0 if extract_final_number(response.strip()) == expected else 0.0
 
 
@@ -117,6 +142,8 @@ def boxed_reward(response: str, answer: str) -> float:
     if boxed is None:
         return 0.0
     got, want = normalize_number(boxed), normalize_number(answer)
+    if want is None and _GSM8K in answer:  # a GSM8K reference: its number
+        want = extract_gsm8k(answer)
     if got is not None and want is not None:
         return 1.0 if got == want else 0.0
     return 1.0 if "".join(boxed.split()) == "".join(answer.split()) else 0.0

@@ -11,9 +11,10 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from rl.config import RolloutConfig
+from rl.config import PromptConfig, RolloutConfig
 from rl.datasets import PromptRecord
 from rl.generation import GenerationRequest, GenerationResult, SamplingParams
+from rl.prompts import encode_prompt
 
 
 @dataclass
@@ -31,19 +32,24 @@ def step_seed(run_seed: int, step: int) -> int:
     return run_seed * 1_000_003 + step
 
 
-def sampling_params(config: RolloutConfig) -> SamplingParams:
-    return SamplingParams(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k)
+def sampling_params(config: RolloutConfig, prompt: PromptConfig = PromptConfig()) -> SamplingParams:
+    return SamplingParams(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k, stop=prompt.stop)
 
 
 def build_requests(
-    tokenizer, records: list[PromptRecord], step: int, config: RolloutConfig, run_seed: int
+    tokenizer,
+    records: list[PromptRecord],
+    step: int,
+    config: RolloutConfig,
+    run_seed: int,
+    prompt: PromptConfig = PromptConfig(),
 ) -> list[GenerationRequest]:
-    """`config.group_size` requests per prompt, grouped consecutively."""
-    sampling = sampling_params(config)
+    """`config.group_size` requests per prompt, grouped consecutively; prompts encoded as `prompt` says."""
+    sampling = sampling_params(config, prompt)
     seed = step_seed(run_seed, step)
     requests = []
     for group, record in enumerate(records):
-        prompt_ids = tokenizer(record.prompt).input_ids
+        prompt_ids = encode_prompt(tokenizer, record.prompt, prompt)
         for index in range(config.group_size):
             requests.append(
                 GenerationRequest(

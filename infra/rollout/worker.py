@@ -1,6 +1,7 @@
 """The rollout worker: one rollout instance's loop of claim -> generate -> flush (docs/ARCHITECTURE.md §3-4).
 
-A `RolloutWorker` owns a `GenerationEngine` (HF or vLLM, `rl.engine_spec`) and runs it against the run's token log:
+A `RolloutWorker` owns a `GenerationEngine` (HF or vLLM, `rl.engine_spec`; wrapped in `rl.stops.StopStrings`
+so the stop strings in a group's sampling end its samples) and runs it against the run's token log:
 
 * it registers in the `InstanceRegistry` and heartbeats from a background thread (policy version
   held, free slots, running samples); a heartbeat answered False means it was evicted: it stops;
@@ -212,14 +213,16 @@ class RolloutWorker:
         signal.signal(signal.SIGINT, handler)
 
     def load_engine(self) -> GenerationEngine:
-        """The configured engine on the base model (its weights are version 0)."""
+        """The configured engine on the base model (its weights are version 0), applying each
+        sample's stop strings (`rl.stops.StopStrings`, with the model's tokenizer)."""
         from transformers import AutoTokenizer
 
         from rl.engine_factory import build_engine
+        from rl.stops import StopStrings
 
         model_dir = self._local_model()
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-        self.engine = build_engine(
+        engine = build_engine(
             self.config.engine,
             model_dir,
             eos_token_id=tokenizer.eos_token_id,
@@ -234,6 +237,7 @@ class RolloutWorker:
             self.config.engine.dtype,
             self.config.instance_id,
         )
+        self.engine = StopStrings(engine, tokenizer)
         return self.engine
 
     def _local_model(self) -> Path:

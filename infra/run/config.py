@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, model_validator
 from pydantic_core import PydanticUndefined
 
 from infra.ledger.config import LedgerConfig
@@ -23,6 +23,7 @@ from rl.config import (
     ModelConfig,
     OptimConfig,
     PretrainConfig,
+    PromptConfig,
     RewardConfig,
     RolloutConfig,
     Section,
@@ -62,6 +63,7 @@ class RunConfig(Section):
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
     rollout: RolloutConfig = RolloutConfig()
+    prompt: PromptConfig = PromptConfig()
     reward: RewardConfig = RewardConfig()
     grpo: GRPOConfig = GRPOConfig()
     optim: OptimConfig = OptimConfig()
@@ -74,6 +76,15 @@ class RunConfig(Section):
         """The run's engine: the in-process engine's and, with each pool's overrides, the instances'."""
         rollout = self.rollout
         return EngineSpec(kind=rollout.engine, device=rollout.device, dtype=self.model.dtype, vllm=rollout.vllm)
+
+    @model_validator(mode="after")
+    def _format_has_a_pattern(self) -> RunConfig:
+        if self.reward.format_weight > 0 and self.reward.format == "family" and self.data.source != "arithmetic":
+            raise ValueError(
+                "reward.format: 'family' needs data.source: arithmetic (its family's pattern); with "
+                f"data.source: {self.data.source} choose boxed, gsm8k or a regex"
+            )
+        return self
 
 
 class ConfigError(ValueError):

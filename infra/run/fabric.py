@@ -45,10 +45,11 @@ from infra.weights.model_source import upload_model
 from infra.weights.publisher import WeightPublisher
 from infra.weights.puller import STORE
 from infra.weights.shared import Transfer, drain_transfers, share_config
-from rl.config import RolloutConfig
+from rl.config import PromptConfig, RolloutConfig
 from rl.datasets import PromptRecord
 from rl.devices import TORCH_DTYPES
 from rl.engine_spec import EngineSpec
+from rl.prompts import encode_prompt
 from rl.rollout import Sample, step_seed
 
 if TYPE_CHECKING:
@@ -236,17 +237,21 @@ class RolloutFabric:
         rollout: RolloutConfig,
         run_seed: int,
         on_group: Callable[[list[Sample]], None] | None = None,
+        prompt: PromptConfig = PromptConfig(),
     ) -> tuple[list[Sample], StepReport]:
         """Roll out one step on the instances; samples of delivered groups, sorted by id. Each
-        complete group also goes to `on_group` (its samples in order) as soon as it is done."""
+        complete group also goes to `on_group` (its samples in order) as soon as it is done.
+        Prompts are encoded as `prompt` says; its stop strings travel in each group's sampling."""
         self._step = step
         self._check_fleet()
         self._wait_for_instances()
         sampling = {"temperature": rollout.temperature, "top_p": rollout.top_p, "top_k": rollout.top_k}
+        if prompt.stop:
+            sampling["stop"] = list(prompt.stop)
         groups = [
             GroupSpec(
                 group,
-                tokenizer(record.prompt).input_ids,
+                encode_prompt(tokenizer, record.prompt, prompt),
                 rollout.group_size,
                 rollout.max_new_tokens,
                 seed=step_seed(run_seed, step),

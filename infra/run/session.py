@@ -37,9 +37,11 @@ from rl.evaluation import evaluate_accuracy
 from rl.generation import GenerationEngine, SamplingParams
 from rl.models import load_model
 from rl.prompt_source import PromptSource
-from rl.rewards import FORMAT_PATTERNS, make_reward_fn
+from rl.prompts import check_chat_template
+from rl.rewards import make_reward_fn
 from rl.rollout import build_requests, read_samples, samples_from_results, write_samples
 from rl.scoring import score_samples
+from rl.stops import StopStrings
 from rl.streaming import StreamedStep
 from rl.trainer import TrainBatch, Trainer
 
@@ -80,6 +82,7 @@ class TrainingSession:
         self.device = resolve_device(config.model.device, "model.device")
         self.model, self.tokenizer = load_model(config.model.path, config.model.gguf_file)
         self.model.to(self.device)
+        check_chat_template(self.tokenizer, config.prompt, config.model.path)  # before any work
         self.trainer = Trainer(
             self.model,
             self.tokenizer.pad_token_id,
@@ -94,7 +97,7 @@ class TrainingSession:
         """Whether that engine runs `self.model` itself (so it is always at the current version)."""
         self.prompts = PromptSource(config.data)
         self.eval_records = self.prompts.eval_records(config.eval.size)
-        pattern = FORMAT_PATTERNS.get(config.data.family) if config.data.source == "arithmetic" else None
+        pattern = config.reward.format_pattern(config.data.family if config.data.source == "arithmetic" else None)
         self.reward_fn = make_reward_fn(
             config.reward.kind, config.reward.format_weight, pattern if config.reward.format_weight else None
         )
@@ -159,7 +162,7 @@ class TrainingSession:
         model = None  # vLLM loads the base model from disk: version 0, brought up to date by `engine`
         if spec.kind == "hf":
             model = self.model if self._engine_shares_model else copy.deepcopy(self.model)
-        return build_engine(
+        engine = build_engine(
             spec,
             self.config.model.path,
             eos_token_id=self.tokenizer.eos_token_id,
@@ -168,6 +171,7 @@ class TrainingSession:
             policy_version=self.step if model is not None else 0,
             model=model,
         )
+        return StopStrings(engine, self.tokenizer)
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -195,7 +199,9 @@ class TrainingSession:
         self.accounting.begin_step(step)
         fabric_stats = {}
         if self.fabric is None:
-            requests = build_requests(self.tokenizer, self._records(), step, self.config.rollout, self.config.run.seed)
+            requests = build_requests(
+                self.tokenizer, self._records(), step, self.config.rollout, self.config.run.seed, self.config.prompt
+            )
             results = self.engine.generate(requests)
             samples = samples_from_results(requests, results, self.step)
             if on_progress is not None:
@@ -230,6 +236,7 @@ class TrainingSession:
                 self.config.rollout,
                 self.config.run.seed,
                 on_group=on_group,
+                prompt=self.config.prompt,
             )
             progress.finish()
             self._step_usage[step] = (dict(report.instance_tokens), report.tokens_wasted)
@@ -327,6 +334,7 @@ class TrainingSession:
             sampling=SamplingParams(temperature=eval_config.temperature),
             samples_per_problem=eval_config.samples_per_problem,
             seed=self.config.run.seed + 7919,
+            prompt=self.config.prompt,
         )
         self.history.evals.append((self.step, accuracy))
         return accuracy

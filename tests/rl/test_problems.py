@@ -101,3 +101,35 @@ def test_held_out_fraction_is_about_one_in_ten():
     # Every eval problem is held out, no train problem is.
     assert all(_is_held_out(tuple(_operands(p.prompt))) for p in eval_set("add", 200))
     assert not any(_is_held_out(tuple(_operands(p.prompt))) for p in take(problem_stream("add", 0), 500))
+
+
+def test_words_problems_are_right_and_ask_for_the_gsm8k_answer():
+    from rl.problems import WORDS_MAX, WORDS_SUFFIX
+    from rl.rewards import GSM8K_FORMAT, exact_match_reward, format_reward
+
+    kinds = set()
+    for problem in take(problem_stream("words", 5), 500):
+        assert problem.family == "words" and problem.prompt.endswith(WORDS_SUFFIX)
+        match = re.fullmatch(
+            r"(\w+) has (\d+) (\w+) and (buys|gives) (\d+) (more|to a friend)\. How many \3 does \1 have (now|left)\?",
+            problem.prompt.removesuffix(WORDS_SUFFIX),
+        )
+        assert match, problem.prompt
+        start, change, kind = int(match[2]), int(match[5]), match[4]
+        kinds.add(kind)
+        assert 2 <= start <= WORDS_MAX and 1 <= change <= WORDS_MAX
+        total = start + change if kind == "buys" else start - change
+        assert total >= 1 and problem.answer == str(total)
+        assert problem.solution.endswith(f"\n#### {total}")
+        assert exact_match_reward(problem.solution, problem.answer) == 1.0
+        assert format_reward(problem.solution, GSM8K_FORMAT) == 1.0
+    assert kinds == {"buys", "gives"}
+
+
+def test_words_known_values():
+    problem = make_problem((0, 0, 0, 7, 5), "words")
+    assert problem.prompt == (
+        "Sam has 7 apples and buys 5 more. How many apples does Sam have now? End your answer with '#### <number>'."
+    )
+    assert (problem.answer, problem.solution) == ("12", "Sam has 7 + 5 = 12 apples.\n#### 12")
+    assert make_problem((1, 1, 2, 9, 4), "words").answer == "5"

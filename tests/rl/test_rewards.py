@@ -10,13 +10,17 @@ import pytest
 from rl.problems import FAMILIES, eval_set
 from rl.rewards import (
     ADD_FORMAT,
+    BOXED_FORMAT,
     CHAIN_FORMAT,
     FORMAT_PATTERNS,
+    GSM8K_FORMAT,
+    NAMED_FORMATS,
     REWARD_KINDS,
     boxed_reward,
     exact_match_reward,
     extract_boxed,
     extract_final_number,
+    extract_gsm8k,
     format_reward,
     make_reward_fn,
     normalize_number,
@@ -192,3 +196,82 @@ def test_make_reward_fn_errors() -> None:
         make_reward_fn("exact_match", format_weight=0.5, format_pattern="(")
     with pytest.raises(ValueError, match="format_weight"):
         make_reward_fn("exact_match", format_weight=-1.0, format_pattern=ADD_FORMAT)
+
+
+# --- GSM8K-style references and responses, named formats --------------------------------------
+
+GSM8K_SOLUTION = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nAltogether 48+24 = <<48+24=72>>72 clips.\n#### 72"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (GSM8K_SOLUTION, "72"),
+        ("#### 1,234", "1234"),
+        ("so #### -5.", "-5"),
+        ("####12 apples", "12"),
+        ("#### 3 then #### 4", "4"),
+        ("no marker 5", None),
+        ("#### none", None),
+        ("#### 12abc", None),
+    ],
+)
+def test_extract_gsm8k(text: str, expected: str | None) -> None:
+    assert extract_gsm8k(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("response", "answer", "expected"),
+    [
+        ("7 + 5 = 12.\n#### 12", GSM8K_SOLUTION.replace("72", "12"), 1.0),  # reference: a solution
+        ("so the total is 72", GSM8K_SOLUTION, 1.0),
+        ("#### 72", "72", 1.0),
+        ("#### 72 clips, 3 more than before", "72", 1.0),  # judged by N, not the last number
+        ("#### 71, or maybe 72", "72", 0.0),
+        ("I think 72 ####", "72", 0.0),  # no number after the marker
+        ("\\boxed{72} #### 5", "72", 1.0),  # a box still wins
+    ],
+)
+def test_exact_match_with_gsm8k_answers(response: str, answer: str, expected: float) -> None:
+    assert exact_match_reward(response, answer) == expected
+
+
+def test_boxed_reward_with_a_gsm8k_reference() -> None:
+    assert boxed_reward("\\boxed{72}", GSM8K_SOLUTION) == 1.0
+    assert boxed_reward("\\boxed{71}", GSM8K_SOLUTION) == 0.0
+
+
+def test_a_reference_that_is_neither_number_nor_gsm8k_is_a_dataset_error() -> None:
+    with pytest.raises(ValueError, match="#### <number>"):
+        exact_match_reward("#### 3", "the answer is #### three")
+
+
+@pytest.mark.parametrize(
+    ("response", "pattern", "expected"),
+    [
+        ("7 + 5 = 12.\n#### 12", GSM8K_FORMAT, 1.0),
+        ("#### 1,234.", GSM8K_FORMAT, 1.0),
+        ("#### 12 apples", GSM8K_FORMAT, 0.0),
+        ("12", GSM8K_FORMAT, 0.0),
+        ("so it is \\boxed{12}.", BOXED_FORMAT, 1.0),
+        ("\\boxed{12} because", BOXED_FORMAT, 0.0),
+        ("boxed 12", BOXED_FORMAT, 0.0),
+    ],
+)
+def test_named_formats(response: str, pattern: str, expected: float) -> None:
+    assert format_reward(response, pattern) == expected
+    assert NAMED_FORMATS == {"boxed": BOXED_FORMAT, "gsm8k": GSM8K_FORMAT}
+
+
+def test_reward_config_chooses_the_format() -> None:
+    from pydantic import ValidationError
+
+    from rl.config import RewardConfig
+
+    assert RewardConfig().format_pattern("add") == ADD_FORMAT
+    assert RewardConfig().format_pattern(None) is None  # file data has no family
+    assert RewardConfig(format="gsm8k").format_pattern("add") == GSM8K_FORMAT
+    assert RewardConfig(format="boxed").format_pattern(None) == BOXED_FORMAT
+    assert RewardConfig(format=r"\d+ apples").format_pattern(None) == r"\d+ apples"
+    with pytest.raises(ValidationError, match="format '\\(' is neither family, boxed, gsm8k nor a valid regex"):
+        RewardConfig(format="(")

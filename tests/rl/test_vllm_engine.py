@@ -194,6 +194,27 @@ def test_stop_tokens_end_the_response_and_are_kept(idle_engine, hf_engine):
     assert [r.token_ids for r in got] == [r.token_ids for r in hf_engine.generate(requests)]
 
 
+def test_stop_strings_end_the_response_as_on_hf_and_across_a_migration(idle_engine, hf_engine, model_dir):
+    from dataclasses import replace
+
+    from rl.stops import StopStrings
+
+    tokenizer = load_model(model_dir)[1]
+    vllm, hf = StopStrings(idle_engine, tokenizer), StopStrings(hf_engine, tokenizer)
+    stops = ("a", "b", "c", "d", "e")
+    requests = [replace(r, sampling=replace(r.sampling, stop=stops)) for r in make_requests(16, seed=19, budget=24)]
+    got = vllm.generate(requests)
+    want = hf.generate(requests)
+    assert match_rate(got, want) >= 0.99
+    ended = [r for r in got if r.finish_reason == "stop" and r.token_ids[-1] != EOS]
+    assert len(ended) >= 4
+    for result in ended:
+        text = tokenizer.decode(result.token_ids, skip_special_tokens=True)
+        assert text[-1] in stops and not any(s in text[:-1] for s in stops)
+    assert match_rate(migrate(hf, vllm, requests, seed=4), want) >= 0.99
+    assert not idle_engine.has_work()
+
+
 def test_a_resumed_sample_continues_on_a_fresh_engine(idle_engine, process_engine):
     requests = make_requests(24, seed=11)
     uninterrupted = idle_engine.generate(requests)

@@ -37,6 +37,7 @@ from infra.weights.shared import drain_transfers, share_config
 from rl.engine import HFEngine
 from rl.generation import GenerationRequest, SamplingParams
 from rl.models import TinyLlamaShape, build_tiny_llama, save_model
+from rl.stops import StopStrings
 from tests.helpers import REPO_ROOT
 
 pytestmark = pytest.mark.integration
@@ -213,7 +214,10 @@ class Cluster:
             for g in groups
             for j in range(g.n)
         ]
-        engine = HFEngine(self.model, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id, max_batch_size=8)
+        engine = StopStrings(
+            HFEngine(self.model, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id, max_batch_size=8),
+            self.tokenizer,
+        )
         return {r.sample_id: r.token_ids for r in engine.generate(requests)}
 
     def wait(self, predicate, timeout: float, what: str):
@@ -251,7 +255,7 @@ class Cluster:
         return records
 
 
-def make_groups(step: int, count: int, n: int, max_new: int) -> list[GroupSpec]:
+def make_groups(step: int, count: int, n: int, max_new: int, sampling=SAMPLING) -> list[GroupSpec]:
     rng = random.Random(step)
     return [
         GroupSpec(
@@ -260,7 +264,7 @@ def make_groups(step: int, count: int, n: int, max_new: int) -> list[GroupSpec]:
             n,
             max_new,
             seed=100 + step,
-            sampling=SAMPLING,
+            sampling=sampling,
             meta={"g": g},
         )
         for g in range(count)
@@ -410,3 +414,21 @@ def test_release_all_hands_back_everything_and_stops_claiming(cluster):
     c.wait_complete(step)
     records = c.check_step(step, version, groups, "release_all + resume")
     assert any(r.migrations for r in records.values())
+
+
+def test_stop_strings_in_the_groups_sampling_end_samples_on_the_worker(cluster):
+    c, step, version = cluster, 6, 6
+    stops = ["a", "b", "c", "d", "e"]
+    groups = make_groups(step, count=4, n=4, max_new=24, sampling={"temperature": 1.0, "stop": stops})
+    c.publish(version, "w")
+    c.start_step(step, version, groups)
+    c.wait_complete(step)
+    records = c.check_step(step, version, groups, "stop strings")  # as StopStrings(HFEngine) in process
+    stopped = 0
+    for record in records.values():
+        text = c.tokenizer.decode(record.token_ids, skip_special_tokens=True)
+        assert not any(s in c.tokenizer.decode(record.token_ids[:-1], skip_special_tokens=True) for s in stops)
+        if record.finish_reason == "stop" and record.token_ids[-1] != c.tokenizer.eos_token_id:
+            stopped += 1
+            assert text[-1] in stops
+    assert stopped >= 3

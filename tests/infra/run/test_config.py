@@ -171,3 +171,23 @@ def test_sections_are_frozen():
     config = load_config()
     with pytest.raises(Exception):
         config.grpo.clip_eps = 0.5  # type: ignore[misc]
+
+
+def test_prompt_section_errors_name_the_field():
+    assert "cfg.yaml:1: prompt: Value error, system_prompt needs chat_template" in error_of(
+        "prompt:\n  system_prompt: Be brief.\n"
+    )
+    assert "prompt: Value error, stop strings must be non-empty" in error_of("prompt:\n  stop: ['']\n")
+    config = parse_config('prompt:\n  chat_template: true\n  system_prompt: Be brief.\n  stop: ["\\n\\n"]\n')
+    assert config.prompt.chat_template and config.prompt.stop == ("\n\n",)
+    assert parse_config("").prompt.stop == () and not parse_config("").prompt.chat_template
+
+
+def test_reward_format_errors_name_the_field(tmp_path):
+    message = error_of("reward:\n  format: '['\n")
+    assert message.startswith("cfg.yaml:1: reward: Value error, format '[' is neither family, boxed, gsm8k nor")
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "q", "answer": "1"}\n')
+    text = f"data:\n  source: file\n  path: {data}\n  eval_path: {data}\nreward:\n  format_weight: 0.5\n"
+    assert "reward.format: 'family' needs data.source: arithmetic" in error_of(text)
+    assert parse_config(text + "  format: gsm8k\n").reward.format_pattern(None).startswith("(?s)")

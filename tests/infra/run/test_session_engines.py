@@ -51,7 +51,7 @@ def _one_step(session: TrainingSession, step: int) -> None:
 def test_a_bf16_vllm_engine_follows_the_fp32_trainer(tmp_path):
     session = _session(tmp_path, **{"rollout.engine": "vllm", "model.dtype": "bf16"})
     try:
-        assert isinstance(session.engine, VLLMEngine) and session.engine.policy_version == 0
+        assert isinstance(session.engine.inner, VLLMEngine) and session.engine.policy_version == 0
         assert {p.dtype for p in session.model.parameters()} == {torch.float32}
         _one_step(session, 1)
         _one_step(session, 2)
@@ -72,7 +72,7 @@ def test_a_bf16_vllm_engine_follows_the_fp32_trainer(tmp_path):
 def test_the_fp32_hf_engine_runs_the_trainers_own_model(tmp_path):
     session = _session(tmp_path)
     try:
-        assert isinstance(session.engine, HFEngine) and session.engine.model is session.model
+        assert isinstance(session.engine.inner, HFEngine) and session.engine.inner.model is session.model
         _one_step(session, 1)
         assert session.engine.policy_version == 1
     finally:
