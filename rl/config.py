@@ -93,6 +93,9 @@ class VLLMOptions(Section):
     """Sequences decoded at once; further requests wait in vLLM's queue (continuous admission)."""
     kv_cache_bytes: int = Field(1 << 30, ge=1 << 20)
     """Memory for the KV cache, in bytes (vLLM's `kv_cache_memory_bytes`)."""
+    max_model_len: int | None = Field(None, ge=16)
+    """Longest prompt + response the engine serves (None: the model's own limit, e.g. 8192 for
+    SmolLM2, whose KV cache for one such sequence must fit in `kv_cache_bytes`)."""
     tensor_parallel_size: int = Field(1, ge=1)
     """Devices one engine shards the model over."""
     enforce_eager: bool = True

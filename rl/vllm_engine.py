@@ -184,6 +184,7 @@ class VLLMEngine(GenerationEngine):
             dtype=VLLM_DTYPES[dtype],
             max_num_seqs=options.max_num_seqs,
             kv_cache_memory_bytes=options.kv_cache_bytes,
+            max_model_len=options.max_model_len,
             tensor_parallel_size=options.tensor_parallel_size,
             enforce_eager=options.enforce_eager,
             skip_tokenizer_init=True,
