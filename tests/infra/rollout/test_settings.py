@@ -47,3 +47,17 @@ def test_the_prefect_instance_flow_gets_every_setting_restart_from_scratch_inclu
 def test_a_heartbeat_must_fit_in_its_ttl():
     with pytest.raises(ValidationError, match="ttl_s"):
         WorkerSettings(heartbeat_s=2.0, ttl_s=1.0)
+
+
+def test_the_engine_flag_takes_an_engine_spec_as_json(capsys):
+    from infra.rollout.worker import _parser
+    from rl.engine_spec import EngineSpec
+
+    base = ["--model", "m", "--redis-url", "redis://x", "--run-id", "r", "--pool", "p"]
+    spec = EngineSpec(kind="vllm", device="cpu", dtype="bf16")
+    assert _parser().parse_args([*base, "--engine", spec.model_dump_json()]).engine == spec
+    assert _parser().parse_args(base).engine == EngineSpec()
+    with pytest.raises(SystemExit):
+        _parser().parse_args([*base, "--engine", '{"kind": "tensorrt"}'])
+    error = capsys.readouterr().err
+    assert "--engine: not an engine spec" in error and "kind" in error

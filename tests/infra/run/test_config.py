@@ -191,3 +191,11 @@ def test_reward_format_errors_name_the_field(tmp_path):
     text = f"data:\n  source: file\n  path: {data}\n  eval_path: {data}\nreward:\n  format_weight: 0.5\n"
     assert "reward.format: 'family' needs data.source: arithmetic" in error_of(text)
     assert parse_config(text + "  format: gsm8k\n").reward.format_pattern(None).startswith("(?s)")
+
+
+def test_the_smollm2_file_loads_with_a_vllm_engine_for_every_instance():
+    config = load_config(DEFAULT_CONFIG.parent / "smollm2.yaml")
+    assert config.prompt.chat_template and config.data.family == "words" and config.fabric.enabled
+    spec = config.engine_spec()
+    assert spec.kind == "vllm" and spec.vllm.max_model_len == 512
+    assert {pool.engine_spec(spec).kind for pool in config.fabric.pools} == {"vllm"}
