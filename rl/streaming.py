@@ -4,7 +4,8 @@ GRPO's advantages are normalised within a group, so a group can be scored and it
 accumulated as soon as its n responses are done, long before the slowest group of the step. A
 `StreamedStep` is the trainer side of that: the rollout hands it each complete group (`add`, from
 any one thread at a time), it scores the group and, as soon as complete groups fill a micro-batch
-(`optim.micro_batch_size` samples), calls `Trainer.accumulate` on them; when the rollout is
+(`optim.micro_batch_size` samples; one per rank for `rl.distributed`'s trainer), calls
+`accumulate` on them; when the rollout is
 over, `finish` checks that it saw exactly the step's groups with the advantages the step's scoring
 computed, and takes the optimizer step. The update equals one `Trainer.train_step` on the whole
 step's batch (see `Trainer.accumulate`); only the float summation order differs.
@@ -26,7 +27,7 @@ from rl.datasets import PromptRecord
 from rl.rewards import RewardFn
 from rl.rollout import Sample
 from rl.scoring import score_group
-from rl.trainer import TrainBatch, Trainer
+from rl.trainer import PolicyTrainer, TrainBatch
 
 
 class StreamedStep:
@@ -34,7 +35,7 @@ class StreamedStep:
 
     def __init__(
         self,
-        trainer: Trainer,
+        trainer: PolicyTrainer,
         records: Sequence[PromptRecord],
         tokenizer,
         reward_fn: RewardFn,
@@ -70,7 +71,7 @@ class StreamedStep:
                 list(samples), self.records[group], self.tokenizer, self.reward_fn, self.correctness_fn, self.grpo
             )
             self._pending.extend(zip(samples, scores.advantages))
-            if len(self._pending) >= self.trainer.optim_config.micro_batch_size:
+            if len(self._pending) >= self.trainer.samples_per_accumulate:
                 self._accumulate_pending()
             self.advantages.update((s.sample_id, a) for s, a in zip(samples, scores.advantages))
             self.groups += 1

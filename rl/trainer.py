@@ -23,12 +23,18 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Protocol
 
 import torch
+from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from rl.config import GRPOConfig, OptimConfig
 from rl.grpo import entropy_from_logits, policy_loss, token_logprobs
+
+WEIGHTS_FILE = "model.safetensors"
+"""The policy's weights in a checkpoint directory (loadable on their own)."""
 
 
 @dataclass
@@ -58,7 +64,7 @@ class TrainBatch:
 
 
 @dataclass
-class _Accumulation:
+class Accumulation:
     """Running sums of the step in progress (see `Trainer.accumulate`): counts on the host,
     metric sums as float64 tensors where they were computed (read once, by `finish_step`)."""
 
@@ -126,9 +132,13 @@ class Trainer:
         optim: OptimConfig,
         temperature: float = 1.0,
         autocast_dtype: torch.dtype | None = None,
+        gradient_checkpointing: bool = False,
     ) -> None:
-        """`model` stays where it is (its device is the trainer's); `autocast_dtype`: mixed precision."""
+        """`model` stays where it is (its device is the trainer's); `autocast_dtype`: mixed precision;
+        `gradient_checkpointing` recomputes activations in the backward pass (HF models)."""
         self.model = model
+        if gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.device = next(model.parameters()).device
         self.autocast_dtype = autocast_dtype
         self.pad_token_id = pad_token_id
@@ -145,7 +155,7 @@ class Trainer:
             self.optimizer, lambda step: min(1.0, (step + 1) / (optim.warmup_steps + 1))
         )
         self.step = 0
-        self._pending: _Accumulation | None = None
+        self._pending: Accumulation | None = None
 
     def _response_logits(self, model: torch.nn.Module, packed: _Packed) -> Tensor:
         """Logits at the positions predicting each response token, in fp32: [B, T_resp, V]."""
@@ -156,6 +166,7 @@ class Trainer:
                 input_ids=packed.input_ids,
                 attention_mask=packed.attention_mask,
                 position_ids=packed.position_ids,
+                use_cache=False,
             ).logits
         width = packed.targets.shape[1]
         index = (packed.starts.unsqueeze(1) + torch.arange(width, device=self.device)).clamp(max=logits.shape[1] - 1)
@@ -179,7 +190,7 @@ class Trainer:
         """Start accumulating the gradient of a step whose batches arrive piecewise (e.g. one
         complete group at a time while the rollout's tail is still generating)."""
         self.optimizer.zero_grad(set_to_none=True)
-        self._pending = _Accumulation()
+        self._pending = Accumulation()
 
     @property
     def accumulating(self) -> bool:
@@ -200,52 +211,68 @@ class Trainer:
         self.model.train()
         size = self.optim_config.micro_batch_size
         for start in range(0, len(batch), size):
-            chunk = range(start, min(start + size, len(batch)))
-            prompts = [batch.prompt_ids[i] for i in chunk]
-            responses = [batch.response_ids[i] for i in chunk]
-            tokens = float(sum(len(r) for r in responses))
-            if not tokens:
-                continue
-            sequences = float(sum(1 for r in responses if r))
-            packed = _pack(prompts, responses, self.pad_token_id)
-            rollout_lp = torch.zeros_like(packed.response_mask)
-            for row, i in enumerate(chunk):
-                rollout_lp[row, : len(batch.rollout_logprobs[i])] = torch.tensor(batch.rollout_logprobs[i])
-            packed, rollout_lp = _to(packed, self.device), rollout_lp.to(self.device)
-            mask = packed.response_mask
-            with torch.no_grad():
-                ref_lp = self._logprobs(self.reference, packed)[0] if self.reference is not None else None
-                if self.optim_config.recompute_logprobs:
-                    self.model.eval()
-                    old_lp = self._logprobs(self.model, packed)[0]
-                    self.model.train()
-                else:
-                    old_lp = rollout_lp
-            logp, logits = self._logprobs(self.model, packed)
-            loss, metrics = policy_loss(
-                logp,
-                old_lp,
-                torch.tensor([batch.advantages[i] for i in chunk], device=self.device),
-                mask,
-                clip_eps=self.grpo.clip_eps,
-                clip_eps_high=self.grpo.clip_eps_high,
-                kl_coef=self.grpo.kl_coef,
-                ref_logp=ref_lp,
-                aggregation=self.grpo.aggregation,
-            )
-            weight = tokens if self.grpo.aggregation == "token" else sequences
-            (loss * weight).backward()
-            acc.tokens += tokens
-            acc.sequences += sequences
-            acc.weight += weight
-            for key, value in metrics.items():
-                acc.add(acc.weighted, key, value, weight)
-            with torch.no_grad():
-                entropy = entropy_from_logits(logits.detach() / self.temperature)
-                acc.add(acc.per_token, "entropy", (entropy * mask).sum())
-                acc.add(acc.per_token, "logprob_gap", ((old_lp - rollout_lp).abs() * mask).sum())
+            self.accumulate_micro_batch(batch, range(start, min(start + size, len(batch))), acc)
         acc.batches += 1
         self.model.eval()
+
+    @property
+    def samples_per_accumulate(self) -> int:
+        """How many samples an `accumulate` call takes at full efficiency (one micro-batch)."""
+        return self.optim_config.micro_batch_size
+
+    def accumulate_micro_batch(self, batch: TrainBatch, chunk: range, acc: Accumulation, scale: float = 1.0) -> bool:
+        """Backpropagate the summed loss of `batch[chunk]` (times `scale`) and add its metrics to
+        `acc` (unless `scale` is 0: a pass that only keeps collective operations in step, see
+        `rl.distributed.rank`). Returns False, doing nothing, when the chunk has no response token."""
+        prompts = [batch.prompt_ids[i] for i in chunk]
+        responses = [batch.response_ids[i] for i in chunk]
+        tokens = float(sum(len(r) for r in responses))
+        if not tokens:
+            return False
+        sequences = float(sum(1 for r in responses if r))
+        packed = _pack(prompts, responses, self.pad_token_id)
+        rollout_lp = torch.zeros_like(packed.response_mask)
+        for row, i in enumerate(chunk):
+            rollout_lp[row, : len(batch.rollout_logprobs[i])] = torch.tensor(batch.rollout_logprobs[i])
+        packed, rollout_lp = _to(packed, self.device), rollout_lp.to(self.device)
+        mask = packed.response_mask
+        with torch.no_grad():
+            ref_lp = self._logprobs(self.reference, packed)[0] if self.reference is not None else None
+            if self.optim_config.recompute_logprobs:
+                self.model.eval()
+                old_lp = self._logprobs(self.model, packed)[0]
+                self.model.train()
+            else:
+                old_lp = rollout_lp
+        logp, logits = self._logprobs(self.model, packed)
+        loss, metrics = policy_loss(
+            logp,
+            old_lp,
+            torch.tensor([batch.advantages[i] for i in chunk], device=self.device),
+            mask,
+            clip_eps=self.grpo.clip_eps,
+            clip_eps_high=self.grpo.clip_eps_high,
+            kl_coef=self.grpo.kl_coef,
+            ref_logp=ref_lp,
+            aggregation=self.grpo.aggregation,
+        )
+        weight = tokens if self.grpo.aggregation == "token" else sequences
+        self._backward(loss * (weight * scale))
+        if scale == 0:
+            return True
+        acc.tokens += tokens
+        acc.sequences += sequences
+        acc.weight += weight
+        for key, value in metrics.items():
+            acc.add(acc.weighted, key, value, weight)
+        with torch.no_grad():
+            entropy = entropy_from_logits(logits.detach() / self.temperature)
+            acc.add(acc.per_token, "entropy", (entropy * mask).sum())
+            acc.add(acc.per_token, "logprob_gap", ((old_lp - rollout_lp).abs() * mask).sum())
+        return True
+
+    def _backward(self, loss: Tensor) -> None:
+        loss.backward()
 
     def finish_step(self) -> dict[str, float]:
         """Normalise the accumulated gradient, clip, step; returns the step's averaged metrics."""
@@ -298,3 +325,59 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = state["step"]
+
+    # -- what the training session needs of any trainer (this one, or `rl.distributed`'s) ------
+
+    def policy_state(self) -> dict[str, Tensor]:
+        """The policy's weights at version `step`, to publish and to load into engines."""
+        return self.model.state_dict()
+
+    def save_state(self, directory: Path) -> dict:
+        """Write the policy to `directory/model.safetensors`; returns the rest of the trainer's
+        state (optimizer, scheduler, step) for `rl.checkpoint` to store."""
+        weights = {k: v.detach().contiguous().clone() for k, v in self.model.state_dict().items()}
+        save_file(weights, str(directory / WEIGHTS_FILE))
+        state = self.state_dict()
+        del state["model"]
+        return {"backend": "torch", **state}
+
+    def load_state(self, directory: Path, state: dict) -> None:
+        """Restore what `save_state` wrote (`state` is what it returned)."""
+        backend = state.get("backend", "torch")
+        if backend != "torch":
+            raise CheckpointMismatch(
+                f"checkpoint {directory} was written by the {backend} trainer "
+                f"({state.get('world_size')} ranks, ZeRO-{state.get('zero_stage')}); this run has "
+                f"trainer.backend: torch. Resume it with trainer.backend={backend} "
+                f"trainer.world_size={state.get('world_size')}, or start a new run"
+            )
+        self.load_state_dict({**state, "model": load_file(str(directory / WEIGHTS_FILE))})
+
+    def close(self) -> None:
+        """Nothing to free: the trainer lives in this process."""
+
+
+class PolicyTrainer(Protocol):
+    """What the training session, `rl.streaming` and `rl.checkpoint` use of a trainer: this
+    module's `Trainer`, or `rl.distributed.trainer.DistributedTrainer` (DeepSpeed ranks)."""
+
+    step: int
+    optim_config: OptimConfig
+
+    @property
+    def samples_per_accumulate(self) -> int: ...
+    @property
+    def accumulating(self) -> bool: ...
+    def train_step(self, batch: TrainBatch) -> dict[str, float]: ...
+    def begin_step(self) -> None: ...
+    def accumulate(self, batch: TrainBatch) -> None: ...
+    def finish_step(self) -> dict[str, float]: ...
+    def abandon_step(self) -> None: ...
+    def policy_state(self) -> dict[str, Tensor]: ...
+    def save_state(self, directory: Path) -> dict: ...
+    def load_state(self, directory: Path, state: dict) -> None: ...
+    def close(self) -> None: ...
+
+
+class CheckpointMismatch(ValueError):
+    """A checkpoint this trainer cannot resume from (another backend or world size); the message says what to do."""

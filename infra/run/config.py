@@ -27,6 +27,7 @@ from rl.config import (
     RewardConfig,
     RolloutConfig,
     Section,
+    TrainerConfig,
 )
 from rl.engine_spec import EngineSpec
 
@@ -67,6 +68,7 @@ class RunConfig(Section):
     reward: RewardConfig = RewardConfig()
     grpo: GRPOConfig = GRPOConfig()
     optim: OptimConfig = OptimConfig()
+    trainer: TrainerConfig = TrainerConfig()
     eval: EvalConfig = EvalConfig()
     pretrain: PretrainConfig = PretrainConfig()
     fabric: FabricConfig = FabricConfig()

@@ -3,7 +3,8 @@
 `preflight(config)` runs in `rlboost train` / `rlboost demo` before Prefect starts, and again when a
 training session opens (a run started from a deployment has no CLI in front of it). It fails with a
 `PreflightError` whose message names the configuration field and the fix, for: a base model that is
-not there (or a GGUF file where the rollout instances need a Hugging Face directory); a device that
+not there (or a GGUF file where the rollout instances need a Hugging Face directory); a DeepSpeed
+trainer without DeepSpeed installed or with more ranks than GPUs; a device that
 does not exist here or a dtype it cannot run; an engine that cannot run the model (vLLM missing, the
 wrong vLLM build for the device, a head size vLLM's CPU kernels refuse).
 """
@@ -11,6 +12,8 @@ wrong vLLM build for the device, a head size vLLM's CPU kernels refuse).
 from __future__ import annotations
 
 from pathlib import Path
+
+import torch
 
 from infra.run.config import RunConfig
 from rl.devices import DeviceError, resolve_device, resolve_dtype
@@ -37,6 +40,7 @@ def preflight(config: RunConfig) -> None:
         check_engine(in_process, model.path, "rollout.engine", model.gguf_file)
         if in_process.kind == "hf":
             resolve_device(in_process.device, "rollout.device")
+        _check_trainer(config, device)
         if config.fabric.enabled:
             _check_pools(config)
     except (DeviceError, ValueError) as exc:
@@ -57,6 +61,25 @@ def _check_model(config: RunConfig) -> None:
             f"model.path: {path} holds no Hugging Face model (no config.json); point it at a model directory, "
             "or set model.gguf_file for a GGUF file in it"
         )
+
+
+def _check_trainer(config: RunConfig, device) -> None:
+    trainer = config.trainer
+    if trainer.backend != "deepspeed":
+        return
+    try:
+        import deepspeed  # noqa: F401
+    except ImportError:
+        raise PreflightError(
+            "trainer.backend: deepspeed needs DeepSpeed: pip install 'rlboost[deepspeed]' (or set trainer.backend: torch)"
+        ) from None
+    if device.type == "cuda" and torch.cuda.device_count() < trainer.world_size:
+        raise PreflightError(
+            f"trainer.world_size: {trainer.world_size} ranks need one GPU each; this machine has "
+            f"{torch.cuda.device_count()}. Lower trainer.world_size"
+        )
+    if device.type not in ("cpu", "cuda"):
+        raise PreflightError(f"trainer.backend: deepspeed runs on cpu or cuda, not model.device {config.model.device}")
 
 
 def _check_pools(config: RunConfig) -> None:

@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -32,10 +33,12 @@ from infra.run.fabric import RolloutFabric
 from infra.run.preflight import in_process_engine_device, preflight
 from rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rl.devices import resolve_device
+from rl.distributed.protocol import TrainSpec
+from rl.distributed.trainer import DistributedTrainer
 from rl.engine_factory import build_engine
 from rl.evaluation import evaluate_accuracy
 from rl.generation import GenerationEngine, SamplingParams
-from rl.models import load_model
+from rl.models import load_policy, load_tokenizer
 from rl.prompt_source import PromptSource
 from rl.prompts import check_chat_template
 from rl.rewards import make_reward_fn
@@ -43,7 +46,7 @@ from rl.rollout import build_requests, read_samples, samples_from_results, write
 from rl.scoring import score_samples
 from rl.stops import StopStrings
 from rl.streaming import StreamedStep
-from rl.trainer import TrainBatch, Trainer
+from rl.trainer import PolicyTrainer, TrainBatch, Trainer
 
 
 @dataclass
@@ -80,17 +83,9 @@ class TrainingSession:
         self.directory.mkdir(parents=True, exist_ok=True)
         preflight(config)
         self.device = resolve_device(config.model.device, "model.device")
-        self.model, self.tokenizer = load_model(config.model.path, config.model.gguf_file)
-        self.model.to(self.device)
+        self.tokenizer = load_tokenizer(config.model.path, config.model.gguf_file)
         check_chat_template(self.tokenizer, config.prompt, config.model.path)  # before any work
-        self.trainer = Trainer(
-            self.model,
-            self.tokenizer.pad_token_id,
-            config.grpo,
-            config.optim,
-            temperature=config.rollout.temperature,
-            autocast_dtype=torch.bfloat16 if config.model.dtype == "bf16" else None,
-        )
+        self.model, self.trainer = _make_trainer(config, self.device, self.tokenizer.pad_token_id)
         self._engine: GenerationEngine | None = None
         """The in-process engine (rollout without the fabric, and evaluation), made on first use."""
         self._engine_shares_model = False
@@ -105,12 +100,16 @@ class TrainingSession:
         self.cursor = 0
         self.history = History()
         self.resumed_from: int | None = None
-        checkpoint = latest_checkpoint(self.checkpoint_dir)
-        if checkpoint is not None:
-            state = load_checkpoint(checkpoint, self.trainer)
-            self.cursor = state["cursor"]
-            self.history = History(state["history"]["steps"], [tuple(e) for e in state["history"]["evals"]])
-            self.resumed_from = self.trainer.step
+        try:
+            checkpoint = latest_checkpoint(self.checkpoint_dir)
+            if checkpoint is not None:
+                state = load_checkpoint(checkpoint, self.trainer)
+                self.cursor = state["cursor"]
+                self.history = History(state["history"]["steps"], [tuple(e) for e in state["history"]["evals"]])
+                self.resumed_from = self.trainer.step
+        except BaseException:
+            self.trainer.close()
+            raise
         self.fabric: RolloutFabric | None = None
         self._stream: tuple[int, StreamedStep] | None = None
         """The step whose groups are being trained while they arrive (fabric rollout only)."""
@@ -126,7 +125,7 @@ class TrainingSession:
                 self.fabric = RolloutFabric(
                     config.fabric, self.run_id, self.directory, config.model.path, engine=config.engine_spec()
                 )
-                self.fabric.publish(self.step, self.model.state_dict())
+                self.fabric.publish(self.step, self.trainer.policy_state())
             self.accounting = RunAccounting(
                 ledger,
                 self.run_id,
@@ -139,6 +138,7 @@ class TrainingSession:
             ledger.close()
             if self.fabric is not None:
                 self.fabric.close()
+            self.trainer.close()
             raise
 
     @property
@@ -151,24 +151,31 @@ class TrainingSession:
             if self._engine_shares_model:
                 self._engine.policy_version = self.step
             else:
-                self._engine.load_weights(self.model.state_dict(), self.step)
+                self._engine.load_weights(self.trainer.policy_state(), self.step)
         return self._engine
 
     def _make_engine(self) -> GenerationEngine:
         spec = self.config.engine_spec().model_copy(update={"device": in_process_engine_device(self.config)})
         self._engine_shares_model = (
-            spec.kind == "hf" and spec.dtype == "fp32" and resolve_device(spec.device, "rollout.device") == self.device
+            self.model is not None
+            and spec.kind == "hf"
+            and spec.dtype == "fp32"
+            and resolve_device(spec.device, "rollout.device") == self.device
         )
-        model = None  # vLLM loads the base model from disk: version 0, brought up to date by `engine`
+        # A model read from disk holds version 0 (the base); `engine` brings it up to date.
+        model = None  # vLLM loads the base model itself
         if spec.kind == "hf":
-            model = self.model if self._engine_shares_model else copy.deepcopy(self.model)
+            if self.model is None:  # the policy lives in the DeepSpeed ranks
+                model = load_policy(self.config.model.path, self.config.model.gguf_file)
+            else:
+                model = self.model if self._engine_shares_model else copy.deepcopy(self.model)
         engine = build_engine(
             spec,
             self.config.model.path,
             eos_token_id=self.tokenizer.eos_token_id,
             pad_token_id=self.tokenizer.pad_token_id,
             max_batch_size=self.config.rollout.max_batch_size,
-            policy_version=self.step if model is not None else 0,
+            policy_version=self.step if self.model is not None and model is not None else 0,
             model=model,
         )
         return StopStrings(engine, self.tokenizer)
@@ -305,7 +312,7 @@ class TrainingSession:
             raise RuntimeError(f"the policy is at version {self.step}; cannot publish version {step}")
         started = time.perf_counter()
         if self.fabric is not None:
-            self.fabric.publish(step, self.model.state_dict())
+            self.fabric.publish(step, self.trainer.policy_state())
         return {"version": step, "seconds": time.perf_counter() - started}
 
     def account(self, step: int, tokens_trained: int) -> dict:
@@ -358,9 +365,42 @@ class TrainingSession:
                 self.fabric.close()
             if self._engine is not None:
                 self._engine.close()
+            self.trainer.close()
         finally:
             self.accounting.finish()
             self.accounting.ledger.close()
+
+
+def _make_trainer(config: RunConfig, device: torch.device, pad_token_id: int) -> tuple[Any, PolicyTrainer]:
+    """(model, trainer): the torch trainer owns the policy in this process; the DeepSpeed trainer's
+    ranks own it (model None: this process holds no copy)."""
+    model_config, trainer_config = config.model, config.trainer
+    autocast = "bf16" if model_config.dtype == "bf16" else None
+    if trainer_config.backend == "torch":
+        model = load_policy(model_config.path, model_config.gguf_file).to(device)
+        trainer = Trainer(
+            model,
+            pad_token_id,
+            config.grpo,
+            config.optim,
+            temperature=config.rollout.temperature,
+            autocast_dtype=torch.bfloat16 if autocast else None,
+            gradient_checkpointing=trainer_config.gradient_checkpointing,
+        )
+        return model, trainer
+    spec = TrainSpec(
+        model_path=model_config.path,
+        gguf_file=model_config.gguf_file,
+        device=str(device),
+        autocast=autocast,
+        pad_token_id=pad_token_id,
+        temperature=config.rollout.temperature,
+        grpo=config.grpo,
+        optim=config.optim,
+        trainer=trainer_config,
+    )
+    trainer = DistributedTrainer(spec, config.run.directory / "trainer" / "ranks.log", state_dtype=model_config.dtype)
+    return None, trainer
 
 
 class _Progress:

@@ -1,0 +1,242 @@
+"""The training process's side of the DeepSpeed trainer: launching its ranks, talking to them,
+and telling what happened when one dies.
+
+`RankGroup.start` creates the channel (`rl.distributed.protocol`), launches ``torchrun
+--standalone --nproc-per-node N -m rl.distributed.rank`` as a process group of its own with its
+output in `log_path`, waits for every rank's hello, and sends each the `TrainSpec`. `call(op,
+payloads)` sends one message to every rank and gathers every reply, watching torchrun while it
+waits. When a rank's channel closes, or torchrun exits, or a rank reports an exception, the group
+is failed for good: torchrun stops the other ranks (any left are killed), and `RankFailure` names
+the rank, its pid and its exit (torchrun's report in the log, e.g. ``exitcode: -9``: SIGKILL).
+Later calls raise the same failure; the run's last checkpoint is what a re-run resumes from.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from multiprocessing.connection import Connection, Listener, wait
+from pathlib import Path
+from typing import Any
+
+from rl.distributed.protocol import AUTHKEY_ENV, CHANNEL_ENV, DRIVER_PID_ENV, EXIT_DRIVER_GONE
+
+STOP_GRACE_S = 20.0
+"""How long torchrun may take to stop the other ranks after one died, before they are killed."""
+
+
+class RankFailure(RuntimeError):
+    """A trainer rank died or failed; the message names it and says what to do."""
+
+
+def describe_exit(code: int) -> str:
+    """`-9` -> "killed by SIGKILL (signal 9)", `1` -> "exited with code 1"."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"killed by {name} (signal {-code})"
+    if code == EXIT_DRIVER_GONE:
+        return "exited because the training process was gone"
+    return f"exited with code {code}"
+
+
+_ROOT_CAUSE = re.compile(r"rank\s*:\s*(\d+).*?\n\s*exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)", re.S)
+
+
+def root_cause(log_text: str) -> tuple[int, int, int] | None:
+    """(rank, exit code, pid) of the first failure torchrun observed, from its report in the log."""
+    _, marker, tail = log_text.rpartition("Root Cause")
+    found = _ROOT_CAUSE.search(tail) if marker else None
+    return None if found is None else (int(found[1]), int(found[2]), int(found[3]))
+
+
+class RankGroup:
+    """`world_size` trainer ranks under one torchrun (see the module docstring)."""
+
+    def __init__(self, world_size: int, log_path: Path, start_timeout_s: float, environment: dict[str, str]) -> None:
+        self.world_size = world_size
+        self.log_path = Path(log_path)
+        self.start_timeout_s = start_timeout_s
+        self.environment = environment
+        self.pids: dict[int, int] = {}
+        """Rank -> pid, from each rank's hello."""
+        self.process: subprocess.Popen | None = None
+        self._conns: dict[int, Connection] = {}
+        self._lock = threading.Lock()
+        self._failure: RankFailure | None = None
+        self._socket_dir: str | None = None
+        self._log_offset = 0
+
+    # -- start ------------------------------------------------------------------------------
+
+    def start(self, spec: dict[str, Any]) -> list[dict]:
+        """Launch the ranks, wait for their hellos, send them `spec`; returns their init replies."""
+        self._socket_dir = tempfile.mkdtemp(prefix="rlboost-trainer-")  # 0700: only this user connects
+        address = os.path.join(self._socket_dir, "channel")
+        key = secrets.token_bytes(32)
+        listener = Listener(address, family="AF_UNIX", authkey=key)
+        env = {
+            **os.environ,
+            **self.environment,
+            CHANNEL_ENV: address,
+            AUTHKEY_ENV: key.hex(),
+            DRIVER_PID_ENV: str(os.getpid()),
+        }
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nnodes=1",
+            f"--nproc-per-node={self.world_size}",
+            "--max-restarts=0",
+            "-m",
+            "rl.distributed.rank",
+        ]
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self._log_offset = log.tell()
+            self.process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+            )
+        try:
+            self._accept(listener)
+        finally:
+            listener.close()
+        return self.call("init", [spec] * self.world_size, timeout_s=self.start_timeout_s)
+
+    def _accept(self, listener: Listener) -> None:
+        accepted: list[Connection] = []
+        errors: list[BaseException] = []
+
+        def accept_all() -> None:
+            try:
+                while len(accepted) < self.world_size:
+                    accepted.append(listener.accept())
+            except BaseException as exc:  # the listener closed on a timeout, or a bad key
+                errors.append(exc)
+
+        thread = threading.Thread(target=accept_all, name="trainer-accept", daemon=True)
+        thread.start()
+        deadline = time.monotonic() + self.start_timeout_s
+        while thread.is_alive():
+            thread.join(0.2)
+            if self.process.poll() is not None and thread.is_alive():
+                self._fail(
+                    None, "start", f"torchrun {describe_exit(self.process.returncode)} before every rank connected"
+                )
+            if time.monotonic() > deadline:
+                self._fail(None, "start", f"the ranks did not connect within {self.start_timeout_s:.0f} s")
+        if errors:
+            self._fail(None, "start", f"accepting the ranks failed: {errors[0]}")
+        for conn in accepted:
+            op, rank, pid = conn.recv()
+            self._conns[rank] = conn
+            self.pids[rank] = pid
+
+    # -- calls ------------------------------------------------------------------------------
+
+    def call(self, op: str, payloads: list[Any] | None = None, timeout_s: float | None = None) -> list[Any]:
+        """Send `op` (with `payloads[rank]`) to every rank; their reply values, by rank."""
+        with self._lock:
+            if self._failure is not None:
+                raise self._failure
+            payloads = payloads if payloads is not None else [None] * self.world_size
+            for rank, conn in sorted(self._conns.items()):
+                try:
+                    conn.send((op, payloads[rank]))
+                except OSError:
+                    self._fail(rank, op, "its channel closed")
+            replies: dict[int, Any] = {}
+            deadline = None if timeout_s is None else time.monotonic() + timeout_s
+            while len(replies) < self.world_size:
+                waiting = {conn: rank for rank, conn in self._conns.items() if rank not in replies}
+                for conn in wait(list(waiting), timeout=0.5):
+                    rank = waiting[conn]
+                    try:
+                        status, value = conn.recv()
+                    except (EOFError, OSError):
+                        self._fail(rank, op, "its channel closed")
+                    if status == "error":
+                        self._fail(rank, op, "it raised an exception:\n" + _last_lines(value, 12))
+                    replies[rank] = value
+                if self.process.poll() is not None and len(replies) < self.world_size:
+                    self._fail(None, op, f"torchrun {describe_exit(self.process.returncode)}")
+                if deadline is not None and time.monotonic() > deadline:
+                    self._fail(None, op, f"no reply within {timeout_s:.0f} s")
+            return [replies[rank] for rank in range(self.world_size)]
+
+    def _fail(self, rank: int | None, op: str, what: str) -> None:
+        """Stop every rank, work out who died and how, remember and raise the failure."""
+        self._stop(grace_s=STOP_GRACE_S)
+        cause = root_cause(self._log_since_start())
+        culprit = cause[0] if cause else rank
+        if cause is not None:
+            culprit, code, pid = cause
+            detail = f"trainer rank {culprit} (pid {pid}) {describe_exit(code)} during {op!r}"
+            if culprit == rank and what.startswith("it raised"):
+                detail += f"; {what}\n"
+        elif culprit is not None:
+            detail = f"trainer rank {culprit} (pid {self.pids.get(culprit, '?')}) failed during {op!r}: {what}"
+        else:
+            detail = f"the trainer ranks failed during {op!r}: {what}"
+        self._failure = RankFailure(
+            f"{detail}; every rank is stopped. The run keeps its last checkpoint: run it again to resume "
+            f"from there. Rank output: {self.log_path}"
+        )
+        raise self._failure
+
+    def _log_since_start(self) -> str:
+        """What torchrun and the ranks wrote since this group started (the log is appended to)."""
+        if not self.log_path.exists():
+            return ""
+        with open(self.log_path, "rb") as log:
+            log.seek(self._log_offset)
+            return log.read().decode(errors="replace")
+
+    # -- stop -------------------------------------------------------------------------------
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None and self._failure is None
+
+    def close(self) -> None:
+        """Tell the ranks to exit, then make sure torchrun and every rank are gone."""
+        if self.alive:
+            try:
+                self.call("close", timeout_s=30.0)
+            except RankFailure:
+                pass
+        self._stop(grace_s=30.0)
+        for conn in self._conns.values():
+            conn.close()
+        if self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+
+    def _stop(self, grace_s: float) -> None:
+        """Wait `grace_s` for torchrun to exit (it stops its ranks), then kill its process group."""
+        if self.process is None:
+            return
+        try:
+            self.process.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)  # ranks left in torchrun's group
+        except ProcessLookupError:
+            pass
+        self.process.wait()
+
+
+def _last_lines(text: str, count: int) -> str:
+    return "\n".join(str(text).rstrip().splitlines()[-count:])

@@ -1,0 +1,73 @@
+"""What the training process and its trainer ranks say to each other (`rl.distributed.group`,
+`rl.distributed.rank`).
+
+The channel is a `multiprocessing.connection` over a Unix socket in a private (0700) directory,
+authenticated by a random key; its address, the key and the driver's pid reach the ranks in their
+environment. Every message is ``(op, payload)`` of plain Python values; a reply is ``("ok",
+value)`` or ``("error", traceback)``. Tensors never travel except the published policy, as
+safetensors bytes (``state``).
+
+Messages, each sent to every rank and answered by every rank:
+
+========== ============================================= ==========================================
+op         payload                                       reply value
+========== ============================================= ==========================================
+init       `TrainSpec` as a dict                         ``{"rank", "device", "threads"}``
+begin      None                                          None
+accumulate ``{"batch": wire batch | None, "rounds": n}`` None
+finish     ``{"weight": w}`` (the step's divisor)        metric sums, ``grad_norm``, ``lr``
+abandon    None                                          None
+state      ``{"dtype": "bf16" | "fp32" | ... | None}``   safetensors bytes on rank 0, else None
+save       ``{"directory": path}``                       None
+load       ``{"directory": path}``                       the restored step
+close      None                                          None
+========== ============================================= ==========================================
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from rl.config import GRPOConfig, OptimConfig, TrainerConfig
+from rl.trainer import TrainBatch
+
+CHANNEL_ENV = "RLBOOST_TRAINER_CHANNEL"
+"""Address (a Unix socket path) of the training process's channel."""
+AUTHKEY_ENV = "RLBOOST_TRAINER_AUTHKEY"
+"""Hex of the channel's authentication key."""
+DRIVER_PID_ENV = "RLBOOST_TRAINER_DRIVER_PID"
+"""Pid of the training process: a rank exits when it is gone."""
+EXIT_DRIVER_GONE = 3
+"""Exit code of a rank whose training process died."""
+
+
+class TrainSpec(BaseModel):
+    """Everything a rank needs to build its trainer."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model_path: Path
+    gguf_file: str | None = None
+    device: str
+    autocast: str | None = None
+    """``"bf16"`` for bf16 autocast (mixed precision), None for fp32."""
+    pad_token_id: int
+    temperature: float
+    grpo: GRPOConfig
+    optim: OptimConfig
+    trainer: TrainerConfig
+
+
+def batch_to_wire(batch: TrainBatch) -> dict:
+    return {
+        "prompt_ids": batch.prompt_ids,
+        "response_ids": batch.response_ids,
+        "rollout_logprobs": batch.rollout_logprobs,
+        "advantages": batch.advantages,
+    }
+
+
+def batch_from_wire(data: dict) -> TrainBatch:
+    return TrainBatch(data["prompt_ids"], data["response_ids"], data["rollout_logprobs"], data["advantages"])

@@ -1,0 +1,282 @@
+"""One rank of the DeepSpeed trainer: a process started by torchrun, driven over its channel.
+
+`python -m rl.distributed.rank` is what `rl.distributed.group.RankGroup` launches, `world_size`
+times, under `torchrun --standalone`. Each rank joins the process group (gloo on CPU, NCCL on
+GPU), connects to the training process's channel (a Unix socket whose address and key come in
+its environment, never on its command line), says hello with its rank and pid, and then answers
+one message at a time (`rl.distributed.protocol`) until `close` or until its channel closes.
+
+`RankTrainer` is the torch `Trainer` with DeepSpeed underneath: the same per-micro-batch GRPO
+loss (`Trainer.accumulate_micro_batch`), `engine.backward` instead of `loss.backward`, and
+`engine.step` (ZeRO-sharded AdamW, gradient clipping, the learning-rate schedule) instead of
+`optimizer.step`. Gradient accumulation is the caller's (DeepSpeed's unmanaged mode): every
+micro-batch sums its loss; at `finish` the divisor of the whole step (its tokens or sequences over
+all ranks, known only then) becomes DeepSpeed's loss scale, so DeepSpeed's unscale-and-clip
+divides the gradients by it and clips the unscaled norm, exactly as the torch trainer does.
+
+ZeRO-2 and -3 reduce gradients during every backward, so all ranks make the same number of
+forward/backward passes: the driver tells each `accumulate` how many (`rounds`), and a rank with
+fewer samples makes zero-weight passes on a one-token sample (the same graph, so the same
+collectives in the same order). Dropping an accumulated step (`abandon`) is one NaN-weighted pass
+and a step, which DeepSpeed skips as an overflow, clearing every rank's gradient partitions.
+
+Orphans: a watchdog thread ends the rank when the training process is gone (it polls its pid),
+so no rank outlives a driver killed by any signal; torchrun then exits too.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import threading
+import time
+import traceback
+from datetime import timedelta
+from multiprocessing.connection import Client
+from pathlib import Path
+
+import torch
+from safetensors.torch import save, save_file
+
+from rl.config import OptimConfig, TrainerConfig
+from rl.devices import TORCH_DTYPES
+from rl.distributed.protocol import (
+    AUTHKEY_ENV,
+    CHANNEL_ENV,
+    DRIVER_PID_ENV,
+    EXIT_DRIVER_GONE,
+    TrainSpec,
+    batch_from_wire,
+)
+from rl.models import load_model
+from rl.trainer import WEIGHTS_FILE, Accumulation, TrainBatch, Trainer
+
+CHECKPOINT_TAG = "state"
+"""DeepSpeed's tag (subdirectory) of the sharded state inside a checkpoint's `deepspeed/`."""
+
+
+def deepspeed_config(trainer: TrainerConfig, optim: OptimConfig) -> dict:
+    """DeepSpeed's configuration: ZeRO at the configured stage, caller-owned accumulation,
+    clipping at the torch trainer's norm; batch sizes are nominal (there is no DeepSpeed data loader)."""
+    return {
+        "train_micro_batch_size_per_gpu": optim.micro_batch_size,
+        "gradient_accumulation_steps": 1,
+        "managed_gradient_accumulation": False,
+        "gradient_clipping": optim.max_grad_norm,
+        "zero_optimization": {"stage": trainer.zero_stage, "stage3_gather_16bit_weights_on_model_save": False},
+        "steps_per_print": 1 << 30,
+        "wall_clock_breakdown": False,
+    }
+
+
+class RankTrainer(Trainer):
+    """The GRPO trainer of one rank (see the module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, spec: TrainSpec, world_size: int) -> None:
+        import deepspeed
+
+        super().__init__(
+            model,
+            spec.pad_token_id,
+            spec.grpo,
+            spec.optim,
+            temperature=spec.temperature,
+            autocast_dtype=torch.bfloat16 if spec.autocast == "bf16" else None,
+            gradient_checkpointing=spec.trainer.gradient_checkpointing,
+        )
+        self.world_size = world_size
+        self.zero_stage = spec.trainer.zero_stage
+        self.engine, _, _, _ = deepspeed.initialize(
+            model=model,
+            optimizer=self.optimizer,
+            lr_scheduler=self.scheduler,
+            config=deepspeed_config(spec.trainer, spec.optim),
+        )
+        self.module = model
+        self.model = self.engine  # forward passes go through the engine (ZeRO-3 gathers there)
+        self._dummy = TrainBatch([[spec.pad_token_id]], [[spec.pad_token_id]], [[0.0]], [0.0])
+        """A one-token sample: the pass a rank makes when it has no micro-batch of its own."""
+        self.engine.optimizer.override_loss_scale(1.0)
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss)
+
+    def begin_step(self) -> None:
+        self._pending = Accumulation()
+
+    def accumulate_share(self, batch: TrainBatch | None, rounds: int) -> None:
+        """This rank's share of a piece of the step, in exactly `rounds` forward/backward passes."""
+        acc = self._pending
+        if acc is None:
+            raise RuntimeError("accumulate outside a step")
+        self.model.train()
+        size = self.optim_config.micro_batch_size
+        for index in range(rounds):
+            chunk = range(index * size, min((index + 1) * size, len(batch) if batch else 0))
+            if not (batch and len(chunk) and self.accumulate_micro_batch(batch, chunk, acc)):
+                self.accumulate_micro_batch(self._dummy, range(1), acc, scale=0.0)
+        self.model.eval()
+
+    def finish(self, weight: float) -> dict:
+        """The optimizer step; `weight` is the whole step's divisor (over every rank). Returns this
+        rank's metric sums, the gradient norm and the learning rate it stepped with."""
+        acc = self._pending
+        self._pending = None
+        self.engine.optimizer.override_loss_scale(weight / self.world_size)
+        try:
+            self.engine.step()
+        finally:
+            self.engine.optimizer.override_loss_scale(1.0)
+        lr = self.optimizer.param_groups[0]["lr"]  # after the scheduler's step, as the torch trainer reports it
+        norm = self.engine.get_global_grad_norm()
+        norm = float("inf") if norm is None else float(norm)
+        if math.isfinite(norm):  # else DeepSpeed skipped the update as an overflow
+            self.step += 1
+        sums = {"weighted": {}, "per_token": {}}
+        if acc is not None:
+            for group in ("weighted", "per_token"):
+                sums[group] = {k: float(v) for k, v in getattr(acc, group).items()}
+        return {**sums, "grad_norm": norm, "lr": lr}
+
+    def abandon(self) -> None:
+        """Drop the step's accumulated gradients on every rank; the policy is unchanged."""
+        self._pending = Accumulation()
+        self.model.train()
+        self.accumulate_micro_batch(self._dummy, range(1), self._pending, scale=float("nan"))
+        self.model.eval()
+        self.engine.step()  # an overflow: skipped, gradients cleared, no scheduler step
+        self._pending = None
+
+    def full_state(self, dtype: torch.dtype | None, rank: int) -> dict[str, torch.Tensor] | None:
+        """The whole policy on rank 0 (gathered from every rank under ZeRO-3), else None."""
+        parameters = list(self.module.parameters())
+        if self.zero_stage == 3:
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(parameters, modifier_rank=None):
+                return self._cast_state(dtype) if rank == 0 else None
+        return self._cast_state(dtype) if rank == 0 else None
+
+    def _cast_state(self, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+        state = {}
+        for name, tensor in self.module.state_dict().items():
+            tensor = tensor.detach()
+            if dtype is not None and tensor.is_floating_point():
+                tensor = tensor.to(dtype)
+            state[name] = tensor.to("cpu").contiguous().clone()
+        return state
+
+    def save(self, directory: Path, rank: int) -> None:
+        """Every rank writes its shard of the optimizer state; rank 0 also the full weights."""
+        weights = self.full_state(None, rank)
+        if weights is not None:
+            save_file(weights, str(directory / WEIGHTS_FILE))
+        self.engine.save_checkpoint(
+            str(directory / "deepspeed"), tag=CHECKPOINT_TAG, client_state={"step": self.step}, save_latest=False
+        )
+
+    def load(self, directory: Path) -> int:
+        path, client = self.engine.load_checkpoint(
+            str(directory / "deepspeed"), tag=CHECKPOINT_TAG, load_optimizer_states=True, load_lr_scheduler_states=True
+        )
+        if path is None:
+            raise FileNotFoundError(f"no DeepSpeed state under {directory / 'deepspeed'}")
+        self.step = int(client["step"])
+        return self.step
+
+
+def _watch_driver(pid: int) -> None:
+    """End this rank when the training process is gone (it may have been SIGKILLed)."""
+    while True:
+        time.sleep(1.0)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            print(f"rank {os.environ.get('RANK')}: the training process {pid} is gone; exiting", flush=True)
+            os._exit(EXIT_DRIVER_GONE)
+        except PermissionError:
+            pass  # alive, another user's (not ours): keep watching
+
+
+def _init_process_group(spec: TrainSpec) -> torch.device:
+    import deepspeed
+
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device(spec.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=spec.trainer.collective_timeout_s))
+    return device
+
+
+def serve(conn, rank: int, world_size: int) -> None:
+    """Answer the driver's messages until `close` (or a closed channel)."""
+    op, spec = conn.recv()
+    if op != "init":
+        raise RuntimeError(f"expected init, got {op!r}")
+    spec = TrainSpec.model_validate(spec)
+    threads = spec.trainer.threads_per_rank or max(1, (os.cpu_count() or 1) // world_size)
+    torch.set_num_threads(threads)
+    device = _init_process_group(spec)
+    model, _ = load_model(spec.model_path, spec.gguf_file)
+    trainer = RankTrainer(model.to(device), spec, world_size)
+    conn.send(("ok", {"rank": rank, "device": str(device), "threads": threads}))
+    while True:
+        try:
+            op, payload = conn.recv()
+        except EOFError:
+            return  # the driver closed the channel (or died): nothing to hand back
+        if op == "close":
+            conn.send(("ok", None))
+            return
+        conn.send(("ok", _handle(trainer, op, payload, rank)))
+
+
+def _handle(trainer: RankTrainer, op: str, payload, rank: int):
+    if op == "begin":
+        trainer.begin_step()
+        return None
+    if op == "accumulate":
+        batch = batch_from_wire(payload["batch"]) if payload["batch"] else None
+        trainer.accumulate_share(batch, payload["rounds"])
+        return None
+    if op == "finish":
+        return trainer.finish(payload["weight"])
+    if op == "abandon":
+        trainer.abandon()
+        return None
+    if op == "state":
+        dtype = TORCH_DTYPES[payload["dtype"]] if payload["dtype"] else None
+        state = trainer.full_state(dtype, rank)
+        return None if state is None else save(state)
+    if op == "save":
+        trainer.save(Path(payload["directory"]), rank)
+        return None
+    if op == "load":
+        return trainer.load(Path(payload["directory"]))
+    raise ValueError(f"unknown message {op!r}")
+
+
+def main() -> int:
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    threading.Thread(target=_watch_driver, args=(int(os.environ[DRIVER_PID_ENV]),), daemon=True).start()
+    conn = Client(os.environ[CHANNEL_ENV], family="AF_UNIX", authkey=bytes.fromhex(os.environ[AUTHKEY_ENV]))
+    conn.send(("hello", rank, os.getpid()))
+    try:
+        serve(conn, rank, world_size)
+    except BaseException:
+        text = traceback.format_exc()
+        print(f"rank {rank} failed:\n{text}", file=sys.stderr, flush=True)
+        try:
+            conn.send(("error", text))
+        except OSError:
+            pass
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""`DistributedTrainer`: the GRPO trainer as a group of DeepSpeed ranks, with the torch
+`Trainer`'s interface, so the training session and `rl.streaming.StreamedStep` drive either.
+
+It lives in the training process and holds no model: each `accumulate` splits its samples across
+the ranks by tokens (`rl.distributed.split`) and sends each rank its share; `finish_step` sends the
+step's divisor (its tokens or sequences, counted here exactly as the torch trainer counts them)
+and combines the ranks' metric sums into the same metrics. `policy_state()` gathers the whole
+policy once per version, in the engines' dtype, from rank 0 (`rl.distributed.rank`).
+
+Checkpoints: every rank writes its shard of the ZeRO state under the checkpoint's `deepspeed/`
+(DeepSpeed's own checkpointing) and rank 0 the full `model.safetensors`; `rl.checkpoint` adds the
+driver's RNG and data cursor. A checkpoint resumes on the same world size and ZeRO stage; another
+one fails before any rank starts training, with what to set.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load
+from torch import Tensor
+
+from rl.config import GRPOConfig, OptimConfig, TrainerConfig
+from rl.distributed.group import RankGroup
+from rl.distributed.protocol import TrainSpec, batch_to_wire
+from rl.distributed.split import TokenBalancer, rounds
+from rl.trainer import CheckpointMismatch, TrainBatch
+
+
+@dataclass
+class _StepTotals:
+    tokens: float = 0.0
+    sequences: float = 0.0
+    weight: float = 0.0
+
+
+class DistributedTrainer:
+    """A DeepSpeed trainer of `trainer.world_size` ranks (see the module docstring)."""
+
+    def __init__(
+        self,
+        spec: TrainSpec,
+        log_path: Path,
+        state_dtype: str | None = None,
+        environment: dict[str, str] | None = None,
+    ) -> None:
+        """`state_dtype`: dtype of `policy_state()` (the engines'); `environment`: extra variables of the ranks."""
+        self.spec = spec
+        self.config: TrainerConfig = spec.trainer
+        self.grpo: GRPOConfig = spec.grpo
+        self.optim_config: OptimConfig = spec.optim
+        self.state_dtype = state_dtype
+        self.step = 0
+        self._pending: _StepTotals | None = None
+        self._balancer = TokenBalancer(self.config.world_size)
+        self._state: tuple[int, dict[str, Tensor]] | None = None
+        env = dict(environment or {})
+        if torch.device(spec.device).type == "cpu":
+            env.setdefault("DS_ACCELERATOR", "cpu")
+        self.group = RankGroup(self.config.world_size, log_path, self.config.start_timeout_s, env)
+        try:
+            self.ranks = self.group.start(spec.model_dump(mode="json"))
+        except BaseException:
+            self.group.close()
+            raise
+
+    @property
+    def samples_per_accumulate(self) -> int:
+        """One micro-batch per rank."""
+        return self.optim_config.micro_batch_size * self.config.world_size
+
+    @property
+    def accumulating(self) -> bool:
+        return self._pending is not None
+
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        if not len(batch):
+            raise ValueError("empty TrainBatch")
+        self.begin_step()
+        self.accumulate(batch)
+        return self.finish_step()
+
+    def begin_step(self) -> None:
+        if self._pending is not None:
+            self.abandon_step()
+        self.group.call("begin")
+        self._balancer.reset()
+        self._pending = _StepTotals()
+
+    def accumulate(self, batch: TrainBatch) -> None:
+        """Split `batch` by tokens and add each share's gradient on its rank."""
+        totals = self._pending
+        if totals is None:
+            raise RuntimeError("accumulate() outside a step: call begin_step() first")
+        lengths = [len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids)]
+        shares = self._balancer.split(lengths)
+        passes = rounds(shares, self.optim_config.micro_batch_size)
+        payloads = [
+            {"batch": batch_to_wire(_select(batch, share)) if share else None, "rounds": passes} for share in shares
+        ]
+        self.group.call("accumulate", payloads)
+        # Counted as the torch trainer counts them (a micro-batch without tokens adds nothing).
+        size = self.optim_config.micro_batch_size
+        for share in shares:
+            for start in range(0, len(share), size):
+                responses = [batch.response_ids[i] for i in share[start : start + size]]
+                tokens = float(sum(len(r) for r in responses))
+                sequences = float(sum(1 for r in responses if r))
+                totals.tokens += tokens
+                totals.sequences += sequences
+                totals.weight += tokens if self.grpo.aggregation == "token" else sequences
+
+    def finish_step(self) -> dict[str, float]:
+        totals = self._pending
+        if totals is None:
+            raise RuntimeError("finish_step() outside a step: call begin_step() first")
+        if totals.tokens == 0:
+            self.abandon_step()
+            raise ValueError("the step has no response tokens to train on")
+        self._pending = None
+        replies = self.group.call("finish", [{"weight": totals.weight}] * self.config.world_size)
+        norm = replies[0]["grad_norm"]
+        if not math.isfinite(norm):
+            raise FloatingPointError(f"non-finite gradient norm at step {self.step}; update skipped")
+        self.step += 1
+        weighted = _sum(reply["weighted"] for reply in replies)
+        per_token = _sum(reply["per_token"] for reply in replies)
+        metrics = {key: value / totals.weight for key, value in weighted.items()}
+        metrics.update(
+            rollout_logprob_gap=per_token["logprob_gap"] / totals.tokens,
+            grad_norm=norm,
+            entropy=per_token["entropy"] / totals.tokens,
+            lr=replies[0]["lr"],
+            response_tokens=totals.tokens,
+        )
+        return metrics
+
+    def abandon_step(self) -> None:
+        """Drop the accumulated step on every rank (the policy is unchanged)."""
+        self._pending = None
+        self.group.call("abandon")
+
+    def policy_state(self) -> dict[str, Tensor]:
+        """The policy at version `step`, gathered once per version from rank 0 in `state_dtype`."""
+        if self._state is None or self._state[0] != self.step:
+            blob = self.group.call("state", [{"dtype": self.state_dtype}] * self.config.world_size)[0]
+            self._state = (self.step, load(blob))
+        return self._state[1]
+
+    def save_state(self, directory: Path) -> dict:
+        self.group.call("save", [{"directory": str(directory)}] * self.config.world_size)
+        return {
+            "backend": "deepspeed",
+            "world_size": self.config.world_size,
+            "zero_stage": self.config.zero_stage,
+            "step": self.step,
+        }
+
+    def load_state(self, directory: Path, state: dict) -> None:
+        backend = state.get("backend", "torch")
+        if backend != "deepspeed":
+            raise CheckpointMismatch(
+                f"checkpoint {directory} was written by the torch trainer; this run has trainer.backend: deepspeed. "
+                "Resume it with trainer.backend=torch (one process), or start a new run"
+            )
+        if (state["world_size"], state["zero_stage"]) != (self.config.world_size, self.config.zero_stage):
+            raise CheckpointMismatch(
+                f"checkpoint {directory} holds ZeRO-{state['zero_stage']} optimizer state sharded over "
+                f"{state['world_size']} ranks; this run has trainer.world_size={self.config.world_size} and "
+                f"trainer.zero_stage={self.config.zero_stage}. Resume it with --set trainer.world_size="
+                f"{state['world_size']} --set trainer.zero_stage={state['zero_stage']}, or start a new run "
+                f"(its weights alone are in {directory / 'model.safetensors'})"
+            )
+        steps = self.group.call("load", [{"directory": str(directory)}] * self.config.world_size)
+        if len(set(steps)) != 1 or steps[0] != state["step"]:
+            raise RuntimeError(f"checkpoint {directory}: the ranks restored steps {steps}, expected {state['step']}")
+        self.step = state["step"]
+        self._state = None
+
+    def close(self) -> None:
+        """Stop the ranks (idempotent)."""
+        self.group.close()
+
+
+def _select(batch: TrainBatch, indices: list[int]) -> TrainBatch:
+    return TrainBatch(
+        [batch.prompt_ids[i] for i in indices],
+        [batch.response_ids[i] for i in indices],
+        [batch.rollout_logprobs[i] for i in indices],
+        [batch.advantages[i] for i in indices],
+    )
+
+
+def _sum(dicts) -> dict[str, float]:
+    total: dict[str, float] = {}
+    for d in dicts:
+        for key, value in d.items():
+            total[key] = total.get(key, 0.0) + value
+    return total
