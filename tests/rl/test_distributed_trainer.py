@@ -1,0 +1,203 @@
+"""The DeepSpeed trainer (rl/distributed/) against the torch trainer, with real ranks under torchrun:
+the same update on 2 ranks for every ZeRO stage, exact resume from sharded checkpoints, clear
+refusals of checkpoints it cannot resume, a dropped step, and what happens when a rank or the
+training process is killed."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from rl.config import GRPOConfig, OptimConfig, TrainerConfig
+from rl.distributed.group import RankFailure
+from rl.distributed.protocol import TrainSpec
+from rl.distributed.trainer import DistributedTrainer
+from rl.models import TinyLlamaShape, load_model
+from rl.trainer import CheckpointMismatch, TrainBatch, Trainer
+from tests.helpers import save_tiny_model
+
+pytestmark = pytest.mark.integration
+
+GRPO = GRPOConfig(kl_coef=0.05)
+OPTIM = OptimConfig(lr=1e-3, micro_batch_size=3, warmup_steps=2)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return save_tiny_model(
+        tmp_path_factory.mktemp("ds") / "base",
+        TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128),
+    )
+
+
+def random_batch(size: int = 11, seed: int = 0) -> TrainBatch:
+    rng = random.Random(seed)
+    prompts, responses, logprobs, advantages = [], [], [], []
+    for i in range(size):
+        prompts.append([1] + [rng.randrange(4, 90) for _ in range(rng.randint(2, 12))])
+        length = 0 if i == 4 else rng.randint(1, 9)  # one empty response, lengths that differ a lot
+        responses.append([rng.randrange(4, 90) for _ in range(length)])
+        logprobs.append([-4.5 + rng.uniform(-0.3, 0.3) for _ in range(length)])
+        advantages.append(rng.uniform(-1.5, 1.5))
+    return TrainBatch(prompts, responses, logprobs, advantages)
+
+
+def pieces(batch: TrainBatch, cut: int) -> list[TrainBatch]:
+    """`batch` as two streamed pieces."""
+    parts = (slice(0, cut), slice(cut, len(batch)))
+    return [
+        TrainBatch(batch.prompt_ids[s], batch.response_ids[s], batch.rollout_logprobs[s], batch.advantages[s])
+        for s in parts
+    ]
+
+
+def ranks(model_dir: Path, tmp_path: Path, world_size: int = 2, zero_stage: int = 2) -> DistributedTrainer:
+    tokenizer = load_model(model_dir)[1]
+    spec = TrainSpec(
+        model_path=model_dir,
+        device="cpu",
+        pad_token_id=tokenizer.pad_token_id,
+        temperature=1.0,
+        grpo=GRPO,
+        optim=OPTIM,
+        trainer=TrainerConfig(backend="deepspeed", world_size=world_size, zero_stage=zero_stage, threads_per_rank=1),
+    )
+    return DistributedTrainer(spec, tmp_path / "ranks.log")
+
+
+def torch_trainer(model_dir: Path) -> Trainer:
+    model, tokenizer = load_model(model_dir)
+    return Trainer(model, tokenizer.pad_token_id, GRPO, OPTIM)
+
+
+def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("zero_stage", [1, 2, 3])
+def test_two_ranks_take_the_torch_trainers_step(model_dir, tmp_path, zero_stage):
+    reference = torch_trainer(model_dir)
+    want = reference.train_step(random_batch(seed=0))
+    distributed = ranks(model_dir, tmp_path, zero_stage=zero_stage)
+    try:
+        # Streamed in two pieces of different sizes; the ranks split each by tokens.
+        distributed.begin_step()
+        for piece in pieces(random_batch(seed=0), 7):
+            distributed.accumulate(piece)
+        got = distributed.finish_step()
+        assert distributed.step == reference.step == 1
+        assert max_difference(distributed.policy_state(), reference.policy_state()) <= 1e-5
+        for key in ("loss", "kl", "entropy", "grad_norm", "lr", "response_tokens", "rollout_logprob_gap"):
+            assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
+    finally:
+        distributed.close()
+
+
+def test_a_resumed_trainer_continues_exactly_and_refuses_what_it_cannot_resume(model_dir, tmp_path):
+    root = tmp_path / "checkpoints"
+    first = ranks(model_dir, tmp_path)
+    try:
+        for seed in (0, 1):
+            first.train_step(random_batch(seed=seed))
+        path = save_checkpoint(root, first, {"cursor": 2})
+        for seed in (2, 3):
+            first.train_step(random_batch(seed=seed))
+        straight = {k: v.clone() for k, v in first.policy_state().items()}
+    finally:
+        first.close()
+    assert (path / "model.safetensors").exists()
+    assert sorted(p.name for p in (path / "deepspeed" / "state").glob("zero_pp_rank_*")) == [
+        "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "zero_pp_rank_1_mp_rank_00_optim_states.pt",
+    ]
+
+    resumed = ranks(model_dir, tmp_path)
+    try:
+        assert load_checkpoint(latest_checkpoint(root), resumed) == {"cursor": 2}
+        assert resumed.step == 2
+        for seed in (2, 3):
+            resumed.train_step(random_batch(seed=seed))
+        assert max_difference(resumed.policy_state(), straight) == 0.0
+
+        # A dropped step changes nothing: the next step is the one a trainer that never saw it takes.
+        before = {k: v.clone() for k, v in resumed.policy_state().items()}
+        resumed.begin_step()
+        resumed.accumulate(random_batch(seed=9))
+        resumed.abandon_step()
+        assert max_difference(resumed.policy_state(), before) == 0.0
+
+        torch_side = torch_trainer(model_dir)
+        with pytest.raises(CheckpointMismatch, match=r"trainer\.backend=deepspeed trainer\.world_size=2"):
+            load_checkpoint(path, torch_side)
+        torch_checkpoint = save_checkpoint(tmp_path / "torch-checkpoints", torch_side, {})
+        with pytest.raises(CheckpointMismatch, match=r"written by the torch trainer"):
+            load_checkpoint(torch_checkpoint, resumed)
+        state = torch.load(path / "trainer.pt", weights_only=False)["trainer"]
+        with pytest.raises(CheckpointMismatch, match=r"sharded over 3 ranks.*--set trainer\.world_size=3"):
+            resumed.load_state(path, {**state, "world_size": 3})
+        assert resumed.step == 4  # the refused checkpoint touched nothing
+    finally:
+        resumed.close()
+
+
+def test_a_killed_rank_fails_the_step_naming_it_and_leaves_no_process(model_dir, tmp_path):
+    distributed = ranks(model_dir, tmp_path)
+    pids = dict(distributed.group.pids)
+    launcher = distributed.group.process.pid
+    try:
+        distributed.train_step(random_batch(seed=0))
+        distributed.begin_step()
+        distributed.accumulate(random_batch(seed=1))
+        os.kill(pids[1], signal.SIGKILL)  # mid-step: gradients accumulated, no optimizer step yet
+        with pytest.raises(RankFailure, match=rf"rank 1 \(pid {pids[1]}\) killed by SIGKILL.*resume"):
+            distributed.finish_step()
+        with pytest.raises(RankFailure, match="rank 1"):  # failed for good
+            distributed.policy_state()
+    finally:
+        distributed.close()
+    assert not any(alive(pid) for pid in [*pids.values(), launcher])
+
+
+def test_the_ranks_end_when_the_training_process_dies(model_dir, tmp_path):
+    driver = textwrap.dedent(
+        f"""
+        import sys, time
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
+        from pathlib import Path
+        from tests.rl.test_distributed_trainer import ranks
+        trainer = ranks(Path({str(model_dir)!r}), Path({str(tmp_path)!r}))
+        print(trainer.group.process.pid, *trainer.group.pids.values(), flush=True)
+        time.sleep(600)
+        """
+    )
+    process = subprocess.Popen([sys.executable, "-c", driver], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in process.stdout.readline().split()]
+        assert len(pids) == 3 and all(alive(p) for p in pids)
+        process.kill()  # SIGKILL: nothing of the driver runs after this
+        process.wait()
+        deadline = time.monotonic() + 30
+        while any(alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(alive(p) for p in pids), "a rank or torchrun outlived the training process"
+    finally:
+        process.kill()
