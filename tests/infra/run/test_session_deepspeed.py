@@ -1,0 +1,96 @@
+"""A training session with the DeepSpeed trainer (infra/run/session.py + rl/distributed/): steps,
+evaluation on the gathered policy, bf16 with gradient checkpointing, and a rank killed mid-step
+whose run resumes from its last checkpoint."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+
+from infra.run.config import load_config
+from infra.run.session import TrainingSession
+from rl.distributed.group import RankFailure
+from rl.models import TinyLlamaShape
+from tests.helpers import save_tiny_model
+
+pytestmark = pytest.mark.integration
+
+
+def _config(tmp_path, **overrides):
+    base = tmp_path / "base"
+    if not base.exists():
+        save_tiny_model(base, TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128))
+    return load_config(
+        None,
+        {
+            "model.path": str(base),
+            "run.output_dir": str(tmp_path / "runs"),
+            "run.name": "deepspeed",
+            "fabric.enabled": False,
+            "rollout.prompts_per_step": 4,
+            "rollout.group_size": 4,
+            "optim.lr": 1e-2,
+            "optim.micro_batch_size": 4,
+            "eval.size": 8,
+            "trainer.backend": "deepspeed",
+            "trainer.world_size": 2,
+            "trainer.threads_per_rank": 1,
+            "ledger.url": f"sqlite:///{tmp_path / 'ledger.sqlite'}",
+            **overrides,
+        },
+    )
+
+
+def _step(session: TrainingSession, step: int) -> dict:
+    rollout = session.rollout(step)
+    scores = session.score(step, rollout["path"])
+    metrics = session.train(step, rollout["path"], scores["path"])
+    session.record(step, {"step": step, "reward": scores["reward"]})
+    return metrics
+
+
+def test_a_killed_rank_fails_the_step_and_the_rerun_resumes_from_the_checkpoint(tmp_path):
+    config = _config(tmp_path)
+    session = TrainingSession(config)
+    try:
+        assert session.model is None  # the policy lives in the ranks
+        for step in (1, 2):
+            metrics = _step(session, step)
+            assert metrics["response_tokens"] > 0  # (an untrained model earns no reward: zero gradients)
+        assert 0.0 <= session.evaluate() <= 1.0
+        assert session.engine.policy_version == 2
+        session.checkpoint()
+        at_checkpoint = {k: v.clone() for k, v in session.trainer.policy_state().items()}
+        rollout = session.rollout(3)
+        scores = session.score(3, rollout["path"])
+        os.kill(session.trainer.group.pids[0], signal.SIGKILL)
+        with pytest.raises(RankFailure, match=r"rank 0 .* killed by SIGKILL .*'(begin|accumulate|finish)'"):
+            session.train(3, rollout["path"], scores["path"])
+    finally:
+        session.close()
+    assert (config.run.directory / "trainer" / "ranks.log").exists()
+
+    again = TrainingSession(config)
+    try:
+        assert again.resumed_from == 2 and again.cursor == 2 * config.rollout.prompts_per_step
+        state = again.trainer.policy_state()
+        assert all(torch.equal(state[k], v) for k, v in at_checkpoint.items())
+        _step(again, 3)
+        assert again.step == 3
+    finally:
+        again.close()
+
+
+def test_bf16_autocast_and_gradient_checkpointing_on_the_ranks(tmp_path):
+    session = TrainingSession(_config(tmp_path, **{"model.dtype": "bf16", "trainer.gradient_checkpointing": True}))
+    try:
+        metrics = _step(session, 1)
+        assert metrics["response_tokens"] > 0
+        state = session.trainer.policy_state()
+        assert {t.dtype for t in state.values() if t.is_floating_point()} == {torch.bfloat16}  # the engines' dtype
+        assert session.engine.policy_version == 1
+    finally:
+        session.close()
