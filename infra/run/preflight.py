@@ -11,6 +11,7 @@ wrong vLLM build for the device, a head size vLLM's CPU kernels refuse).
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import torch
@@ -67,12 +68,10 @@ def _check_trainer(config: RunConfig, device) -> None:
     trainer = config.trainer
     if trainer.backend != "deepspeed":
         return
-    try:
-        import deepspeed  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("deepspeed") is None:
         raise PreflightError(
             "trainer.backend: deepspeed needs DeepSpeed: pip install 'rlboost[deepspeed]' (or set trainer.backend: torch)"
-        ) from None
+        )
     if device.type == "cuda" and torch.cuda.device_count() < trainer.world_size:
         raise PreflightError(
             f"trainer.world_size: {trainer.world_size} ranks need one GPU each; this machine has "

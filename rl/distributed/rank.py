@@ -224,6 +224,7 @@ def serve(conn, rank: int, world_size: int) -> None:
     model, _ = load_model(spec.model_path, spec.gguf_file)
     trainer = RankTrainer(model.to(device), spec, world_size)
     conn.send(("ok", {"rank": rank, "device": str(device), "threads": threads}))
+    print(f"rlboost trainer rank {rank} (pid {os.getpid()}) ready on {device}, {threads} threads", flush=True)
     while True:
         try:
             op, payload = conn.recv()

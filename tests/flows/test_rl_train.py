@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
 
 import pytest
 from prefect.client.orchestration import get_client
@@ -110,3 +112,31 @@ def test_bad_config_fails_before_any_work(prefect_harness, tmp_path):
 
     with pytest.raises(ConfigError, match=r"rollout\.group_size"):
         rl_train(overrides={"rollout.group_size": 1, "run.output_dir": str(tmp_path)})
+
+
+def test_the_deepspeed_trainer_through_the_fabric(prefect_harness, base_model, tmp_path):
+    """Two ranks (ZeRO-2) train what the fabric's instances generate; the weights they publish are
+    gathered from the ranks; the checkpoint holds every rank's shard."""
+    overrides = {
+        **_overrides(base_model, tmp_path, 2),
+        "run.name": "flow-deepspeed",
+        "trainer.backend": "deepspeed",
+        "trainer.world_size": 2,
+        "trainer.threads_per_rank": 1,
+    }
+    state = rl_train(overrides=overrides, return_state=True)
+    assert state.is_completed()
+    summary = state.result()
+    assert summary["steps"] == 2
+    run_dir = tmp_path / "runs" / "flow-deepspeed"
+    checkpoint = run_dir / "checkpoints" / "step_000002"
+    assert len(list((checkpoint / "deepspeed" / "state").glob("zero_pp_rank_*_optim_states.pt"))) == 2
+    for step in (1, 2):
+        metrics = json.loads((run_dir / "steps" / f"{step:06d}" / "metrics.json").read_text())
+        assert metrics["tokens"] > 0 and metrics["train_overlap_s"] >= 0
+    log = (run_dir / "trainer" / "ranks.log").read_text()
+    pids = [int(pid) for pid in re.findall(r"rlboost trainer rank \d \(pid (\d+)\) ready", log)]
+    assert len(pids) == 2
+    for pid in pids:  # the ranks ended with the run
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
