@@ -127,7 +127,15 @@ def train(config: ConfigOption = None, set_: SetOption = None, console_log_level
     _quiet_weight_loading()
 
     _preflight(_load(config, set_))  # fail fast, before Prefect starts
-    run_training(config, _overrides(set_))
+    from rl.distributed.group import RankFailure
+    from rl.trainer import CheckpointMismatch
+
+    try:
+        run_training(config, _overrides(set_))
+    except (RankFailure, CheckpointMismatch) as error:  # the message says what happened and what to do
+        console.print("[red]the run stopped[/red]")
+        console.print(str(error), markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
 
 
 DEMO_PRETRAIN_EXPECTED = "250-450 steps, under 2 minutes"
