@@ -1,0 +1,150 @@
+"""Co-located vs separate reserved rollout: demo-config RL steps with the reserved instance inside
+the training process (`colocated: true`) against the same steps with it as a worker process.
+
+Both runs use deployments/configs/demo.yaml with the same overrides and the same spot pool, so the
+same Poisson preemption schedule (its seed), one after the other in this process, each on its own
+session opened from the same base model; evaluation and checkpoints are off, and the steps are
+run by calling the `TrainingSession` methods directly (as `rl-step` does, without Prefect). Each
+run waits until its three instances have registered, then times every step (rollout, scoring,
+training, publication, accounting); the first `--warmup` steps are not counted.
+
+`reserved_busy_fraction` is the co-located engine's time in engine steps (`WorkerStats.generating_s`)
+over the measured steps' wall time; `t_local_s` is the co-located run's `T_local` after its last step.
+
+    .venv/bin/python bench/colocated.py [--steps 16] [--warmup 1] [--set key=value ...]
+
+Prints the per-step times and ends with one JSON line:
+`{"colocated_step_s": .., "separate_step_s": .., "ratio": .., "reserved_busy_fraction": .., "t_local_s": ..}`
+(mean step seconds; ratio = colocated / separate). Needs the pretrained base model (`rlboost pretrain`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from infra.run.config import DEFAULT_CONFIG, RunConfig, load_config  # noqa: E402
+from infra.run.session import TrainingSession  # noqa: E402
+
+VARIANTS = ("colocated", "separate")
+READY_TIMEOUT_S = 120.0
+
+
+def variant_config(variant: str, steps: int, output_dir: str, overrides: dict) -> RunConfig:
+    """The demo configuration with the reserved pool co-located or not (nothing else differs)."""
+    demo = load_config(DEFAULT_CONFIG, overrides)
+    pools = [
+        pool.model_copy(update={"colocated": variant == "colocated"}) if pool.capacity_class == "reserved" else pool
+        for pool in demo.fabric.pools
+    ]
+    return load_config(
+        DEFAULT_CONFIG,
+        {
+            **overrides,
+            "run.name": f"bench-colocated-{variant}",
+            "run.steps": steps,
+            "run.output_dir": output_dir,
+            "run.checkpoint_every": 10**6,
+            "eval.every": 10**6,
+            "ledger.url": f"sqlite:///{output_dir}/ledger.sqlite",
+            "fabric.pools": [pool.model_dump(exclude_defaults=True) for pool in pools],
+        },
+    )
+
+
+def wait_until_ready(session: TrainingSession) -> None:
+    fabric = session.fabric
+    assert fabric is not None
+    want = sum(pool.size for pool in fabric.config.pools)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while len(fabric.registry.alive()) < want:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"only {len(fabric.registry.alive())} of {want} instances registered")
+        time.sleep(0.1)
+
+
+def one_step(session: TrainingSession, step: int) -> dict:
+    """The work of `rl_step(evaluate=False, checkpoint=False)`: rollout, score, train, publish, account, record."""
+    rollout = session.rollout(step)
+    scores = session.score(step, rollout["path"])
+    metrics = session.train(step, rollout["path"], scores["path"])
+    session.publish(step)
+    session.account(step, int(metrics["response_tokens"]))
+    session.record(step, {"step": step, "reward": scores["reward"], "tokens": rollout["tokens"]})
+    return {"reward": scores["reward"], "t_local_s": rollout.get("t_local_s"), "preemptions": rollout["preemptions"]}
+
+
+def run_variant(config: RunConfig, warmup: int) -> dict:
+    """Time the steps of one run; the co-located engine's generating time over the measured steps."""
+    session = TrainingSession(config)
+    try:
+        wait_until_ready(session)
+        colocated = session.fabric.colocated[0].worker.stats if session.fabric.colocated else None
+        seconds, generating = [], 0.0
+        for step in range(1, config.run.steps + 1):
+            before = colocated.generating_s if colocated else 0.0
+            started = time.perf_counter()
+            row = one_step(session, step)
+            elapsed = time.perf_counter() - started
+            if step > warmup:
+                seconds.append(elapsed)
+                generating += (colocated.generating_s if colocated else 0.0) - before
+            t_local = "-" if row["t_local_s"] is None else f"{row['t_local_s']:.2f}"
+            print(
+                f"  step {step}: {elapsed:.3f} s  reward {row['reward']:.3f}  released at {t_local} s  "
+                f"preemptions so far {row['preemptions']}",
+                flush=True,
+            )
+        return {
+            "step_s": statistics.mean(seconds),
+            "busy_fraction": generating / sum(seconds) if colocated else None,
+            "t_local_s": session.fabric.controller.offload.to_dict()["t_local"],
+        }
+    finally:
+        session.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=16, help="RL steps per variant")
+    parser.add_argument("--warmup", type=int, default=1, help="first steps not counted")
+    parser.add_argument("--set", action="append", default=[], dest="sets", help="key=value override of demo.yaml")
+    args = parser.parse_args()
+    if args.steps <= args.warmup:
+        parser.error("--steps must exceed --warmup")
+    overrides = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.sets)}
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="rlboost-bench-colocated-") as output_dir:
+        for variant in VARIANTS:
+            config = variant_config(variant, args.steps, output_dir, overrides)
+            if not (config.model.path / "config.json").exists():
+                raise SystemExit(f"no base model at {config.model.path}: run `.venv/bin/rlboost pretrain` first")
+            print(f"{variant}:", flush=True)
+            results[variant] = run_variant(config, args.warmup)
+            print(f"{variant}: mean step {results[variant]['step_s']:.3f} s", flush=True)
+    colocated, separate = results["colocated"], results["separate"]
+    print(
+        json.dumps(
+            {
+                "colocated_step_s": round(colocated["step_s"], 4),
+                "separate_step_s": round(separate["step_s"], 4),
+                "ratio": round(colocated["step_s"] / separate["step_s"], 4),
+                "reserved_busy_fraction": round(colocated["busy_fraction"], 4),
+                "t_local_s": round(colocated["t_local_s"], 4),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
