@@ -15,7 +15,8 @@ over the measured steps' wall time; `t_local_s` is the co-located run's `T_local
 
 Prints the per-step times and ends with one JSON line:
 `{"colocated_step_s": .., "separate_step_s": .., "ratio": .., "reserved_busy_fraction": .., "t_local_s": ..}`
-(mean step seconds; ratio = colocated / separate). Needs the pretrained base model (`rlboost pretrain`).
+(median step seconds, robust to other load on a shared machine; ratio = colocated / separate). Needs the
+pretrained base model (`rlboost pretrain`).
 """
 
 from __future__ import annotations
@@ -81,7 +82,13 @@ def one_step(session: TrainingSession, step: int) -> dict:
     session.publish(step)
     session.account(step, int(metrics["response_tokens"]))
     session.record(step, {"step": step, "reward": scores["reward"], "tokens": rollout["tokens"]})
-    return {"reward": scores["reward"], "t_local_s": rollout.get("t_local_s"), "preemptions": rollout["preemptions"]}
+    return {
+        "reward": scores["reward"],
+        "rollout_s": rollout["seconds"],
+        "train_s": metrics["seconds"],
+        "t_local_s": rollout["t_local_s"],
+        "preemptions": rollout["preemptions"],
+    }
 
 
 def run_variant(config: RunConfig, warmup: int) -> dict:
@@ -101,12 +108,12 @@ def run_variant(config: RunConfig, warmup: int) -> dict:
                 generating += (colocated.generating_s if colocated else 0.0) - before
             t_local = "-" if row["t_local_s"] is None else f"{row['t_local_s']:.2f}"
             print(
-                f"  step {step}: {elapsed:.3f} s  reward {row['reward']:.3f}  released at {t_local} s  "
-                f"preemptions so far {row['preemptions']}",
+                f"  step {step}: {elapsed:.3f} s (rollout {row['rollout_s']:.3f} s, train {row['train_s']:.3f} s)  "
+                f"reward {row['reward']:.3f}  released at {t_local} s  preemptions so far {row['preemptions']}",
                 flush=True,
             )
         return {
-            "step_s": statistics.mean(seconds),
+            "step_s": statistics.median(seconds),
             "busy_fraction": generating / sum(seconds) if colocated else None,
             "t_local_s": session.fabric.controller.offload.to_dict()["t_local"],
         }
@@ -131,7 +138,7 @@ def main() -> None:
                 raise SystemExit(f"no base model at {config.model.path}: run `.venv/bin/rlboost pretrain` first")
             print(f"{variant}:", flush=True)
             results[variant] = run_variant(config, args.warmup)
-            print(f"{variant}: mean step {results[variant]['step_s']:.3f} s", flush=True)
+            print(f"{variant}: median step {results[variant]['step_s']:.3f} s", flush=True)
     colocated, separate = results["colocated"], results["separate"]
     print(
         json.dumps(

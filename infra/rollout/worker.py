@@ -82,6 +82,10 @@ from rl.generation import GenerationEngine
 
 log = logging.getLogger("rlboost.worker")
 
+TORCH_THREADS = 1
+"""Torch intra-op threads of a worker (`--threads`): a rollout engine decodes small batches, which
+contended cores run faster on one thread."""
+
 STEAL_HOLDOFF_S = 0.5
 """After handing back samples on a `release` request (a steal), claiming pauses this long so the
 idle instance the controller is balancing toward gets them first."""
@@ -697,7 +701,9 @@ def _parser() -> argparse.ArgumentParser:
         help='the engine, as EngineSpec JSON, e.g. \'{"kind": "vllm", "device": "cpu", "dtype": "bf16"}\' (default hf)',
     )
     p.add_argument("--poll-ms", type=float, default=defaults["poll_ms"].default)
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    p.add_argument(
+        "--threads", type=int, default=TORCH_THREADS, help=f"torch intra-op threads (default {TORCH_THREADS})"
+    )
     p.add_argument("--log-level", default="INFO")
     return p
 

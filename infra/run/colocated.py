@@ -29,7 +29,7 @@ from infra.providers.interface import InstanceHandle, InstanceRecord, Preemption
 from infra.providers.pool import PoolSpec
 from infra.rollout.direct_weights import DirectWeights
 from infra.rollout.settings import WorkerSettings
-from infra.rollout.worker import RolloutWorker, WorkerConfig
+from infra.rollout.worker import TORCH_THREADS, RolloutWorker, WorkerConfig
 from rl.engine_spec import EngineSpec
 
 log = logging.getLogger("rlboost.colocated")
@@ -110,6 +110,11 @@ class ColocatedInstance:
         log.info("colocated instance %s of pool %s started (%s)", self.instance_id, self.pool.name, self.config.engine)
 
     def _run(self) -> None:
+        import torch
+
+        # As many intra-op threads as a worker process has; with torch's OpenMP backend (its CPU
+        # build) the count is per thread, so the trainer's own count is untouched.
+        torch.set_num_threads(TORCH_THREADS)
         try:
             self._exit_code = self.worker.run()
         except BaseException as exc:  # run() catches its loop's errors; this is registration failing
