@@ -72,6 +72,8 @@ def _check_pools(config: RunConfig) -> None:
         if pool.provider != "local":
             continue  # a VM's engine and device are checked where it runs, and reported in its flow run
         spec = pool.engine_spec(run_engine)
+        if pool.colocated and spec.device == "auto":  # it runs on the trainer's device
+            spec = spec.model_copy(update={"device": model.device})
         check_engine(spec, model.path, f"{field}.engine")
         device = resolve_device(spec.device, f"{field}.device")
         resolve_dtype(spec.dtype, device, "model.dtype")
