@@ -411,14 +411,16 @@ class RolloutWorker:
 
     def _load_direct(self, version: int) -> None:
         """Load `version` from the trainer in this process once it is handed over."""
-        state = self._direct_weights.take(version)  # type: ignore[union-attr]
+        direct, engine = self._direct_weights, self.engine
+        assert direct is not None and engine is not None
+        state = direct.take(version)
         if state is None:
             if self._missing_version != version:
                 log.info("waiting for the trainer to hand over policy version %d", version)
                 self._missing_version = version
             return
         self._wake()
-        self.engine.load_weights(state, version)  # type: ignore[union-attr]
+        engine.load_weights(state, version)
         self.stats.weight_loads += 1
         self._claim_after = 0.0
         log.info("loaded policy version %d from the trainer (in process)", version)
