@@ -5,7 +5,8 @@ training session opens (a run started from a deployment has no CLI in front of i
 `PreflightError` whose message names the configuration field and the fix, for: a base model that is
 not there (or a GGUF file where the rollout instances need a Hugging Face directory); a device that
 does not exist here or a dtype it cannot run; an engine that cannot run the model (vLLM missing, the
-wrong vLLM build for the device, a head size vLLM's CPU kernels refuse).
+wrong vLLM build for the device, a head size vLLM's CPU kernels refuse, a colocated vLLM engine beside
+the in-process one in the same process).
 """
 
 from __future__ import annotations
@@ -77,3 +78,10 @@ def _check_pools(config: RunConfig) -> None:
         check_engine(spec, model.path, f"{field}.engine")
         device = resolve_device(spec.device, f"{field}.device")
         resolve_dtype(spec.dtype, device, "model.dtype")
+        in_process_vllm = run_engine.kind == "vllm" and not run_engine.vllm.multiprocessing
+        if pool.colocated and spec.kind == "vllm" and in_process_vllm:
+            raise PreflightError(
+                f"{field}: a colocated vllm engine shares the training process with the in-process vllm engine "
+                "(evaluation), and vLLM runs one in-process engine per process: set "
+                "`rollout.vllm.multiprocessing: true`, or `engine: hf` on the pool"
+            )
