@@ -2,11 +2,13 @@
 the training process (`colocated: true`) against the same steps with it as a worker process.
 
 Both runs use deployments/configs/demo.yaml with the same overrides and the same spot pool, so the
-same Poisson preemption schedule (its seed), one after the other in this process, each on its own
-session opened from the same base model; evaluation and checkpoints are off, and the steps are
-run by calling the `TrainingSession` methods directly (as `rl-step` does, without Prefect). Each
-run waits until its three instances have registered, then times every step (rollout, scoring,
-training, publication, accounting); the first `--warmup` steps are not counted.
+same Poisson preemption schedule (its seed), each on its own session in this process opened from
+the same base model (with the same seeds they sample the same tokens); evaluation and checkpoints
+are off, and the steps are run by calling the `TrainingSession` methods directly (as `rl-step`
+does, without Prefect). Once both runs' instances have all registered, their steps are timed
+interleaved, the order alternating every step (rollout, scoring, training, publication,
+accounting), so load that comes and goes on a shared machine falls on both alike; the first
+`--warmup` steps are not counted.
 
 `reserved_busy_fraction` is the co-located engine's time in engine steps (`WorkerStats.generating_s`)
 over the measured steps' wall time; `t_local_s` is the co-located run's `T_local` after its last step.
@@ -91,34 +93,48 @@ def one_step(session: TrainingSession, step: int) -> dict:
     }
 
 
-def run_variant(config: RunConfig, warmup: int) -> dict:
-    """Time the steps of one run; the co-located engine's generating time over the measured steps."""
-    session = TrainingSession(config)
+def compare(configs: dict[str, RunConfig], warmup: int) -> dict[str, dict]:
+    """Open both sessions, then run their steps interleaved (the order alternates every step), so
+    load that comes and goes on a shared machine falls on both alike; per variant the median step
+    time, and the co-located engine's generating time over the measured steps."""
+    sessions: dict[str, TrainingSession] = {}
     try:
-        wait_until_ready(session)
-        colocated = session.fabric.colocated[0].worker.stats if session.fabric.colocated else None
-        seconds, generating = [], 0.0
-        for step in range(1, config.run.steps + 1):
-            before = colocated.generating_s if colocated else 0.0
-            started = time.perf_counter()
-            row = one_step(session, step)
-            elapsed = time.perf_counter() - started
-            if step > warmup:
-                seconds.append(elapsed)
-                generating += (colocated.generating_s if colocated else 0.0) - before
-            t_local = "-" if row["t_local_s"] is None else f"{row['t_local_s']:.2f}"
-            print(
-                f"  step {step}: {elapsed:.3f} s (rollout {row['rollout_s']:.3f} s, train {row['train_s']:.3f} s)  "
-                f"reward {row['reward']:.3f}  released at {t_local} s  preemptions so far {row['preemptions']}",
-                flush=True,
-            )
+        for variant, config in configs.items():
+            sessions[variant] = TrainingSession(config)
+        for session in sessions.values():
+            wait_until_ready(session)
+        stats = sessions["colocated"].fabric.colocated[0].worker.stats
+        seconds: dict[str, list[float]] = {variant: [] for variant in configs}
+        generating = 0.0
+        steps = configs["colocated"].run.steps
+        for step in range(1, steps + 1):
+            order = VARIANTS if step % 2 else VARIANTS[::-1]
+            for variant in order:
+                before = stats.generating_s
+                started = time.perf_counter()
+                row = one_step(sessions[variant], step)
+                elapsed = time.perf_counter() - started
+                if step > warmup:
+                    seconds[variant].append(elapsed)
+                    generating += stats.generating_s - before if variant == "colocated" else 0.0
+                t_local = "-" if row["t_local_s"] is None else f"{row['t_local_s']:.2f}"
+                print(
+                    f"  step {step} {variant:>9}: {elapsed:.3f} s (rollout {row['rollout_s']:.3f} s, "
+                    f"train {row['train_s']:.3f} s)  reward {row['reward']:.3f}  released at {t_local} s  "
+                    f"preemptions so far {row['preemptions']}",
+                    flush=True,
+                )
         return {
-            "step_s": statistics.median(seconds),
-            "busy_fraction": generating / sum(seconds) if colocated else None,
-            "t_local_s": session.fabric.controller.offload.to_dict()["t_local"],
+            variant: {
+                "step_s": statistics.median(seconds[variant]),
+                "busy_fraction": generating / sum(seconds["colocated"]),
+                "t_local_s": sessions[variant].fabric.controller.offload.to_dict()["t_local"],
+            }
+            for variant in configs
         }
     finally:
-        session.close()
+        for session in sessions.values():
+            session.close()
 
 
 def main() -> None:
@@ -130,16 +146,20 @@ def main() -> None:
     if args.steps <= args.warmup:
         parser.error("--steps must exceed --warmup")
     overrides = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.sets)}
-    results = {}
     with tempfile.TemporaryDirectory(prefix="rlboost-bench-colocated-") as output_dir:
-        for variant in VARIANTS:
-            config = variant_config(variant, args.steps, output_dir, overrides)
-            if not (config.model.path / "config.json").exists():
-                raise SystemExit(f"no base model at {config.model.path}: run `.venv/bin/rlboost pretrain` first")
-            print(f"{variant}:", flush=True)
-            results[variant] = run_variant(config, args.warmup)
-            print(f"{variant}: median step {results[variant]['step_s']:.3f} s", flush=True)
+        configs = {variant: variant_config(variant, args.steps, output_dir, overrides) for variant in VARIANTS}
+        if not (configs["colocated"].model.path / "config.json").exists():
+            raise SystemExit(
+                f"no base model at {configs['colocated'].model.path}: run `.venv/bin/rlboost pretrain` first"
+            )
+        results = compare(configs, args.warmup)
     colocated, separate = results["colocated"], results["separate"]
+    print(
+        f"median step over {args.steps - args.warmup} steps: colocated {colocated['step_s']:.3f} s, "
+        f"separate {separate['step_s']:.3f} s; T_local colocated {colocated['t_local_s']:.2f} s, "
+        f"separate {separate['t_local_s']:.2f} s",
+        flush=True,
+    )
     print(
         json.dumps(
             {
