@@ -223,6 +223,11 @@ class RolloutWorker:
             self._stop_reason = reason
         self._stop.set()
 
+    @property
+    def stop_reason(self) -> str | None:
+        """Why the worker was told to stop (a signal's name, `drain`, `evicted`, ...), None if it was not."""
+        return self._stop_reason
+
     def install_signal_handlers(self) -> None:
         """SIGTERM (the preemption notice) and SIGINT stop the worker gracefully."""
 

@@ -10,8 +10,10 @@ version from the trainer in memory (`infra.rollout.direct_weights`: no pull, no 
 reported); at `T_local` it hands its unfinished samples to the spot instances and puts its engine
 to sleep until the next step (`GenerationEngine.sleep`: on a GPU its memory goes to the trainer).
 
-`check()` raises `ColocatedInstanceError`, naming the pool, once the thread has ended before
-`close()` (an engine failure, or an eviction), so a step fails instead of waiting on it. Its
+If the controller evicts it (its heartbeats lapsed: a starved process), it registers again with
+the same engine, as a replacement process would. `check()` raises `ColocatedInstanceError`, naming
+the pool, once the thread has ended before `close()` (its engine failed), so a step fails instead
+of waiting on it. Its
 `record()` is the instance's `InstanceRecord` for the ledger; `WithColocated` lists those records
 beside a provider's own, since the provider never launches these instances.
 """
@@ -95,6 +97,8 @@ class ColocatedInstance:
         self.weights = DirectWeights()
         self.worker = RolloutWorker(self.config, engine=StopStrings(engine, tokenizer), weights=self.weights)
         self._thread = threading.Thread(target=self._run, name=f"colocated-{pool.name}", daemon=True)
+        self._lock = threading.Lock()
+        """Orders `close()` against the thread's replacing an evicted worker."""
         self._closing = False
         self._exit_code: int | None = None
         self.launched_at: float | None = None
@@ -116,12 +120,30 @@ class ColocatedInstance:
         # build) the count is per thread, so the trainer's own count is untouched.
         torch.set_num_threads(TORCH_THREADS)
         try:
-            self._exit_code = self.worker.run()
+            while True:
+                self._exit_code = self.worker.run()
+                if self._exit_code != 0 or self.worker.stop_reason != "evicted" or not self._replace_worker():
+                    return
         except BaseException as exc:  # run() catches its loop's errors; this is registration failing
             self.worker.failure = exc
             self._exit_code = 1
         finally:
             self.terminated_at = time.time()
+
+    def _replace_worker(self) -> bool:
+        """After an eviction: a new worker on the same engine (awake, idle: the old one handed
+        everything back), keeping the counts; False once `close()` has begun."""
+        with self._lock:
+            if self._closing:
+                return False
+            log.warning("colocated instance %s was evicted (heartbeats lapsed): registering again", self.instance_id)
+            old = self.worker
+            engine = old.engine
+            assert engine is not None
+            engine.wake()
+            self.worker = RolloutWorker(self.config, engine=engine, weights=self.weights)
+            self.worker.stats = old.stats
+            return True
 
     def offer(self, version: int, state_dict: Mapping[str, Any]) -> None:
         """Hand the trainer's `version` to the worker (loaded when it next needs it)."""
@@ -131,7 +153,8 @@ class ColocatedInstance:
         """Raise `ColocatedInstanceError` if the worker stopped while the run goes on."""
         if self._closing or self.launched_at is None or self._thread.is_alive():
             return
-        why = repr(self.worker.failure) if self.worker.failure is not None else "it stopped (evicted?)"
+        worker = self.worker
+        why = repr(worker.failure) if worker.failure is not None else f"it was stopped ({worker.stop_reason})"
         raise ColocatedInstanceError(
             f"the colocated instance {self.instance_id} of pool {self.pool.name!r} stopped during the run "
             f"(exit {self._exit_code}): {why}; see the training process's log"
@@ -139,9 +162,11 @@ class ColocatedInstance:
 
     def close(self) -> None:
         """Stop the worker (it hands its samples back and deregisters), then free the engine."""
-        self._closing = True
+        with self._lock:
+            self._closing = True
+            worker = self.worker
         if self._thread.is_alive():
-            self.worker.request_stop("training run ended")
+            worker.request_stop("training run ended")
             self._thread.join(STOP_TIMEOUT_S)
             if self._thread.is_alive():
                 log.warning("colocated instance %s did not stop within %.0f s", self.instance_id, STOP_TIMEOUT_S)

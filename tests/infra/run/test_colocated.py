@@ -146,6 +146,22 @@ def test_reserved_releases_at_t_local_sleeps_and_every_sample_arrives_once(run, 
     assert mine.billed_seconds > 0 and costs.spend("reserved") > 0
 
 
+def test_an_evicted_colocated_instance_registers_again_and_generates(run):
+    """Its heartbeats lapsed (deregistered, as the reaper does): it comes back, as a replacement would."""
+    evicted = run.colocated.worker
+    run.fabric.registry.deregister("reserved-colocated")
+    deadline = time.time() + 10
+    while time.time() < deadline and not (
+        run.colocated.worker is not evicted
+        and "reserved-colocated" in {i.info.instance_id for i in run.fabric.registry.alive()}
+    ):
+        time.sleep(0.02)
+    assert run.colocated.worker is not evicted and evicted.stop_reason == "evicted"
+    run.colocated.check()  # not a failure
+    _, report = run.rollout(RolloutConfig(prompts_per_step=4, group_size=2, max_new_tokens=16))
+    assert report.instance_tokens.get("reserved-colocated", 0) > 0
+
+
 def test_with_no_spot_instance_left_the_colocated_instance_finishes_the_step(run):
     """Every spot instance goes away after the release: the controller resumes the reserved one."""
     stats = run.colocated.worker.stats
