@@ -124,7 +124,7 @@ def compare(configs: dict[str, RunConfig], warmup: int) -> dict[str, dict]:
                     f"preemptions so far {row['preemptions']}",
                     flush=True,
                 )
-        paired = [c / s for c, s in zip(seconds["colocated"], seconds["separate"])]
+        paired = [co / sep for co, sep in zip(seconds["colocated"], seconds["separate"])]
         print(f"median of the per-step ratios (colocated / separate, same step): {statistics.median(paired):.3f}")
         return {
             variant: {
