@@ -58,6 +58,9 @@ class HFEngine(GenerationEngine):
     mask. Nothing is recomputed, and a newcomer costs one prefill of itself only. Finished or
     released rows leave via `batch_select_indices`, and leading columns that became padding in
     every row are trimmed.
+
+    `sleep()` (idle only) drops the cache and batch state and, off the CPU, parks the weights on
+    the CPU until `wake()`; weights may be loaded while asleep.
     """
 
     def __init__(
@@ -83,8 +86,12 @@ class HFEngine(GenerationEngine):
         self._rows: list[_Live] = []  # row i of the cache and mask belongs to _rows[i]
         self._cache: DynamicCache | None = None
         self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)
+        self.asleep = False
+        """Between `sleep()` and `wake()`: no request is accepted."""
 
     def add(self, request: GenerationRequest) -> None:
+        if self.asleep:
+            raise RuntimeError(f"request {request.sample_id!r}: the engine is asleep; wake() it first")
         if request.sample_id in self._live:
             raise ValueError(f"sample_id {request.sample_id!r} is already live in this engine")
         live = _Live(
@@ -112,6 +119,26 @@ class HFEngine(GenerationEngine):
 
     def num_active(self) -> int:
         return len(self._live)
+
+    def sleep(self) -> None:
+        """Drop the KV cache and the batch state; on an accelerator also move the weights to the
+        CPU and return the freed blocks to the device (`torch.cuda.empty_cache`). On the CPU the
+        weights stay where they are, so what is freed is the cache of the last batch."""
+        if self._live:
+            raise RuntimeError(f"sleep() needs an idle engine; {len(self._live)} requests are live")
+        self._rows, self._cache = [], None
+        self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)
+        if self.device.type != "cpu":
+            self.model.to("cpu")
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+        self.asleep = True
+
+    def wake(self) -> None:
+        """Bring the weights back to the engine's device (after `sleep()` on an accelerator)."""
+        if self.asleep and self.device.type != "cpu":
+            self.model.to(self.device)
+        self.asleep = False
 
     @torch.no_grad()
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:

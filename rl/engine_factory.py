@@ -71,11 +71,13 @@ def build_engine(
     policy_version: int = 0,
     model: torch.nn.Module | None = None,
     field: str = "rollout",
+    sleep_mode: bool = False,
 ) -> GenerationEngine:
     """The engine `spec` names on the model in `model_dir` (version `policy_version`).
 
     An HF engine runs `model` when given (its own copy is the caller's affair), else the directory's
     weights loaded in the spec's dtype. `max_batch_size` applies when the spec leaves it unset.
+    `sleep_mode` makes a vLLM engine on a GPU free its memory on `sleep()` (`rl.vllm_engine`).
     """
     check_engine(spec, model_dir, f"{field}.engine")
     device = resolve_device(spec.device, f"{field}.device")
@@ -101,4 +103,6 @@ def build_engine(
         )
     from rl.vllm_engine import VLLMEngine
 
-    return VLLMEngine(model_dir, eos_token_id, spec.vllm, dtype=spec.dtype, policy_version=policy_version)
+    return VLLMEngine(
+        model_dir, eos_token_id, spec.vllm, dtype=spec.dtype, policy_version=policy_version, sleep_mode=sleep_mode
+    )

@@ -2,8 +2,9 @@
 
 * `SamplingParams`, `GenerationRequest`, `TokenChunk` (what `step()` streams) and
   `GenerationResult` (what `generate()` returns);
-* `GenerationEngine`, the abstract streaming interface (add / step / release / load_weights),
-  with a run-to-completion `generate()` built on it (stop strings: `rl.stops.StopStrings`).
+* `GenerationEngine`, the abstract streaming interface (add / step / release / load_weights,
+  and sleep / wake to free device memory while idle), with a run-to-completion `generate()` built
+  on it (stop strings: `rl.stops.StopStrings`).
 
 The backends (`rl.engine.HFEngine`) import torch; this module does not, so configuration, the
 token log and the command line can use these types without loading it.
@@ -131,6 +132,17 @@ class GenerationEngine(abc.ABC):
     def close(self) -> None:  # noqa: B027 - engines without resources to free keep this default
         """Free what the engine holds outside this object (a vLLM engine core, its process); the
         engine is unusable after."""
+
+    def sleep(self) -> None:  # noqa: B027 - engines with nothing to free keep this default
+        """Free the device memory generation holds (KV cache, batch state; a GPU engine may also
+        move its weights off the device) while the engine is not needed, e.g. while the trainer
+        that shares its device trains. Only an idle engine sleeps (`has_work()` False: RuntimeError
+        otherwise); `wake()` undoes it, and weights may be loaded after waking. The default frees
+        nothing."""
+
+    def wake(self) -> None:  # noqa: B027 - engines with nothing to free keep this default
+        """Undo `sleep()` (a no-op on an engine that is awake); generation after waking draws the
+        same tokens as before sleeping. The default does nothing."""
 
     def generate(
         self, requests: Sequence[GenerationRequest], max_batch_size: int | None = None

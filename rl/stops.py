@@ -124,5 +124,13 @@ class StopStrings(GenerationEngine):
     def close(self) -> None:
         self.inner.close()
 
+    def sleep(self) -> None:
+        if self._stopped_on_arrival:
+            raise RuntimeError("sleep() needs an idle engine: samples are still to be reported")
+        self.inner.sleep()
+
+    def wake(self) -> None:
+        self.inner.wake()
+
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         self.inner.load_weights(state_dict, version)

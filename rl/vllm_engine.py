@@ -13,7 +13,12 @@ recorded log-probs are those of the sampling distribution (temperature, top-k / 
 * `load_weights` reloads the weights in place (`rl.vllm_plugins.WeightLoaderExtension`) and
   resets the prefix cache; live requests are preempted and recomputed under the new weights, and
   go on with them (as in `HFEngine`). A rollout worker loads a version only while it holds no
-  sample, so under the on-policy protocol no sample spans two versions.
+  sample, so under the on-policy protocol no sample spans two versions;
+* `sleep` / `wake` (idle only): on a GPU, an engine made with `sleep_mode` uses vLLM's sleep mode
+  (level 1: the weights are offloaded to CPU memory and the KV cache is discarded, so the device
+  memory goes back to the trainer; `wake_up` restores both). vLLM's CPU platform has no sleep mode,
+  and its KV cache is one preallocated block (`VLLMOptions.kv_cache_bytes`): there `sleep` only
+  resets the prefix cache and frees nothing.
 
 vLLM is imported only when an engine is made: the rest of `rl/` never needs it. Started in this
 process, vLLM would reseed the global random generators and cut torch to one thread; the engine
@@ -160,7 +165,10 @@ class VLLMEngine(GenerationEngine):
         options: VLLMOptions = VLLMOptions(),
         dtype: DType = "fp32",
         policy_version: int = 0,
+        sleep_mode: bool = False,
     ) -> None:
+        """`sleep_mode`: make `sleep()` free the device memory (vLLM's sleep mode; GPU only, ignored
+        on the CPU, where vLLM has none)."""
         import_vllm()
         from vllm.engine.arg_utils import EngineArgs
         from vllm.platforms import current_platform
@@ -179,6 +187,10 @@ class VLLMEngine(GenerationEngine):
         self.eos_token_id = eos_token_id
         self.options = options
         self.policy_version = policy_version
+        self.sleep_mode = sleep_mode and current_platform.is_sleep_mode_available()
+        """Whether `sleep()` uses vLLM's sleep mode (else it only resets the prefix cache)."""
+        self.asleep = False
+        """Between `sleep()` and `wake()`: no request is accepted, no weights loaded."""
         args = EngineArgs(
             model=str(self.model_dir),
             dtype=VLLM_DTYPES[dtype],
@@ -193,6 +205,7 @@ class VLLMEngine(GenerationEngine):
             logprobs_mode="processed_logits",
             worker_extension_cls=_WORKER_EXTENSION,
             disable_log_stats=True,
+            enable_sleep_mode=self.sleep_mode,
         )
         # vLLM's CPU platform reads this variable while it builds the config (and turns a
         # single-process executor into a multiprocessing one unless it is "0").
@@ -231,6 +244,8 @@ class VLLMEngine(GenerationEngine):
 
         from rl.vllm_plugins import keyed_extra_args
 
+        if self.asleep:
+            raise RuntimeError(f"request {request.sample_id!r}: the engine is asleep; wake() it first")
         if request.sample_id in self._live:
             raise ValueError(f"sample_id {request.sample_id!r} is already live in this engine")
         live = _Live(request, list(request.generated_ids))
@@ -274,6 +289,8 @@ class VLLMEngine(GenerationEngine):
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         from rl.vllm_plugins import pack_state_dict
 
+        if self.asleep:
+            raise RuntimeError(f"loading policy version {version}: the engine is asleep; wake() it first")
         if self.options.multiprocessing:  # the tensors cross to another process as bytes
             self._engine.collective_rpc("rlboost_load_packed_state_dict", args=(pack_state_dict(state_dict),))
         else:
@@ -281,6 +298,23 @@ class VLLMEngine(GenerationEngine):
         if not self._engine.reset_prefix_cache(reset_running_requests=True):
             raise RuntimeError("vLLM could not reset its prefix cache after a weight reload")
         self.policy_version = version
+
+    def sleep(self) -> None:
+        """Level-1 sleep with `sleep_mode` (weights to CPU memory, KV cache discarded); otherwise
+        (the CPU) reset the prefix cache: vLLM's CPU KV cache stays allocated."""
+        if self._live:
+            raise RuntimeError(f"sleep() needs an idle engine; {len(self._live)} requests are live")
+        if self.sleep_mode:
+            self._engine.sleep(level=1)
+        elif not self._engine.reset_prefix_cache():
+            raise RuntimeError("vLLM could not reset its prefix cache before sleeping")
+        self.asleep = True
+
+    def wake(self) -> None:
+        """Restore what `sleep()` offloaded (weights and KV cache, with `sleep_mode`)."""
+        if self.asleep and self.sleep_mode:
+            self._engine.wake_up()
+        self.asleep = False
 
     def step(self) -> list[TokenChunk]:
         chunks = [TokenChunk(live.request.sample_id, [], [], self._finish_reason(live)) for live in self._finished]

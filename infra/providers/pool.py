@@ -202,6 +202,11 @@ class PoolSpec(_Spec):
     """Generation backend of this pool's instances (None: the run's `rollout.engine`)."""
     device: str | None = None
     """Device of this pool's engines, e.g. `cpu` or `cuda` (None: the run's `rollout.device`)."""
+    colocated: bool = False
+    """Run the instance inside the training process, on the trainer's device (`auto`: the trainer's),
+    instead of as a process of its own: it takes each version from the trainer directly and, once it
+    releases its samples at `T_local`, frees its engine's memory (`GenerationEngine.sleep`) until
+    the next step. Only for a `reserved`, `local` pool of size 1."""
     gcp: GcpPoolSettings | None = None
     """Compute Engine settings; required when `provider: gcp`."""
     azure: AzurePoolSettings | None = None
@@ -257,6 +262,18 @@ class PoolSpec(_Spec):
             raise ValueError("a reserved pool is never preempted: remove `availability`")
         if self.min_size > self.size:
             raise ValueError(f"pool {self.name!r}: min_size {self.min_size} exceeds size {self.size}")
+        if self.colocated:
+            if self.capacity_class != "reserved" or self.provider != "local":
+                raise ValueError(
+                    f"pool {self.name!r}: `colocated: true` puts the instance in the training process, so the "
+                    f"pool must be the training cluster's own share: set `capacity_class: reserved` and "
+                    f"`provider: local` (it has {self.capacity_class}, {self.provider}), or remove `colocated`"
+                )
+            if self.size != 1:
+                raise ValueError(
+                    f"pool {self.name!r}: a colocated pool runs one instance in the training process: set `size: 1` "
+                    f"(it has {self.size})"
+                )
         if self.provider != "local":
             if self.availability is not None or self.silent_kill_fraction:
                 raise ValueError(

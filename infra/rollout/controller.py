@@ -210,10 +210,18 @@ class RolloutController:
 
     # --- the step loop -------------------------------------------------------------------------
 
-    def run_step(self, step: int, policy_version: int, groups: Sequence[GroupSpec], on_group: OnGroup) -> StepReport:
+    def run_step(
+        self,
+        step: int,
+        policy_version: int,
+        groups: Sequence[GroupSpec],
+        on_group: OnGroup,
+        check: Callable[[], None] | None = None,
+    ) -> StepReport:
         """Roll out `step` (or resume it) until every group is complete or dropped, streaming
         complete groups to `on_group`; returns the step's report (the stored one if the step
-        already finished)."""
+        already finished). `check` is called at every poll: what it raises (a part of the run
+        that failed) ends the step with that error."""
         step_key = self._key("step", step)
         finished = self.redis.hget(step_key, "report")
         if finished is not None:
@@ -235,6 +243,8 @@ class RolloutController:
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"on-group-{step}")
         try:
             while True:
+                if check is not None:
+                    check()
                 status = log.step_status(step)
                 snapshot = self._snapshot(log, status, started_at)
                 snapshot = self._reap(log, snapshot)

@@ -9,7 +9,10 @@ so the stop strings in a group's sampling end its samples) and runs it against t
   below). When its engine's policy version differs from the step's and it holds no running
   sample, it pulls that version once it is announced (`infra.weights.WeightPuller`, with the
   settings the trainer shared in Redis: striped over the peers that hold it and the trainer,
-  verified, store as fallback), serves it to later pullers, then claims;
+  verified, store as fallback), serves it to later pullers, then claims. A worker in the training
+  process (a co-located instance, `infra.run.colocated`) is given `DirectWeights` instead: it takes
+  the version the trainer handed over (`infra.rollout.direct_weights`), with no pull and no
+  transfer reported;
 * late binding: it claims up to its free slots of the current step (partially generated samples
   first, resumed from their logged tokens by re-prefill), steps the engine, buffers each sample's
   new tokens and flushes a sample when it has `flush_tokens` unflushed tokens, its oldest
@@ -26,7 +29,9 @@ so the stop strings in a group's sampling end its samples) and runs it against t
   controller balances toward gets them (claims prefer partially generated samples).
   ``{"op": "release_all"[, "step": s]}`` (end of `T_local`) flushes and hands back everything and
   stops claiming for step s (default: the current step; s may be a step not started yet) until
-  ``{"op": "resume"}`` or another step starts.
+  ``{"op": "resume"}`` or another step starts. Once released and idle it puts its engine to
+  sleep (`GenerationEngine.sleep`: the device memory goes to the trainer) and wakes it before it
+  next loads weights or claims.
   ``{"op": "drain"}`` is a SIGTERM;
 * **SIGTERM is the preemption notice**: it stops claiming, flushes and releases every sample
   (fenced, then a sweep of anything it still owns), deregisters and exits 0 — milliseconds, well
@@ -61,6 +66,7 @@ import redis
 from pydantic import Field, model_validator
 
 from infra.availability.capacity import CapacityClass
+from infra.rollout.direct_weights import DirectWeights
 from infra.rollout.flush_pipeline import FlushPipeline
 from infra.rollout.protocol import current_step
 from infra.rollout.registry import InstanceInfo, InstanceRegistry
@@ -75,6 +81,10 @@ from rl.engine_spec import EngineSpec
 from rl.generation import GenerationEngine
 
 log = logging.getLogger("rlboost.worker")
+
+TORCH_THREADS = 1
+"""Torch intra-op threads of a worker (`--threads`): a rollout engine decodes small batches, which
+contended cores run faster on one thread."""
 
 STEAL_HOLDOFF_S = 0.5
 """After handing back samples on a `release` request (a steal), claiming pauses this long so the
@@ -137,6 +147,10 @@ class WorkerStats:
     flushes: int = 0
     """Flush round trips."""
     weight_loads: int = 0
+    sleeps: int = 0
+    """Times the engine was put to sleep after a `release_all`."""
+    generating_s: float = 0.0
+    """Seconds spent in engine steps (generating)."""
 
 
 @dataclass(eq=False)
@@ -170,15 +184,21 @@ class RolloutWorker:
         *,
         client: redis.Redis | None = None,
         engine: GenerationEngine | None = None,
+        weights: DirectWeights | None = None,
     ) -> None:
-        """`client` (binary responses) and `engine` are made from the config when not given."""
+        """`client` (binary responses) and `engine` are made from the config when not given.
+        `weights`: the trainer's versions, handed over in this process, loaded instead of pulled."""
         self.config = config
+        self._direct_weights = weights
         self.client = client or RedisSettings(url=config.redis_url).client()
         self.tokenlog = TokenLog(self.client, config.run_id)
         self._flusher = FlushPipeline(self.tokenlog)
         self._puller: WeightPuller | None = None
         self.registry = InstanceRegistry(self.client, config.run_id, ttl_s=config.ttl_s)
         self.engine = engine
+        self._engine_asleep = False
+        self.failure: BaseException | None = None
+        """The exception that ended `run()` with exit code 1, if one did."""
         self.stats = WorkerStats()
         self.held: dict[str, _Held] = {}
         self._poll_s = config.poll_ms / 1000
@@ -202,6 +222,11 @@ class RolloutWorker:
         if self._stop_reason is None:
             self._stop_reason = reason
         self._stop.set()
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why the worker was told to stop (a signal's name, `drain`, `evicted`, ...), None if it was not."""
+        return self._stop_reason
 
     def install_signal_handlers(self) -> None:
         """SIGTERM (the preemption notice) and SIGINT stop the worker gracefully."""
@@ -275,8 +300,9 @@ class RolloutWorker:
         try:
             self._loop()
             self._hand_back_everything()
-        except Exception:
+        except Exception as exc:
             code = 1
+            self.failure = exc
             log.exception("worker %s failed; handing its samples back", cfg.instance_id)
             try:
                 self._hand_back_everything()
@@ -315,10 +341,14 @@ class RolloutWorker:
                         break
                 self._maybe_claim()
                 if engine.has_work():
-                    self._absorb(engine.step())
+                    started = time.perf_counter()
+                    chunks = engine.step()
+                    self.stats.generating_s += time.perf_counter() - started
+                    self._absorb(chunks)
                     self._flush(force=False)  # its round trip overlaps the next engine step
                 else:
                     self._flush(force=True, wait=True)
+                    self._sleep_if_released()
                     self._idle()
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 # Buffers are kept; flushes carry offsets, so retrying them later is exactly-once.
@@ -351,9 +381,27 @@ class RolloutWorker:
             self._control(message)
         self._maybe_load_weights()
 
+    def _sleep_if_released(self) -> None:
+        """Put the engine to sleep once `release_all` paused the current step and it is idle."""
+        engine = self.engine
+        assert engine is not None
+        paused = self._step is not None and self._paused_step == self._step[0]
+        if not paused or self._engine_asleep or self.held or engine.has_work():
+            return
+        engine.sleep()
+        self._engine_asleep = True
+        self.stats.sleeps += 1
+        log.info("engine asleep (released step %d to the other instances)", self._paused_step)
+
+    def _wake(self) -> None:
+        if self._engine_asleep:
+            self.engine.wake()  # type: ignore[union-attr]
+            self._engine_asleep = False
+            log.info("engine awake")
+
     def _maybe_load_weights(self) -> None:
-        """Pull the current step's version once it is announced (docs/ARCHITECTURE.md §6), from peers
-        that hold it or the trainer, else the store; a failed pull is retried at the next poll."""
+        """Load the current step's version when the engine holds another and no sample runs: the
+        one the trainer handed over (`DirectWeights`), else pulled once it is announced."""
         engine = self.engine
         assert engine is not None
         if self._step is None or self.held or self._stop.is_set():
@@ -361,6 +409,32 @@ class RolloutWorker:
         version = self._step[1]
         if engine.policy_version == version:
             return
+        if self._direct_weights is not None:
+            self._load_direct(version)
+        else:
+            self._pull(version)
+
+    def _load_direct(self, version: int) -> None:
+        """Load `version` from the trainer in this process once it is handed over."""
+        direct, engine = self._direct_weights, self.engine
+        assert direct is not None and engine is not None
+        state = direct.take(version)
+        if state is None:
+            if self._missing_version != version:
+                log.info("waiting for the trainer to hand over policy version %d", version)
+                self._missing_version = version
+            return
+        self._wake()
+        engine.load_weights(state, version)
+        self.stats.weight_loads += 1
+        self._claim_after = 0.0
+        log.info("loaded policy version %d from the trainer (in process)", version)
+
+    def _pull(self, version: int) -> None:
+        """Pull `version` once it is announced (docs/ARCHITECTURE.md §6), from peers that hold it
+        or the trainer, else the store; a failed pull is retried at the next poll."""
+        engine = self.engine
+        assert engine is not None
         announced = latest_version(self.client, self.config.run_id)
         puller = self._puller or self._open_puller()
         if announced is None or announced < version or puller is None:
@@ -373,6 +447,7 @@ class RolloutWorker:
         except PullError as exc:
             log.warning("pulling policy version %d failed (%s); retrying", version, exc)
             return
+        self._wake()
         engine.load_weights(state, version)
         self.stats.weight_loads += 1
         self._claim_after = 0.0
@@ -401,6 +476,7 @@ class RolloutWorker:
         if not self._can_claim() or time.monotonic() < self._claim_after:
             return
         assert self._step is not None
+        self._wake()
         step, version = self._step
         free = self.config.slots - len(self.held)
         claims = self.tokenlog.claim(step, self.config.instance_id, version, free)
@@ -632,7 +708,9 @@ def _parser() -> argparse.ArgumentParser:
         help='the engine, as EngineSpec JSON, e.g. \'{"kind": "vllm", "device": "cpu", "dtype": "bf16"}\' (default hf)',
     )
     p.add_argument("--poll-ms", type=float, default=defaults["poll_ms"].default)
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    p.add_argument(
+        "--threads", type=int, default=TORCH_THREADS, help=f"torch intra-op threads (default {TORCH_THREADS})"
+    )
     p.add_argument("--log-level", default="INFO")
     return p
 

@@ -2,8 +2,9 @@
 workers, weight publication, and the controller that rolls out each step over the token log.
 
 `RolloutFabric` is what the training session uses instead of its in-process engine when
-`fabric.enabled` is set. It starts an embedded Redis unless a URL is configured, launches the
-configured local pools (reserved and spot; spot pools preempted by trace or Poisson schedules),
+`fabric.enabled` is set. It starts an embedded Redis unless a URL is configured, starts a
+`colocated` reserved pool's instance in this process (`infra.run.colocated`: the weights go to it in
+memory), launches the other local pools (reserved and spot; spot pools preempted by trace or Poisson schedules),
 keeps its cloud pools (`provider: gcp|azure`) at target through a `CloudFleet`, publishes each
 policy version for the workers to load, and returns every step's samples in the same
 `rl.rollout.Sample` form as the in-process path.
@@ -39,6 +40,7 @@ from infra.rollout.controller import RolloutController, StepReport, samples_of_g
 from infra.rollout.registry import InstanceRegistry
 from infra.rollout.settings import worker_flags
 from infra.rollout.tokenlog import GroupSpec, TokenLog
+from infra.run.colocated import ColocatedInstance, WithColocated
 from infra.run.fabric_config import CloudSettings, FabricConfig
 from infra.services.redis_embedded import REDIS_URL_ENV, EmbeddedRedis
 from infra.weights.model_source import upload_model
@@ -82,8 +84,10 @@ class RolloutFabric:
         run_dir: Path,
         model_path: Path,
         engine: EngineSpec = EngineSpec(),
+        trainer_device: str = "auto",
     ) -> None:
-        """`engine` is the run's engine (each pool's overrides apply); weights travel in its dtype."""
+        """`engine` is the run's engine (each pool's overrides apply); weights travel in its dtype.
+        `trainer_device` is where a colocated pool's engine runs when its device is `auto`."""
         if not config.pools:
             raise ValueError("fabric.pools is empty: configure at least one pool of rollout instances")
         self.config = config
@@ -110,21 +114,46 @@ class RolloutFabric:
             config.weights, self.redis, run_id, run_dir=run_dir, dtype=TORCH_DTYPES[engine.dtype]
         )
         self._step = 0
-        local_pools = [pool for pool in config.pools if pool.provider == "local"]
+        self.colocated: list[ColocatedInstance] = []
+        try:
+            for index, pool in enumerate(config.pools):
+                if pool.colocated:
+                    self.colocated.append(self._colocated_instance(index, pool, trainer_device))
+        except BaseException:
+            self.weights.close()
+            self._close_colocated_and_redis()
+            raise
+        local_pools = [pool for pool in config.pools if pool.provider == "local" and not pool.colocated]
+        cloud_pools = [pool for pool in config.pools if pool.provider != "local"]
         providers: dict[str, Provider] = {}
         if local_pools:
             providers["local"] = self._select_provider(run_dir / "instances")
         self.fleet: CloudFleet | None = None
         self.instance_runs: InstanceRuns | None = None
-        if len(local_pools) < len(config.pools):
+        if cloud_pools:
             self.fleet = self._cloud_fleet()
             providers.update(self.fleet.providers)
-        self.provider = CompositeProvider(providers)
+        self.provider = WithColocated(CompositeProvider(providers), self.colocated)
+        """The instances of the run: the providers' and the colocated ones (the ledger reads them)."""
+        for instance in self.colocated:
+            instance.start()
         for pool in local_pools:
             self.provider.launch(pool, pool.size)
         self.provider.start()
         if self.fleet is not None:
             self.fleet.start()
+
+    def _colocated_instance(self, index: int, pool: PoolSpec, trainer_device: str) -> ColocatedInstance:
+        return ColocatedInstance(
+            pool,
+            self.engine,
+            trainer_device,
+            redis_url=self.redis_url,
+            run_id=self.run_id,
+            model_path=self.model_path,
+            worker=self.config.worker,
+            field=f"fabric.pools[{index}] ({pool.name}, colocated)",
+        )
 
     def _cloud_fleet(self) -> CloudFleet:
         """The fleet of the cloud pools, with a flow run per VM and the secrets the VMs read."""
@@ -209,18 +238,24 @@ class RolloutFabric:
 
     def publish(self, version: int, state_dict) -> None:
         """Make `version` available to the instances (served from memory at once, stored in the
-        background) and announce it; returns without waiting on the network."""
+        background) and announce it; returns without waiting on the network. A colocated instance
+        is handed `state_dict` itself."""
+        for instance in self.colocated:
+            instance.offer(version, state_dict)
         self.weights.publish(version, state_dict)
 
-    def _check_fleet(self) -> None:
-        """Fail the step when the cloud pools are no longer kept (a configuration or credential error)."""
+    def _check_health(self) -> None:
+        """Fail the step when the cloud pools are no longer kept (a configuration or credential
+        error) or a colocated instance stopped (its engine failed)."""
         if self.fleet is not None and self.fleet.failure is not None:
             raise self.fleet.failure
+        for instance in self.colocated:
+            instance.check()
 
     def _wait_for_instances(self) -> None:
         deadline = time.time() + self.config.ready_timeout_s
         while not self.registry.alive():
-            self._check_fleet()
+            self._check_health()
             if time.time() > deadline:
                 raise TimeoutError(
                     f"no rollout instance registered within {self.config.ready_timeout_s:.0f} s; "
@@ -243,7 +278,7 @@ class RolloutFabric:
         complete group also goes to `on_group` (its samples in order) as soon as it is done.
         Prompts are encoded as `prompt` says; its stop strings travel in each group's sampling."""
         self._step = step
-        self._check_fleet()
+        self._check_health()
         self._wait_for_instances()
         sampling = {"temperature": rollout.temperature, "top_p": rollout.top_p, "top_k": rollout.top_k}
         if prompt.stop:
@@ -269,7 +304,7 @@ class RolloutFabric:
             with lock:
                 collected[group_id] = samples
 
-        report = self.controller.run_step(step, version, groups, deliver)
+        report = self.controller.run_step(step, version, groups, deliver, check=self._check_health)
         return [s for group in sorted(collected) for s in collected[group]], report
 
     def preemptions(self) -> int:
@@ -299,6 +334,12 @@ class RolloutFabric:
             runs.remove_environment()
         self.provider.shutdown()
         self.weights.close()
+        self._close_colocated_and_redis()
+
+    def _close_colocated_and_redis(self) -> None:
+        """Stop the colocated instances (they hand their samples back through Redis), then Redis."""
+        for instance in self.colocated:
+            instance.close()
         self.redis.close()
         if self._redis_server is not None:
             self._redis_server.stop()

@@ -6,7 +6,8 @@ training session opens (a run started from a deployment has no CLI in front of i
 not there (or a GGUF file where the rollout instances need a Hugging Face directory); a DeepSpeed
 trainer without DeepSpeed installed or with more ranks than GPUs; a device that
 does not exist here or a dtype it cannot run; an engine that cannot run the model (vLLM missing, the
-wrong vLLM build for the device, a head size vLLM's CPU kernels refuse).
+wrong vLLM build for the device, a head size vLLM's CPU kernels refuse, a colocated vLLM engine beside
+the in-process one in the same process).
 """
 
 from __future__ import annotations
@@ -94,6 +95,15 @@ def _check_pools(config: RunConfig) -> None:
         if pool.provider != "local":
             continue  # a VM's engine and device are checked where it runs, and reported in its flow run
         spec = pool.engine_spec(run_engine)
+        if pool.colocated and spec.device == "auto":  # it runs on the trainer's device
+            spec = spec.model_copy(update={"device": model.device})
         check_engine(spec, model.path, f"{field}.engine")
         device = resolve_device(spec.device, f"{field}.device")
         resolve_dtype(spec.dtype, device, "model.dtype")
+        in_process_vllm = run_engine.kind == "vllm" and not run_engine.vllm.multiprocessing
+        if pool.colocated and spec.kind == "vllm" and in_process_vllm:
+            raise PreflightError(
+                f"{field}: a colocated vllm engine shares the training process with the in-process vllm engine "
+                "(evaluation), and vLLM runs one in-process engine per process: set "
+                "`rollout.vllm.multiprocessing: true`, or `engine: hf` on the pool"
+            )

@@ -123,7 +123,12 @@ class TrainingSession:
         try:
             if config.fabric.enabled:
                 self.fabric = RolloutFabric(
-                    config.fabric, self.run_id, self.directory, config.model.path, engine=config.engine_spec()
+                    config.fabric,
+                    self.run_id,
+                    self.directory,
+                    config.model.path,
+                    engine=config.engine_spec(),
+                    trainer_device=str(self.device),
                 )
                 self.fabric.publish(self.step, self.trainer.policy_state())
             self.accounting = RunAccounting(

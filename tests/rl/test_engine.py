@@ -304,3 +304,26 @@ def test_duplicate_sample_id_raises(model):
 
 def test_hf_engine_is_a_generation_engine(model):
     assert isinstance(HFEngine(model, EOS, PAD), GenerationEngine)
+
+
+def test_sleep_drops_the_cache_and_wake_generates_the_same_tokens(model):
+    from rl.stops import StopStrings
+
+    requests = make_requests(6, seed=7, budget=12)
+    engine = HFEngine(model, EOS, PAD, max_batch_size=4)
+    before = [r.token_ids for r in engine.generate(requests)]
+
+    engine.add(make_requests(1, seed=8)[0])
+    engine.step()
+    assert engine._cache is not None
+    with pytest.raises(RuntimeError, match="idle engine; 1 requests are live"):
+        engine.sleep()
+    engine.release("q8-0")
+
+    StopStrings(engine, tokenizer=None).sleep()  # the wrapper the workers use sleeps the engine
+    assert engine.asleep and engine._cache is None and engine._rows == [] and engine._mask.numel() == 0
+    with pytest.raises(RuntimeError, match="asleep; wake"):
+        engine.add(requests[0])
+    engine.wake()
+    assert not engine.asleep
+    assert [r.token_ids for r in engine.generate(requests)] == before

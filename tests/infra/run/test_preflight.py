@@ -23,6 +23,16 @@ LOCAL_POOL = {
 }
 
 
+DEMO_RESERVED = {
+    "name": "reserved",
+    "capacity_class": "reserved",
+    "size": 1,
+    "machine_type": "a2-highgpu-1g",
+    "price_per_hour": 3.67,
+    "colocated": True,
+}
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     return save_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
@@ -34,7 +44,10 @@ def config(model_dir, **overrides):
 
 def test_the_demo_configuration_on_this_machine_passes(model_dir):
     preflight(config(model_dir))
-    preflight(config(model_dir, **{"rollout.engine": "vllm", "model.dtype": "bf16"}))
+    vllm = {"rollout.engine": "vllm", "model.dtype": "bf16"}
+    preflight(config(model_dir, **vllm, **{"rollout.vllm.multiprocessing": True}))
+    preflight(config(model_dir, **vllm, **{"fabric.pools": [{**DEMO_RESERVED, "engine": "hf"}, LOCAL_POOL]}))
+    preflight(config(model_dir, **vllm, **{"fabric.enabled": False}))
     preflight(config(model_dir, **{"fabric.enabled": True, "fabric.pools": [LOCAL_POOL]}))
 
 
@@ -52,6 +65,10 @@ def test_the_demo_configuration_on_this_machine_passes(model_dir):
         (
             {"fabric.enabled": True, "fabric.pools": [LOCAL_POOL, {**LOCAL_POOL, "name": "gpu", "device": "cuda"}]},
             r"fabric.pools\[1\] \(gpu\).device: cuda asked for",
+        ),
+        (
+            {"rollout.engine": "vllm", "model.dtype": "bf16"},  # the demo's reserved pool is colocated
+            r"fabric.pools\[0\] \(reserved\): a colocated vllm engine .* `rollout.vllm.multiprocessing: true`",
         ),
     ],
 )
