@@ -117,7 +117,9 @@ def run_side(side: str, model: str, steps: int, threads: int, out: Path) -> None
         metrics = trainer.train_step(batch)
         seconds.append(time.perf_counter() - started)
         tokens.append(metrics["response_tokens"])
-    save_file({k: v.contiguous() for k, v in trainer.policy_state().items()}, str(out.with_suffix(".safetensors")))
+    save_file(
+        {k: v.contiguous().clone() for k, v in trainer.policy_state().items()}, str(out.with_suffix(".safetensors"))
+    )
     rss = peak_rss_mb() if side == "torch" else sum(peak_rss_mb(pid) for pid in trainer.group.pids.values())
     trainer.close()
     out.write_text(json.dumps({"tokens_per_s": sum(tokens[1:]) / sum(seconds[1:]), "peak_rss_mb": rss}))
