@@ -234,7 +234,7 @@ def simulate(
         console.print(str(error), markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     comparison = compare(loaded)
-    console.print(table(comparison), width=max(console.width, 150))  # one row per variant, even in a narrow pipe
+    Console(width=max(console.width, 150)).print(table(comparison))  # one line per variant, even in a narrow pipe
     if plot is not None:
         console.print(f"plot: {write_plot(comparison, plot)}", markup=False)
     if json_out is not None:
