@@ -37,9 +37,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rich.console import Console  # noqa: E402
 
+from infra.sim.availability import spot_schedule  # noqa: E402
 from infra.sim.report import plot, table  # noqa: E402
-from infra.sim.runner import Comparison, compare, measure  # noqa: E402
+from infra.sim.runner import Comparison, compare, equal_cost_spec, measure  # noqa: E402
 from infra.sim.scenario import Scenario, load_scenario, prices_per_hour  # noqa: E402
+from infra.sim.simulator import Simulation  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 PAPER_TOK_S = {0: 10_000, 1: 12_000, 2: 14_000, 3: 16_000, 4: 18_000}
@@ -77,8 +79,12 @@ def paper_rows(steps: int, warmup: int) -> list[dict]:
                 "rel_err": round(metrics.tokens_per_s / paper - 1, 3),
             }
         )
+        prompt_tokens = scenario.workload.prompt_tokens * scenario.workload.prompts_per_step
+        prompt_tokens *= scenario.workload.samples_per_prompt * metrics.steps
+        response_only = (metrics.trained_tokens - prompt_tokens) / metrics.wall_s
         console.print(
             f"paper table, {spot} spot: paper variant {metrics.tokens_per_s:,.0f} tok/s "
+            f"(response tokens only: {response_only:,.0f}) "
             f"(artifact ~{paper:,}; {rows[-1]['rel_err']:+.1%}), rlboost {comparison.metrics['rlboost'].tokens_per_s:,.0f}, "
             f"T_local of the last steps {[round(s.t_local_s or 0) for s in comparison.results['paper'].steps[-4:]]}",
             highlight=False,
@@ -109,17 +115,21 @@ def figures(comparison: Comparison, label: str, prices_at: str | None) -> dict:
 
 
 def repriced(comparison: Comparison, prices_at: str) -> Comparison:
-    """The same runs at another date's catalog prices (prices do not change the dynamics)."""
+    """The same runs at another date's catalog prices (prices do not change the dynamics); the
+    equal-cost cluster is sized again for the new spend and simulated again."""
     scenario = updated(comparison.scenario, run={"prices_at": prices_at})
     reserved, spot, _ = prices_per_hour(scenario)
-    results = {name: replace(r, spot_price_per_hour=spot) for name, r in comparison.results.items()}
-    scale = reserved / comparison.results["ondemand"].reserved_price_per_hour
     results = {
-        name: replace(r, reserved_price_per_hour=r.reserved_price_per_hour * scale) for name, r in results.items()
+        name: replace(r, spot_price_per_hour=spot, reserved_price_per_hour=reserved)
+        for name, r in comparison.results.items()
+        if name != "ondemand_equal_cost"
     }
     metrics: dict = {}
     for name, result in results.items():
         metrics[name] = measure(result, scenario.run.measure_from_step, metrics.get("ondemand"))
+    spec = equal_cost_spec(scenario, reserved, metrics["rlboost"], spot)
+    results[spec.name] = Simulation(scenario, spec, spot_schedule(scenario), (reserved, spot)).run()
+    metrics[spec.name] = measure(results[spec.name], scenario.run.measure_from_step, metrics["ondemand"])
     return Comparison(scenario, results, metrics)
 
 
