@@ -92,7 +92,6 @@ class Sample:
     epoch: int = 0
     base: float = 0.0
     start_progress: float = 0.0
-    done: bool = False
 
 
 @dataclass
@@ -137,7 +136,6 @@ class StepRecord:
     num_spot: int
     trainer_idle_s: float
     rollout_idle_s: float
-    wasted_tokens: float
 
 
 @dataclass
@@ -323,7 +321,7 @@ class Simulation:
                 finished.append(engine.running[entry[2]])
         for sample in finished:
             self._remove(engine, sample)
-            sample.done, sample.logged = True, sample.target
+            sample.logged = sample.target
             self.trained_response += sample.target
             self.samples_done += 1
             self.done += 1
@@ -407,7 +405,6 @@ class Simulation:
         self.release_num_spot = 0
         self.trainer_busy: list[tuple[float, float]] = []
         self.trainer_until: float | None = None
-        self.step_wasted_base = self.wasted
         self.version = version
         for engine in self.engines:
             if engine.capacity_class == "reserved":
@@ -493,7 +490,6 @@ class Simulation:
                 num_spot=self.release_num_spot,
                 trainer_idle_s=trainer_idle,
                 rollout_idle_s=rollout_idle,
-                wasted_tokens=self.wasted - self.step_wasted_base,
             )
         )
         max_steps = self.s.run.max_steps
