@@ -1,4 +1,4 @@
-"""The `rlboost` command line: `demo`, `train --config FILE`, `pretrain`, `import-model`, `worker`, `cost`, `up`, `down`.
+"""The `rlboost` command line: `demo`, `train --config FILE`, `pretrain`, `import-model`, `worker`, `simulate`, `cost`, `up`, `down`.
 
 The CLI is the top layer, above the flows it starts: `rlboost train` runs the `rl-train` flow in
 this process. It imports torch, transformers and the flows only inside the commands that need
@@ -209,6 +209,37 @@ def worker(ctx: typer.Context) -> None:
     _quiet_weight_loading()
 
     raise typer.Exit(worker_main(list(ctx.args)))
+
+
+@app.command()
+def simulate(
+    scenario: Annotated[
+        Path, typer.Option("--scenario", "-s", help="Scenario YAML (e.g. deployments/sim/paper.yaml).")
+    ],
+    plot: Annotated[Optional[Path], typer.Option(help="Write the T_local / instance-count plot here (PNG).")] = None,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the metrics as JSON here.")] = None,
+) -> None:
+    """Simulate RL steps at paper scale: every variant of the scenario side by side on the same trace."""
+    import json
+
+    from infra.sim.report import as_dict, table
+    from infra.sim.report import plot as write_plot
+    from infra.sim.runner import compare
+    from infra.sim.scenario import load_scenario
+
+    try:
+        loaded = load_scenario(scenario)
+    except ConfigError as error:
+        console.print("[red]scenario error[/red]")
+        console.print(str(error), markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    comparison = compare(loaded)
+    Console(width=max(console.width, 150)).print(table(comparison))  # one line per variant, even in a narrow pipe
+    if plot is not None:
+        console.print(f"plot: {write_plot(comparison, plot)}", markup=False)
+    if json_out is not None:
+        json_out.write_text(json.dumps(as_dict(comparison), indent=1))
+        console.print(f"metrics: {json_out}", markup=False)
 
 
 from infra.cli.cost import cost  # noqa: E402  (the command lives in its own module)

@@ -1,0 +1,194 @@
+"""Simulator benchmark: the RLBoost paper's throughput table, then real spot traces, each with all
+variants side by side (`infra.sim`, docs/ARCHITECTURE.md §11).
+
+    .venv/bin/python bench/simulate.py [--steps 14] [--warmup 4] [--plot docs/sim_skynomad.png]
+
+1. **Paper table**: `deployments/sim/paper.yaml` with 0-4 spot instances always available
+   (`availability.source: constant`), `--steps` steps, measured from step `--warmup` on (the
+   offload controller's `T_local` settles first). The paper's system is the `paper` variant
+   (no steal, trainer-side senders; with no preemption its group-min truncation never acts); with
+   0 spot instances it is `ondemand`. Each row's relative error is against the artifact's
+   ~10k / 12k / 14k / 16k / 18k trained tokens/s. The speeds are public figures (the scenario's
+   defaults), never fitted to this table.
+2. **Real traces**: `deployments/sim/skynomad.yaml` (SkyNomad GCP H100 probes, us-central1-b,
+   GCP prices of 2025-10-10, 30 s notice), the same run re-priced at the catalog's 2026-07-20
+   prices, Bamboo's p3 add/remove events (AWS's 120 s notice) and a SpotServe segment (looped),
+   each applied to the same H100 pool.
+
+No CPU check (issue 15 item 4): `cpu_rel_err` is null.
+
+Last line JSON: {"paper_rows": [{"spot", "sim_tok_s", "paper_tok_s", "rel_err"}], "paper_max_rel_err",
+"cpu_rel_err", "throughput_ratio", "cost_efficiency_gain", "vs_paper_choices", "vs_restart",
+"traces": [...]}: the ratios are `rlboost` against `ondemand` (throughput, tokens per dollar - 1),
+against `paper` and against `restart` (throughput), on the SkyNomad trace; `traces` has the same
+figures per trace and price date, plus `rlboost_no_steal` and `ondemand_equal_cost`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from rich.console import Console  # noqa: E402
+
+from infra.sim.availability import spot_schedule  # noqa: E402
+from infra.sim.report import plot, table  # noqa: E402
+from infra.sim.runner import Comparison, compare, equal_cost_spec, measure  # noqa: E402
+from infra.sim.scenario import Scenario, load_scenario, prices_per_hour  # noqa: E402
+from infra.sim.simulator import Simulation  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+PAPER_TOK_S = {0: 10_000, 1: 12_000, 2: 14_000, 3: 16_000, 4: 18_000}
+"""The RLBoost artifact's trained tokens/s with 0-4 spot instances (CALIBRATION.md)."""
+
+console = Console(width=160)
+
+
+def updated(scenario: Scenario, **changes) -> Scenario:
+    """`scenario` with top-level fields, or fields of sections (dicts), replaced; validated again."""
+    data = scenario.model_dump()
+    for name, value in changes.items():
+        data[name] = {**data[name], **value} if isinstance(value, dict) else value
+    return Scenario.model_validate(data)
+
+
+def paper_rows(steps: int, warmup: int) -> list[dict]:
+    base = load_scenario(ROOT / "deployments" / "sim" / "paper.yaml")
+    rows = []
+    for spot in PAPER_TOK_S:
+        scenario = updated(
+            base,
+            spot={"max_instances": spot},
+            availability={"source": "constant"},
+            run={"max_steps": steps, "measure_from_step": warmup, "variants": ("paper", "rlboost")},
+        )
+        comparison = compare(scenario)
+        metrics = comparison.metrics["paper" if spot else "ondemand"]
+        paper = PAPER_TOK_S[spot]
+        rows.append(
+            {
+                "spot": spot,
+                "sim_tok_s": round(metrics.tokens_per_s),
+                "paper_tok_s": paper,
+                "rel_err": round(metrics.tokens_per_s / paper - 1, 3),
+            }
+        )
+        prompt_tokens = scenario.workload.prompt_tokens * scenario.workload.prompts_per_step
+        prompt_tokens *= scenario.workload.samples_per_prompt * metrics.steps
+        response_only = (metrics.trained_tokens - prompt_tokens) / metrics.wall_s
+        console.print(
+            f"paper table, {spot} spot: paper variant {metrics.tokens_per_s:,.0f} tok/s "
+            f"(response tokens only: {response_only:,.0f}) "
+            f"(artifact ~{paper:,}; {rows[-1]['rel_err']:+.1%}), rlboost {comparison.metrics['rlboost'].tokens_per_s:,.0f}, "
+            f"T_local of the last steps {[round(s.t_local_s or 0) for s in comparison.results['paper'].steps[-4:]]}",
+            highlight=False,
+        )
+    return rows
+
+
+def figures(comparison: Comparison, label: str, prices_at: str | None) -> dict:
+    m = comparison.metrics
+    rl = m["rlboost"]
+    return {
+        "trace": label,
+        "prices_at": prices_at,
+        "throughput_ratio": round(rl.throughput_ratio, 3),
+        "cost_efficiency_gain": round(rl.cost_efficiency_gain, 3),
+        "vs_paper_choices": round(rl.tokens_per_s / m["paper"].tokens_per_s, 3),
+        "vs_restart": round(rl.tokens_per_s / m["restart"].tokens_per_s, 3),
+        "no_steal_throughput_ratio": round(m["rlboost_no_steal"].throughput_ratio, 3),
+        "no_steal_cost_efficiency_gain": round(m["rlboost_no_steal"].cost_efficiency_gain, 3),
+        "paper_throughput_ratio": round(m["paper"].throughput_ratio, 3),
+        "paper_cost_efficiency_gain": round(m["paper"].cost_efficiency_gain, 3),
+        "equal_cost_throughput_ratio": round(m["ondemand_equal_cost"].throughput_ratio, 3),
+        "rlboost_waste_fraction": round(rl.waste_fraction, 4),
+        "restart_waste_fraction": round(m["restart"].waste_fraction, 4),
+        "mean_spot_instances": round(rl.mean_spot_instances, 2),
+        "preemptions": rl.preemptions,
+    }
+
+
+def repriced(comparison: Comparison, prices_at: str) -> Comparison:
+    """The same runs at another date's catalog prices (prices do not change the dynamics); the
+    equal-cost cluster is sized again for the new spend and simulated again."""
+    scenario = updated(comparison.scenario, run={"prices_at": prices_at})
+    reserved, spot, _ = prices_per_hour(scenario)
+    results = {
+        name: replace(r, spot_price_per_hour=spot, reserved_price_per_hour=reserved)
+        for name, r in comparison.results.items()
+        if name != "ondemand_equal_cost"
+    }
+    metrics: dict = {}
+    for name, result in results.items():
+        metrics[name] = measure(result, scenario.run.measure_from_step, metrics.get("ondemand"))
+    spec = equal_cost_spec(scenario, reserved, metrics["rlboost"], spot)
+    results[spec.name] = Simulation(scenario, spec, spot_schedule(scenario), (reserved, spot)).run()
+    metrics[spec.name] = measure(results[spec.name], scenario.run.measure_from_step, metrics["ondemand"])
+    return Comparison(scenario, results, metrics)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=14, help="steps per paper-table row")
+    parser.add_argument("--warmup", type=int, default=4, help="paper-table steps not measured")
+    parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "sim_skynomad.png")
+    args = parser.parse_args()
+    started = time.monotonic()
+    rows = paper_rows(args.steps, args.warmup)
+    console.print(f"paper table simulated in {time.monotonic() - started:.0f} s", highlight=False)
+    skynomad = load_scenario(ROOT / "deployments" / "sim" / "skynomad.yaml")
+    runs = [
+        ("skynomad/h100/us-central1-b", skynomad),
+        (
+            "bamboo/p3",
+            updated(
+                skynomad,
+                name="bamboo-p3",
+                spot={"provider": "gcp", "notice_s": 120.0},
+                availability={"trace": "bamboo/p3"},
+            ),
+        ),
+        (
+            "spotserve/0304",
+            updated(
+                skynomad, name="spotserve-0304", spot={"notice_s": 120.0}, availability={"trace": "spotserve/0304"}
+            ),
+        ),
+    ]
+    traces = []
+    headline = None
+    for label, scenario in runs:
+        comparison = compare(scenario)
+        console.print(table(comparison))
+        traces.append(figures(comparison, label, "2025-10-10"))
+        if headline is None:
+            headline = traces[-1]
+            plot(comparison, args.plot)
+            later = repriced(comparison, "2026-07-20T00:00:00Z")
+            console.print(table(later))
+            traces.append(figures(later, label, "2026-07-20"))
+    console.print(f"simulated in {time.monotonic() - started:.0f} s; plot {args.plot}", highlight=False)
+    print(
+        json.dumps(
+            {
+                "paper_rows": rows,
+                "paper_max_rel_err": max(abs(r["rel_err"]) for r in rows),
+                "cpu_rel_err": None,
+                "throughput_ratio": headline["throughput_ratio"],
+                "cost_efficiency_gain": headline["cost_efficiency_gain"],
+                "vs_paper_choices": headline["vs_paper_choices"],
+                "vs_restart": headline["vs_restart"],
+                "traces": traces,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,8 @@
+"""The paper-scale simulator (docs/ARCHITECTURE.md §11): RL steps on a reserved cluster plus spot
+instances, driven by the runtime's own policies (`infra.rollout.policies`) over real spot traces.
+
+Modules, one job each: `scenario` (the YAML scenario and its validation), `hardware` (the
+roofline decode, prefill, training and weight-transfer model), `availability` (spot capacity from
+traces), `events` (the event loop), `simulator` (one variant's run), `runner` (the variants side
+by side), `report` (table and plot).
+"""

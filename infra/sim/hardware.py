@@ -1,0 +1,150 @@
+"""The speed model of GPUs at paper scale, from public figures (../shared/sim/CALIBRATION.md).
+
+* **Decode** is memory-bound: one decode step of an engine reads its weights and the KV cache of
+  every running sample, ``step_s = (weight_bytes + kv_bytes_per_token * context_tokens) /
+  (gpus * eta * hbm_bandwidth)``, so a step's time grows with the batch and with the contexts.
+  Every running sample gains one token per step. With `n` samples each gaining `p` tokens from a
+  total context `c0`, the time to gain `dp` more is the integral of ``a + b * (c0 + n * p)``:
+  ``(a + b * (c0 + n * p)) * dp + b * n * dp**2 / 2`` (`DecodeModel.seconds_to_advance`), and
+  its inverse (`tokens_in`) is the root of that quadratic: the simulator integrates the roofline
+  exactly between events instead of ticking per token.
+* **Concurrency** is bounded by the KV cache: the memory left after the weights holds
+  `kv_capacity_tokens`; an engine runs at most that many tokens of context over the mean context
+  of a sample (prompt + mean response), and at most `max_running` samples.
+* **Prefill** (a fresh prompt, or a migrated sample's prompt plus logged tokens) is compute-bound:
+  2 FLOPs per parameter per token at `prefill_mfu` of the GPU's dense bf16 peak.
+* **Training** costs `train_flops_per_param` FLOPs per parameter per trained token (forward,
+  backward, old-logprob and reference forwards) at `train_mfu`.
+* **Weight transfer** is the fluid bound of distributing `W` bytes to `n` pullers from a source of
+  upload `u_s`, with pullers of download `d` and upload `u` (`pull_seconds`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """One GPU type's vendor figures."""
+
+    hbm_gb: float
+    hbm_tb_s: float
+    """HBM bandwidth, TB/s."""
+    bf16_tflops: float
+    """Dense bf16 peak, TFLOP/s."""
+
+
+GPUS: dict[str, GPUSpec] = {
+    "H100": GPUSpec(hbm_gb=80, hbm_tb_s=3.35, bf16_tflops=989),
+    "A100-80G": GPUSpec(hbm_gb=80, hbm_tb_s=2.0, bf16_tflops=312),
+    "A100-40G": GPUSpec(hbm_gb=40, hbm_tb_s=1.55, bf16_tflops=312),
+    "L4": GPUSpec(hbm_gb=24, hbm_tb_s=0.30, bf16_tflops=121),
+}
+"""Vendor specs (H100 SXM, A100 SXM 80/40 GB, L4), the GPU types a scenario may name."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What decode and training cost depends on."""
+
+    params: float
+    """Parameter count."""
+    weight_bytes: float
+    kv_bytes_per_token: float
+
+    @classmethod
+    def of(cls, params_b: float, layers: int, kv_heads: int, head_dim: int, bytes_per_value: int) -> ModelShape:
+        """From the architecture: K and V per layer per KV head, `bytes_per_value` each."""
+        return cls(
+            params=params_b * 1e9,
+            weight_bytes=params_b * 1e9 * bytes_per_value,
+            kv_bytes_per_token=2 * layers * kv_heads * head_dim * bytes_per_value,
+        )
+
+
+@dataclass(frozen=True)
+class DecodeModel:
+    """One engine: `gpus` GPUs of one type in tensor parallel, serving one model."""
+
+    gpu: GPUSpec
+    model: ModelShape
+    gpus: int
+    eta: float
+    """Achieved fraction of the HBM bandwidth."""
+    memory_utilization: float
+    """Fraction of HBM the engine may use (weights + KV cache)."""
+    max_running: int
+    prefill_mfu: float
+
+    @property
+    def _bytes_per_s(self) -> float:
+        return self.gpus * self.eta * self.gpu.hbm_tb_s * 1e12
+
+    @property
+    def seconds_per_step_base(self) -> float:
+        """`a`: the weights' share of one decode step."""
+        return self.model.weight_bytes / self._bytes_per_s
+
+    @property
+    def seconds_per_step_per_context_token(self) -> float:
+        """`b`: one context token's share of one decode step."""
+        return self.model.kv_bytes_per_token / self._bytes_per_s
+
+    def step_seconds(self, context_tokens: float) -> float:
+        """Time of one decode step over `context_tokens` tokens of context in total."""
+        return self.seconds_per_step_base + self.seconds_per_step_per_context_token * context_tokens
+
+    @property
+    def kv_capacity_tokens(self) -> float:
+        free = self.gpus * self.gpu.hbm_gb * 1e9 * self.memory_utilization - self.model.weight_bytes
+        if free <= 0:
+            raise ValueError(f"the weights ({self.model.weight_bytes / 1e9:.1f} GB) do not fit on {self.gpus} GPU(s)")
+        return free / self.model.kv_bytes_per_token
+
+    def slots(self, mean_context_tokens: float) -> int:
+        """Samples the engine runs at once: its KV cache over a sample's mean context, capped."""
+        return max(1, min(self.max_running, math.floor(self.kv_capacity_tokens / mean_context_tokens)))
+
+    def seconds_to_advance(self, running: int, context0: float, tokens: float) -> float:
+        """Time for each of `running` samples, `context0` context tokens in all, to gain `tokens`."""
+        a, b = self.seconds_per_step_base, self.seconds_per_step_per_context_token
+        return (a + b * context0) * tokens + b * running * tokens * tokens / 2
+
+    def tokens_in(self, running: int, context0: float, seconds: float) -> float:
+        """Tokens each running sample gains in `seconds` (the inverse of `seconds_to_advance`)."""
+        if seconds <= 0:
+            return 0.0
+        k = self.seconds_per_step_base + self.seconds_per_step_per_context_token * context0
+        q = self.seconds_per_step_per_context_token * running
+        return 2 * seconds / (k + math.sqrt(k * k + 2 * q * seconds))
+
+    def prefill_seconds(self, tokens: float) -> float:
+        return tokens * 2 * self.model.params / (self.gpus * self.prefill_mfu * self.gpu.bf16_tflops * 1e12)
+
+
+def train_seconds(
+    tokens: float, model: ModelShape, gpu: GPUSpec, gpus: int, flops_per_param: float, mfu: float
+) -> float:
+    """Time for `gpus` GPUs to train on `tokens` tokens (all passes of one RL update)."""
+    return tokens * flops_per_param * model.params / (gpus * mfu * gpu.bf16_tflops * 1e12)
+
+
+def pull_seconds(
+    weight_bytes: float, pullers: int, source_gbps: float, puller_gbps: float, peers_serve: bool, peers: int = 0
+) -> float:
+    """Time until all of `pullers` simultaneous pullers hold the weights (fluid bound).
+
+    From one source alone: ``max(W / d, n W / u_s)``. When pullers (and `peers` that already hold
+    the version) serve chunks to each other (the swarm): ``max(W / d, W / u_s, n W / (u_s + (n +
+    peers) u))``, with every instance's upload equal to its download `puller_gbps`; with peers
+    holding the version the trainer need not send every chunk, so the `W / u_s` floor goes too.
+    """
+    if pullers <= 0:
+        return 0.0
+    w, d, us = weight_bytes * 8 / 1e9, puller_gbps, source_gbps
+    if not peers_serve:
+        return max(w / d, pullers * w / us)
+    floor = w / d if peers else max(w / d, w / us)
+    return max(floor, pullers * w / (us + (pullers + peers) * d))

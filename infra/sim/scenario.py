@@ -1,0 +1,351 @@
+"""A simulation scenario: the YAML file of `rlboost simulate --scenario FILE`, validated.
+
+Every field has a docstring (the error messages quote it). A bad file fails with `ConfigError`
+(the run configuration's error type, `infra.run.config`), one line per problem naming the file,
+the line, the dotted field and the fix, e.g.
+``skynomad.yaml:12: spot.gpu: unknown GPU type 'H200' (known: A100-40G, A100-80G, H100, L4). Fix: ...``.
+Beyond the types and bounds, `load_scenario` checks what only the outside world can tell: that
+the trace exists and loads, and that the catalog prices each machine type not given a price.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, Field, ValidationError
+
+from infra.availability.traces import TraceError, load_trace
+from infra.pricing import PriceNotFound, default_catalog
+from infra.rollout.controller import ControllerConfig
+from infra.run.config import ConfigError, _line_of
+from infra.sim.hardware import GPUS, GPUSpec, ModelShape
+from rl.config import Section
+
+NOTICE_S = {"gcp": 30.0, "azure": 30.0, "aws": 120.0}
+"""Preemption notice per cloud (GCP and Azure 30 s, AWS 120 s)."""
+Variant = Literal["ondemand", "rlboost", "rlboost_no_steal", "paper", "restart", "ondemand_equal_cost"]
+VARIANTS: tuple[Variant, ...] = ("ondemand", "rlboost", "rlboost_no_steal", "paper", "restart", "ondemand_equal_cost")
+
+
+class ModelSection(Section):
+    """The policy model's size and KV-cache shape (defaults: Qwen3-8B)."""
+
+    params_b: float = Field(8.2, gt=0)
+    """Parameters, in billions."""
+    layers: int = Field(36, ge=1)
+    """Transformer layers."""
+    kv_heads: int = Field(8, ge=1)
+    """Key/value heads per layer (grouped-query attention)."""
+    head_dim: int = Field(128, ge=1)
+    """Dimension of one attention head."""
+    bytes_per_value: int = Field(2, ge=1)
+    """Bytes per weight and per KV value (2 for bf16)."""
+
+    def shape(self) -> ModelShape:
+        return ModelShape.of(self.params_b, self.layers, self.kv_heads, self.head_dim, self.bytes_per_value)
+
+
+class WorkloadSection(Section):
+    """One RL step's batch and its response-length distribution."""
+
+    prompts_per_step: int = Field(128, ge=1)
+    """Prompts (groups) per step."""
+    samples_per_prompt: int = Field(8, ge=1)
+    """Responses per prompt (the GRPO group size)."""
+    prompt_tokens: int = Field(512, ge=1)
+    """Tokens of each prompt."""
+    mean_response_tokens: float = Field(2630.0, gt=0)
+    """Mean of the log-normal response length before truncation."""
+    response_cv: float = Field(1.2, gt=0)
+    """Coefficient of variation of the log-normal response length (heavy right tail: 1-1.5)."""
+    max_response_tokens: int = Field(14336, ge=1)
+    """Response budget: longer responses are cut here (the sampling `max_new_tokens`)."""
+
+
+class DecodeSection(Section):
+    """How close engines come to the memory-bandwidth roofline."""
+
+    eta: float = Field(0.75, gt=0, le=1)
+    """Achieved fraction of HBM bandwidth in decode (8B at batch 1: ~0.75 on H100 and A100)."""
+    memory_utilization: float = Field(0.85, gt=0, le=1)
+    """Fraction of GPU memory an engine uses for weights and KV cache."""
+    prefill_mfu: float = Field(0.25, gt=0, le=1)
+    """Model FLOPs utilization of prefill (Qwen3-14B 32K prompts on H100: ~0.25)."""
+
+
+class TrainingSection(Section):
+    """Cost of the RL update on the reserved GPUs."""
+
+    mfu: float = Field(0.28, gt=0, le=1)
+    """Model FLOPs utilization of training (torchtitan Llama-3.1-8B on 8xH100: 5,762 tok/s/GPU, ~0.28)."""
+    flops_per_param: float = Field(8.0, gt=0)
+    """FLOPs per parameter per trained token over all passes of an update (6 fwd+bwd, 2 old logprobs)."""
+    count_prompt_tokens: bool = True
+    """Trained tokens include the prompts (veRL's throughput metric counts prompt + response)."""
+
+
+class ReservedSection(Section):
+    """The reserved cluster: it trains and, co-located, generates until `T_local`."""
+
+    gpu: str = "H100"
+    """GPU type (one of `infra.sim.hardware.GPUS`)."""
+    gpus: int = Field(8, ge=1)
+    """GPUs of the cluster (all train; all generate while co-located)."""
+    engine_gpus: int = Field(1, ge=1)
+    """GPUs per rollout engine (tensor parallel); `gpus` must be a multiple."""
+    max_running: int = Field(256, ge=1)
+    """Most samples one engine runs at once (the KV cache may allow fewer)."""
+    provider: str = "gcp"
+    """Cloud of the price lookup (gcp, azure; aws needs `price_per_hour`)."""
+    machine_type: str = "a3-highgpu-8g"
+    """Machine type priced for the whole cluster."""
+    region: str | None = "us-central1"
+    """Region of the price lookup; None for the cloud's reference region."""
+    price_per_hour: float | None = Field(None, ge=0)
+    """Price of the whole cluster per hour; None to read the catalog's on-demand price."""
+
+
+class SpotSection(Section):
+    """The spot (rollout-only) instances."""
+
+    gpu: str = "H100"
+    """GPU type (one of `infra.sim.hardware.GPUS`)."""
+    gpus: int = Field(2, ge=1)
+    """GPUs per instance (one tensor-parallel engine)."""
+    max_running: int = Field(256, ge=1)
+    """Most samples one instance runs at once (the KV cache may allow fewer)."""
+    max_instances: int = Field(4, ge=0)
+    """Spot instances the run asks for (the capacity manager's pool size)."""
+    provider: str = "gcp"
+    """Cloud: sets the price lookup and the preemption notice."""
+    machine_type: str = "a3-highgpu-2g"
+    """Machine type of one instance."""
+    region: str | None = "us-central1"
+    """Region of the price lookup."""
+    price_per_hour: float | None = Field(None, ge=0)
+    """Spot price of one instance per hour; None to read the catalog."""
+    ondemand_price_per_hour: float | None = Field(None, ge=0)
+    """On-demand price of one instance per hour (the equal-cost variant); None to read the catalog."""
+    boot_s: float = Field(180.0, ge=0)
+    """From the request to an engine with the base model loaded (VM boot, container, engine)."""
+    notice_s: float | None = Field(None, ge=0)
+    """Preemption notice; None for the cloud's (GCP 30 s, Azure 30 s, AWS 120 s)."""
+    silent_fraction: float = Field(0.0, ge=0, le=1)
+    """Fraction of preemptions that kill without notice (the reaper finds those)."""
+
+    @property
+    def notice(self) -> float:
+        return self.notice_s if self.notice_s is not None else NOTICE_S.get(self.provider, 30.0)
+
+
+class AvailabilitySection(Section):
+    """When spot capacity exists."""
+
+    source: Literal["trace", "paper", "constant"] = "trace"
+    """`trace`: a recorded trace; `paper`: the RLBoost artifact's schedule (one instance added
+    every `add_every_s` up to `spot.max_instances`, then the oldest killed and a new one added
+    `add_every_s` later); `constant`: `spot.max_instances` instances, never preempted."""
+    trace: str | None = None
+    """Trace reference for `source: trace` (`skynomad/h100/<zone>`, `bamboo/p3`, `spotserve/<segment>`, ...)."""
+    offset_s: float = Field(0.0, ge=0)
+    """Start this far into the trace."""
+    time_compression: float = Field(1.0, gt=0)
+    """Trace seconds per simulated second."""
+    add_every_s: float = Field(1800.0, gt=0)
+    """The paper schedule's interval."""
+
+
+class NetworkSection(Section):
+    """Weight-transfer bandwidths."""
+
+    trainer_gbps: float = Field(100.0, gt=0)
+    """Upload of the trainer's weight senders, Gbit/s."""
+    instance_gbps: float = Field(50.0, gt=0)
+    """Download (and upload, in the swarm) of one spot instance, Gbit/s."""
+    local_sync_s: float = Field(2.0, ge=0)
+    """Time for the co-located engines to load a new version from the trainer on the same node."""
+
+
+class TokenLogSection(Section):
+    """What a silent kill loses: the tokens since the last flush."""
+
+    flush_tokens: int = Field(64, ge=1)
+    """A sample's tokens are flushed every this many tokens..."""
+    flush_ms: float = Field(500.0, gt=0)
+    """... or this often, whichever comes first."""
+
+
+class RunSection(Section):
+    """How long to simulate and what to measure."""
+
+    duration_s: float = Field(8 * 3600.0, gt=0)
+    """Simulated time: no step starts after it."""
+    max_steps: int | None = Field(None, ge=1)
+    """Stop after this many steps (None: only `duration_s`)."""
+    measure_from_step: int = Field(0, ge=0)
+    """Throughput and cost count steps from this one on (skip the warm-up)."""
+    claim_delay_s: float = Field(0.05, ge=0)
+    """A worker claims this long after a slot frees (its poll)."""
+    steal_holdoff_s: float = Field(0.5, ge=0)
+    """A worker asked to release samples (a steal) does not claim for this long, so the idle
+    instance gets them (the worker's `STEAL_HOLDOFF_S`)."""
+    prices_at: datetime | None = None
+    """Date of the catalog prices (None: the latest)."""
+    variants: tuple[Variant, ...] = VARIANTS
+    """Variants to run side by side (`ondemand` always runs: it is the baseline)."""
+
+
+class Scenario(Section):
+    """One simulation: the cluster, the workload, spot availability and the policies."""
+
+    name: str = "scenario"
+    """Shown in reports."""
+    seed: int = 0
+    """Seed of the response lengths and of which preemptions are silent (same in every variant)."""
+    model: ModelSection = ModelSection()
+    workload: WorkloadSection = WorkloadSection()
+    decode: DecodeSection = DecodeSection()
+    training: TrainingSection = TrainingSection()
+    reserved: ReservedSection = ReservedSection()
+    spot: SpotSection = SpotSection()
+    availability: AvailabilitySection = AvailabilitySection()
+    network: NetworkSection = NetworkSection()
+    token_log: TokenLogSection = TokenLogSection()
+    controller: ControllerConfig = ControllerConfig()
+    """The rollout controller's configuration (`infra.rollout.controller.ControllerConfig`): reap
+    timeout, steal, offload (`T_local`) and the poll interval."""
+    run: RunSection = RunSection()
+
+    def gpu(self, section: Literal["reserved", "spot"]) -> GPUSpec:
+        return GPUS[getattr(self, section).gpu]
+
+
+def _field_doc(loc: tuple[Any, ...]) -> str | None:
+    """The docstring of the field at `loc` in `Scenario`, if `loc` names one."""
+    model: type[BaseModel] | None = Scenario
+    doc = None
+    for key in loc:
+        if model is None or not isinstance(key, str) or key not in model.model_fields:
+            return doc
+        info = model.model_fields[key]
+        doc = " ".join((info.description or "").split()) or None
+        annotation = info.annotation
+        model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    return doc
+
+
+def _problems(scenario: Scenario) -> list[tuple[tuple[str, ...], str]]:
+    """What the types cannot tell: GPU types, engine split, trace, prices."""
+    found: list[tuple[tuple[str, ...], str]] = []
+    known = ", ".join(sorted(GPUS))
+    for section in ("reserved", "spot"):
+        name = getattr(scenario, section).gpu
+        if name not in GPUS:
+            found.append(((section, "gpu"), f"unknown GPU type {name!r} (known: {known}). Fix: use one of those"))
+    if scenario.reserved.gpus % scenario.reserved.engine_gpus:
+        found.append(
+            (
+                ("reserved", "engine_gpus"),
+                f"{scenario.reserved.gpus} GPUs do not split into engines of {scenario.reserved.engine_gpus}. "
+                "Fix: make reserved.gpus a multiple of reserved.engine_gpus",
+            )
+        )
+    availability = scenario.availability
+    if availability.source == "trace":
+        if availability.trace is None:
+            found.append(
+                (
+                    ("availability", "trace"),
+                    "source is trace but no trace is named. Fix: e.g. skynomad/h100/us-central1-a",
+                )
+            )
+        else:
+            try:
+                load_trace(availability.trace)
+            except TraceError as error:
+                found.append((("availability", "trace"), f"{error}. Fix: name a shipped trace (see infra/data/traces)"))
+    catalog = default_catalog()
+    at = scenario.run.prices_at.astimezone(UTC) if scenario.run.prices_at else None
+    lookups = [
+        ("reserved", "price_per_hour", "ondemand"),
+        ("spot", "price_per_hour", "spot"),
+        ("spot", "ondemand_price_per_hour", "ondemand"),
+    ]
+    for section, field, capacity_class in lookups:
+        part = getattr(scenario, section)
+        if getattr(part, field) is None:
+            try:
+                catalog.price(part.provider, part.machine_type, part.region, capacity_class, at)
+            except PriceNotFound as error:
+                found.append(((section, field), f"{error} (or set {section}.{field})"))
+    return found
+
+
+def parse_scenario(text: str, source: str = "<string>") -> Scenario:
+    """Validate YAML `text` into a `Scenario`; `ConfigError` names each problem's line, field and fix."""
+    try:
+        data = yaml.safe_load(text)
+        root = yaml.compose(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark else source
+        raise ConfigError(f"{where}: not valid YAML: {getattr(error, 'problem', error)}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping of sections, got {type(data).__name__}")
+
+    def where(loc: tuple[Any, ...]) -> str:
+        line = _line_of(root, loc)
+        return f"{source}:{line}" if line else source
+
+    try:
+        scenario = Scenario.model_validate(data)
+    except ValidationError as error:
+        problems = []
+        for item in error.errors():
+            loc = tuple(item["loc"])
+            field = ".".join(map(str, loc)) or "(top level)"
+            if item["type"] == "extra_forbidden":
+                reason = "unknown key. Fix: check the spelling (see the fields in infra/sim/scenario.py)"
+            else:
+                got = f" (got {item['input']!r})" if "input" in item and not isinstance(item["input"], dict) else ""
+                doc = _field_doc(loc)
+                reason = f"{item['msg']}{got}. Fix: give a value that satisfies this" + (
+                    f"; the field: {doc}" if doc else ""
+                )
+            problems.append(f"{where(loc)}: {field}: {reason}")
+        raise ConfigError("\n".join(problems)) from None
+    problems = [f"{where(loc)}: {'.'.join(loc)}: {reason}" for loc, reason in _problems(scenario)]
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return scenario
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read the scenario file: {error.strerror}") from None
+    return parse_scenario(text, str(path))
+
+
+def prices_per_hour(scenario: Scenario) -> tuple[float, float, float]:
+    """(reserved cluster, one spot instance, one instance on demand), USD per hour: the scenario's
+    prices where given, else the catalog's at `run.prices_at`."""
+    catalog = default_catalog()
+    at = scenario.run.prices_at.astimezone(UTC) if scenario.run.prices_at else None
+    reserved, spot = scenario.reserved, scenario.spot
+
+    def pick(given: float | None, part: ReservedSection | SpotSection, capacity_class: str) -> float:
+        if given is not None:
+            return given
+        return catalog.price(part.provider, part.machine_type, part.region, capacity_class, at)  # type: ignore[arg-type]
+
+    return (
+        pick(reserved.price_per_hour, reserved, "ondemand"),
+        pick(spot.price_per_hour, spot, "spot"),
+        pick(spot.ondemand_price_per_hour, spot, "ondemand"),
+    )

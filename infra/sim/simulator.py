@@ -1,0 +1,672 @@
+"""One variant's run: RL steps on the reserved cluster and spot instances, event by event.
+
+The runtime's policies decide, called as `RolloutController` calls them: every `poll_s` the
+simulated controller builds a `ClusterSnapshot` (instances with their running samples, the step,
+the queue) and applies `reap` (`ReaperConfig(reap_timeout_s)`), then
+`OffloadController.should_release(now, step.started_at, snapshot.rollout_only_alive)` (reserved
+engines are told `release_all` once, and `resume` when the last spot instance is gone), then
+`steal(snapshot, config.steal, reserved_released=...)`; at the end of each step it calls
+`OffloadController.update(StepTiming(...))` with the measured trainer and rollout idle times and
+the step's trained tokens per second, exactly as `RolloutController._finish` does. Workers claim
+what `dispatch(snapshot, reserved_released=...)` hands them, a claim delay after a slot frees, in
+the token log's order (`priority`: partial samples first, then FIFO).
+
+What it models: per-sample decode on each engine by the roofline of `infra.sim.hardware`,
+integrated exactly between events (every running sample of an engine gains one token per decode
+step, whose time grows with the batch's context); prefill on each claim (prompt plus the logged
+tokens of a resumed sample), during which the engine does not decode; spot instances that boot,
+pull each version (bandwidth-limited; from the trainer only, or as a swarm), and leave by the
+trace, with the cloud's notice (the worker flushes and hands its samples back) or silently (the
+samples wait for the reaper, and the tokens since the last flush are lost); training of each
+complete group on the reserved GPUs once they are released (or once the step's rollout is done),
+idle when no group is ready.
+
+Migration modes (the variants): `token` (this project: a sample leaving an instance keeps its
+logged tokens), `group_min` (on preemption, the samples of a group that leave an instance keep
+only as many tokens as the shortest of them), `restart` (no token log: a sample leaving an
+instance loses everything).
+
+A snapshot's running samples are rebuilt when an engine's samples change, and their token counts
+refreshed when the queue is empty: with samples queued, no policy reads those counts (`steal`
+returns at once, the others read only counts of samples and heartbeats), so decisions are the
+ones fresh snapshots would give.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Literal
+
+from infra.availability.traces import TraceSchedule
+from infra.rollout.policies import (
+    ClusterSnapshot,
+    InstanceView,
+    OffloadController,
+    QueueView,
+    ReaperConfig,
+    RunningSample,
+    StepTiming,
+    StepView,
+    dispatch,
+    priority,
+    reap,
+    steal,
+)
+from infra.sim.availability import capacity_changes
+from infra.sim.events import EventLoop
+from infra.sim.hardware import DecodeModel, pull_seconds, train_seconds
+from infra.sim.scenario import Scenario
+
+Migration = Literal["token", "group_min", "restart"]
+EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class VariantSpec:
+    """How one variant differs: its spot pool, migration, steal, weight senders, cluster size."""
+
+    name: str
+    use_spot: bool
+    migration: Migration = "token"
+    steal: bool = True
+    swarm: bool = True
+    reserved_gpus: int | None = None
+    """None: the scenario's; the equal-cost variant buys more."""
+    reserved_price_per_hour: float | None = None
+
+
+@dataclass
+class Sample:
+    sample_id: str
+    group: int
+    seq: int
+    target: int
+    """Response length it has when done (drawn once per step and seed)."""
+    logged: float = 0.0
+    generated_total: float = 0.0
+    """Every token generated for it, those lost included."""
+    owner: Engine | None = None
+    epoch: int = 0
+    base: float = 0.0
+    start_progress: float = 0.0
+
+
+@dataclass
+class Engine:
+    instance_id: str
+    capacity_class: Literal["reserved", "spot"]
+    decode: DecodeModel
+    slots: int
+    price_per_hour: float
+    launched_at: float
+    policy_version: int | None = None
+    registered: bool = False
+    killed_at: float | None = None
+    """Silent kill time: no progress, no heartbeat after it."""
+    ended_at: float | None = None
+    """When billing stopped."""
+    running: dict[str, Sample] = field(default_factory=dict)
+    progress: float = 0.0
+    context0: float = 0.0
+    stall_until: float = 0.0
+    clock_at: float = 0.0
+    busy_s: float = 0.0
+    finish_heap: list[tuple[float, int, str]] = field(default_factory=list)
+    token: int = 0
+    steal_requested_at: float | None = None
+    claim_after: float = 0.0
+    """End of its claim hold-off after a steal release."""
+    view_cache: tuple[RunningSample, ...] | None = None
+
+    @property
+    def generating_alive(self) -> bool:
+        return self.registered and self.killed_at is None
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    step: int
+    started_at: float
+    ended_at: float
+    trained_tokens: float
+    t_local_s: float | None
+    num_spot: int
+    trainer_idle_s: float
+    rollout_idle_s: float
+
+
+@dataclass
+class RunResult:
+    """What one variant's run measured."""
+
+    variant: str
+    steps: list[StepRecord]
+    spot_intervals: list[tuple[float, float]]
+    """Billed (launch, end) of every spot instance."""
+    spot_busy_s: float
+    instance_counts: list[tuple[float, int]]
+    """(time, spot instances registered and alive) at every change."""
+    reserved_gpus: int
+    reserved_price_per_hour: float
+    spot_price_per_hour: float
+    generated_tokens: float
+    wasted_tokens: float
+    trained_response_tokens: float
+    samples_done: int
+    samples_total: int
+    preemptions: int
+    silent_kills: int
+
+
+class Simulation:
+    """Simulates `scenario` for one variant over the spot `schedule`."""
+
+    def __init__(
+        self, scenario: Scenario, variant: VariantSpec, schedule: TraceSchedule, prices: tuple[float, float]
+    ) -> None:
+        self.s = scenario
+        self.v = variant
+        self.schedule = schedule
+        self.reserved_price = variant.reserved_price_per_hour or prices[0]
+        self.spot_price = prices[1]
+        self.loop = EventLoop()
+        self.config = scenario.controller
+        self.offload: OffloadController = self.config.offload.new_controller()
+        self.reaper = ReaperConfig(self.config.reap_timeout_s)
+        self.rng = random.Random(f"{scenario.seed}/preemptions")
+        self.model = scenario.model.shape()
+        w = scenario.workload
+        self.mean_context = w.prompt_tokens + min(w.mean_response_tokens, w.max_response_tokens)
+        self.reserved_gpus = variant.reserved_gpus or scenario.reserved.gpus
+        self.engines: list[Engine] = []
+        for i in range(self.reserved_gpus // scenario.reserved.engine_gpus):
+            model = self._decode("reserved", scenario.reserved.engine_gpus, scenario.reserved.max_running)
+            self.engines.append(
+                Engine(f"reserved-{i}", "reserved", model, model.slots(self.mean_context), 0.0, 0.0, policy_version=0)
+            )
+            self.engines[-1].registered = True
+        self.spot_seq = 0
+        self.steps: list[StepRecord] = []
+        self.instance_counts: list[tuple[float, int]] = [(0.0, 0)]
+        self.generated = 0.0
+        self.wasted = 0.0
+        self.trained_response = 0.0
+        self.samples_done = 0
+        self.samples_total = 0
+        self.preemptions = 0
+        self.silent_kills = 0
+        self.step = -1
+        self.finished = False
+        self.claim_pending = False
+
+    # --- setup -----------------------------------------------------------------------------------
+
+    def _decode(self, section: Literal["reserved", "spot"], gpus: int, max_running: int) -> DecodeModel:
+        d = self.s.decode
+        return DecodeModel(
+            self.s.gpu(section), self.model, gpus, d.eta, d.memory_utilization, max_running, d.prefill_mfu
+        )
+
+    def run(self) -> RunResult:
+        if self.v.use_spot and self.s.spot.max_instances > 0:
+            self._set_capacity(self.schedule.capacity_at(0.0))
+            for change in capacity_changes(self.schedule, self.s.run.duration_s):
+                self.loop.at(change.t, lambda c=change.capacity: self._set_capacity(c))
+        self._start_step()
+        self.loop.at(self.config.poll_s, self._poll)
+        self.loop.run(until=lambda: self.finished)
+        end = self.loop.now
+        for engine in self.engines:
+            if engine.capacity_class == "spot" and engine.ended_at is None:
+                self._advance(engine, end)
+                engine.ended_at = end
+        spot = [e for e in self.engines if e.capacity_class == "spot"]
+        return RunResult(
+            variant=self.v.name,
+            steps=self.steps,
+            spot_intervals=[(e.launched_at, e.ended_at or end) for e in spot],
+            spot_busy_s=sum(e.busy_s for e in spot),
+            instance_counts=self.instance_counts,
+            reserved_gpus=self.reserved_gpus,
+            reserved_price_per_hour=self.reserved_price,
+            spot_price_per_hour=self.spot_price,
+            generated_tokens=self.generated,
+            wasted_tokens=self.wasted,
+            trained_response_tokens=self.trained_response,
+            samples_done=self.samples_done,
+            samples_total=self.samples_total,
+            preemptions=self.preemptions,
+            silent_kills=self.silent_kills,
+        )
+
+    # --- engines: decode by the roofline ---------------------------------------------------------
+
+    def _advance(self, engine: Engine, now: float) -> None:
+        """Bring `engine`'s progress to `now` (to its kill time once silently killed)."""
+        until = now if engine.killed_at is None else min(now, engine.killed_at)
+        if until <= engine.clock_at:
+            return
+        n = len(engine.running)
+        if n:
+            engine.busy_s += until - engine.clock_at
+            decoding = until - max(engine.clock_at, engine.stall_until)
+            if decoding > 0:
+                context = engine.context0 + n * engine.progress
+                engine.progress += engine.decode.tokens_in(n, context, decoding)
+        engine.clock_at = until
+
+    def _generated(self, engine: Engine, sample: Sample) -> float:
+        return min(sample.target, sample.base + engine.progress - sample.start_progress)
+
+    def _reschedule(self, engine: Engine) -> None:
+        """Schedule `engine`'s next sample completion (an older schedule goes stale)."""
+        engine.token += 1
+        heap = engine.finish_heap
+        while heap and not self._current(engine, heap[0]):
+            heapq.heappop(heap)
+        if not heap or engine.killed_at is not None:
+            return
+        n = len(engine.running)
+        start = max(self.loop.now, engine.stall_until)
+        tokens = max(0.0, heap[0][0] - engine.progress)
+        delay = engine.decode.seconds_to_advance(n, engine.context0 + n * engine.progress, tokens)
+        token = engine.token
+        self.loop.at(start + delay, lambda: self._complete(engine, token))
+
+    def _current(self, engine: Engine, entry: tuple[float, int, str]) -> bool:
+        sample = engine.running.get(entry[2])
+        return sample is not None and sample.epoch == entry[1]
+
+    def _claim(self, engine: Engine, sample: Sample) -> None:
+        now = self.loop.now
+        self._advance(engine, now)
+        sample.owner, sample.epoch = engine, sample.epoch + 1
+        sample.base, sample.start_progress = sample.logged, engine.progress
+        engine.running[sample.sample_id] = sample
+        engine.context0 += self.s.workload.prompt_tokens + sample.base - engine.progress
+        finish = engine.progress + sample.target - sample.base
+        heapq.heappush(engine.finish_heap, (finish, sample.epoch, sample.sample_id))
+        prefill = engine.decode.prefill_seconds(self.s.workload.prompt_tokens + sample.base)
+        engine.stall_until = max(engine.stall_until, now) + prefill
+        engine.view_cache = None
+
+    def _remove(self, engine: Engine, sample: Sample) -> float:
+        """Take `sample` off `engine`; returns its generated tokens (all counted as generated)."""
+        self._advance(engine, self.loop.now)
+        generated = self._generated(engine, sample)
+        del engine.running[sample.sample_id]
+        engine.context0 -= self.s.workload.prompt_tokens + sample.base - sample.start_progress
+        if not engine.running:
+            engine.context0, engine.progress = 0.0, 0.0
+            engine.finish_heap.clear()
+        new = generated - sample.base
+        sample.generated_total += new
+        self.generated += new
+        sample.owner = None
+        engine.view_cache = None
+        return generated
+
+    def _complete(self, engine: Engine, token: int) -> None:
+        if token != engine.token:
+            return
+        self._advance(engine, self.loop.now)
+        heap = engine.finish_heap
+        finished = []
+        while heap and (not self._current(engine, heap[0]) or heap[0][0] <= engine.progress + EPS):
+            entry = heapq.heappop(heap)
+            if self._current(engine, entry):
+                finished.append(engine.running[entry[2]])
+        for sample in finished:
+            self._remove(engine, sample)
+            sample.logged = sample.target
+            self.trained_response += sample.target
+            self.samples_done += 1
+            self.done += 1
+            group = self.groups[sample.group]
+            group[1] -= 1
+            if group[1] == 0:
+                self.ready_groups.append(sample.group)
+        self._reschedule(engine)
+        if self.done == len(self.samples):
+            self.all_done_at = self.loop.now
+        self._soon_claim()
+        self._train_next()
+
+    def _release(self, engine: Engine, sample: Sample, how: Literal["flushed", "silent"]) -> None:
+        """Hand `sample` back to the queue with what the migration mode keeps."""
+        generated = self._remove(engine, sample)
+        if self.v.migration == "restart":
+            kept = 0.0
+        elif how == "silent":
+            rate = 1.0 / engine.decode.step_seconds(engine.context0 + len(engine.running) * engine.progress + generated)
+            unflushed = min(generated % self.s.token_log.flush_tokens, rate * self.s.token_log.flush_ms / 1000)
+            kept = max(sample.base, generated - unflushed)
+        else:
+            kept = generated
+        self.wasted += generated - kept
+        sample.logged = kept
+        self._enqueue(sample)
+
+    def _enqueue(self, sample: Sample) -> None:
+        heapq.heappush(self.queue, (priority(int(sample.logged), sample.seq), sample.seq, sample.sample_id))
+
+    def _evict_all(self, engine: Engine, how: Literal["flushed", "silent"], preempted: bool) -> None:
+        """Release every sample of `engine`; on a preemption in `group_min` mode, truncate each
+        group's released samples to the shortest of them."""
+        samples = list(engine.running.values())
+        for sample in samples:
+            self._release(engine, sample, how)
+        if preempted and self.v.migration == "group_min":
+            shortest: dict[int, float] = {}
+            for sample in samples:
+                shortest[sample.group] = min(shortest.get(sample.group, math.inf), sample.logged)
+            for sample in samples:
+                cut = shortest[sample.group]
+                self.wasted += sample.logged - cut
+                sample.logged = cut
+            self.queue = [(priority(int(self.by_id[sid].logged), seq), seq, sid) for _, seq, sid in self.queue]
+            heapq.heapify(self.queue)
+        self._reschedule(engine)
+
+    # --- steps -----------------------------------------------------------------------------------
+
+    def _start_step(self) -> None:
+        self.step += 1
+        version = self.step
+        w = self.s.workload
+        rng = random.Random(f"{self.s.seed}/lengths/{self.step}")
+        sigma2 = math.log(1 + w.response_cv**2)
+        mu = math.log(w.mean_response_tokens) - sigma2 / 2
+        self.samples = []
+        for g in range(w.prompts_per_step):
+            for i in range(w.samples_per_prompt):
+                target = max(1, min(w.max_response_tokens, round(rng.lognormvariate(mu, math.sqrt(sigma2)))))
+                self.samples.append(Sample(f"{self.step}/{g}/{i}", g, len(self.samples), target))
+        self.by_id = {s.sample_id: s for s in self.samples}
+        self.samples_total += len(self.samples)
+        self.groups = {g: [g, w.samples_per_prompt] for g in range(w.prompts_per_step)}
+        self.group_samples = [
+            self.samples[g * w.samples_per_prompt : (g + 1) * w.samples_per_prompt] for g in range(w.prompts_per_step)
+        ]
+        self.queue: list[tuple[float, int, str]] = []
+        for sample in self.samples:
+            self._enqueue(sample)
+        self.done = 0
+        self.ready_groups: list[int] = []
+        self.started_at = self.loop.now
+        self.all_done_at: float | None = None
+        self.released_at: float | None = None
+        self.released = False
+        self.told: set[str] = set()
+        self.release_t_local: float | None = None
+        self.release_num_spot = 0
+        self.trainer_busy: list[tuple[float, float]] = []
+        self.trainer_until: float | None = None
+        self.version = version
+        for engine in self.engines:
+            if engine.capacity_class == "reserved":
+                engine.policy_version = None
+                self.loop.after(self.s.network.local_sync_s, lambda e=engine: self._loaded(e, version))
+        pullers = [e for e in self.engines if e.capacity_class == "spot" and e.generating_alive]
+        self._pull(pullers, peers=0)
+        self._soon_claim()
+
+    def _pull(self, pullers: list[Engine], peers: int) -> None:
+        if not pullers:
+            return
+        n = self.s.network
+        seconds = pull_seconds(
+            self.model.weight_bytes, len(pullers), n.trainer_gbps, n.instance_gbps, self.v.swarm, peers
+        )
+        version = self.version
+        for engine in pullers:
+            engine.policy_version = None
+            self.loop.after(seconds, lambda e=engine: self._loaded(e, version))
+
+    def _loaded(self, engine: Engine, version: int) -> None:
+        if version == self.version and engine.generating_alive:
+            engine.policy_version = version
+            self._soon_claim()
+
+    def _train_next(self) -> None:
+        """Train the next complete group when the reserved GPUs are free to train; end the step
+        when every group is trained."""
+        now = self.loop.now
+        if self.trainer_until is not None:
+            if now < self.trainer_until - EPS:
+                return
+            self.trainer_until = None
+        if not (self.released or self.done == len(self.samples)):
+            return
+        if not self.ready_groups:
+            if self.done == len(self.samples):
+                self._end_step()
+            return
+        group = self.ready_groups.pop(0)
+        seconds = train_seconds(
+            sum(self._trained_tokens(s) for s in self.group_samples[group]),
+            self.model,
+            self.s.gpu("reserved"),
+            self.reserved_gpus,
+            self.s.training.flops_per_param,
+            self.s.training.mfu,
+        )
+        self.trainer_until = now + seconds
+        self.trainer_busy.append((now, now + seconds))
+        self.loop.at(now + seconds, self._train_next)
+
+    def _trained_tokens(self, sample: Sample) -> float:
+        return sample.target + (self.s.workload.prompt_tokens if self.s.training.count_prompt_tokens else 0)
+
+    def _end_step(self) -> None:
+        """Measure the step as `RolloutController._finish` does, update `T_local`, start the next."""
+        end = self.loop.now
+        all_done_at = self.all_done_at if self.all_done_at is not None else end
+        rollout_idle = max(0.0, end - all_done_at)
+        trainer_idle = 0.0
+        trained = sum(self._trained_tokens(s) for s in self.samples)
+        if self.released_at is not None:
+            busy = sum(max(0.0, min(b, end) - max(a, self.released_at)) for a, b in self.trainer_busy)
+            trainer_idle = max(0.0, end - self.released_at - busy)
+            self.offload.update(
+                StepTiming(
+                    t_local_s=self.release_t_local or 0.0,
+                    trainer_idle_s=trainer_idle,
+                    rollout_idle_s=rollout_idle,
+                    throughput=trained / max(end - self.started_at, 1e-9),
+                    num_spot=self.release_num_spot,
+                )
+            )
+        self.steps.append(
+            StepRecord(
+                step=self.step,
+                started_at=self.started_at,
+                ended_at=end,
+                trained_tokens=trained,
+                t_local_s=self.release_t_local,
+                num_spot=self.release_num_spot,
+                trainer_idle_s=trainer_idle,
+                rollout_idle_s=rollout_idle,
+            )
+        )
+        max_steps = self.s.run.max_steps
+        if end >= self.s.run.duration_s or (max_steps is not None and len(self.steps) >= max_steps):
+            self.finished = True
+            return
+        self._start_step()
+
+    # --- the controller and the workers ----------------------------------------------------------
+
+    def _views(self, claiming: bool = False) -> tuple[InstanceView, ...]:
+        """The registered engines as the registry shows them. Running samples' token counts are
+        refreshed only where a policy reads them (`steal`, with the queue empty and a free slot);
+        with `claiming` (the snapshot `dispatch` reads), an engine in its steal hold-off shows no
+        free slot (its heartbeat reports 0 while it does not claim)."""
+        now = self.loop.now
+        budget = self.s.workload.max_response_tokens
+        counts_read = (
+            self.v.steal
+            and not claiming
+            and not self.queue
+            and any(e.registered and len(e.running) < e.slots for e in self.engines)
+        )
+        views = []
+        for engine in self.engines:
+            if not engine.registered:
+                continue
+            if engine.view_cache is None or counts_read:
+                self._advance(engine, now)
+                progress = engine.progress
+                engine.view_cache = tuple(
+                    RunningSample(sid, int(min(x.target, x.base + progress - x.start_progress)), budget)
+                    for sid, x in sorted(engine.running.items())
+                )
+            holding_off = claiming and now < engine.claim_after
+            views.append(
+                InstanceView(
+                    instance_id=engine.instance_id,
+                    pool=engine.capacity_class,
+                    capacity_class=engine.capacity_class,
+                    policy_version=engine.policy_version,
+                    slots=len(engine.running) if holding_off else engine.slots,
+                    running=engine.view_cache,
+                    last_heartbeat=now if engine.killed_at is None else engine.killed_at,
+                    price_per_hour=engine.price_per_hour,
+                    steal_requested_at=engine.steal_requested_at,
+                )
+            )
+        return tuple(views)
+
+    def _snapshot(self, claiming: bool = False) -> ClusterSnapshot:
+        step = StepView(
+            step=self.step,
+            policy_version=self.version,
+            started_at=self.started_at,
+            total_samples=len(self.samples),
+            done=self.done,
+            groups_total=len(self.groups),
+            groups_done=sum(1 for g in self.groups.values() if g[1] == 0),
+        )
+        partial = sum(1 for _, _, sid in self.queue if self.by_id[sid].logged > 0)
+        return ClusterSnapshot(self.loop.now, step, self._views(claiming), QueueView(len(self.queue), partial))
+
+    def _poll(self) -> None:
+        """One controller poll: reap, offload, steal."""
+        if self.finished:
+            return
+        now = self.loop.now
+        snapshot = self._snapshot()
+        by_id = {e.instance_id: e for e in self.engines}
+        dead = set()
+        for decision in reap(snapshot, self.reaper):
+            engine = by_id[decision.instance_id]
+            engine.registered = False
+            self._evict_all(engine, "silent", preempted=True)
+            dead.add(engine.instance_id)
+            self._count_instances()
+        if dead:
+            snapshot = self._snapshot()
+        num_spot = snapshot.rollout_only_alive
+        released = self.offload.should_release(now, snapshot.step.started_at, num_spot)
+        if released and self.released_at is None:
+            self.released_at = now
+            self.release_t_local = self.offload.t_local(num_spot)
+            self.release_num_spot = num_spot
+        if released and not self.released:
+            for engine in self.engines:
+                if engine.capacity_class == "reserved" and engine.instance_id not in self.told:
+                    self._evict_all(engine, "flushed", preempted=False)
+                    self.told.add(engine.instance_id)
+        elif not released and self.told:
+            self.told.clear()
+        self.released = released
+        if self.v.steal:
+            snapshot = self._snapshot() if dead or released else snapshot
+            for decision in steal(snapshot, self.config.steal, reserved_released=released):
+                engine = by_id[decision.from_instance]
+                for sid in decision.sample_ids:
+                    self._release(engine, engine.running[sid], "flushed")
+                self._reschedule(engine)
+                engine.steal_requested_at = now
+                engine.claim_after = now + self.s.run.steal_holdoff_s
+                self.loop.at(engine.claim_after, self._soon_claim)
+        self._soon_claim()
+        self._train_next()
+        self.loop.after(self.config.poll_s, self._poll)
+
+    def _soon_claim(self) -> None:
+        if not self.claim_pending and self.queue:
+            self.claim_pending = True
+            self.loop.after(self.s.run.claim_delay_s, self._claims)
+
+    def _claims(self) -> None:
+        """Workers claim what `dispatch` gives each, in the token log's order."""
+        self.claim_pending = False
+        if self.finished or not self.queue:
+            return
+        snapshot = self._snapshot(claiming=True)
+        by_id = {e.instance_id: e for e in self.engines}
+        for decision in dispatch(snapshot, reserved_released=self.released):
+            engine = by_id[decision.instance_id]
+            for _ in range(decision.count):
+                _, _, sid = heapq.heappop(self.queue)
+                self._claim(engine, self.by_id[sid])
+            self._reschedule(engine)
+
+    # --- spot capacity -----------------------------------------------------------------------------
+
+    def _spot_alive(self) -> list[Engine]:
+        return [e for e in self.engines if e.capacity_class == "spot" and e.ended_at is None and e.killed_at is None]
+
+    def _count_instances(self) -> None:
+        count = sum(1 for e in self.engines if e.capacity_class == "spot" and e.generating_alive)
+        if count != self.instance_counts[-1][1]:
+            self.instance_counts.append((self.loop.now, count))
+
+    def _set_capacity(self, capacity: int) -> None:
+        """The pool holds at most `capacity` instances now: launch up to it, or preempt the oldest."""
+        held = self._spot_alive()
+        target = min(capacity, self.s.spot.max_instances)
+        for engine in held[: max(0, len(held) - target)]:
+            self._preempt(engine)
+        for _ in range(max(0, target - len(held))):
+            self._launch()
+
+    def _launch(self) -> None:
+        now = self.loop.now
+        spot = self.s.spot
+        model = self._decode("spot", spot.gpus, spot.max_running)
+        engine = Engine(
+            f"spot-{self.spot_seq}", "spot", model, model.slots(self.mean_context), self.spot_price, now, clock_at=now
+        )
+        self.spot_seq += 1
+        self.engines.append(engine)
+        self.loop.after(spot.boot_s, lambda: self._booted(engine))
+
+    def _booted(self, engine: Engine) -> None:
+        if engine.ended_at is not None or engine.killed_at is not None:
+            return
+        engine.registered = True
+        engine.clock_at = self.loop.now
+        self._count_instances()
+        peers = sum(1 for e in self.engines if e.capacity_class == "spot" and e.policy_version == self.version)
+        self._pull([engine], peers)
+
+    def _preempt(self, engine: Engine) -> None:
+        now = self.loop.now
+        self.preemptions += 1
+        if self.rng.random() < self.s.spot.silent_fraction:
+            self.silent_kills += 1
+            self._advance(engine, now)
+            engine.killed_at = engine.ended_at = now
+            engine.token += 1  # no completion after the kill
+        else:
+            if engine.registered:
+                self._evict_all(engine, "flushed", preempted=True)
+            engine.registered = False
+            engine.ended_at = now + self.s.spot.notice
+        self._count_instances()
+        self._soon_claim()
