@@ -152,6 +152,7 @@ def _train_loop(config: RunConfig, key: str, session, logger) -> dict:
         "curves_png": str(plot),
         "checkpoint": str(session.checkpoint_dir),
         **_cost_summary(session.cost_summary()),
+        **(session.accounting.baseline_summary(config.ledger.baseline_run_id) if config.ledger.baseline_run_id else {}),
         "ledger_run_id": session.run_id,
     }
     console.print(summary_table(summary))
@@ -169,19 +170,23 @@ def _train_loop(config: RunConfig, key: str, session, logger) -> dict:
 
 
 def _cost_summary(costs: dict) -> dict:
-    """The cost figures the run summary shows (all of them: `rlboost cost --run <ledger run id>`)."""
+    """The cost figures the run summary shows (all of them: `rlboost cost --run <ledger run id>`; the
+    comparison with on-demand is against a measured baseline run, `ledger.baseline_run_id`)."""
     keys = (
         "total_usd",
         "spend_spot_usd",
         "spend_reserved_usd",
+        "trainer_usd",
         "usd_per_million_generated",
         "usd_per_million_trained",
+        "trained_tokens_per_s",
         "tokens_wasted",
         "preemptions",
-        "ondemand_only_usd",
-        "savings_usd",
     )
-    return {key: costs[key] for key in keys if costs.get(key) is not None}
+    shown = {key: costs[key] for key in keys if costs.get(key) is not None}
+    if not costs.get("trainer_recorded"):
+        shown["trainer_usd"] = "not recorded: set ledger.trainer (the totals leave the trainer's machine out)"
+    return shown
 
 
 def run_training(config_path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> dict:

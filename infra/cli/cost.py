@@ -1,11 +1,15 @@
-"""`rlboost cost --run ID`: a run's cost report from the ledger, printed as rich tables and exported.
+"""`rlboost cost --run ID [--baseline ID]`: a run's cost report from the ledger, printed as rich
+tables and exported.
 
 Reads the ledger at `--db` (default `$RLBOOST_LEDGER_URL`, else `sqlite:///.rlboost/ledger.sqlite`),
 builds the run's `infra.ledger.report.CostReport` and prints per-step costs, spend per capacity
-class and the run totals (including the savings against an on-demand-only run). `--csv` writes one
-row per step plus a `total` row (run totals: it includes the instance time no step used, so it
-exceeds the sum of the step rows); `--json` writes the whole report. An unknown run, a missing
-price or an unreachable database exits with status 1 and a message saying how to fix it.
+class and the run totals (spend, the trainer's share, $ per million trained tokens, trained
+tokens/s). With `--baseline`, the ledger run id of a measured reserved-only run of the same
+configuration, it also prints the comparison with it (`infra.ledger.comparison`), labelled as
+such. `--csv` writes one row per step plus a `total` row (run totals: it includes the instance
+time no step used, so it exceeds the sum of the step rows); `--json` writes the whole report, and
+the comparison under `comparison`. An unknown run, a missing price, a baseline that cannot be
+compared or an unreachable database exits with status 1 and a message saying how to fix it.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from pydantic import TypeAdapter
 from rich.console import Console
 from rich.table import Table
 
-from infra.ledger import Ledger, LedgerUnavailable, UnknownRun
+from infra.ledger import BaselineComparison, BaselineMismatch, Ledger, LedgerUnavailable, UnknownRun
 from infra.ledger.report import CostReport, StepCost
 from infra.pricing import PriceNotFound
 
@@ -37,32 +41,53 @@ DbOption = Annotated[
 CsvOption = Annotated[
     Optional[Path], typer.Option("--csv", help="Write the per-step costs and a total row to this CSV file.")
 ]
+BaselineOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--baseline",
+        help="Ledger run id of a measured reserved-only run of the same config to compare with (no spot pools).",
+    ),
+]
 JsonOption = Annotated[Optional[Path], typer.Option("--json", help="Write the whole report to this JSON file.")]
 
 _json_time = TypeAdapter(datetime)
 
 
-def cost(run: RunIdOption, db: DbOption = None, csv_path: CsvOption = None, json_path: JsonOption = None) -> None:
-    """Cost of a run: per step, per million tokens, spot vs on-demand, and the savings against on-demand only."""
+def cost(
+    run: RunIdOption,
+    db: DbOption = None,
+    baseline: BaselineOption = None,
+    csv_path: CsvOption = None,
+    json_path: JsonOption = None,
+) -> None:
+    """Cost of a run: per step, per million trained tokens, spot vs reserved, and (--baseline) against a measured reserved-only run."""
     console = Console()
+    comparison = None
     try:
         ledger = Ledger(db, create=False)
         try:
             report = ledger.report(run)
+            if baseline is not None:
+                comparison = ledger.compare(run, baseline)
         finally:
             ledger.close()
-    except (LedgerUnavailable, UnknownRun, PriceNotFound) as error:
+    except (LedgerUnavailable, UnknownRun, PriceNotFound, BaselineMismatch) as error:
         console.print("[red]cost report failed[/red]")
         console.print(str(error), markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     console.print(steps_table(report))
     console.print(classes_table(report))
     console.print(summary_table(report))
+    if comparison is not None:
+        console.print(comparison_table(comparison))
     if csv_path:
         write_csv(report, csv_path)
         console.print(f"wrote {csv_path}")
     if json_path:
-        json_path.write_text(json.dumps(report.as_dict(), indent=2) + "\n")
+        exported = report.as_dict()
+        if comparison is not None:
+            exported["comparison"] = comparison.model_dump(mode="json")
+        json_path.write_text(json.dumps(exported, indent=2) + "\n")
         console.print(f"wrote {json_path}")
 
 
@@ -82,9 +107,9 @@ def steps_table(report: CostReport) -> Table:
         "preempted",
         "cost $",
         "spot $",
+        "trainer $",
         "$/M gen",
         "$/M trained",
-        "on-demand $",
     ):
         table.add_column(header, justify="right")
     for s in report.steps:
@@ -98,9 +123,9 @@ def steps_table(report: CostReport) -> Table:
             str(s.preemptions),
             _usd(s.cost_usd),
             _usd(s.spot_usd),
+            _usd(s.trainer_usd),
             _usd(s.usd_per_million_generated),
             _usd(s.usd_per_million_trained),
-            _usd(s.ondemand_only_usd),
         )
     return table
 
@@ -108,7 +133,7 @@ def steps_table(report: CostReport) -> Table:
 def classes_table(report: CostReport) -> Table:
     table = Table(title="spend per capacity class")
     table.add_column("class")
-    for header in ("instances", "instance-hours", "spend $", "on-demand-only $", "preemptions"):
+    for header in ("instances", "instance-hours", "spend $", "preemptions"):
         table.add_column(header, justify="right")
     for c in report.classes:
         table.add_row(
@@ -116,7 +141,6 @@ def classes_table(report: CostReport) -> Table:
             str(c.instances),
             f"{c.instance_hours:.3f}",
             _usd(c.spend_usd),
-            _usd(c.ondemand_only_usd),
             str(c.preemptions),
         )
     return table
@@ -141,21 +165,49 @@ def summary_table(report: CostReport) -> Table:
         ("spot $", _usd(report.spend("spot")) + _share(report.spend("spot"), report.total_usd)),
         ("on-demand $", _usd(report.spend("ondemand")) + _share(report.spend("ondemand"), report.total_usd)),
         ("reserved $", _usd(report.spend("reserved")) + _share(report.spend("reserved"), report.total_usd)),
+        (
+            "trainer's machine $",
+            _usd(report.trainer_usd) + _share(report.trainer_usd, report.total_usd)
+            if report.trainer_recorded
+            else "not recorded (set ledger.trainer)",
+        ),
         ("weight egress $", f"{_usd(report.egress_usd)} ({report.transfer_bytes / 1e9:.2f} GB)"),
         ("not attributed to a step $", _usd(report.unattributed_usd) + " (boot, idle, notice periods)"),
         ("tokens generated / trained", f"{report.tokens_generated:,} / {report.tokens_trained:,}"),
         ("tokens wasted", f"{report.tokens_wasted:,}" + _share(report.tokens_wasted, report.tokens_generated)),
         ("$ per million generated tokens", _usd(report.usd_per_million_generated)),
         ("$ per million trained tokens", _usd(report.usd_per_million_trained)),
+        ("trained tokens/s (step time)", _rate(report.trained_tokens_per_s)),
         ("preemptions / evictions", f"{report.preemptions} / {report.evictions}"),
-        ("on-demand-only run $", _usd(report.ondemand_only_usd)),
-        (
-            "savings $",
-            _usd(report.savings_usd) + ("" if report.savings_fraction is None else f" ({report.savings_fraction:.0%})"),
-        ),
     ]
     for what, value in rows:
         table.add_row(what, value)
+    return table
+
+
+def _rate(value: float | None) -> str:
+    return "" if value is None else f"{value:,.1f}"
+
+
+def comparison_table(comparison: BaselineComparison) -> Table:
+    """The run beside its measured baseline run (the only comparison with on-demand the ledger makes)."""
+    table = Table(title=f"against a {comparison.basis}")
+    table.add_column("what")
+    for header in (comparison.run_id, comparison.baseline_run_id, "ratio"):
+        table.add_column(header, justify="right")
+    table.add_row("total $", _usd(comparison.total_usd), _usd(comparison.baseline_total_usd), "")
+    table.add_row(
+        "$ per million trained tokens",
+        _usd(comparison.usd_per_million_trained),
+        _usd(comparison.baseline_usd_per_million_trained),
+        f"{comparison.cost_efficiency:.2f}x tokens per $",
+    )
+    table.add_row(
+        "trained tokens/s",
+        _rate(comparison.trained_tokens_per_s),
+        _rate(comparison.baseline_trained_tokens_per_s),
+        f"{comparison.throughput_ratio:.2f}x",
+    )
     return table
 
 
@@ -172,7 +224,7 @@ def _total_row(report: CostReport) -> dict[str, object]:
         "preemptions": report.preemptions,
         "cost_usd": report.total_usd,
         "spot_usd": report.spend("spot"),
-        "ondemand_only_usd": report.ondemand_only_usd,
+        "trainer_usd": report.trainer_usd,
         "usd_per_million_generated": report.usd_per_million_generated,
         "usd_per_million_trained": report.usd_per_million_trained,
     }

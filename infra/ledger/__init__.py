@@ -2,7 +2,8 @@
 
 Modules: `models` (tables), `db` (engines, Alembic migrations, `LedgerUnavailable`), `migrations/`
 (the schema's history), `config` (`LedgerConfig`, URL resolution), `recorder` (`Ledger`: the write
-API), `reader` (loading a run back), `report` (pure cost computations -> `CostReport`).
+API), `reader` (loading a run back), `report` (pure cost computations -> `CostReport`), `comparison`
+(a run against a measured reserved-only baseline run -> `BaselineComparison`).
 
 Wiring into a training run (`run_id` is the fabric's run id, the one workers get as `--run-id`):
 
@@ -17,22 +18,29 @@ Wiring into a training run (`run_id` is the fabric's run id, the one workers get
     ledger.record_step(run_id, k, started_at=t0, ended_at=t1, tokens_trained=n)          # when step k ends
     ledger.finish_run(run_id)                                        # at the end
     ledger.report(run_id).summary()                                  # totals for the summary artifact
+    ledger.compare(run_id, baseline_run_id)                          # vs a measured reserved-only run
 
-`rlboost cost --run ID` prints and exports the same report (`flows/cost_command.py`).
+The trainer's machine is an instance of role `trainer` (`record_instance(..., role="trainer")`).
+
+`rlboost cost --run ID [--baseline ID]` prints and exports the same report (`infra/cli/cost.py`).
 """
 
-from infra.ledger.config import LedgerConfig, resolve_ledger_url
+from infra.ledger.comparison import BaselineComparison, BaselineMismatch
+from infra.ledger.config import LedgerConfig, TrainerMachine, resolve_ledger_url
 from infra.ledger.db import LedgerUnavailable
 from infra.ledger.reader import UnknownRun
 from infra.ledger.recorder import Ledger, LedgerWriteError
 from infra.ledger.report import CostReport
 
 __all__ = [
+    "BaselineComparison",
+    "BaselineMismatch",
     "CostReport",
     "Ledger",
     "LedgerConfig",
     "LedgerUnavailable",
     "LedgerWriteError",
+    "TrainerMachine",
     "UnknownRun",
     "resolve_ledger_url",
 ]

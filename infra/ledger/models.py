@@ -35,6 +35,9 @@ TERMINATION_REASONS = ("preempted", "preempted_silent", "evicted", "scaled_down"
 """Why an instance ended: the provider's reasons (`infra.providers.interface.TerminationReason`) plus
 `evicted` (reaped by the controller after its heartbeat lapsed)."""
 PREEMPTION_REASONS = ("preempted", "preempted_silent")
+INSTANCE_ROLES = ("rollout", "trainer")
+"""What an instance is to the run: `rollout` (it generates) or `trainer` (the machine the trainer
+runs on; a co-located rollout instance is that machine, so it is recorded once, as `trainer`)."""
 
 NAMING_CONVENTION = {
     "pk": "pk_%(table_name)s",
@@ -113,6 +116,10 @@ class Instance(Base):
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.run_id", ondelete="CASCADE"), primary_key=True)
     instance_id: Mapped[str] = mapped_column(String(128), primary_key=True)
     pool: Mapped[str] = mapped_column(String(128))
+    role: Mapped[str] = mapped_column(
+        String(16), CheckConstraint(_one_of("role", INSTANCE_ROLES), name="role"), server_default="rollout"
+    )
+    """`rollout` or `trainer` (`INSTANCE_ROLES`)."""
     provider: Mapped[str] = mapped_column(String(32))
     """`local`, `gcp` or `azure`."""
     zone: Mapped[str | None] = mapped_column(String(64))

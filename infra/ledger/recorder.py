@@ -1,5 +1,5 @@
 """The ledger's write API: `Ledger(url)` records runs, steps, instances, usage, weight transfers
-and price quotes, and builds a run's `CostReport`.
+and price quotes, builds a run's `CostReport` and compares a run with a measured baseline run.
 
 Every write is one transaction and an idempotent upsert keyed by what it records, so calling it
 again (a retry, a resumed controller after a crash) never duplicates anything:
@@ -31,6 +31,7 @@ from sqlalchemy import case, func, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
+from infra.ledger.comparison import BaselineComparison, compare
 from infra.ledger.config import resolve_ledger_url
 from infra.ledger.db import LedgerUnavailable, create_ledger_engine, translate_errors, upgrade_to_head
 from infra.ledger.models import INSTANCE_STATES, Base, Instance, PriceQuote, Run, Step, Usage, WeightTransfer
@@ -171,16 +172,19 @@ class Ledger:
         zone: str | None = None,
         ready_at: Moment | None = None,
         reason: str | None = None,
+        role: str = "rollout",
     ) -> None:
         """Record an instance from its `InstanceRecord` (call again whenever its state changes).
 
         `provider` is its pool's provider (`local`, `gcp`, `azure`); `zone` where it runs (None for
         local pools); `ready_at` when it could first generate; `reason` overrides the record's
-        termination reason (pass `evicted` for an instance the controller reaped)."""
+        termination reason (pass `evicted` for an instance the controller reaped); `role` is
+        `trainer` for the machine the trainer runs on (`infra.ledger.models.INSTANCE_ROLES`)."""
         values = {
             "run_id": run_id,
             "instance_id": instance.instance_id,
             "pool": instance.pool,
+            "role": role,
             "provider": provider,
             "zone": zone,
             "machine_type": instance.machine_type,
@@ -279,6 +283,14 @@ class Ledger:
             records = load_run(self.engine, run_id)
         return build_report(records, catalog or default_catalog(), as_of=as_utc(as_of))
 
+    def compare(
+        self, run_id: str, baseline_run_id: str, *, catalog: Catalog | None = None, as_of: Moment | None = None
+    ) -> BaselineComparison:
+        """Run `run_id` against the measured reserved-only run `baseline_run_id`
+        (`infra.ledger.comparison`; `BaselineMismatch` if they cannot be compared)."""
+        report = self.report(run_id, catalog=catalog, as_of=as_of)
+        return compare(report, self.report(baseline_run_id, catalog=catalog))
+
     # --- internals -----------------------------------------------------------------------------
 
     @contextmanager
@@ -291,7 +303,7 @@ class Ledger:
             raise LedgerWriteError(
                 f"{what} was refused by the ledger database: {reason}. Record the run first (start_run), "
                 f"then steps and instances (record_step, record_instance) before their usage and transfers; "
-                f"capacity classes, states and reasons must be those of infra.ledger.models."
+                f"capacity classes, roles, states and reasons must be those of infra.ledger.models."
             ) from None
 
     def _upsert(

@@ -1,8 +1,7 @@
 """What a run cost: pure computations from a run's ledger rows (`RunRecords`) to a `CostReport`.
 
 Definitions (USD; an instance's *price* is its recorded `price_per_hour`, else the catalog's price
-for its class at its launch; its *on-demand price* is its recorded price if it is an on-demand
-instance, else the catalog's on-demand list price of its machine type in its region at launch):
+for its class at its launch):
 
 - **Spend** of an instance: its billed seconds (launch to termination; one still running is billed
   up to `as_of`, default the run's end) times its price. `total_usd` = all instances' spend plus
@@ -12,11 +11,18 @@ instance, else the catalog's on-demand list price of its machine type in its reg
   step costs: boots, weight loads, idle time between steps and preemption notices.
 - **$ per million tokens**: total (or step) cost per million tokens generated (wasted included)
   and per million tokens trained (the steps' `tokens_trained`).
-- **On-demand-only counterfactual**: the same work at the measured throughput, i.e. the same
-  instance-seconds of the same machine types, bought at on-demand prices (plus the same egress).
-  `savings_usd` = counterfactual minus actual total; `savings_fraction` = savings / counterfactual.
+- **Trainer**: the instances of role `trainer` (the trainer's machine, `infra.ledger.config.
+  TrainerMachine`, or the co-located instance that runs on it); `trainer_usd` is their spend and
+  `trainer_recorded` says whether the run recorded one (a run without it leaves the trainer's
+  machine out of every figure).
+- **Throughput**: `trained_tokens_per_s` = tokens trained per second of the steps' wall time
+  (`step_seconds`, the sum of the ended steps' durations).
 - **Preemptions**: instances that ended `preempted` or `preempted_silent`; a step counts those
   whose notice (or end) fell within it. **Evictions**: instances the controller reaped.
+
+There is no on-demand figure here: re-pricing the same instance-seconds at on-demand prices says
+nothing about what an on-demand run would cost (it would take a different time). Comparing with
+on-demand is `infra.ledger.comparison`'s job, against a measured baseline run.
 
 A price the ledger lacks and the catalog cannot give raises `PriceNotFound` naming the instance.
 `CostReport.as_dict()` is the whole report as JSON-ready data; `summary()` the flat run totals.
@@ -25,7 +31,7 @@ A price the ledger lacks and the catalog cannot give raises `PriceNotFound` nami
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -50,13 +56,12 @@ class PriceSource(Protocol):
 class InstanceCost(BaseModel):
     instance_id: str
     pool: str
+    role: str
     capacity_class: str
     machine_type: str
     usd_per_hour: float
-    ondemand_usd_per_hour: float
     billed_seconds: float
     spend_usd: float
-    ondemand_only_usd: float
     reason: str | None
 
 
@@ -74,7 +79,8 @@ class StepCost(BaseModel):
     cost_usd: float
     spot_usd: float
     """The part of `cost_usd` spent on spot instances."""
-    ondemand_only_usd: float
+    trainer_usd: float
+    """The part of `cost_usd` spent on the trainer's machine."""
     usd_per_million_generated: float | None
     usd_per_million_trained: float | None
 
@@ -84,7 +90,6 @@ class ClassSpend(BaseModel):
     instances: int
     instance_hours: float
     spend_usd: float
-    ondemand_only_usd: float
     preemptions: int
 
 
@@ -112,9 +117,12 @@ class CostReport(BaseModel):
     usd_per_million_trained: float | None
     preemptions: int
     evictions: int
-    ondemand_only_usd: float
-    savings_usd: float
-    savings_fraction: float | None
+    trainer_usd: float
+    trainer_recorded: bool
+    """Whether the run recorded the trainer's machine (instances of role `trainer`)."""
+    step_seconds: float
+    """Wall seconds of the ended steps, summed."""
+    trained_tokens_per_s: float | None
 
     def spend(self, capacity_class: str) -> float:
         """Spend on instances of one capacity class."""
@@ -154,13 +162,6 @@ def hourly_price(instance: Instance, prices: PriceSource) -> float:
     return _catalog_price(prices, instance, instance.capacity_class, "a price (none was recorded)")
 
 
-def ondemand_price(instance: Instance, prices: PriceSource) -> float:
-    """One on-demand hour of the instance's machine type: its own price if it is on-demand."""
-    if instance.capacity_class == "ondemand" and instance.price_per_hour is not None:
-        return instance.price_per_hour
-    return _catalog_price(prices, instance, "ondemand", "an on-demand price for the counterfactual")
-
-
 def billed_seconds(instance: Instance, as_of: datetime) -> float:
     """Seconds from launch to termination (or `as_of` if it has not terminated)."""
     end = instance.terminated_at or as_of
@@ -180,19 +181,18 @@ def _count_within(times: Iterable[datetime], start: datetime, end: datetime) -> 
 def _instance_costs(records: RunRecords, prices: PriceSource, as_of: datetime) -> list[InstanceCost]:
     costs = []
     for i in records.instances:
-        rate, ondemand_rate, seconds = hourly_price(i, prices), ondemand_price(i, prices), billed_seconds(i, as_of)
+        rate, seconds = hourly_price(i, prices), billed_seconds(i, as_of)
         costs.append(
             InstanceCost(
                 instance_id=i.instance_id,
                 pool=i.pool,
+                role=i.role,
                 capacity_class=i.capacity_class,
                 machine_type=i.machine_type,
                 usd_per_hour=rate,
-                ondemand_usd_per_hour=ondemand_rate,
                 billed_seconds=seconds,
                 reason=i.reason,
                 spend_usd=seconds * rate / SECONDS_PER_HOUR,
-                ondemand_only_usd=seconds * ondemand_rate / SECONDS_PER_HOUR,
             )
         )
     return costs
@@ -208,19 +208,13 @@ def _step_costs(records: RunRecords, instances: list[InstanceCost], as_of: datet
     for usage in records.usage:
         usage_by_step[usage.step].append(usage)
 
-    def usd(rows: list[Usage], hourly: Callable[[InstanceCost], float]) -> float:
-        return sum(u.seconds * hourly(by_id[u.instance_id]) for u in rows) / SECONDS_PER_HOUR
-
-    def own(cost: InstanceCost) -> float:
-        return cost.usd_per_hour
-
-    def ondemand(cost: InstanceCost) -> float:
-        return cost.ondemand_usd_per_hour
+    def usd(rows: list[Usage]) -> float:
+        return sum(u.seconds * by_id[u.instance_id].usd_per_hour for u in rows) / SECONDS_PER_HOUR
 
     steps = []
     for step in records.steps:
         rows, egress = usage_by_step[step.step], egress_by_step[step.step]
-        cost = egress + usd(rows, own)
+        cost = egress + usd(rows)
         generated, trained = sum(u.tokens_generated for u in rows), step.tokens_trained or 0
         steps.append(
             StepCost(
@@ -234,8 +228,8 @@ def _step_costs(records: RunRecords, instances: list[InstanceCost], as_of: datet
                 tokens_trained=trained,
                 preemptions=_count_within(preemption_times, step.started_at, step.ended_at or as_of),
                 cost_usd=cost,
-                spot_usd=usd([u for u in rows if by_id[u.instance_id].capacity_class == "spot"], own),
-                ondemand_only_usd=egress + usd(rows, ondemand),
+                spot_usd=usd([u for u in rows if by_id[u.instance_id].capacity_class == "spot"]),
+                trainer_usd=usd([u for u in rows if by_id[u.instance_id].role == "trainer"]),
                 usd_per_million_generated=_per_million(cost, generated),
                 usd_per_million_trained=_per_million(cost, trained),
             )
@@ -254,7 +248,6 @@ def _class_spends(instances: list[InstanceCost]) -> list[ClassSpend]:
                     instances=len(members),
                     instance_hours=sum(c.billed_seconds for c in members) / SECONDS_PER_HOUR,
                     spend_usd=sum(c.spend_usd for c in members),
-                    ondemand_only_usd=sum(c.ondemand_only_usd for c in members),
                     preemptions=sum(1 for c in members if c.reason in PREEMPTION_REASONS),
                 )
             )
@@ -270,7 +263,9 @@ def build_report(records: RunRecords, prices: PriceSource, as_of: datetime | Non
     egress = sum(t.egress_usd for t in records.transfers)
     total = egress + sum(c.spend_usd for c in instances)
     attributed = sum(s.cost_usd for s in steps)
-    ondemand_only = egress + sum(c.ondemand_only_usd for c in instances)
+    trainers = [c for c in instances if c.role == "trainer"]
+    step_seconds = sum((s.ended_at - s.started_at).total_seconds() for s in steps if s.ended_at is not None)
+    trained_in_ended = sum(s.tokens_trained for s in steps if s.ended_at is not None)
     generated = sum(s.tokens_generated for s in steps)
     trained = sum(s.tokens_trained for s in steps)
     return CostReport(
@@ -295,7 +290,8 @@ def build_report(records: RunRecords, prices: PriceSource, as_of: datetime | Non
         usd_per_million_trained=_per_million(total, trained),
         preemptions=sum(1 for i in records.instances if i.reason in PREEMPTION_REASONS),
         evictions=sum(1 for i in records.instances if i.reason == "evicted"),
-        ondemand_only_usd=ondemand_only,
-        savings_usd=ondemand_only - total,
-        savings_fraction=(ondemand_only - total) / ondemand_only if ondemand_only else None,
+        trainer_usd=sum(c.spend_usd for c in trainers),
+        trainer_recorded=bool(trainers),
+        step_seconds=step_seconds,
+        trained_tokens_per_s=trained_in_ended / step_seconds if step_seconds > 0 else None,
     )

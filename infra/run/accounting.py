@@ -3,13 +3,18 @@
 `RunAccounting` writes into the cost ledger (`infra.ledger`, docs/ARCHITECTURE.md §7):
 
 * at the start, the run and a price quote for every pool;
+* the trainer's machine (`infra.ledger.config.TrainerMachine`, when configured) as instance
+  `trainer` of role `trainer`, up from the start to `finish()`: each step gets the seconds it spent
+  in the step, like any instance. A co-located pool's instance runs on the trainer's machine, so
+  it is recorded with role `trainer` instead (the configuration refuses both);
 * per RL step, when it starts and ends and how many response tokens it trained on; the weight
   pulls the instances reported (bytes per source: trainer, peer or store; local egress is free); every
   instance the provider has run so far, with its lifecycle (launch, notice, termination and its
   reason: preempted, silently preempted, scaled down, finished, crashed); and each instance's
   share of the step: the seconds it was up inside the step and the tokens it generated (the
   controller credits every logged token to the instance that generated it);
-* at the end, the run's end time; `summary()` is the ledger's cost report as one flat dict.
+* at the end, the run's end time; `summary()` is the ledger's cost report as one flat dict, and
+  `baseline_summary(id)` its comparison with a measured reserved-only run (`ledger.baseline_run_id`).
 
 Tokens wasted in a step (unflushed tails lost to a SIGKILL, dropped groups) are a step total in
 the controller's report, not per instance: they are attributed to the instances that stopped
@@ -23,13 +28,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
-from infra.ledger import Ledger
+from infra.ledger import BaselineMismatch, Ledger, UnknownRun
+from infra.ledger.config import TrainerMachine
 from infra.providers.interface import InstanceRecord, Provider
 from infra.providers.pool import PoolSpec
 from infra.weights.shared import Transfer
 
 STOPPED_REASONS = ("preempted", "preempted_silent", "crashed")
+TRAINER_ID = "trainer"
+"""Instance id and pool of the trainer's machine in the ledger."""
 
 
 class RunAccounting:
@@ -44,16 +53,29 @@ class RunAccounting:
         provider: Provider | None,
         transfers: Callable[[], Sequence[Transfer]] | None = None,
         clock: Callable[[], float] = time.time,
+        trainer: TrainerMachine | None = None,
     ) -> None:
-        """`transfers` returns the weight pulls reported since its last call (`RolloutFabric.drain_transfers`)."""
+        """`transfers` returns the weight pulls reported since its last call (`RolloutFabric.drain_transfers`);
+        `trainer` is the trainer's machine (`ledger.trainer` of the run configuration)."""
         self.ledger = ledger
         self.run_id = run_id
         self.provider = provider
         self.transfers = transfers
         self.clock = clock
         self._providers = {pool.name: pool.provider for pool in pools}
+        self._trainer_pools = {pool.name for pool in pools if pool.colocated}
         self._step_started: dict[int, float] = {}
-        ledger.start_run(run_id, name=name, started_at=clock())
+        started = clock()
+        ledger.start_run(run_id, name=name, started_at=started)
+        self._trainer = (
+            None
+            if trainer is None
+            else InstanceRecord(
+                TRAINER_ID, TRAINER_ID, trainer.capacity_class, trainer.machine_type, trainer.price_per_hour, started
+            )
+        )
+        self._trainer_provider = trainer.provider if trainer is not None else "local"
+        self._record_trainer()
         if provider is not None:
             for pool in pools:
                 ledger.record_quote(run_id, pool, provider.quote(pool), quoted_at=clock())
@@ -75,8 +97,9 @@ class RunAccounting:
         ended = self.clock()
         started = self._step_started.pop(step, ended)
         records = self.provider.instances() if self.provider is not None else []
-        for record in records:
-            self.ledger.record_instance(self.run_id, record, provider=self._providers.get(record.pool, "local"))
+        self._record_instances(records)
+        if self._trainer is not None:
+            records = [*records, self._trainer]
         tokens = dict(instance_tokens or {})
         wasted = _attribute_waste(records, tokens, tokens_wasted, started, ended)
         for record in records:
@@ -112,14 +135,42 @@ class RunAccounting:
 
     def finish(self) -> None:
         """The run ends now: record the instances' final states and the end time."""
+        ended = self.clock()
         if self.provider is not None:
-            for record in self.provider.instances():
-                self.ledger.record_instance(self.run_id, record, provider=self._providers.get(record.pool, "local"))
-        self.ledger.finish_run(self.run_id, ended_at=self.clock())
+            self._record_instances(self.provider.instances())
+        if self._trainer is not None:
+            self._trainer = replace(self._trainer, state="terminated", terminated_at=ended, reason="finished")
+            self._record_trainer()
+        self.ledger.finish_run(self.run_id, ended_at=ended)
+
+    def _record_instances(self, records: Sequence[InstanceRecord]) -> None:
+        for record in records:
+            role = "trainer" if record.pool in self._trainer_pools else "rollout"
+            self.ledger.record_instance(
+                self.run_id, record, provider=self._providers.get(record.pool, "local"), role=role
+            )
+
+    def _record_trainer(self) -> None:
+        if self._trainer is not None:
+            self.ledger.record_instance(self.run_id, self._trainer, provider=self._trainer_provider, role="trainer")
 
     def summary(self) -> dict[str, object]:
         """The run's cost report as one flat dict (`CostReport.summary`)."""
         return self.ledger.report(self.run_id).summary()
+
+    def baseline_summary(self, baseline_run_id: str) -> dict[str, object]:
+        """The run against the measured reserved-only run `baseline_run_id`, as flat summary
+        entries labelled by `vs_baseline` (instances still up are billed to now); a baseline that
+        cannot be compared is named with why."""
+        try:
+            comparison = self.ledger.compare(self.run_id, baseline_run_id, as_of=self.clock())
+        except (BaselineMismatch, UnknownRun) as error:
+            return {"vs_baseline": f"not compared: {error}"}
+        return {
+            "vs_baseline": comparison.basis,
+            "cost_efficiency_vs_baseline": comparison.cost_efficiency,
+            "throughput_vs_baseline": comparison.throughput_ratio,
+        }
 
 
 def _seconds_within(record: InstanceRecord, start: float, end: float) -> float:

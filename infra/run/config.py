@@ -88,6 +88,17 @@ class RunConfig(Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _trainer_machine_is_counted_once(self) -> RunConfig:
+        colocated = [pool.name for pool in self.fabric.pools if pool.colocated] if self.fabric.enabled else []
+        if self.ledger.trainer is not None and colocated:
+            raise ValueError(
+                f"ledger.trainer prices the trainer's machine, but pool {colocated[0]!r} is colocated: its instance "
+                f"runs on that machine and is recorded as the trainer already (its machine_type and price_per_hour). "
+                f"Remove ledger.trainer, or set `colocated: false`"
+            )
+        return self
+
 
 class ConfigError(ValueError):
     """A configuration file that cannot be used; the message says where and why."""

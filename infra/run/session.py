@@ -138,6 +138,7 @@ class TrainingSession:
                 config.fabric.pools if self.fabric else (),
                 self.fabric.provider if self.fabric else None,
                 transfers=self.fabric.drain_transfers if self.fabric else None,
+                trainer=config.ledger.trainer,
             )
         except BaseException:
             ledger.close()

@@ -12,6 +12,7 @@ from infra.cli.app import app
 from infra.ledger import Ledger
 from infra.providers.interface import InstanceRecord
 from tests.infra.ledger.test_ledger import RUN_ID, at, record_small_run
+from tests.infra.ledger.test_ledger_comparison import record_baseline, record_hybrid
 
 runner = CliRunner()
 WIDE = {"COLUMNS": "200"}
@@ -25,7 +26,7 @@ def ledger_url(tmp_path):
     return url
 
 
-def test_prints_cost_per_step_spend_per_class_and_savings(ledger_url):
+def test_prints_cost_per_step_spend_per_class_and_totals_without_re_pricing(ledger_url):
     result = runner.invoke(app, ["cost", "--run", RUN_ID, "--db", ledger_url], env=WIDE)
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
@@ -34,8 +35,43 @@ def test_prints_cost_per_step_spend_per_class_and_savings(ledger_url):
     # 1 preemption, $2.8219
     assert [cell.strip() for cell in step1.split("│")[1:9]] == ["1", "4", "5030", "3200", "50", "3000", "1", "2.8219"]
     assert any("spot" in line and "1.7508" in line and "2 │" in line for line in lines)  # 3 spot instances, 2 preempted
-    for expected in ("5.5408", "939.12", "852.44", "9.6402", "4.0994 (43%)", "2 / 0", "90 (2%)"):
+    for expected in ("5.5408", "939.12", "852.44", "2 / 0", "90 (2%)", "not recorded (set ledger.trainer)"):
         assert expected in result.output
+    assert "1.8" in next(line for line in lines if "trained tokens/s" in line)  # 6500 tokens / 3600 s
+    # The same instance-seconds re-priced at on-demand prices are no on-demand run: not shown.
+    for gone in ("savings", "on-demand-only", "9.6402"):
+        assert gone not in result.output
+
+
+def test_compares_with_a_measured_baseline_run_labelled_as_such(tmp_path):
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    with Ledger(url) as ledger:
+        record_baseline(ledger)
+        record_hybrid(ledger)
+    json_path = tmp_path / "cost.json"
+    result = runner.invoke(
+        app, ["cost", "--run", "hybrid-1", "--baseline", "base-1", "--db", url, "--json", str(json_path)], env=WIDE
+    )
+    assert result.exit_code == 0, result.output
+    totals, title, compared = result.output.partition("against a measured baseline run base-1 (grpo-demo)")
+    assert title
+    per_million = next(line for line in compared.splitlines() if "$ per million trained tokens" in line)
+    assert "489.17" in per_million and "611.67" in per_million and "1.25x tokens per $" in per_million
+    assert "2.00x" in next(line for line in compared.splitlines() if "trained tokens/s" in line)
+    assert "1.8350 (63%)" in next(line for line in totals.splitlines() if "trainer's machine $" in line)
+    comparison = json.loads(json_path.read_text())["comparison"]
+    assert comparison["cost_efficiency"] == pytest.approx(3.67 / 2.935)
+    assert comparison["throughput_ratio"] == pytest.approx(2.0)
+
+
+def test_a_baseline_with_spot_instances_is_refused_with_the_fix(tmp_path):
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    with Ledger(url) as ledger:
+        record_baseline(ledger)
+        record_hybrid(ledger)
+    result = runner.invoke(app, ["cost", "--run", "base-1", "--baseline", "hybrid-1", "--db", url], env=WIDE)
+    assert result.exit_code == 1
+    assert "baseline run hybrid-1 ran 2 spot instance(s)" in result.output and "reserved-only" in result.output
 
 
 def test_exports_csv_and_json_with_hand_computed_numbers(ledger_url, tmp_path):
@@ -55,8 +91,7 @@ def test_exports_csv_and_json_with_hand_computed_numbers(ledger_url, tmp_path):
     assert float(rows[2]["instance_seconds"]) == 3600 + 5730
     report = json.loads(json_path.read_text())
     assert report["run_id"] == RUN_ID and len(report["steps"]) == 2 and len(report["instances"]) == 4
-    assert report["savings_usd"] == pytest.approx(4.099356, abs=1e-6)
-    assert report["ondemand_only_usd"] == pytest.approx(9.640189, abs=1e-6)
+    assert "savings_usd" not in report and "ondemand_only_usd" not in report and "comparison" not in report
     assert {c["capacity_class"]: c["spend_usd"] for c in report["classes"]} == pytest.approx(
         {"reserved": 3.67, "spot": 1.750833}, abs=1e-6
     )

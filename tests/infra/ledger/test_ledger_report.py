@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -43,11 +44,13 @@ def instance(
     reason: str | None = None,
     notice: float | None = None,
     machine_type: str = "g2-standard-8",
+    role: str = "rollout",
 ) -> Instance:
     return Instance(
         run_id="r",
         instance_id=instance_id,
         pool=capacity_class,
+        role=role,
         provider="gcp",
         zone="us-central1-b",
         machine_type=machine_type,
@@ -98,19 +101,58 @@ def test_step_cost_is_its_instance_seconds_at_each_price_plus_its_egress():
     step1, step2 = report.steps
     assert step1.cost_usd == approx(1800 * 0.80 / 3600 + 900 * 0.20 / 3600 + 0.05)  # 0.40 + 0.05 + 0.05
     assert step1.spot_usd == approx(0.05)
-    assert step1.ondemand_only_usd == approx((1800 + 900) * 0.85 / 3600 + 0.05)
+    assert step1.trainer_usd == 0
     assert (step1.instances, step1.instance_seconds, step1.tokens_generated) == (2, 2700, 1200)
     assert step1.usd_per_million_generated == approx(0.50 / 1200 * 1e6)
     assert step2.cost_usd == approx(0.40) and step2.spot_usd == 0
     # Billed: reserved 1 h at 0.80 + spot 1 h at 0.20; spot-0 idled 2700 s outside any step.
     assert report.total_usd == approx(0.80 + 0.20 + 0.05)
     assert report.unattributed_usd == approx(2700 * 0.20 / 3600)
-    assert report.ondemand_only_usd == approx(2 * 0.85 + 0.05)
-    assert report.savings_usd == approx(1.75 - 1.05) and report.savings_fraction == approx(0.70 / 1.75)
     assert report.usd_per_million_trained == approx(1.05 / 2000 * 1e6)
+    assert (report.step_seconds, report.trained_tokens_per_s) == (3600, approx(2000 / 3600))
+    assert not report.trainer_recorded and report.trainer_usd == 0
 
 
-def test_prices_come_from_the_catalog_when_missing_and_on_demand_instances_keep_their_own():
+def _field_names(data: object) -> set[str]:
+    if isinstance(data, dict):
+        return set(data) | {name for value in data.values() for name in _field_names(value)}
+    if isinstance(data, list):
+        return {name for value in data for name in _field_names(value)}
+    return set()
+
+
+def test_no_figure_re_prices_the_run_at_on_demand_prices():
+    """The same instance-seconds at on-demand prices is no on-demand run: nothing reports it, and
+    the on-demand price is never asked for (infra.ledger.comparison compares with a measured run)."""
+    prices = StubPrices({("g2-standard-8", "ondemand"): 0.85, ("g2-standard-8", "spot"): 0.25})
+    rows = records(
+        [instance("reserved-0", "reserved", 0.80, 0, 3600), instance("spot-0", "spot", None, 0, 3600)],
+        [usage(1, "reserved-0", 1800, 500), usage(1, "spot-0", 900, 700)],
+    )
+    report = build_report(rows, prices)
+    names = _field_names(report.as_dict()) | set(report.summary())
+    assert "spend_ondemand_usd" in names  # what on-demand instances did cost stays
+    assert not {name for name in names if re.search("ondemand_only|ondemand_usd_per|savings|counterfactual", name)}
+    assert [asked[3] for asked in prices.asked] == ["spot"]
+
+
+def test_the_trainers_machine_is_billed_and_attributed_to_steps_like_any_instance():
+    rows = records(
+        [
+            instance("trainer", "reserved", 3.60, 0, 3600, role="trainer", machine_type="a2-highgpu-1g"),
+            instance("spot-0", "spot", 0.20, 0, 1800),
+        ],
+        [usage(1, "trainer", 1800, 0), usage(1, "spot-0", 1800, 900), usage(2, "trainer", 1800, 0)],
+    )
+    report = build_report(rows, CATALOG)
+    trainer = next(i for i in report.instances if i.role == "trainer")
+    assert (trainer.billed_seconds, trainer.spend_usd) == (3600, approx(3.60))
+    assert [s.trainer_usd for s in report.steps] == approx([1.80, 1.80])
+    assert [s.cost_usd for s in report.steps] == approx([1.80 + 0.10, 1.80])
+    assert report.trainer_recorded and report.trainer_usd == approx(3.60) and report.total_usd == approx(3.70)
+
+
+def test_prices_come_from_the_catalog_when_missing():
     rows = records(
         [
             instance("spot-0", "spot", None, 0, 3600),
@@ -121,9 +163,7 @@ def test_prices_come_from_the_catalog_when_missing_and_on_demand_instances_keep_
     )
     report = build_report(rows, CATALOG)
     by_id = {c.instance_id: c for c in report.instances}
-    assert (by_id["spot-0"].usd_per_hour, by_id["spot-0"].ondemand_usd_per_hour) == (0.25, 0.85)
-    assert (by_id["od-0"].usd_per_hour, by_id["od-0"].ondemand_usd_per_hour) == (1.00, 1.00)  # its own price
-    assert (by_id["reserved-0"].usd_per_hour, by_id["reserved-0"].ondemand_usd_per_hour) == (0.50, 0.85)
+    assert [by_id[i].usd_per_hour for i in ("spot-0", "od-0", "reserved-0")] == [0.25, 1.00, 0.50]
     assert {"reserved": 0.50, "ondemand": 1.00, "spot": 0.25} == {
         c.capacity_class: approx(c.spend_usd) for c in report.classes
     }
@@ -132,10 +172,10 @@ def test_prices_come_from_the_catalog_when_missing_and_on_demand_instances_keep_
 
 
 def test_a_missing_price_names_the_instance_and_why_it_is_needed():
-    rows = records([instance("spot-7", "spot", 0.30, 0, 60, machine_type="x9-mystery")], [])
+    rows = records([instance("spot-7", "spot", None, 0, 60, machine_type="x9-mystery")], [])
     with pytest.raises(
         PriceNotFound,
-        match=r"instance spot-7 \(pool spot, spot\) needs an on-demand price for the counterfactual: no ondemand price for 'x9-mystery'",
+        match=r"instance spot-7 \(pool spot, spot\) needs a price \(none was recorded\): no spot price for 'x9-mystery'",
     ):
         build_report(rows, CATALOG)
 
@@ -171,6 +211,6 @@ def test_a_run_without_tokens_or_instances_has_no_ratios():
     untrained = [Step(run_id="r", step=1, started_at=t(0), ended_at=None, tokens_trained=None)]
     report = build_report(records([], [], steps=untrained), CATALOG)
     assert report.total_usd == 0 and report.usd_per_million_generated is None and report.usd_per_million_trained is None
-    assert report.savings_fraction is None and report.classes == []
+    assert report.trained_tokens_per_s is None and report.classes == []
     summary = report.summary()
     assert summary["spend_spot_usd"] == 0.0 and summary["steps"] == 1 and "instances" not in summary

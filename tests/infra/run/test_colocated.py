@@ -144,6 +144,8 @@ def test_reserved_releases_at_t_local_sleeps_and_every_sample_arrives_once(run, 
     (mine,) = [i for i in costs.instances if i.instance_id == "reserved-colocated"]
     assert (mine.pool, mine.capacity_class, mine.usd_per_hour) == ("reserved", "reserved", 3.67)
     assert mine.billed_seconds > 0 and costs.spend("reserved") > 0
+    # It runs on the trainer's machine: recorded once, as the trainer.
+    assert mine.role == "trainer" and costs.trainer_recorded and costs.trainer_usd == pytest.approx(mine.spend_usd)
 
 
 def test_an_evicted_colocated_instance_registers_again_and_generates(run):

@@ -199,3 +199,13 @@ def test_the_smollm2_file_loads_with_a_vllm_engine_for_every_instance():
     spec = config.engine_spec()
     assert spec.kind == "vllm" and spec.vllm.max_model_len == 512
     assert {pool.engine_spec(spec).kind for pool in config.fabric.pools} == {"vllm"}
+
+
+def test_the_trainers_machine_is_priced_once():
+    """`ledger.trainer` beside a colocated reserved pool would count the trainer's machine twice."""
+    trainer = "ledger:\n  trainer: {machine_type: a2-highgpu-1g, price_per_hour: 3.67}\n"
+    assert parse_config(trainer).ledger.trainer.price_per_hour == 3.67  # no colocated pool
+    demo = DEFAULT_CONFIG.read_text()
+    with pytest.raises(ConfigError, match="pool 'reserved' is colocated.*Remove ledger.trainer"):
+        parse_config(demo + trainer, "demo.yaml")
+    assert load_config().ledger.trainer is None

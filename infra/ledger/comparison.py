@@ -1,0 +1,82 @@
+"""A run against a measured baseline: `compare(report, baseline) -> BaselineComparison`.
+
+The only comparison with on-demand the ledger makes is against another run it recorded: a
+*reserved-only* run of the same configuration (the same model, data, steps and trainer; no spot
+instances), named by its ledger run id. Both runs' figures are measured; nothing is re-priced.
+
+- `cost_efficiency` = the baseline's $ per million trained tokens / the run's: trained tokens per
+  dollar of the run relative to the baseline (1.3: 30 % more tokens per dollar).
+- `throughput_ratio` = the run's trained tokens/s / the baseline's (over each run's step time).
+
+Refused with `BaselineMismatch`, saying why and what to do: a baseline with spot instances (it is
+not reserved-only), a run or baseline that did not record the trainer's machine (its cost would
+leave out the trainer), one that trained no tokens or spent nothing, or the run itself as its own baseline.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from infra.ledger.report import CostReport
+
+
+class BaselineMismatch(ValueError):
+    """The two runs cannot be compared (the message says why and how to fix it)."""
+
+
+class BaselineComparison(BaseModel):
+    basis: str
+    """What the comparison is against, as a label: `measured baseline run <id> (<name>)`."""
+    run_id: str
+    baseline_run_id: str
+    total_usd: float
+    baseline_total_usd: float
+    usd_per_million_trained: float
+    baseline_usd_per_million_trained: float
+    cost_efficiency: float
+    """Baseline $/M trained tokens over the run's: > 1 means more trained tokens per dollar."""
+    trained_tokens_per_s: float
+    baseline_trained_tokens_per_s: float
+    throughput_ratio: float
+    """The run's trained tokens/s over the baseline's."""
+
+
+def _check(report: CostReport, what: str) -> tuple[float, float]:
+    """The report's $ per million trained tokens and trained tokens/s, or why they cannot be compared."""
+    if not report.trainer_recorded:
+        raise BaselineMismatch(
+            f"{what} run {report.run_id} did not record the trainer's machine, so its cost leaves the trainer out: "
+            f"set ledger.trainer (or use a colocated reserved pool) and record it again"
+        )
+    if report.usd_per_million_trained is None or report.trained_tokens_per_s is None:
+        raise BaselineMismatch(f"{what} run {report.run_id} has no ended step with trained tokens to compare")
+    if report.usd_per_million_trained <= 0:
+        raise BaselineMismatch(f"{what} run {report.run_id} recorded no spend: its instances' prices are all zero")
+    return report.usd_per_million_trained, report.trained_tokens_per_s
+
+
+def compare(report: CostReport, baseline: CostReport) -> BaselineComparison:
+    """`report` against the measured reserved-only `baseline` (see the module docstring)."""
+    if report.run_id == baseline.run_id:
+        raise BaselineMismatch(f"run {report.run_id} cannot be its own baseline: name a reserved-only run")
+    spot = sum(c.instances for c in baseline.classes if c.capacity_class == "spot")
+    if spot:
+        raise BaselineMismatch(
+            f"baseline run {baseline.run_id} ran {spot} spot instance(s): a baseline is a reserved-only run of the "
+            f"same configuration (its spot pools removed)"
+        )
+    usd_per_million, tokens_per_s = _check(report, "the")
+    baseline_usd_per_million, baseline_tokens_per_s = _check(baseline, "baseline")
+    return BaselineComparison(
+        basis=f"measured baseline run {baseline.run_id} ({baseline.run_name or 'unnamed'})",
+        run_id=report.run_id,
+        baseline_run_id=baseline.run_id,
+        total_usd=report.total_usd,
+        baseline_total_usd=baseline.total_usd,
+        usd_per_million_trained=usd_per_million,
+        baseline_usd_per_million_trained=baseline_usd_per_million,
+        cost_efficiency=baseline_usd_per_million / usd_per_million,
+        trained_tokens_per_s=tokens_per_s,
+        baseline_trained_tokens_per_s=baseline_tokens_per_s,
+        throughput_ratio=tokens_per_s / baseline_tokens_per_s,
+    )

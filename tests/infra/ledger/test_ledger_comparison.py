@@ -1,0 +1,124 @@
+"""The trainer's machine in the ledger, and a run against a measured reserved-only baseline run,
+on a real database (SQLite; PostgreSQL when DATABASE_URL is set).
+
+Two synthetic runs of the same work (6000 trained tokens in two steps), no training needed:
+
+- baseline `base-1`: reserved only, the trainer's a2-highgpu-1g ($3.67/h) alone, two 1800 s steps,
+  recorded through `RunAccounting` (the trainer is instance `trainer`, billed 0-3600 s);
+- hybrid `hybrid-1`: the same trainer plus two spot instances ($1.10/h) for two 900 s steps.
+
+By hand: baseline $3.67 for 6000 tokens, $611.67/M, 1.667 tokens/s; hybrid 1800 s of trainer
+($1.835) + 2 x 1800 s of spot ($1.10) = $2.935, $489.17/M, 3.333 tokens/s; so 1.2504x tokens per
+dollar and 2.00x throughput.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from infra.ledger import BaselineMismatch, Ledger, TrainerMachine
+from infra.providers.interface import InstanceRecord
+from infra.run.accounting import RunAccounting
+from tests.infra.ledger.test_ledger import at
+
+pytestmark = pytest.mark.integration
+
+TRAINER = TrainerMachine(machine_type="a2-highgpu-1g", price_per_hour=3.67)
+SPOT_PRICE = 1.10
+
+
+class Clock:
+    """Epoch seconds that a test sets."""
+
+    def __init__(self) -> None:
+        self.now = at(0)
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def record_baseline(ledger: Ledger, run_id: str = "base-1") -> None:
+    """A reserved-only run through `RunAccounting`: the trainer alone, two 1800 s steps of 3000 tokens."""
+    clock = Clock()
+    accounting = RunAccounting(ledger, run_id, "grpo-demo", (), None, clock=clock, trainer=TRAINER)
+    for step in (1, 2):
+        accounting.begin_step(step)
+        clock.now += 1800
+        accounting.end_step(step, tokens_trained=3000)
+    accounting.finish()
+
+
+def record_hybrid(ledger: Ledger, run_id: str = "hybrid-1", trainer: bool = True) -> None:
+    """The same work with two spot instances beside the trainer: two 900 s steps, through the recorder API."""
+    ledger.start_run(run_id, name="grpo-demo", started_at=at(0))
+    machines = [("spot-0", "spot", SPOT_PRICE, "rollout"), ("spot-1", "spot", SPOT_PRICE, "rollout")]
+    if trainer:
+        machines.append(("trainer", "reserved", TRAINER.price_per_hour, "trainer"))
+    for instance_id, capacity_class, price, role in machines:
+        record = InstanceRecord(
+            instance_id, instance_id.split("-")[0], capacity_class, "a2-highgpu-1g", price, at(0),
+            state="terminated", terminated_at=at(1800), reason="finished", exit_code=0,
+        )  # fmt: skip
+        ledger.record_instance(run_id, record, provider="local", role=role)
+    for step in (1, 2):
+        start = at(900 * (step - 1))
+        ledger.record_step(run_id, step, started_at=start)
+        for instance_id, *_ in machines:
+            generated = 0 if instance_id == "trainer" else 1500
+            ledger.record_usage(run_id, step, instance_id, seconds=900, tokens_generated=generated)
+        ledger.record_step(run_id, step, started_at=start, ended_at=start + 900, tokens_trained=3000)
+    ledger.finish_run(run_id, ended_at=at(1800))
+
+
+def test_the_trainers_machine_is_recorded_with_its_seconds_and_cost(ledger):
+    record_baseline(ledger)
+    report = ledger.report("base-1")
+    (trainer,) = report.instances
+    assert (trainer.instance_id, trainer.role, trainer.capacity_class) == ("trainer", "trainer", "reserved")
+    assert (trainer.billed_seconds, trainer.reason) == (3600, "finished")
+    assert trainer.spend_usd == pytest.approx(3.67)
+    assert [(s.instance_seconds, s.tokens_trained) for s in report.steps] == [(1800, 3000), (1800, 3000)]
+    assert [s.trainer_usd for s in report.steps] == pytest.approx([3.67 / 2, 3.67 / 2])
+    assert report.trainer_recorded and report.trainer_usd == pytest.approx(report.total_usd)
+    assert report.spend("reserved") == pytest.approx(3.67) and report.unattributed_usd == pytest.approx(0)
+    assert report.trained_tokens_per_s == pytest.approx(6000 / 3600)
+
+
+def test_a_hybrid_run_against_its_measured_baseline(ledger):
+    record_baseline(ledger)
+    record_hybrid(ledger)
+    comparison = ledger.compare("hybrid-1", "base-1")
+    assert comparison.basis == "measured baseline run base-1 (grpo-demo)"
+    assert (comparison.total_usd, comparison.baseline_total_usd) == (pytest.approx(2.935), pytest.approx(3.67))
+    assert comparison.usd_per_million_trained == pytest.approx(2.935 / 6000 * 1e6)
+    assert comparison.baseline_usd_per_million_trained == pytest.approx(3.67 / 6000 * 1e6)
+    assert comparison.cost_efficiency == pytest.approx(3.67 / 2.935)  # 1.2504x trained tokens per dollar
+    assert comparison.throughput_ratio == pytest.approx(2.0)
+
+
+def test_a_baseline_that_is_not_reserved_only_or_a_run_without_its_trainer_is_refused(ledger):
+    record_baseline(ledger)
+    record_hybrid(ledger)
+    record_hybrid(ledger, "hybrid-2", trainer=False)
+    with pytest.raises(BaselineMismatch, match="baseline run hybrid-1 ran 2 spot instance.*reserved-only"):
+        ledger.compare("hybrid-2", "hybrid-1")
+    with pytest.raises(BaselineMismatch, match="run hybrid-2 did not record the trainer's machine.*ledger.trainer"):
+        ledger.compare("hybrid-2", "base-1")
+    with pytest.raises(BaselineMismatch, match="its own baseline"):
+        ledger.compare("base-1", "base-1")
+
+
+def test_the_run_summary_names_its_baseline_or_why_it_was_not_compared(ledger):
+    record_baseline(ledger)
+    clock = Clock()
+    accounting = RunAccounting(ledger, "hybrid-3", "grpo-demo", (), None, clock=clock, trainer=TRAINER)
+    accounting.begin_step(1)
+    clock.now += 900
+    accounting.end_step(1, tokens_trained=3000)
+    summary = accounting.baseline_summary("base-1")
+    assert summary == {
+        "vs_baseline": "measured baseline run base-1 (grpo-demo)",
+        "cost_efficiency_vs_baseline": pytest.approx((3.67 / 6000) / (3.67 / 4 / 3000)),  # 2.0
+        "throughput_vs_baseline": pytest.approx(2.0),
+    }
+    assert accounting.baseline_summary("nope")["vs_baseline"].startswith("not compared: no run 'nope'")
