@@ -25,9 +25,10 @@ def resolve_ledger_url(url: str | None = None) -> str:
 
 
 class TrainerMachine(Section):
-    """The machine the trainer runs on, recorded in the ledger as an instance of role `trainer`
-    (instance and pool `trainer`), billed from the session's start to its end and attributed to
-    each step for the step's whole duration.
+    """The machine the trainer runs on, recorded in the ledger as instance `trainer` (role `trainer`).
+
+    It is billed from the session's start to its end and attributed to each step for the step's
+    whole duration, like any instance.
 
     Leave it unset when the reserved pool is `colocated: true`: the co-located instance *is* the
     trainer's machine (its pool's `machine_type` and `price_per_hour`), recorded once with role
