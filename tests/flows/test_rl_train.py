@@ -62,6 +62,9 @@ async def _children(flow_run_id):
         return runs, tasks
 
 
+TRAINER = {"machine_type": "a2-highgpu-1g", "price_per_hour": 3.67}
+
+
 def test_two_steps_then_resume(prefect_harness, base_model, tmp_path):
     state = rl_train(overrides=_overrides(base_model, tmp_path, 2), return_state=True)
     assert state.is_completed()
@@ -84,6 +87,13 @@ def test_two_steps_then_resume(prefect_harness, base_model, tmp_path):
         costs = ledger.report(summary["ledger_run_id"])
     assert [s.step for s in costs.steps] == [1, 2]
     assert all(s.ended_at is not None and s.tokens_trained > 0 for s in costs.steps)
+    # The demo's colocated reserved instance runs on the trainer's machine: it is the trainer, up
+    # for every step, so each step carries the step's duration of it.
+    (trainer,) = [i for i in costs.instances if i.role == "trainer"]
+    assert (trainer.instance_id, trainer.usd_per_hour) == ("reserved-colocated", 3.67)
+    for s in costs.steps:
+        assert s.trainer_usd == pytest.approx((s.ended_at - s.started_at).total_seconds() * 3.67 / 3600)
+    assert 0 < summary["trainer_usd"] <= costs.trainer_usd  # billed to the summary; the session ran on after it
 
     async def artifacts():
         async with get_client() as client:
@@ -97,13 +107,24 @@ def test_two_steps_then_resume(prefect_harness, base_model, tmp_path):
     ]
     assert len(per_step_tables) == 2
 
-    # Resume: the same run asked for 3 steps continues from its step-2 checkpoint.
-    state = rl_train(overrides=_overrides(base_model, tmp_path, 3), return_state=True)
+    # Resume: the same run asked for 3 steps continues from its step-2 checkpoint, in process on a
+    # trainer priced by `ledger.trainer`; the first session ran spot instances, so it is no baseline.
+    first = summary["ledger_run_id"]
+    overrides = {
+        **_overrides(base_model, tmp_path, 3),
+        "fabric.enabled": False,
+        "ledger.trainer": TRAINER,
+        "ledger.baseline_run_id": first,
+    }
+    state = rl_train(overrides=overrides, return_state=True)
     assert state.is_completed()
     runs, _ = asyncio.run(_children(state.state_details.flow_run_id))
     assert sorted(r.name for r in runs if r.name.startswith("step-")) == ["step-3"]
     summary = state.result()
     assert summary["steps"] == 3
+    assert summary["trainer_usd"] > 0
+    assert summary["vs_baseline"].startswith(f"not compared: baseline run {first} ran ")
+    assert "reserved-only" in summary["vs_baseline"] and "cost_efficiency_vs_baseline" not in summary
     assert (run_dir / "checkpoints" / "step_000003").exists()
 
 
