@@ -210,15 +210,15 @@ class RolloutFabric:
                 engine=self.engine,
             )
             return PrefectLocalProvider(spec, log_dir=log_dir)
-        return LocalProvider(self._worker_command, log_dir=log_dir)
+        return LocalProvider(self._worker_command, log_dir=log_dir, environment={REDIS_URL_ENV: self.redis_url})
 
     def _worker_command(self, pool: PoolSpec, instance_id: str) -> list[str]:
+        """A local instance's command line; the secrets (the Redis URL with its password, the weights
+        secret) reach it through its environment, never here."""
         return [
             sys.executable,
             "-m",
             "infra.rollout.worker",
-            "--redis-url",
-            self.redis_url,
             "--run-id",
             self.run_id,
             "--instance-id",
