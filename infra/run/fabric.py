@@ -98,7 +98,10 @@ class RolloutFabric:
         self._redis_server: EmbeddedRedis | None = None
         configured_redis = config.redis_url or os.environ.get(REDIS_URL_ENV)
         if configured_redis is None:
-            self._redis_server = EmbeddedRedis()
+            persistent = config.redis_appendfsync is not None
+            self._redis_server = EmbeddedRedis(
+                appendfsync=config.redis_appendfsync, directory=self.run_dir / "redis" if persistent else None
+            )
             self._redis_server.start()
         self.redis_url = self._redis_server.url if self._redis_server else configured_redis
         self.redis = redis.Redis.from_url(self.redis_url)

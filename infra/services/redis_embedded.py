@@ -6,7 +6,7 @@ This module owns
   which connects and checks the server with one PING, failing with `RedisUnavailable` whose
   message names host:port (never the password) and how to fix it;
 * `EmbeddedRedis`, a context manager that runs a private `redis-server` on a free loopback port
-  with a random password and no persistence, and stops it on exit and when this process dies (by
+  with a random password and no persistence (or an append-only file: `appendfsync`), and stops it on exit and when this process dies (by
   any signal: a parent-death signal, Linux);
 * `RedisSettings.serve()`, which combines the two: the configured server as is, or an embedded one;
 * `REDIS_URL_ENV`, the environment variable that names the run's Redis to the processes that
@@ -45,6 +45,10 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from rl.config import Section
+
+AppendFsync = Literal["always", "everysec", "no"]
+"""When redis-server fsyncs its append-only file: after every write, once a second (a crash loses
+at most the last second of writes), or when the OS flushes."""
 
 REDIS_URL_ENV = "RLBOOST_REDIS_URL"
 """Environment variable naming the Redis to use when `fabric.redis_url` is unset."""
@@ -164,6 +168,14 @@ def find_redis_server() -> str:
     raise FileNotFoundError(f"no redis-server found to run an embedded Redis: {_INSTALL_HINT}")
 
 
+def persistence_config(appendfsync: AppendFsync | None) -> str:
+    """The redis.conf lines of a server's persistence: never RDB snapshots; an append-only file
+    (AOF) fsynced as `appendfsync` says, or none at all (None: nothing survives a restart)."""
+    if appendfsync is None:
+        return 'save ""\nappendonly no\n'
+    return f'save ""\nappendonly yes\nappendfsync {appendfsync}\n'
+
+
 def _free_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))
@@ -220,16 +232,30 @@ def _popen_dying_with_this_process(args: list[str], **options) -> subprocess.Pop
 class EmbeddedRedis:
     """A private redis-server on 127.0.0.1 (or `host`) for the duration of a `with` block.
 
-    Random password, no RDB/AOF persistence, its own process group (a Ctrl-C to the parent does
+    Random password, no persistence unless `appendfsync` is given, its own process group (a Ctrl-C to the parent does
     not kill it before a clean shutdown), and stopped on exit: SHUTDOWN NOSAVE, then SIGTERM,
     then SIGKILL. If this process dies without exiting the block, by any signal, the server gets
     SIGTERM (Linux: a parent-death signal, whatever thread started it); elsewhere it is stopped at
     interpreter exit.
     """
 
-    def __init__(self, *, startup_timeout_s: float = 10.0, binary: str | None = None, host: str = "127.0.0.1") -> None:
-        """`host`: the address it listens on (another machine's instances need a routable one)."""
+    def __init__(
+        self,
+        *,
+        startup_timeout_s: float = 10.0,
+        binary: str | None = None,
+        host: str = "127.0.0.1",
+        appendfsync: AppendFsync | None = None,
+        directory: Path | None = None,
+    ) -> None:
+        """`host`: the address it listens on (another machine's instances need a routable one).
+        `appendfsync`: keep an append-only file, fsynced as it says (None: no persistence).
+        `directory`: where its append-only file lives, kept after `stop()` so that a server started
+        again on it reloads the data (None: the private temporary directory of its config and log,
+        removed on `stop()`; the config, which holds the password, is always there)."""
         self.host = host
+        self.appendfsync = appendfsync
+        self.directory = directory
         self.startup_timeout_s = startup_timeout_s
         self.binary = binary
         self.password = secrets.token_urlsafe(24)
@@ -243,6 +269,11 @@ class EmbeddedRedis:
             raise RuntimeError("the embedded Redis is not running")
         return f"redis://:{self.password}@{self.host}:{self.port}/0"
 
+    @property
+    def pid(self) -> int | None:
+        """The redis-server's process id while it runs."""
+        return None if self._process is None else self._process.pid
+
     def __enter__(self) -> EmbeddedRedis:
         self.start()
         return self
@@ -255,6 +286,8 @@ class EmbeddedRedis:
             raise RuntimeError("the embedded Redis is already running")
         binary = self.binary or find_redis_server()
         self._dir = Path(tempfile.mkdtemp(prefix="rlboost-redis-"))
+        if self.directory is not None:
+            Path(self.directory).mkdir(parents=True, exist_ok=True)
         try:
             for _ in range(3):  # another process may take the free port before we bind it
                 if self._launch(binary):
@@ -279,7 +312,7 @@ class EmbeddedRedis:
         config = self._dir / "redis.conf"
         config.write_text(
             f"port {self.port}\nbind {self.host}\nrequirepass {self.password}\n"
-            f'save ""\nappendonly no\ndir "{self._dir}"\ndaemonize no\n'
+            f'{persistence_config(self.appendfsync)}dir "{self.directory or self._dir}"\ndaemonize no\n'
             f'logfile "{self._dir / "redis.log"}"\n'
         )
         config.chmod(0o600)
@@ -321,7 +354,7 @@ class EmbeddedRedis:
         )
 
     def stop(self) -> None:
-        """Shut the server down (idempotent) and remove its directory."""
+        """Shut the server down (idempotent) and remove its private directory (config, log)."""
         atexit.unregister(self.stop)
         if self._process is not None and self._process.poll() is None:
             client = self._client(socket_timeout=2.0)

@@ -1,6 +1,7 @@
 """The run's secrets (the Redis password in its URL, the weights secret) never reach a command line,
 an instance log or a run file: a real fabric runs one step on a real worker process, then `ps`,
-the logs and every file under the run directory are searched for both."""
+the logs and every file under the run directory (the embedded Redis's append-only file among them)
+are searched for both."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ pytestmark = pytest.mark.integration
 CONFIG = FabricConfig.model_validate(
     {
         "enabled": True,
+        "redis_appendfsync": "everysec",  # the token log's append-only file is a run file too
         "pools": [
             {"name": "reserved", "capacity_class": "reserved", "size": 1, "machine_type": "cpu", "price_per_hour": 1.0}
         ],
@@ -56,6 +58,7 @@ def test_no_secret_on_a_command_line_in_a_log_or_a_run_file(tmp_path):
     assert password not in processes and secret not in processes, workers
     files = [path for path in run_dir.rglob("*") if path.is_file()]
     assert any(path.suffix == ".log" for path in files), files  # the instance log is among them
+    assert any(path.parent.name == "appendonlydir" for path in files), files  # and Redis's append-only file
     for path in files:
         content = path.read_bytes()
         assert password.encode() not in content and secret.encode() not in content, path

@@ -92,6 +92,9 @@ def test_up_prints_the_api_url_and_refuses_a_second_stack(stack):
     assert state.work_pools == ["reserved", "spot"] and state.workers == ["reserved/default"]
     assert [p.name for p in state.processes] == ["server", "redis", "worker-reserved-default"]
     assert all(p.leader_alive() for p in state.processes)
+    with redis.Redis.from_url(state.redis_url, decode_responses=True) as client:  # the token logs survive a restart
+        settings = client.config_get("append*")
+        assert (settings["appendonly"], settings["appendfsync"]) == ("yes", "everysec")
     with SyncPrefectClient(state.api_url) as client:
         nightly = client.read_deployment_by_name("rl-train/grpo-nightly")
         assert [s.schedule.cron for s in nightly.schedules] == ["0 3 * * *"]
