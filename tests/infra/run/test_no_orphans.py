@@ -91,9 +91,10 @@ def test_sigkilled_driver_leaves_no_worker_and_no_redis(tmp_path):
     finally:
         os.kill(driver.pid, signal.SIGKILL)
         driver.wait()
-    deadline = time.monotonic() + 15
-    while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+    killed = time.monotonic()
+    while any(_alive(pid) for pid in children) and time.monotonic() < killed + 15:
         time.sleep(0.2)
+    print(f"the driver's {len(children)} processes were gone {time.monotonic() - killed:.1f} s after its SIGKILL")
     left = {pid: commands[pid] for pid in children if _alive(pid)}
     for pid in left:
         os.kill(pid, signal.SIGKILL)
