@@ -4,8 +4,9 @@
 running `command_factory(pool, instance_id)`, with `RLBOOST_INSTANCE_ID`, `RLBOOST_POOL` and
 `RLBOOST_CAPACITY_CLASS` in its environment, and the owner's `environment` (secrets such as the
 Redis URL go there: a command line is visible to every local user) and this process's pid
-(`RLBOOST_DRIVER_PID`: a rollout worker whose owner died stops by itself, `infra.services.driver_watch`). `tick()` (called by its owner, or every
-`interval_s` by the helper thread of `start()`) applies each pool's availability schedule:
+(`RLBOOST_DRIVER_PID`: a rollout worker whose owner died stops by itself,
+`infra.services.driver_watch`). `tick()` (called by its owner, or every `interval_s` by the
+helper thread of `start()`) applies each pool's availability schedule:
 
 - it reaps exited instances (exit 0: `finished`, else `crashed`, unless the provider stopped them)
   and, like lost capacity, replaces them while the pool is below its target;

@@ -6,8 +6,8 @@ This module owns
   which connects and checks the server with one PING, failing with `RedisUnavailable` whose
   message names host:port (never the password) and how to fix it;
 * `EmbeddedRedis`, a context manager that runs a private `redis-server` on a free loopback port
-  with a random password and no persistence (or an append-only file: `appendfsync`), and stops it on exit and when this process dies (by
-  any signal: a parent-death signal, Linux);
+  with a random password and no persistence (or an append-only file: `appendfsync`), and stops
+  it on exit and when this process dies (by any signal: a parent-death signal, Linux);
 * `RedisSettings.serve()`, which combines the two: the configured server as is, or an embedded one;
 * `REDIS_URL_ENV`, the environment variable that names the run's Redis to the processes that
   join it (the fabric, the stack's workers, the Prefect-backed instances).
@@ -232,8 +232,8 @@ def _popen_dying_with_this_process(args: list[str], **options) -> subprocess.Pop
 class EmbeddedRedis:
     """A private redis-server on 127.0.0.1 (or `host`) for the duration of a `with` block.
 
-    Random password, no persistence unless `appendfsync` is given, its own process group (a Ctrl-C to the parent does
-    not kill it before a clean shutdown), and stopped on exit: SHUTDOWN NOSAVE, then SIGTERM,
+    Random password, no persistence unless `appendfsync` is given, its own process group (a Ctrl-C
+    to the parent does not kill it before a clean shutdown), and stopped on exit: SHUTDOWN NOSAVE, then SIGTERM,
     then SIGKILL. If this process dies without exiting the block, by any signal, the server gets
     SIGTERM (Linux: a parent-death signal, whatever thread started it); elsewhere it is stopped at
     interpreter exit.

@@ -5,8 +5,8 @@
 
 1. a Prefect server on 127.0.0.1 (SQLite in the state directory, or PostgreSQL given a URL),
    waited for through its `/api/health`;
-2. a Redis server (random password; an append-only file fsynced once a second unless
-   `redis_appendfsync` says otherwise, so a restarted Redis keeps the token logs) for the runs' token logs;
+2. a Redis server for the runs' token logs (random password; an append-only file fsynced once a
+   second unless `redis_appendfsync` says otherwise, so a restarted Redis keeps the token logs);
 3. the project's work pools (`process` type, base job template
    `deployments/work-pools/local-process.json`) and the zombie-run automation
    (`deployments/automations/crash-zombie-flow-runs.yaml`);
