@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -186,6 +187,8 @@ def test_preempted_instances_end_crashed_and_unknown_pools_are_refused(stack, ba
         while len(registry.alive()) < 2:
             assert time.time() < deadline, f"instances never registered; logs in {tmp_path / 'instances'}"
             time.sleep(0.2)
+        password = urlsplit(state.redis_url).password  # in the instances' environment, never argv
+        assert password not in subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout
         provider.terminate("spot-0", "preempted")
         provider.terminate("spot-1", "preempted_silent")
         with SyncPrefectClient(state.api_url) as api:
@@ -208,6 +211,7 @@ def test_preempted_instances_end_crashed_and_unknown_pools_are_refused(stack, ba
         "spot-0": "preempted",
         "spot-1": "preempted_silent",
     }
+    assert not [log for log in (tmp_path / "instances").iterdir() if password.encode() in log.read_bytes()]
 
 
 def _processes_using(api_url: str) -> list[int]:
