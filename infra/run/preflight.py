@@ -8,7 +8,7 @@ trainer without DeepSpeed installed or with more ranks than GPUs; a device that
 does not exist here or a dtype it cannot run; an engine that cannot run the model (vLLM missing, the
 wrong vLLM build for the device, a head size vLLM's CPU kernels refuse, a colocated vLLM engine beside
 the in-process one in the same process); a pool's availability trace that is unknown, missing or
-corrupt.
+corrupt; a run to resume whose every checkpoint is damaged (`rl.checkpoint.CorruptCheckpoint`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import torch
 from infra.availability.traces import load_trace
 from infra.providers.pool import TraceAvailability
 from infra.run.config import RunConfig
+from rl.checkpoint import CorruptCheckpoint, latest_checkpoint
 from rl.devices import DeviceError, resolve_device, resolve_dtype
 from rl.engine_factory import check_engine
 
@@ -48,6 +49,9 @@ def preflight(config: RunConfig) -> None:
         _check_trainer(config, device)
         if config.fabric.enabled:
             _check_pools(config)
+        latest_checkpoint(config.run.directory / "checkpoints")  # a damaged only checkpoint is refused now
+    except CorruptCheckpoint as exc:
+        raise PreflightError(f"run.name: {exc}, or give the run another run.name") from None
     except (DeviceError, ValueError) as exc:
         raise PreflightError(str(exc)) from None
 

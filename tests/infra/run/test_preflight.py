@@ -144,3 +144,18 @@ def test_a_missing_unknown_or_corrupt_trace_is_named_with_its_pool(
         PreflightError, match=r"fabric.pools\[1\] \(traced\).availability.trace: cannot use trace .*" + message
     ):
         preflight(config(model_dir, **{"fabric.enabled": True, "fabric.pools": pools}))
+
+
+def test_rlboost_train_refuses_a_run_whose_only_checkpoint_is_damaged(model_dir, tmp_path):
+    checkpoints = tmp_path / "runs" / "damaged" / "checkpoints"
+    (checkpoints / "step_000001").mkdir(parents=True)
+    (checkpoints / "step_000001" / "trainer.pt").write_bytes(b"PK\x03\x04 cut short")
+    (checkpoints / "latest").write_text("step_000001")
+    overrides = [f"model.path={model_dir}", f"run.output_dir={tmp_path / 'runs'}", "run.name=damaged"]
+    result = CliRunner().invoke(app, ["train", *(arg for pair in overrides for arg in ("--set", pair))])
+    assert result.exit_code == 2, result.output
+    text = " ".join(result.output.split())
+    assert (
+        "cannot start the run" in text
+        and f"{checkpoints / 'step_000001' / 'trainer.pt'} is unreadable or truncated" in text
+    )
