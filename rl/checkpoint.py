@@ -13,23 +13,37 @@ atomicity, the RNG and the user state (data cursor, history).
 
 A checkpoint is written into a temporary directory, fsynced, renamed into place, and only then
 named by `latest` (itself replaced atomically), so a crash at any moment leaves the previous
-checkpoint intact and never exposes a partial one.
+checkpoint intact and never exposes a partial one. A checkpoint damaged afterwards (a truncated
+`trainer.pt` or `model.safetensors`: a disk that filled, a copy cut short) is skipped by
+`latest_checkpoint` with a warning naming the file, for the previous complete one; with none left it
+refuses (`CorruptCheckpoint`, naming the file).
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import random
 import shutil
+import struct
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from rl.trainer import PolicyTrainer
+from rl.trainer import WEIGHTS_FILE, PolicyTrainer
 
 LATEST = "latest"
+TRAINER_FILE = "trainer.pt"
+
+log = logging.getLogger(__name__)
+
+
+class CorruptCheckpoint(RuntimeError):
+    """Every checkpoint that could be resumed from is damaged; the message names the file."""
 
 
 def _fsync_dir(path: Path) -> None:
@@ -68,7 +82,7 @@ def save_checkpoint(root: str | Path, trainer: PolicyTrainer, user_state: dict[s
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     state = trainer.save_state(tmp)
-    torch.save({"trainer": state, "rng": capture_rng(), "user": user_state}, tmp / "trainer.pt")
+    torch.save({"trainer": state, "rng": capture_rng(), "user": user_state}, tmp / TRAINER_FILE)
     _fsync_tree(tmp)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
@@ -86,23 +100,61 @@ def save_checkpoint(root: str | Path, trainer: PolicyTrainer, user_state: dict[s
     return final
 
 
+def damage(checkpoint: Path) -> str | None:
+    """What is wrong with a checkpoint's files (the file and why), or None when they are whole.
+    A structural check, no load: `trainer.pt` must be a complete zip archive (torch's format) and
+    `model.safetensors` as long as its header says."""
+    trainer = checkpoint / TRAINER_FILE
+    try:
+        with zipfile.ZipFile(trainer) as archive:
+            archive.infolist()
+    except (OSError, zipfile.BadZipFile) as exc:
+        return f"{trainer} is unreadable or truncated ({exc})"
+    weights = checkpoint / WEIGHTS_FILE
+    if weights.exists():
+        size = weights.stat().st_size
+        try:
+            with weights.open("rb") as handle:
+                (header_size,) = struct.unpack("<Q", handle.read(8))
+                header = json.loads(handle.read(header_size))
+            end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+        except (OSError, ValueError, struct.error, KeyError, TypeError) as exc:
+            return f"{weights} has no readable safetensors header ({type(exc).__name__})"
+        if size < 8 + header_size + end:
+            return f"{weights} is truncated: {size} bytes, its header describes {8 + header_size + end}"
+    return None
+
+
 def latest_checkpoint(root: str | Path) -> Path | None:
+    """The newest complete checkpoint that `latest` allows (None if there is none). One whose files
+    are damaged is skipped for the previous one, with a warning; if every one is damaged,
+    `CorruptCheckpoint` names the newest's bad file."""
     pointer = Path(root) / LATEST
     if not pointer.exists():
         return None
     path = Path(root) / pointer.read_text().strip()
-    if (path / "trainer.pt").exists():
-        return path
-    # `latest` names a directory a crash removed (while re-saving that same step): fall back to
-    # the newest complete checkpoint not newer than it (newer ones were never committed).
-    complete = [p for p in Path(root).glob("step_*") if p.name <= path.name and (p / "trainer.pt").exists()]
-    return max(complete, default=None)
+    # `latest` may name a directory a crash removed (while re-saving that same step): then the newest
+    # complete checkpoint not newer than it counts (newer ones were never committed).
+    candidates = [p for p in Path(root).glob("step_*") if p.name <= path.name and (p / TRAINER_FILE).exists()]
+    problems = []
+    for candidate in sorted(candidates, reverse=True):
+        problem = damage(candidate)
+        if problem is None:
+            return candidate
+        log.warning("skipping checkpoint %s: %s", candidate.name, problem)
+        problems.append(problem)
+    if problems:
+        raise CorruptCheckpoint(
+            f"no complete checkpoint to resume from: {problems[0]}; restore the file, or move "
+            f"{Path(root)} away to start the run afresh"
+        )
+    return None
 
 
 def load_checkpoint(path: str | Path, trainer: PolicyTrainer) -> dict[str, Any]:
     """Restore `trainer` and the process RNG from `path`; returns the user state saved with it."""
     path = Path(path)
-    payload = torch.load(path / "trainer.pt", weights_only=False)
+    payload = torch.load(path / TRAINER_FILE, weights_only=False)
     trainer.load_state(path, payload["trainer"])
     restore_rng(payload["rng"])
     return payload["user"]

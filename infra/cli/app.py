@@ -44,9 +44,9 @@ def _quiet_weight_loading() -> None:
 def _overrides(pairs: list[str] | None) -> dict:
     overrides = {}
     for pair in pairs or []:
-        if "=" not in pair:
-            raise typer.BadParameter(f"--set {pair!r}: expected KEY=VALUE, e.g. run.steps=20")
-        key, value = pair.split("=", 1)
+        key, equals, value = pair.partition("=")
+        if not equals or not key.strip():
+            raise ConfigError(f"--set {pair!r}: expected key=value, e.g. --set run.steps=20")
         overrides[key.strip()] = yaml.safe_load(value)
     return overrides
 
@@ -127,12 +127,17 @@ def train(config: ConfigOption = None, set_: SetOption = None, console_log_level
     _quiet_weight_loading()
 
     _preflight(_load(config, set_))  # fail fast, before Prefect starts
+    from rl.checkpoint import CorruptCheckpoint
     from rl.distributed.group import RankFailure
     from rl.trainer import CheckpointMismatch
 
     try:
         run_training(config, _overrides(set_))
-    except (RankFailure, CheckpointMismatch) as error:  # the message says what happened and what to do
+    except (
+        RankFailure,
+        CheckpointMismatch,
+        CorruptCheckpoint,
+    ) as error:  # the message says what happened and what to do
         console.print("[red]the run stopped[/red]")
         console.print(str(error), markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None

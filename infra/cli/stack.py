@@ -51,6 +51,13 @@ def up(
             help="Seconds without a heartbeat before a flow run is marked Crashed (default: the automation file's 90; more than the 30 s heartbeat).",
         ),
     ] = None,
+    redis_appendfsync: Annotated[
+        str,
+        typer.Option(
+            "--redis-appendfsync",
+            help="When Redis fsyncs its append-only file: always, everysec (a crash loses at most the last second) or no (the OS decides); off: no persistence.",
+        ),
+    ] = "everysec",
     state_dir: StateDirOption = None,
 ) -> None:
     """Start a local Prefect server, Redis, the work pools, the zombie-run automation and a worker, and deploy prefect.yaml."""
@@ -59,6 +66,10 @@ def up(
     from infra.stack.stack import DEFAULT_STATE_DIR, StackError
     from infra.stack.stack import up as start_stack
 
+    if redis_appendfsync not in ("always", "everysec", "no", "off"):
+        raise typer.BadParameter(
+            f"{redis_appendfsync!r}: expected always, everysec, no or off", param_hint="--redis-appendfsync"
+        )
     console = Console()
     try:
         state = start_stack(
@@ -67,6 +78,7 @@ def up(
             database=database_url,
             config_path=config,
             zombie_after_s=zombie_after_s,
+            redis_appendfsync=None if redis_appendfsync == "off" else redis_appendfsync,
             echo=lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True),
         )
     except (StackError, UnknownPool, ConfigError, FileNotFoundError) as error:

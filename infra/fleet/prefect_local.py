@@ -19,14 +19,13 @@ instance shows in the Prefect UI as a `rollout-instance` run on its work pool, a
   then stops what is left; an instance whose training process died stops by itself.
 
 The Redis URL reaches the instances through their environment (`RLBOOST_REDIS_URL`), not through
-run parameters, so the password never shows in the UI.
+run parameters or command lines, so the password never shows in the UI nor in `ps`.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -67,8 +66,20 @@ class PrefectLocalProvider(Provider):
         self.spec = spec
         self.api_url = check_api(api_url or current_api_url(), purpose="fabric.instances: prefect")
         self.runs = InstanceRuns(spec, self.api_url)
+        bin_dir = str(Path(sys.executable).parent)
+        environment = {
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+            "PREFECT_API_URL": self.api_url,
+            "PREFECT_WORKER_QUERY_SECONDS": str(WORKER_POLL_S),
+            REDIS_URL_ENV: spec.redis_url,
+        }
         self._local = LocalProvider(
-            self._instance_command, schedules=schedules, clock=clock, seed=seed, log_dir=log_dir
+            self._instance_command,
+            schedules=schedules,
+            clock=clock,
+            seed=seed,
+            log_dir=log_dir,
+            environment=environment,
         )
         self._ticker = TickThread("prefect-local-provider")
 
@@ -134,13 +145,7 @@ class PrefectLocalProvider(Provider):
     def _instance_command(self, pool: PoolSpec, instance_id: str) -> list[str]:
         """Create the instance's flow run in a queue of its own; the command of its worker."""
         queue = self.runs.create(pool, instance_id)
-        bin_dir = str(Path(sys.executable).parent)
         return [
-            shutil.which("env") or "/usr/bin/env",
-            f"PATH={bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
-            f"PREFECT_API_URL={self.api_url}",
-            f"PREFECT_WORKER_QUERY_SECONDS={WORKER_POLL_S}",
-            f"{REDIS_URL_ENV}={self.spec.redis_url}",
             sys.executable,
             "-m",
             "infra.stack.prefect_worker",

@@ -2,8 +2,11 @@
 
 `LocalProvider` owns the processes it starts: each instance is a new session (process group)
 running `command_factory(pool, instance_id)`, with `RLBOOST_INSTANCE_ID`, `RLBOOST_POOL` and
-`RLBOOST_CAPACITY_CLASS` in its environment. `tick()` (called by its owner, or every
-`interval_s` by the helper thread of `start()`) applies each pool's availability schedule:
+`RLBOOST_CAPACITY_CLASS` in its environment, and the owner's `environment` (secrets such as the
+Redis URL go there: a command line is visible to every local user) and this process's pid
+(`RLBOOST_DRIVER_PID`: a rollout worker whose owner died stops by itself,
+`infra.services.driver_watch`). `tick()` (called by its owner, or every `interval_s` by the
+helper thread of `start()`) applies each pool's availability schedule:
 
 - it reaps exited instances (exit 0: `finished`, else `crashed`, unless the provider stopped them)
   and, like lost capacity, replaces them while the pool is below its target;
@@ -26,7 +29,7 @@ import subprocess
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Self
@@ -34,6 +37,7 @@ from typing import Any, Self
 from infra.availability.traces import TraceSchedule
 from infra.providers.interface import InstanceHandle, InstanceRecord, PreemptionEvent, Provider, StopReason
 from infra.providers.pool import PoolSpec
+from infra.services.driver_watch import driver_environment
 
 log = logging.getLogger(__name__)
 
@@ -71,12 +75,15 @@ class LocalProvider(Provider):
         clock: Callable[[], float] = time.time,
         seed: int = 0,
         log_dir: Path | None = None,
+        environment: Mapping[str, str] | None = None,
     ) -> None:
         """`schedules` overrides the availability of the named pools (tests, replays); `clock` is
         the time source of `tick()` and of the records; `seed` drives which instances are
         preempted and which preemptions are silent; `log_dir` gets one `<instance>.log` each
-        (stdout and stderr), else children inherit this process's streams."""
+        (stdout and stderr), else children inherit this process's streams; `environment` is added
+        to every instance's environment (this process's own)."""
         self._command_factory = command_factory
+        self._environment = dict(environment or {})
         self._schedules = dict(schedules or {})
         self._clock = clock
         self._rng = random.Random(seed)
@@ -230,6 +237,8 @@ class LocalProvider(Provider):
         instance_id = f"{spec.name}-{state.launched}"
         env = {
             **os.environ,
+            **self._environment,
+            **driver_environment(),  # an instance whose owner died stops by itself
             "RLBOOST_INSTANCE_ID": instance_id,
             "RLBOOST_POOL": spec.name,
             "RLBOOST_CAPACITY_CLASS": spec.capacity_class,

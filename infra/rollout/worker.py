@@ -72,6 +72,7 @@ from infra.rollout.protocol import current_step
 from infra.rollout.registry import InstanceInfo, InstanceRegistry
 from infra.rollout.settings import WorkerSettings, add_worker_flags, settings_from_flags
 from infra.rollout.tokenlog import Claim, Flush, TokenLog
+from infra.services.driver_watch import watch_driver
 from infra.services.redis_embedded import RedisSettings
 from infra.weights.holders import latest_version
 from infra.weights.model_source import fetch_model, is_url
@@ -683,7 +684,12 @@ def _parser() -> argparse.ArgumentParser:
         description="Run a rollout instance: claim samples of the current step, generate, stream "
         "tokens to the token log. SIGTERM hands everything back and exits 0.",
     )
-    p.add_argument("--redis-url", default=env("RLBOOST_REDIS_URL"), help="Redis URL (env RLBOOST_REDIS_URL)")
+    p.add_argument(
+        "--redis-url",
+        default=env("RLBOOST_REDIS_URL"),
+        help="Redis URL (env RLBOOST_REDIS_URL; prefer the environment: a command line, and so the "
+        "password in the URL, is visible to every local user)",
+    )
     p.add_argument("--run-id", default=env("RLBOOST_RUN_ID"), help="run id (env RLBOOST_RUN_ID)")
     p.add_argument(
         "--instance-id",
@@ -745,6 +751,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     worker = RolloutWorker(config)
     worker.install_signal_handlers()  # before the (slow) model load: a notice then stops at once
+    watch_driver(lambda: worker.request_stop("driver gone"))  # no orphan when the driver is killed
     return worker.run()
 
 

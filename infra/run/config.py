@@ -7,11 +7,12 @@ the reason, e.g. ``demo.yaml:14: grpo.clip_eps: Input should be less than 1 (got
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticUndefined
 
 from infra.ledger.config import LedgerConfig
@@ -31,6 +32,9 @@ from rl.config import (
 )
 from rl.engine_spec import EngineSpec
 
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+"""A run name: one directory name, never a path."""
+
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "deployments" / "configs" / "demo.yaml"
 
 
@@ -38,7 +42,8 @@ class RunSection(Section):
     """Identity, length and bookkeeping of one training run."""
 
     name: str = "grpo-demo"
-    """Run name (directory under `output_dir`, and the Prefect flow-run name prefix)."""
+    """Run name (directory under `output_dir`, and the Prefect flow-run name prefix): letters,
+    digits, `.`, `_` and `-`, starting with a letter or digit (so never a path: no `/`, no `..`)."""
     steps: int = Field(100, ge=1)
     """RL steps (optimizer steps) to run in total, counting steps done before a resume."""
     seed: int = 0
@@ -51,6 +56,16 @@ class RunSection(Section):
     """Most recent checkpoints to keep on disk."""
     torch_threads: int | None = Field(None, ge=1)
     """CPU threads for torch (default: torch's own choice)."""
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, name: str) -> str:
+        if not RUN_NAME.fullmatch(name):
+            raise ValueError(
+                "run.name must be letters, digits, '.', '_' and '-', starting with a letter or digit "
+                "(it names a directory under run.output_dir: no '/', no '..')"
+            )
+        return name
 
     @property
     def directory(self) -> Path:

@@ -98,7 +98,10 @@ class RolloutFabric:
         self._redis_server: EmbeddedRedis | None = None
         configured_redis = config.redis_url or os.environ.get(REDIS_URL_ENV)
         if configured_redis is None:
-            self._redis_server = EmbeddedRedis()
+            persistent = config.redis_appendfsync is not None
+            self._redis_server = EmbeddedRedis(
+                appendfsync=config.redis_appendfsync, directory=self.run_dir / "redis" if persistent else None
+            )
             self._redis_server.start()
         self.redis_url = self._redis_server.url if self._redis_server else configured_redis
         self.redis = redis.Redis.from_url(self.redis_url)
@@ -210,15 +213,15 @@ class RolloutFabric:
                 engine=self.engine,
             )
             return PrefectLocalProvider(spec, log_dir=log_dir)
-        return LocalProvider(self._worker_command, log_dir=log_dir)
+        return LocalProvider(self._worker_command, log_dir=log_dir, environment={REDIS_URL_ENV: self.redis_url})
 
     def _worker_command(self, pool: PoolSpec, instance_id: str) -> list[str]:
+        """A local instance's command line; the secrets (the Redis URL with its password, the weights
+        secret) reach it through its environment, never here."""
         return [
             sys.executable,
             "-m",
             "infra.rollout.worker",
-            "--redis-url",
-            self.redis_url,
             "--run-id",
             self.run_id,
             "--instance-id",

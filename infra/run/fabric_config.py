@@ -44,6 +44,11 @@ class FabricConfig(Section):
     redis_url: str | None = None
     """Redis of the run; None uses `RLBOOST_REDIS_URL` from the environment (set by `rlboost up`'s
     workers) or else starts an embedded redis-server on a free loopback port."""
+    redis_appendfsync: Literal["always", "everysec", "no"] | None = None
+    """Persistence of the embedded redis-server (no effect with a configured Redis): None keeps
+    nothing; `everysec` (or `always`, `no`: when it fsyncs) keeps an append-only file under
+    `<run>/redis/`, so a Redis restarted on it keeps the token log (a crash loses at most the last
+    second of flushes with `everysec`)."""
     pools: tuple[PoolSpec, ...] = ()
     """Instance pools: at least one; a `reserved` pool is the training cluster's share of rollout."""
     instances: Literal["process", "prefect"] = "process"

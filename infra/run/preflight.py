@@ -7,7 +7,8 @@ not there (or a GGUF file where the rollout instances need a Hugging Face direct
 trainer without DeepSpeed installed or with more ranks than GPUs; a device that
 does not exist here or a dtype it cannot run; an engine that cannot run the model (vLLM missing, the
 wrong vLLM build for the device, a head size vLLM's CPU kernels refuse, a colocated vLLM engine beside
-the in-process one in the same process).
+the in-process one in the same process); a pool's availability trace that is unknown, missing or
+corrupt; a run to resume whose every checkpoint is damaged (`rl.checkpoint.CorruptCheckpoint`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ from pathlib import Path
 
 import torch
 
+from infra.availability.traces import load_trace
+from infra.providers.pool import TraceAvailability
 from infra.run.config import RunConfig
+from rl.checkpoint import CorruptCheckpoint, latest_checkpoint
 from rl.devices import DeviceError, resolve_device, resolve_dtype
 from rl.engine_factory import check_engine
 
@@ -45,6 +49,9 @@ def preflight(config: RunConfig) -> None:
         _check_trainer(config, device)
         if config.fabric.enabled:
             _check_pools(config)
+        latest_checkpoint(config.run.directory / "checkpoints")  # a damaged only checkpoint is refused now
+    except CorruptCheckpoint as exc:
+        raise PreflightError(f"run.name: {exc}, or give the run another run.name") from None
     except (DeviceError, ValueError) as exc:
         raise PreflightError(str(exc)) from None
 
@@ -92,6 +99,8 @@ def _check_pools(config: RunConfig) -> None:
                 f"convert it once with `rlboost import-model {Path(model.path) / model.gguf_file} --output DIR` "
                 "and point model.path at DIR (and drop model.gguf_file)"
             )
+        if isinstance(pool.availability, TraceAvailability):
+            _check_trace(pool.availability.trace, f"{field}.availability.trace")
         if pool.provider != "local":
             continue  # a VM's engine and device are checked where it runs, and reported in its flow run
         spec = pool.engine_spec(run_engine)
@@ -107,3 +116,12 @@ def _check_pools(config: RunConfig) -> None:
                 "(evaluation), and vLLM runs one in-process engine per process: set "
                 "`rollout.vllm.multiprocessing: true`, or `engine: hf` on the pool"
             )
+
+
+def _check_trace(ref: str, field: str) -> None:
+    try:
+        load_trace(ref)
+    except (ValueError, OSError, EOFError) as exc:  # unknown, missing or corrupt (TraceError names the file and line)
+        raise PreflightError(
+            f"{field}: cannot use trace {ref!r}: {exc}; fix the file or choose another trace"
+        ) from None

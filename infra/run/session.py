@@ -29,6 +29,7 @@ import torch
 from infra.ledger import Ledger
 from infra.run.accounting import RunAccounting
 from infra.run.config import RunConfig
+from infra.run.driver_lock import DriverLock
 from infra.run.fabric import RolloutFabric
 from infra.run.preflight import in_process_engine_device, preflight
 from rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -81,6 +82,15 @@ class TrainingSession:
             torch.set_num_threads(config.run.torch_threads)
         self.directory = config.run.directory
         self.directory.mkdir(parents=True, exist_ok=True)
+        self._driver_lock = DriverLock(self.directory)  # a second driver of this run is refused here
+        try:
+            self._open(config)
+        except BaseException:
+            self._driver_lock.release()
+            raise
+
+    def _open(self, config: RunConfig) -> None:
+        """Make everything the session holds (under the run's driver lock)."""
         preflight(config)
         self.device = resolve_device(config.model.device, "model.device")
         self.tokenizer = load_tokenizer(config.model.path, config.model.gguf_file)
@@ -375,6 +385,7 @@ class TrainingSession:
         finally:
             self.accounting.finish()
             self.accounting.ledger.close()
+            self._driver_lock.release()
 
 
 def _make_trainer(config: RunConfig, device: torch.device, pad_token_id: int) -> tuple[Any, PolicyTrainer]:

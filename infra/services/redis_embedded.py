@@ -6,8 +6,8 @@ This module owns
   which connects and checks the server with one PING, failing with `RedisUnavailable` whose
   message names host:port (never the password) and how to fix it;
 * `EmbeddedRedis`, a context manager that runs a private `redis-server` on a free loopback port
-  with a random password and no persistence, and stops it on exit (and, best effort, when this
-  process dies);
+  with a random password and no persistence (or an append-only file: `appendfsync`), and stops
+  it on exit and when this process dies (by any signal: a parent-death signal, Linux);
 * `RedisSettings.serve()`, which combines the two: the configured server as is, or an embedded one;
 * `REDIS_URL_ENV`, the environment variable that names the run's Redis to the processes that
   join it (the fabric, the stack's workers, the Prefect-backed instances).
@@ -22,6 +22,7 @@ import atexit
 import ctypes
 import importlib.metadata
 import os
+import queue
 import secrets
 import shutil
 import signal
@@ -32,6 +33,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
@@ -43,6 +45,10 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from rl.config import Section
+
+AppendFsync = Literal["always", "everysec", "no"]
+"""When redis-server fsyncs its append-only file: after every write, once a second (a crash loses
+at most the last second of writes), or when the OS flushes."""
 
 REDIS_URL_ENV = "RLBOOST_REDIS_URL"
 """Environment variable naming the Redis to use when `fabric.redis_url` is unset."""
@@ -162,6 +168,14 @@ def find_redis_server() -> str:
     raise FileNotFoundError(f"no redis-server found to run an embedded Redis: {_INSTALL_HINT}")
 
 
+def persistence_config(appendfsync: AppendFsync | None) -> str:
+    """The redis.conf lines of a server's persistence: never RDB snapshots; an append-only file
+    (AOF) fsynced as `appendfsync` says, or none at all (None: nothing survives a restart)."""
+    if appendfsync is None:
+        return 'save ""\nappendonly no\n'
+    return f'save ""\nappendonly yes\nappendfsync {appendfsync}\n'
+
+
 def _free_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))
@@ -169,25 +183,79 @@ def _free_port(host: str) -> int:
 
 
 def _die_with_parent() -> None:
-    """Child-side (preexec_fn): SIGTERM this process when the parent thread dies (Linux only)."""
+    """Child-side (preexec_fn): SIGTERM this process when the thread that forked it dies (Linux only)."""
     _PRCTL(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
 _PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
 
 
+class _LifelongSpawner:
+    """Starts children from one thread that lives as long as this process. PR_SET_PDEATHSIG fires
+    when the *thread* that forked the child ends, so a child forked from a short-lived thread (a
+    Prefect task's) would be killed with it; forked from here, it gets its signal only when the
+    process dies, by any signal."""
+
+    def __init__(self) -> None:
+        self._requests: queue.SimpleQueue[tuple[list[str], dict, Future[subprocess.Popen]]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def popen(self, args: list[str], **options) -> subprocess.Popen:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="lifelong-spawner", daemon=True)
+                self._thread.start()
+        started: Future[subprocess.Popen] = Future()
+        self._requests.put((args, options, started))
+        return started.result()
+
+    def _serve(self) -> None:
+        while True:
+            args, options, started = self._requests.get()
+            try:
+                started.set_result(subprocess.Popen(args, preexec_fn=_die_with_parent, **options))
+            except BaseException as exc:
+                started.set_exception(exc)
+
+
+_SPAWNER = _LifelongSpawner()
+
+
+def _popen_dying_with_this_process(args: list[str], **options) -> subprocess.Popen:
+    """`subprocess.Popen` whose child gets SIGTERM when this process dies (Linux; elsewhere a plain Popen)."""
+    if _PRCTL is None:
+        return subprocess.Popen(args, **options)
+    return _SPAWNER.popen(args, **options)
+
+
 class EmbeddedRedis:
     """A private redis-server on 127.0.0.1 (or `host`) for the duration of a `with` block.
 
-    Random password, no RDB/AOF persistence, its own process group (a Ctrl-C to the parent does
-    not kill it before a clean shutdown), and stopped on exit: SHUTDOWN NOSAVE, then SIGTERM,
-    then SIGKILL. If this process dies without exiting the block the server gets SIGTERM (Linux,
-    when started from the main thread) or is stopped at interpreter exit otherwise.
+    Random password, no persistence unless `appendfsync` is given, its own process group (a Ctrl-C
+    to the parent does not kill it before a clean shutdown), and stopped on exit: SHUTDOWN NOSAVE, then SIGTERM,
+    then SIGKILL. If this process dies without exiting the block, by any signal, the server gets
+    SIGTERM (Linux: a parent-death signal, whatever thread started it); elsewhere it is stopped at
+    interpreter exit.
     """
 
-    def __init__(self, *, startup_timeout_s: float = 10.0, binary: str | None = None, host: str = "127.0.0.1") -> None:
-        """`host`: the address it listens on (another machine's instances need a routable one)."""
+    def __init__(
+        self,
+        *,
+        startup_timeout_s: float = 10.0,
+        binary: str | None = None,
+        host: str = "127.0.0.1",
+        appendfsync: AppendFsync | None = None,
+        directory: Path | None = None,
+    ) -> None:
+        """`host`: the address it listens on (another machine's instances need a routable one).
+        `appendfsync`: keep an append-only file, fsynced as it says (None: no persistence).
+        `directory`: where its append-only file lives, kept after `stop()` so that a server started
+        again on it reloads the data (None: the private temporary directory of its config and log,
+        removed on `stop()`; the config, which holds the password, is always there)."""
         self.host = host
+        self.appendfsync = appendfsync
+        self.directory = directory
         self.startup_timeout_s = startup_timeout_s
         self.binary = binary
         self.password = secrets.token_urlsafe(24)
@@ -201,6 +269,11 @@ class EmbeddedRedis:
             raise RuntimeError("the embedded Redis is not running")
         return f"redis://:{self.password}@{self.host}:{self.port}/0"
 
+    @property
+    def pid(self) -> int | None:
+        """The redis-server's process id while it runs."""
+        return None if self._process is None else self._process.pid
+
     def __enter__(self) -> EmbeddedRedis:
         self.start()
         return self
@@ -213,6 +286,8 @@ class EmbeddedRedis:
             raise RuntimeError("the embedded Redis is already running")
         binary = self.binary or find_redis_server()
         self._dir = Path(tempfile.mkdtemp(prefix="rlboost-redis-"))
+        if self.directory is not None:
+            Path(self.directory).mkdir(parents=True, exist_ok=True)
         try:
             for _ in range(3):  # another process may take the free port before we bind it
                 if self._launch(binary):
@@ -237,18 +312,16 @@ class EmbeddedRedis:
         config = self._dir / "redis.conf"
         config.write_text(
             f"port {self.port}\nbind {self.host}\nrequirepass {self.password}\n"
-            f'save ""\nappendonly no\ndir "{self._dir}"\ndaemonize no\n'
+            f'{persistence_config(self.appendfsync)}dir "{self.directory or self._dir}"\ndaemonize no\n'
             f'logfile "{self._dir / "redis.log"}"\n'
         )
         config.chmod(0o600)
-        in_main_thread = threading.current_thread() is threading.main_thread()
-        self._process = subprocess.Popen(
+        self._process = _popen_dying_with_this_process(
             [binary, str(config)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=_die_with_parent if _PRCTL is not None and in_main_thread else None,
         )
         client = self._client(socket_timeout=1.0)
         deadline = time.monotonic() + self.startup_timeout_s
@@ -281,7 +354,7 @@ class EmbeddedRedis:
         )
 
     def stop(self) -> None:
-        """Shut the server down (idempotent) and remove its directory."""
+        """Shut the server down (idempotent) and remove its private directory (config, log)."""
         atexit.unregister(self.stop)
         if self._process is not None and self._process.poll() is None:
             client = self._client(socket_timeout=2.0)

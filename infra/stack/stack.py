@@ -5,7 +5,8 @@
 
 1. a Prefect server on 127.0.0.1 (SQLite in the state directory, or PostgreSQL given a URL),
    waited for through its `/api/health`;
-2. a Redis server (random password, no persistence) for the runs' token logs;
+2. a Redis server for the runs' token logs (random password; an append-only file fsynced once a
+   second unless `redis_appendfsync` says otherwise, so a restarted Redis keeps the token logs);
 3. the project's work pools (`process` type, base job template
    `deployments/work-pools/local-process.json`) and the zombie-run automation
    (`deployments/automations/crash-zombie-flow-runs.yaml`);
@@ -43,7 +44,7 @@ from pydantic import BaseModel
 
 from infra.fleet.prefect_local import UnknownPool
 from infra.run.config import load_config
-from infra.services.redis_embedded import REDIS_URL_ENV, find_redis_server
+from infra.services.redis_embedded import REDIS_URL_ENV, AppendFsync, find_redis_server, persistence_config
 from infra.stack.processes import ServiceProcess, log_tail, start_detached, stop
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -267,7 +268,7 @@ class _Starter:
             f"its log ({process.log}):\n{log_tail(process.log)}"
         )
 
-    def redis(self) -> None:
+    def redis(self, appendfsync: AppendFsync | None) -> None:
         binary = find_redis_server()
         directory = self.state.state_dir / "redis"
         directory.mkdir(parents=True, exist_ok=True)
@@ -276,7 +277,7 @@ class _Starter:
             port = _free_port()
             config = directory / "redis.conf"
             config.write_text(
-                f'port {port}\nbind 127.0.0.1\nrequirepass {password}\nsave ""\nappendonly no\n'
+                f"port {port}\nbind 127.0.0.1\nrequirepass {password}\n{persistence_config(appendfsync)}"
                 f'dir "{directory}"\ndaemonize no\n'
             )
             config.chmod(0o600)
@@ -407,10 +408,12 @@ def up(
     database: str | None = None,
     config_path: Path | None = None,
     zombie_after_s: float | None = None,
+    redis_appendfsync: AppendFsync | None = "everysec",
     timeout_s: float = 240.0,
     echo: Echo = print,
 ) -> StackState:
-    """Start the stack (see the module docstring) and return what was started."""
+    """Start the stack (see the module docstring) and return what was started. `redis_appendfsync`:
+    when Redis fsyncs its append-only file (None: no persistence)."""
     state_dir = Path(state_dir).resolve()
     existing = StackState.load(state_dir)
     if existing is not None:
@@ -440,7 +443,7 @@ def up(
     try:
         state.save()
         starter.server(port, url, database)
-        starter.redis()
+        starter.redis(redis_appendfsync)
         starter.work_pools_and_automation(sorted({d.work_pool for d in deployments}), zombie_after_s)
         starter.deploy()
         for pool, queue in sorted({(d.work_pool, d.work_queue) for d in deployments if not d.is_rollout_instance}):

@@ -243,3 +243,31 @@ def test_dangling_pointer_falls_back_to_an_older_complete_checkpoint(tmp_path, s
     shutil.rmtree(tmp_path / "step_000004")
     assert (tmp_path / "latest").read_text() == "step_000004"
     assert latest_checkpoint(tmp_path) == tmp_path / "step_000003"
+
+
+def _truncate(path, keep: float = 0.5) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+@pytest.mark.parametrize("damaged", ["trainer.pt", "model.safetensors"])
+def test_a_truncated_latest_checkpoint_falls_back_to_the_previous_with_a_warning(
+    tmp_path, small_trainer, caplog, damaged
+):
+    small_trainer.step = 1
+    first = save_checkpoint(tmp_path, small_trainer, {"n": 1})
+    small_trainer.step = 2
+    second = save_checkpoint(tmp_path, small_trainer, {"n": 2})
+    _truncate(second / damaged)
+    with caplog.at_level("WARNING", logger="rl.checkpoint"):
+        assert latest_checkpoint(tmp_path) == first
+    assert str(second / damaged) in caplog.text and "truncated" in caplog.text
+    assert load_checkpoint(first, small_trainer) == {"n": 1}
+
+
+def test_a_truncated_only_checkpoint_is_refused_naming_the_file(tmp_path, small_trainer):
+    small_trainer.step = 1
+    only = save_checkpoint(tmp_path, small_trainer, {"n": 1})
+    _truncate(only / "model.safetensors", keep=0.9)
+    with pytest.raises(checkpoint.CorruptCheckpoint, match=rf"{only / 'model.safetensors'} is truncated: \d+ bytes"):
+        latest_checkpoint(tmp_path)

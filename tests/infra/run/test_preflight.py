@@ -118,3 +118,44 @@ def test_rlboost_train_stops_before_prefect_starts(model_dir):
     result = CliRunner().invoke(app, ["train", "--set", f"model.path={model_dir}", "--set", "model.device=cuda:0"])
     assert result.exit_code == 2, result.output
     assert "cannot start the run" in result.output and "model.device: cuda:0 asked for" in result.output
+
+
+def _trace_pool(trace: str) -> dict:
+    return {**LOCAL_POOL, "name": "traced", "availability": {"trace": trace}}
+
+
+@pytest.mark.parametrize(
+    "trace, file, message",
+    [
+        ("bamboo/nonesuch", None, r"trace file not found"),
+        ("bamboo/p3", "bamboo/traces/p3-trace.csv", r"p3-trace.csv:2: expected `t_ms,add\|remove,node_id`"),
+        ("nonesuch/x", None, r"unknown trace 'nonesuch/x'"),
+    ],
+)
+def test_a_missing_unknown_or_corrupt_trace_is_named_with_its_pool(
+    model_dir, tmp_path, monkeypatch, trace, file, message
+):
+    monkeypatch.setenv("RLBOOST_TRACES_DIR", str(tmp_path / "traces"))
+    if file is not None:  # a trace cut short in its second row
+        (tmp_path / "traces" / file).parent.mkdir(parents=True)
+        (tmp_path / "traces" / file).write_text("0,add,n1\n12,add\n")
+    pools = [LOCAL_POOL, _trace_pool(trace)]
+    with pytest.raises(
+        PreflightError, match=r"fabric.pools\[1\] \(traced\).availability.trace: cannot use trace .*" + message
+    ):
+        preflight(config(model_dir, **{"fabric.enabled": True, "fabric.pools": pools}))
+
+
+def test_rlboost_train_refuses_a_run_whose_only_checkpoint_is_damaged(model_dir, tmp_path):
+    checkpoints = tmp_path / "runs" / "damaged" / "checkpoints"
+    (checkpoints / "step_000001").mkdir(parents=True)
+    (checkpoints / "step_000001" / "trainer.pt").write_bytes(b"PK\x03\x04 cut short")
+    (checkpoints / "latest").write_text("step_000001")
+    overrides = [f"model.path={model_dir}", f"run.output_dir={tmp_path / 'runs'}", "run.name=damaged"]
+    result = CliRunner().invoke(app, ["train", *(arg for pair in overrides for arg in ("--set", pair))])
+    assert result.exit_code == 2, result.output
+    text = " ".join(result.output.split())
+    assert (
+        "cannot start the run" in text
+        and f"{checkpoints / 'step_000001' / 'trainer.pt'} is unreadable or truncated" in text
+    )

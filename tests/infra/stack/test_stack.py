@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -92,6 +93,9 @@ def test_up_prints_the_api_url_and_refuses_a_second_stack(stack):
     assert state.work_pools == ["reserved", "spot"] and state.workers == ["reserved/default"]
     assert [p.name for p in state.processes] == ["server", "redis", "worker-reserved-default"]
     assert all(p.leader_alive() for p in state.processes)
+    with redis.Redis.from_url(state.redis_url, decode_responses=True) as client:  # the token logs survive a restart
+        settings = client.config_get("append*")
+        assert (settings["appendonly"], settings["appendfsync"]) == ("yes", "everysec")
     with SyncPrefectClient(state.api_url) as client:
         nightly = client.read_deployment_by_name("rl-train/grpo-nightly")
         assert [s.schedule.cron for s in nightly.schedules] == ["0 3 * * *"]
@@ -183,6 +187,8 @@ def test_preempted_instances_end_crashed_and_unknown_pools_are_refused(stack, ba
         while len(registry.alive()) < 2:
             assert time.time() < deadline, f"instances never registered; logs in {tmp_path / 'instances'}"
             time.sleep(0.2)
+        password = urlsplit(state.redis_url).password  # in the instances' environment, never argv
+        assert password not in subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout
         provider.terminate("spot-0", "preempted")
         provider.terminate("spot-1", "preempted_silent")
         with SyncPrefectClient(state.api_url) as api:
@@ -205,6 +211,7 @@ def test_preempted_instances_end_crashed_and_unknown_pools_are_refused(stack, ba
         "spot-0": "preempted",
         "spot-1": "preempted_silent",
     }
+    assert not [log for log in (tmp_path / "instances").iterdir() if password.encode() in log.read_bytes()]
 
 
 def _processes_using(api_url: str) -> list[int]:

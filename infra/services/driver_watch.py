@@ -1,0 +1,61 @@
+"""Processes that end with the driver that started them (docs/ARCHITECTURE.md §2, §9).
+
+The driver (the training process, or whoever owns a `LocalProvider`) puts its pid in its children's
+environment (`driver_environment()`, as `RLBOOST_DRIVER_PID`). A child calls `watch_driver(stop)`
+once: a daemon thread polls that pid, and when the driver is gone (it exited, or was killed by any
+signal, SIGKILL included) it calls `stop` (a graceful stop: hand work back) and, if the process is
+still alive `grace_s` later (e.g. a drain blocked on a Redis that died with the driver), ends it
+with `EXIT_DRIVER_GONE`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+DRIVER_PID_ENV = "RLBOOST_DRIVER_PID"
+"""Environment variable holding the pid of the process whose death ends this one."""
+
+EXIT_DRIVER_GONE = 3
+"""Exit status of a process ended by its watchdog after its driver died."""
+
+
+def driver_environment() -> dict[str, str]:
+    """The environment entry that makes a child watch this process."""
+    return {DRIVER_PID_ENV: str(os.getpid())}
+
+
+def driver_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, another user's
+    return True
+
+
+def watch_driver(stop: Callable[[], None], *, grace_s: float = 5.0, poll_s: float = 0.5) -> threading.Thread | None:
+    """Start the watchdog of the driver named in the environment; None when none is named."""
+    value = os.environ.get(DRIVER_PID_ENV)
+    if not value:
+        return None
+    pid = int(value)
+
+    def watch() -> None:
+        while driver_alive(pid):
+            time.sleep(poll_s)
+        log.warning("the driver (pid %d) is gone: stopping, exiting in at most %.0f s", pid, grace_s)
+        stop()
+        time.sleep(grace_s)
+        log.warning("still running %.0f s after the driver died: exiting", grace_s)
+        os._exit(EXIT_DRIVER_GONE)
+
+    thread = threading.Thread(target=watch, name="driver-watch", daemon=True)
+    thread.start()
+    return thread

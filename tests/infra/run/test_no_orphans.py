@@ -1,0 +1,101 @@
+"""No process of a run outlives its driver: a real driver process starts a fabric (an embedded
+redis-server and a local rollout worker process) from a short-lived thread, as a Prefect task
+would, and is SIGKILLed once the worker registered; every process it started must be gone within
+seconds."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from rl.models import TinyLlamaShape, build_tiny_llama, save_model
+
+pytestmark = pytest.mark.integration
+
+DRIVER = textwrap.dedent(
+    """
+    import sys, threading, time
+    from pathlib import Path
+    from infra.run.fabric import RolloutFabric
+    from infra.run.fabric_config import FabricConfig
+
+    config = FabricConfig.model_validate({
+        "enabled": True,
+        "pools": [{"name": "spot", "capacity_class": "spot", "size": 2, "machine_type": "cpu", "price_per_hour": 1.0}],
+        "worker": {"heartbeat_s": 0.2, "ttl_s": 2.0},
+    })
+    fabrics = []
+    starter = threading.Thread(
+        target=lambda: fabrics.append(RolloutFabric(config, "orphans", Path(sys.argv[1]), Path(sys.argv[2])))
+    )
+    starter.start()
+    starter.join()  # the thread that started Redis and the workers is gone
+    while len(fabrics[0].registry.alive()) < 2:
+        time.sleep(0.1)
+    print("ready", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for a reaper counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_sigkilled_driver_leaves_no_worker_and_no_redis(tmp_path):
+    model, tokenizer = build_tiny_llama(
+        TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128), seed=0
+    )
+    save_model(model, tokenizer, tmp_path / "base")
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, str(tmp_path / "run"), str(tmp_path / "base")],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).parents[3],
+    )
+    try:
+        assert driver.stdout.readline().strip() == "ready"
+        children = _descendants(driver.pid)
+        commands = {pid: Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ") for pid in children}
+        assert sum(b"redis-server" in c for c in commands.values()) == 1, commands
+        assert sum(b"infra.rollout.worker" in c for c in commands.values()) == 2, commands
+    finally:
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait()
+    killed = time.monotonic()
+    while any(_alive(pid) for pid in children) and time.monotonic() < killed + 15:
+        time.sleep(0.2)
+    print(f"the driver's {len(children)} processes were gone {time.monotonic() - killed:.1f} s after its SIGKILL")
+    left = {pid: commands[pid] for pid in children if _alive(pid)}
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"left running after the driver was killed: {left}"

@@ -1,0 +1,64 @@
+"""The run's secrets (the Redis password in its URL, the weights secret) never reach a command line,
+an instance log or a run file: a real fabric runs one step on a real worker process, then `ps`,
+the logs and every file under the run directory (the embedded Redis's append-only file among them)
+are searched for both."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from urllib.parse import urlsplit
+
+import pytest
+
+from infra.run.fabric import RolloutFabric
+from infra.run.fabric_config import FabricConfig
+from rl.config import DataConfig, RolloutConfig
+from rl.models import TinyLlamaShape, build_tiny_llama, load_model, save_model
+from rl.prompt_source import PromptSource
+
+pytestmark = pytest.mark.integration
+
+CONFIG = FabricConfig.model_validate(
+    {
+        "enabled": True,
+        "redis_appendfsync": "everysec",  # the token log's append-only file is a run file too
+        "pools": [
+            {"name": "reserved", "capacity_class": "reserved", "size": 1, "machine_type": "cpu", "price_per_hour": 1.0}
+        ],
+        "worker": {"slots": 4, "flush_tokens": 2, "flush_ms": 20, "heartbeat_s": 0.2, "ttl_s": 2.0},
+    }
+)
+
+
+def test_no_secret_on_a_command_line_in_a_log_or_a_run_file(tmp_path):
+    model, tokenizer = build_tiny_llama(
+        TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128), seed=0
+    )
+    save_model(model, tokenizer, tmp_path / "base")
+    model, tokenizer = load_model(tmp_path / "base")
+    run_dir = tmp_path / "run"
+    fabric = RolloutFabric(CONFIG, "secrets", run_dir, tmp_path / "base")
+    try:
+        password = urlsplit(fabric.redis_url).password
+        secret = os.environ[CONFIG.weights.secret_env]
+        assert password and secret
+        fabric.publish(0, model.state_dict())
+        records = PromptSource(DataConfig(family="chain")).take(0, 2)
+        rollout = RolloutConfig(prompts_per_step=2, group_size=2, max_new_tokens=8)
+        samples, _ = fabric.rollout(tokenizer, records, 1, 0, rollout, run_seed=1)
+        assert len(samples) == 4  # the worker joined the run's Redis and pulled the weights
+        processes = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
+        workers = [line for line in processes.splitlines() if "infra.rollout.worker" in line]
+        assert workers, processes
+    finally:
+        fabric.close()
+    time.sleep(0.1)
+    assert password not in processes and secret not in processes, workers
+    files = [path for path in run_dir.rglob("*") if path.is_file()]
+    assert any(path.suffix == ".log" for path in files), files  # the instance log is among them
+    assert any(path.parent.name == "appendonlydir" for path in files), files  # and Redis's append-only file
+    for path in files:
+        content = path.read_bytes()
+        assert password.encode() not in content and secret.encode() not in content, path
