@@ -119,7 +119,7 @@ class ConfigError(ValueError):
     """A configuration file that cannot be used; the message says where and why."""
 
 
-def _line_of(root: yaml.Node | None, path: tuple[Any, ...]) -> int | None:
+def line_of(root: yaml.Node | None, path: tuple[Any, ...]) -> int | None:
     """1-based line of the YAML node at `path` (or of its deepest existing ancestor)."""
     node, line = root, None
     for key in path:
@@ -138,8 +138,9 @@ def _line_of(root: yaml.Node | None, path: tuple[Any, ...]) -> int | None:
     return line
 
 
-def parse_config(text: str, source: str = "<string>", overrides: dict[str, Any] | None = None) -> RunConfig:
-    """Validate YAML `text` (plus dotted-key `overrides`) into a `RunConfig`."""
+def read_yaml_sections(text: str, source: str) -> tuple[dict[str, Any], yaml.Node | None]:
+    """(data, node tree) of a YAML file of sections (empty: no sections); `ConfigError` naming
+    `source` and the line when it is not valid YAML or not a mapping."""
     try:
         data = yaml.safe_load(text)
         root = yaml.compose(text)
@@ -151,6 +152,12 @@ def parse_config(text: str, source: str = "<string>", overrides: dict[str, Any] 
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a mapping of sections, got {type(data).__name__}")
+    return data, root
+
+
+def parse_config(text: str, source: str = "<string>", overrides: dict[str, Any] | None = None) -> RunConfig:
+    """Validate YAML `text` (plus dotted-key `overrides`) into a `RunConfig`."""
+    data, root = read_yaml_sections(text, source)
     overridden = {tuple(dotted.split(".")): dotted for dotted in overrides or {}}
     for dotted, value in (overrides or {}).items():
         target = data
@@ -166,7 +173,7 @@ def parse_config(text: str, source: str = "<string>", overrides: dict[str, Any] 
         problems = []
         for item in error.errors():
             loc = tuple(item["loc"])
-            line = _line_of(root, loc)
+            line = line_of(root, loc)
             where = f"{source}:{line}" if line else source
             override = next((d for p, d in overridden.items() if tuple(map(str, loc[: len(p)])) == p), None)
             if override is not None:  # the bad value came from an override, not from the file

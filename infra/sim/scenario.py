@@ -14,13 +14,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, Field, ValidationError
 
 from infra.availability.traces import TraceError, load_trace
 from infra.pricing import PriceNotFound, default_catalog
 from infra.rollout.controller import ControllerConfig
-from infra.run.config import ConfigError, _line_of
+from infra.run.config import ConfigError, line_of, read_yaml_sections
 from infra.sim.hardware import GPUS, GPUSpec, ModelShape
 from rl.config import Section
 
@@ -286,18 +285,10 @@ def _problems(scenario: Scenario) -> list[tuple[tuple[str, ...], str]]:
 
 def parse_scenario(text: str, source: str = "<string>") -> Scenario:
     """Validate YAML `text` into a `Scenario`; `ConfigError` names each problem's line, field and fix."""
-    try:
-        data = yaml.safe_load(text)
-        root = yaml.compose(text)
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark else source
-        raise ConfigError(f"{where}: not valid YAML: {getattr(error, 'problem', error)}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: the top level must be a mapping of sections, got {type(data).__name__}")
+    data, root = read_yaml_sections(text, source)
 
     def where(loc: tuple[Any, ...]) -> str:
-        line = _line_of(root, loc)
+        line = line_of(root, loc)
         return f"{source}:{line}" if line else source
 
     try:
