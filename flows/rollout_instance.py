@@ -120,7 +120,10 @@ def rollout_instance(
     with PreemptionNotice(worker).installed() as notice:
         code = worker.run()
     if code != 0:
-        raise RuntimeError(f"rollout instance {instance_id} stopped with exit code {code}; see its log")
+        cause = (
+            f": {type(worker.failure).__name__}: {worker.failure}" if worker.failure is not None else "; see its log"
+        )
+        raise RuntimeError(f"rollout instance {instance_id} stopped with exit code {code}{cause}") from worker.failure
     if notice.signal_name is not None:
         stats = worker.stats
         message = (

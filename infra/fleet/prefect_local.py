@@ -83,6 +83,11 @@ class PrefectLocalProvider(Provider):
         )
         self._ticker = TickThread("prefect-local-provider")
 
+    @property
+    def failure(self):
+        """A pool that gave up after its instances kept failing to start (`LocalProvider.failure`)."""
+        return self._local.failure
+
     # -- Provider -------------------------------------------------------------------------------
 
     def launch(self, pool: PoolSpec, count: int) -> list[InstanceHandle]:

@@ -9,7 +9,11 @@ Redis URL go there: a command line is visible to every local user) and this proc
 helper thread of `start()`) applies each pool's availability schedule:
 
 - it reaps exited instances (exit 0: `finished`, else `crashed`, unless the provider stopped them)
-  and, like lost capacity, replaces them while the pool is below its target;
+  and, like lost capacity, replaces them while the pool is below its target. An instance that
+  crashes within `START_WINDOW_S` of its launch failed to start: its pool's next launch waits
+  (`RESTART_BACKOFF_S`, doubling), and after `MAX_START_FAILURES` in a row the pool gives up and
+  `failure` holds a `PoolStartFailure` naming the pool, the exit status and the last lines of the
+  instance's log (the fabric fails the step with it at once);
 - it SIGKILLs every stopping instance whose notice period has run out;
 - it keeps each pool at `min(target, capacity now)` running instances: it preempts the excess
   (SIGTERM to the group, SIGKILL after the pool's notice; with probability
@@ -43,6 +47,18 @@ log = logging.getLogger(__name__)
 
 CommandFactory = Callable[[PoolSpec, str], Sequence[str]]
 
+START_WINDOW_S = 60.0
+"""An instance that crashes this soon after its launch failed to start (a bad model, engine, disk)."""
+RESTART_BACKOFF_S = 1.0
+"""Wait before relaunching after the first failed start; doubled after each further one."""
+MAX_START_FAILURES = 5
+"""Failed starts in a row after which a pool gives up."""
+LOG_TAIL_LINES = 12
+
+
+class PoolStartFailure(RuntimeError):
+    """A pool whose instances keep failing to start; the message holds the last one's exit and log."""
+
 
 @dataclass
 class _Pool:
@@ -54,6 +70,10 @@ class _Pool:
     """The local notice period: `spec.notice_s` divided by the schedule's time compression."""
     target: int = 0
     launched: int = 0
+    start_failures: int = 0
+    """Instances in a row that crashed within `START_WINDOW_S` of their launch."""
+    launch_after: float = 0.0
+    """No replacement starts before this provider time (the back-off after a failed start)."""
 
 
 @dataclass
@@ -97,6 +117,8 @@ class LocalProvider(Provider):
         """Processes not yet reaped: what the finalizer kills."""
         self._finalizer = weakref.finalize(self, _kill_all, self._lock, self._closed, self._procs)
         self._ticker = TickThread("local-provider")
+        self.failure: PoolStartFailure | None = None
+        """Set when a pool gave up after `MAX_START_FAILURES` failed starts in a row."""
 
     # -- Provider -------------------------------------------------------------------------------
 
@@ -166,10 +188,14 @@ class LocalProvider(Provider):
             for state in self._pools.values():
                 allowed = min(state.target, self._capacity(state, now))
                 running = self._running(state.spec.name)
+                if any(now - i.record.launched_at >= START_WINDOW_S for i in running):
+                    state.start_failures = 0  # one of them started
                 excess = len(running) - allowed
                 for instance in self._rng.sample(running, max(excess, 0)):
                     silent = self._rng.random() < state.spec.silent_kill_fraction
                     self._stop(instance, state, "preempted_silent" if silent else "preempted", now)
+                if now < state.launch_after:
+                    continue
                 for _ in range(-excess):
                     self._start(state, now)
 
@@ -288,6 +314,41 @@ class LocalProvider(Provider):
                 instance.record, state="terminated", terminated_at=now, reason=reason, exit_code=code
             )
             instance.kill_at = None
+            if reason == "crashed" and now - instance.record.launched_at < START_WINDOW_S:
+                self._failed_start(self._pools[instance.record.pool], instance, now)
+
+    def _failed_start(self, state: _Pool, instance: _Instance, now: float) -> None:
+        """Back off the pool's next launch; give up after `MAX_START_FAILURES` in a row."""
+        state.start_failures += 1
+        state.launch_after = now + RESTART_BACKOFF_S * 2 ** (state.start_failures - 1)
+        log.warning(
+            "instance %s exited %s %.1f s after its launch (failed start %d of %d of pool %s)",
+            instance.record.instance_id,
+            instance.record.exit_code,
+            now - instance.record.launched_at,
+            state.start_failures,
+            MAX_START_FAILURES,
+            state.spec.name,
+        )
+        if state.start_failures < MAX_START_FAILURES:
+            return
+        state.launch_after = float("inf")
+        if self.failure is None:
+            self.failure = PoolStartFailure(
+                f"pool {state.spec.name}: {state.start_failures} instances in a row exited within "
+                f"{START_WINDOW_S:.0f} s of their launch; the last, {instance.record.instance_id}, with status "
+                f"{instance.record.exit_code}. Its log ends:\n{self._log_tail(instance.record.instance_id)}"
+            )
+
+    def _log_tail(self, instance_id: str) -> str:
+        if self._log_dir is None:
+            return "(no log: the instances write to the owner's streams)"
+        path = self._log_dir / f"{instance_id}.log"
+        try:
+            lines = path.read_text(errors="replace").rstrip().splitlines()
+        except OSError as exc:
+            return f"(cannot read {path}: {exc})"
+        return "\n".join(lines[-LOG_TAIL_LINES:]) + f"\n(whole log: {path})"
 
 
 def _exited(proc: subprocess.Popen[bytes]) -> bool:

@@ -282,7 +282,20 @@ class RolloutWorker:
         (0 after a graceful stop, 1 after an error)."""
         cfg = self.config
         if self.engine is None:
-            self.load_engine()
+            try:
+                self.load_engine()
+            except Exception as exc:  # its last log line is what the run reports (`PoolStartFailure`)
+                self.failure = exc
+                log.exception("loading the engine failed")
+                log.error(
+                    "worker %s cannot start: its %s engine on model %s failed: %s: %s",
+                    cfg.instance_id,
+                    cfg.engine.kind,
+                    cfg.model_path,
+                    type(exc).__name__,
+                    str(exc).strip().splitlines()[0] if str(exc).strip() else "",
+                )
+                return 1
         if self._stop.is_set():  # told to stop while loading: never registered, nothing held
             log.info("worker %s stopped (%s) before registering", cfg.instance_id, self._stop_reason)
             return 0

@@ -129,8 +129,9 @@ class RolloutFabric:
         local_pools = [pool for pool in config.pools if pool.provider == "local" and not pool.colocated]
         cloud_pools = [pool for pool in config.pools if pool.provider != "local"]
         providers: dict[str, Provider] = {}
+        self._local_provider = None
         if local_pools:
-            providers["local"] = self._select_provider(run_dir / "instances")
+            providers["local"] = self._local_provider = self._select_provider(run_dir / "instances")
         self.fleet: CloudFleet | None = None
         self.instance_runs: InstanceRuns | None = None
         if cloud_pools:
@@ -249,9 +250,12 @@ class RolloutFabric:
 
     def _check_health(self) -> None:
         """Fail the step when the cloud pools are no longer kept (a configuration or credential
-        error) or a colocated instance stopped (its engine failed)."""
+        error), a local pool's instances keep failing to start, or a colocated instance stopped
+        (its engine failed)."""
         if self.fleet is not None and self.fleet.failure is not None:
             raise self.fleet.failure
+        if self._local_provider is not None and self._local_provider.failure is not None:
+            raise self._local_provider.failure
         for instance in self.colocated:
             instance.check()
 

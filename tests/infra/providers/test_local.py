@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from infra.availability.traces import AvailabilityTrace, TraceEvent, TraceSchedule
 from infra.providers import LocalProvider, PoissonAvailability, PoolSpec, TraceAvailability
+from infra.providers.local import MAX_START_FAILURES, RESTART_BACKOFF_S, START_WINDOW_S
 from tests.helpers import Clock, wait_for
 
 CHILD = r"""
@@ -26,6 +27,7 @@ import os, pathlib, signal, subprocess, sys, time
 out, mode = pathlib.Path(sys.argv[1]), sys.argv[2]
 me = os.environ["RLBOOST_INSTANCE_ID"]
 if mode == "exit3":
+    print("boom: cannot load the model", flush=True)
     sys.exit(3)
 def on_term(signum, frame):
     (out / f"{me}.term").write_text(os.environ["RLBOOST_POOL"])
@@ -205,14 +207,55 @@ def test_scale_down_uses_sigterm_lowers_the_target_and_sweeps_the_group(tmp_path
 
 
 @pytest.mark.integration
-def test_exits_are_recorded_and_replaced(tmp_path):
+def test_failed_starts_back_off_then_the_pool_gives_up_naming_the_cause(tmp_path):
     pool = spot(name="flaky", capacity_class="ondemand", size=1)
-    with LocalProvider(factory(tmp_path, "exit3")) as provider:
+    clock = Clock()
+    logs = tmp_path / "logs"
+    with LocalProvider(factory(tmp_path, "exit3"), clock=clock, log_dir=logs) as provider:
         provider.launch(pool, 1)
-        wait_terminated(provider, ["flaky-0"])
-        record = provider.describe("flaky-0")
-        assert (record.reason, record.exit_code) == ("crashed", 3)
-        assert provider.describe("flaky-1").state in ("running", "terminated")  # relaunched by the tick
+        waits = []
+        for attempt in range(MAX_START_FAILURES):
+            instance = f"flaky-{attempt}"
+            wait_terminated(provider, [instance])
+            record = provider.describe(instance)
+            assert (record.reason, record.exit_code) == ("crashed", 3)
+            if attempt == MAX_START_FAILURES - 1:
+                break
+            # no relaunch before the back-off has passed, then one
+            assert len(provider.instances()) == attempt + 1
+            wait = RESTART_BACKOFF_S * 2**attempt
+            clock.advance(wait * 0.99)
+            provider.tick()
+            assert len(provider.instances()) == attempt + 1
+            clock.advance(wait * 0.02)
+            provider.tick()
+            assert len(provider.instances()) == attempt + 2
+            waits.append(wait)
+        assert waits == [1.0, 2.0, 4.0, 8.0]
+        failure = provider.failure
+        assert failure is not None
+        message = str(failure)
+        assert "pool flaky" in message and f"{MAX_START_FAILURES} instances in a row" in message
+        assert "flaky-4, with status 3" in message and "boom: cannot load the model" in message
+        clock.advance(3600)
+        provider.tick()
+        assert len(provider.instances()) == MAX_START_FAILURES  # it gave up
+
+
+@pytest.mark.integration
+def test_an_instance_that_started_resets_the_failure_count(tmp_path):
+    pool = spot(name="steady", capacity_class="ondemand", size=1)
+    clock = Clock()
+    with LocalProvider(factory(tmp_path, "trap"), clock=clock) as provider:
+        provider.launch(pool, 1)
+        wait_ready(tmp_path, ["steady-0"])
+        clock.advance(START_WINDOW_S + 1)
+        provider.tick()
+        os.kill(pid_of(tmp_path, "steady-0"), 9)  # dies after it started: a crash, not a failed start
+        wait_terminated(provider, ["steady-0"])
+        assert provider.describe("steady-0").reason == "crashed"
+        assert provider.describe("steady-1").state == "running"  # replaced at once, no back-off
+        assert provider.failure is None
 
 
 @pytest.mark.integration
