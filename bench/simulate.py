@@ -45,7 +45,7 @@ from infra.sim.simulator import Simulation  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 PAPER_TOK_S = {0: 10_000, 1: 12_000, 2: 14_000, 3: 16_000, 4: 18_000}
-"""The RLBoost artifact's trained tokens/s with 0-4 spot instances (CALIBRATION.md)."""
+"""The RLBoost artifact's trained tokens/s with 0-4 spot instances (docs/CALIBRATION.md)."""
 
 console = Console(width=160)
 

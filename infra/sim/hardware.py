@@ -1,4 +1,4 @@
-"""The speed model of GPUs at paper scale, from public figures (../shared/sim/CALIBRATION.md).
+"""The speed model of GPUs at paper scale, from public figures (docs/CALIBRATION.md).
 
 * **Decode** is memory-bound: one decode step of an engine reads its weights and the KV cache of
   every running sample, ``step_s = (weight_bytes + kv_bytes_per_token * context_tokens) /

@@ -1,5 +1,5 @@
 """The roofline decode, prefill, training and weight-transfer model against hand-computed figures
-for Qwen3-8B on H100 (../shared/sim/CALIBRATION.md)."""
+for Qwen3-8B on H100 (docs/CALIBRATION.md)."""
 
 from __future__ import annotations
 
