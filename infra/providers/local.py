@@ -5,7 +5,7 @@ running `command_factory(pool, instance_id)`, with `RLBOOST_INSTANCE_ID`, `RLBOO
 `RLBOOST_CAPACITY_CLASS` in its environment, and the owner's `environment` (secrets such as the
 Redis URL go there: a command line is visible to every local user) and this process's pid
 (`RLBOOST_DRIVER_PID`: a rollout worker whose owner died stops by itself,
-`infra.services.driver_watch`). `tick()` (called by its owner, or every `interval_s` by the
+`rl.driver_watch`). `tick()` (called by its owner, or every `interval_s` by the
 helper thread of `start()`) applies each pool's availability schedule:
 
 - it reaps exited instances (exit 0: `finished`, else `crashed`, unless the provider stopped them)
@@ -41,7 +41,7 @@ from typing import Any, Self
 from infra.availability.traces import TraceSchedule
 from infra.providers.interface import InstanceHandle, InstanceRecord, PreemptionEvent, Provider, StopReason
 from infra.providers.pool import PoolSpec
-from infra.services.driver_watch import driver_environment
+from rl.driver_watch import driver_environment
 
 log = logging.getLogger(__name__)
 

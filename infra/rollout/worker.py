@@ -72,12 +72,12 @@ from infra.rollout.protocol import current_step
 from infra.rollout.registry import InstanceInfo, InstanceRegistry
 from infra.rollout.settings import WorkerSettings, add_worker_flags, settings_from_flags
 from infra.rollout.tokenlog import Claim, Flush, TokenLog
-from infra.services.driver_watch import watch_driver
 from infra.services.redis_embedded import RedisSettings
 from infra.weights.holders import latest_version
 from infra.weights.model_source import fetch_model, is_url
 from infra.weights.puller import PullError, WeightPuller
 from infra.weights.shared import report_transfer, shared_config
+from rl.driver_watch import watch_driver
 from rl.engine_spec import EngineSpec
 from rl.generation import GenerationEngine
 

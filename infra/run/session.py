@@ -191,7 +191,7 @@ class TrainingSession:
             eos_token_id=self.tokenizer.eos_token_id,
             pad_token_id=self.tokenizer.pad_token_id,
             max_batch_size=self.config.rollout.max_batch_size,
-            policy_version=self.step if self.model is not None and model is not None else 0,
+            policy_version=self.step if spec.kind == "hf" and self.model is not None else 0,  # a copy of the live model
             model=model,
         )
         return StopStrings(engine, self.tokenizer)

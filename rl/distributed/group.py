@@ -27,7 +27,8 @@ from multiprocessing.connection import Connection, Listener, wait
 from pathlib import Path
 from typing import Any
 
-from rl.distributed.protocol import AUTHKEY_ENV, CHANNEL_ENV, DRIVER_PID_ENV, EXIT_DRIVER_GONE
+from rl.distributed.protocol import AUTHKEY_ENV, CHANNEL_ENV
+from rl.driver_watch import EXIT_DRIVER_GONE, driver_environment
 
 STOP_GRACE_S = 20.0
 """How long torchrun may take to stop the other ranks after one died, before they are killed."""
@@ -90,7 +91,7 @@ class RankGroup:
             **self.environment,
             CHANNEL_ENV: address,
             AUTHKEY_ENV: key.hex(),
-            DRIVER_PID_ENV: str(os.getpid()),
+            **driver_environment(),
         }
         command = [
             sys.executable,

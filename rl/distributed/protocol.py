@@ -2,8 +2,8 @@
 `rl.distributed.rank`).
 
 The channel is a `multiprocessing.connection` over a Unix socket in a private (0700) directory,
-authenticated by a random key; its address, the key and the driver's pid reach the ranks in their
-environment. Every message is ``(op, payload)`` of plain Python values; a reply is ``("ok",
+authenticated by a random key; its address and the key reach the ranks in their environment
+(with the driver's pid, `rl.driver_watch`). Every message is ``(op, payload)`` of plain Python values; a reply is ``("ok",
 value)`` or ``("error", traceback)``. Tensors never travel except the published policy, as
 safetensors bytes (``state``).
 
@@ -37,10 +37,6 @@ CHANNEL_ENV = "RLBOOST_TRAINER_CHANNEL"
 """Address (a Unix socket path) of the training process's channel."""
 AUTHKEY_ENV = "RLBOOST_TRAINER_AUTHKEY"
 """Hex of the channel's authentication key."""
-DRIVER_PID_ENV = "RLBOOST_TRAINER_DRIVER_PID"
-"""Pid of the training process: a rank exits when it is gone."""
-EXIT_DRIVER_GONE = 3
-"""Exit code of a rank whose training process died."""
 
 
 class TrainSpec(BaseModel):

@@ -29,8 +29,6 @@ from __future__ import annotations
 import math
 import os
 import sys
-import threading
-import time
 import traceback
 from datetime import timedelta
 from multiprocessing.connection import Client
@@ -44,11 +42,10 @@ from rl.devices import TORCH_DTYPES
 from rl.distributed.protocol import (
     AUTHKEY_ENV,
     CHANNEL_ENV,
-    DRIVER_PID_ENV,
-    EXIT_DRIVER_GONE,
     TrainSpec,
     batch_from_wire,
 )
+from rl.driver_watch import watch_driver
 from rl.models import load_model
 from rl.trainer import WEIGHTS_FILE, Accumulation, TrainBatch, Trainer
 
@@ -150,13 +147,12 @@ class RankTrainer(Trainer):
 
     def full_state(self, dtype: torch.dtype | None, rank: int) -> dict[str, torch.Tensor] | None:
         """The whole policy on rank 0 (gathered from every rank under ZeRO-3), else None."""
-        parameters = list(self.module.parameters())
-        if self.zero_stage == 3:
-            import deepspeed
+        if self.zero_stage != 3:
+            return self._cast_state(dtype) if rank == 0 else None
+        import deepspeed
 
-            with deepspeed.zero.GatheredParameters(parameters, modifier_rank=None):
-                return self._cast_state(dtype) if rank == 0 else None
-        return self._cast_state(dtype) if rank == 0 else None
+        with deepspeed.zero.GatheredParameters(list(self.module.parameters()), modifier_rank=None):
+            return self._cast_state(dtype) if rank == 0 else None
 
     def _cast_state(self, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
         state = {}
@@ -184,19 +180,6 @@ class RankTrainer(Trainer):
             raise FileNotFoundError(f"no DeepSpeed state under {directory / 'deepspeed'}")
         self.step = int(client["step"])
         return self.step
-
-
-def _watch_driver(pid: int) -> None:
-    """End this rank when the training process is gone (it may have been SIGKILLed)."""
-    while True:
-        time.sleep(1.0)
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            print(f"rank {os.environ.get('RANK')}: the training process {pid} is gone; exiting", flush=True)
-            os._exit(EXIT_DRIVER_GONE)
-        except PermissionError:
-            pass  # alive, another user's (not ours): keep watching
 
 
 def _init_process_group(spec: TrainSpec) -> torch.device:
@@ -263,7 +246,7 @@ def _handle(trainer: RankTrainer, op: str, payload, rank: int):
 
 def main() -> int:
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    threading.Thread(target=_watch_driver, args=(int(os.environ[DRIVER_PID_ENV]),), daemon=True).start()
+    watch_driver(lambda: print(f"rank {rank}: the training process is gone; exiting", flush=True), grace_s=0.0)
     conn = Client(os.environ[CHANNEL_ENV], family="AF_UNIX", authkey=bytes.fromhex(os.environ[AUTHKEY_ENV]))
     conn.send(("hello", rank, os.getpid()))
     try:

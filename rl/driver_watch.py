@@ -1,4 +1,5 @@
-"""Processes that end with the driver that started them (docs/ARCHITECTURE.md §2, §9).
+"""Processes that end with the driver that started them (docs/ARCHITECTURE.md §2, §9): rollout
+workers and the DeepSpeed trainer ranks.
 
 The driver (the training process, or whoever owns a `LocalProvider`) puts its pid in its children's
 environment (`driver_environment()`, as `RLBOOST_DRIVER_PID`). A child calls `watch_driver(stop)`
