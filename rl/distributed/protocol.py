@@ -3,9 +3,9 @@
 
 The channel is a `multiprocessing.connection` over a Unix socket in a private (0700) directory,
 authenticated by a random key; its address and the key reach the ranks in their environment
-(with the driver's pid, `rl.driver_watch`). Every message is ``(op, payload)`` of plain Python values; a reply is ``("ok",
-value)`` or ``("error", traceback)``. Tensors never travel except the published policy, as
-safetensors bytes (``state``).
+(with the driver's pid, `rl.driver_watch`). Every message is ``(op, payload)`` of plain Python
+values; a reply is ``("ok", value)`` or ``("error", traceback)``. Tensors never travel except the
+published policy, as safetensors bytes (``state``).
 
 Messages, each sent to every rank and answered by every rank:
 
