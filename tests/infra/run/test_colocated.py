@@ -131,7 +131,10 @@ def test_reserved_releases_at_t_local_sleeps_and_every_sample_arrives_once(run, 
     sleeps, released = stats.sleeps, stats.released
     step = run.step + 1
     accounting.begin_step(step)
-    samples, report = run.rollout(RolloutConfig(prompts_per_step=8, group_size=4, max_new_tokens=64))
+    # Long enough that the reserved instance still holds unfinished samples at T_local on a fast
+    # host (32 samples of up to 64 tokens took 0.39 s on one, so it had none left to release).
+    samples, report = run.rollout(RolloutConfig(prompts_per_step=16, group_size=4, max_new_tokens=128))
+    assert report.step_time_s > 2 * T_LOCAL_S, report
     accounting.end_step(step, sum(len(s.response_ids) for s in samples), report.instance_tokens, report.tokens_wasted)
     print(f"T_local step: {report}")
     assert report.t_local_s == pytest.approx(T_LOCAL_S) and report.num_spot == 1
