@@ -1,5 +1,5 @@
 """Processes that end with the driver that started them (docs/ARCHITECTURE.md §2, §9): rollout
-workers and the DeepSpeed trainer ranks.
+workers, their engines' child processes and the DeepSpeed trainer ranks.
 
 The driver (the training process, or whoever owns a `LocalProvider`) puts its pid in its children's
 environment (`driver_environment()`, as `RLBOOST_DRIVER_PID`). A child calls `watch_driver(stop)`
@@ -7,11 +7,16 @@ once: a daemon thread polls that pid, and when the driver is gone (it exited, or
 signal, SIGKILL included) it calls `stop` (a graceful stop: hand work back) and, if the process is
 still alive `grace_s` later (e.g. a drain blocked on a Redis that died with the driver), ends it
 with `EXIT_DRIVER_GONE`.
+
+A multiprocessing child of such a process that runs none of our code (vLLM's engine core) runs
+`exit_with_multiprocessing_parent()`, registered as a vLLM general plugin in `pyproject.toml`: it
+waits on the parent's sentinel (readable once the parent is gone, however it died) and exits.
 """
 
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import threading
 import time
@@ -58,5 +63,21 @@ def watch_driver(stop: Callable[[], None], *, grace_s: float = 5.0, poll_s: floa
         os._exit(EXIT_DRIVER_GONE)
 
     thread = threading.Thread(target=watch, name="driver-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+def exit_with_multiprocessing_parent() -> threading.Thread | None:
+    """In a multiprocessing child, exit with `EXIT_DRIVER_GONE` when the parent dies; else None."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return None
+
+    def watch() -> None:
+        parent.join()  # returns once the parent's end of its sentinel pipe is closed: it is gone
+        log.warning("the parent process (pid %s) is gone: exiting", parent.pid)
+        os._exit(EXIT_DRIVER_GONE)
+
+    thread = threading.Thread(target=watch, name="parent-watch", daemon=True)
     thread.start()
     return thread

@@ -99,3 +99,50 @@ def test_sigkilled_driver_leaves_no_worker_and_no_redis(tmp_path):
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     assert not left, f"left running after the driver was killed: {left}"
+
+
+VLLM_HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    from rl.config import VLLMOptions
+    from rl.vllm_engine import VLLMEngine
+
+    if __name__ == "__main__":
+        VLLMEngine(sys.argv[1], 0, VLLMOptions(max_num_seqs=4, kv_cache_bytes=32 << 20, multiprocessing=True))
+        print("ready", flush=True)
+        time.sleep(600)
+    """
+)
+
+
+def test_sigkilled_rollout_process_leaves_no_vllm_engine_core(tmp_path):
+    """vLLM's engine core (`vllm.multiprocessing: true`) is a child of the process that holds the
+    engine, and vLLM gives it no way to notice that process's death: a silently preempted worker
+    would leave it running. rlboost's vLLM plugin ends it (and its model worker) with its parent."""
+    model, tokenizer = build_tiny_llama(
+        TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128), seed=0
+    )
+    save_model(model, tokenizer, tmp_path / "base")
+    (tmp_path / "holder.py").write_text(VLLM_HOLDER)  # multiprocessing's spawn re-imports the main module
+    holder = subprocess.Popen(
+        [sys.executable, str(tmp_path / "holder.py"), str(tmp_path / "base")],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).parents[3],
+    )
+    try:
+        lines = iter(holder.stdout.readline, "")  # vLLM logs on stdout too
+        assert any(line.strip() == "ready" for line in lines), "the engine did not start"
+        children = _descendants(holder.pid)
+        commands = {pid: Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ") for pid in children}
+        assert any(b"VLLM::EngineCore" in c for c in commands.values()), commands
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait()
+    killed = time.monotonic()
+    while any(_alive(pid) for pid in children) and time.monotonic() < killed + 15:
+        time.sleep(0.2)
+    left = {pid: commands[pid] for pid in children if _alive(pid)}
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"left running after the engine's process was killed: {left}"
