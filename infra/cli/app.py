@@ -127,6 +127,10 @@ def train(config: ConfigOption = None, set_: SetOption = None, console_log_level
     _quiet_weight_loading()
 
     _preflight(_load(config, set_))  # fail fast, before Prefect starts
+    from infra.services.prefect_api import current_api_url, start_guarded_ephemeral_server
+
+    if current_api_url() is None:  # no server configured: Prefect's ephemeral one, ended with us
+        start_guarded_ephemeral_server()
     from rl.checkpoint import CorruptCheckpoint
     from rl.distributed.group import RankFailure
     from rl.trainer import CheckpointMismatch

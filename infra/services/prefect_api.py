@@ -3,6 +3,8 @@
 `current_api_url()` reads the API URL from Prefect's settings (environment, profile or a test
 harness's temporary settings). `check_api(url)` asks the server's `/health` once and fails with
 `PrefectApiUnreachable`, whose message names the URL, what went wrong and how to fix it.
+`start_guarded_ephemeral_server()` starts the ephemeral server Prefect would start on first use
+and puts it under this process's guardian (`infra.services.guardian`).
 """
 
 from __future__ import annotations
@@ -58,3 +60,18 @@ def check_api(url: str | None, timeout_s: float = 5.0, *, purpose: str = "this c
             f"{response.status_code}; is it a Prefect server's /api URL? {START_HINT}"
         )
     return url
+
+
+def start_guarded_ephemeral_server() -> str:
+    """Start now the ephemeral API server that Prefect starts on first use when no PREFECT_API_URL is
+    set, and hand it to this process's guardian: Prefect stops it only when this process exits
+    normally, and a driver killed by a signal would leave it running. Returns its API URL."""
+    from prefect.server.api.server import SubprocessASGIServer
+
+    from infra.services.guardian import guardian
+
+    server = SubprocessASGIServer()  # the instance Prefect's clients use in ephemeral mode
+    server.start()
+    assert server.server_process is not None
+    guardian().watch(server.server_process.pid)
+    return server.api_url

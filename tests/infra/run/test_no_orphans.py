@@ -1,7 +1,8 @@
 """No process of a run outlives its driver: a real driver process starts a fabric (an embedded
 redis-server and a local rollout worker process) from a short-lived thread, as a Prefect task
 would, and is SIGKILLed once the worker registered; every process it started must be gone within
-seconds."""
+seconds. The same for a process holding a multiprocessing vLLM engine (its engine core) and for
+`rlboost train` on Prefect's ephemeral server (the uvicorn process)."""
 
 from __future__ import annotations
 
@@ -146,3 +147,48 @@ def test_sigkilled_rollout_process_leaves_no_vllm_engine_core(tmp_path):
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     assert not left, f"left running after the engine's process was killed: {left}"
+
+
+def test_sigkilled_rlboost_train_leaves_no_ephemeral_prefect_server(tmp_path):
+    """With no PREFECT_API_URL, `rlboost train` runs on Prefect's ephemeral API server, a uvicorn
+    process that Prefect stops only at a normal exit; the guardian ends it after a SIGKILL."""
+    model, tokenizer = build_tiny_llama(
+        TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128), seed=0
+    )
+    save_model(model, tokenizer, tmp_path / "base")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env.update(PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="120")
+    sets = [f"model.path={tmp_path / 'base'}", f"run.output_dir={tmp_path / 'runs'}", "run.name=orphans"]
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "infra.cli", "train", *(arg for s in sets for arg in ("--set", s))],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=Path(__file__).parents[3],
+    )
+    wanted = (b"uvicorn", b"infra.services.guardian", b"redis-server", b"infra.rollout.worker")
+    commands: dict[int, bytes] = {}
+    try:
+        deadline = time.monotonic() + 180  # the ephemeral server migrates a fresh database first
+        while time.monotonic() < deadline and driver.poll() is None:
+            commands = {}
+            for pid in _descendants(driver.pid):
+                try:
+                    commands[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+                except OSError:
+                    pass
+            if all(any(w in c for c in commands.values()) for w in wanted):
+                break
+            time.sleep(0.5)
+        assert all(any(w in c for c in commands.values()) for w in wanted), (driver.poll(), commands)
+    finally:
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait()
+    killed = time.monotonic()
+    while any(_alive(pid) for pid in commands) and time.monotonic() < killed + 20:
+        time.sleep(0.2)
+    print(f"the driver's {len(commands)} processes were gone {time.monotonic() - killed:.1f} s after its SIGKILL")
+    left = {pid: commands[pid] for pid in commands if _alive(pid)}
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"left running after the driver was killed: {left}"
