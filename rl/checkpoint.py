@@ -16,7 +16,9 @@ named by `latest` (itself replaced atomically), so a crash at any moment leaves 
 checkpoint intact and never exposes a partial one. A checkpoint damaged afterwards (a truncated
 `trainer.pt` or `model.safetensors`: a disk that filled, a copy cut short) is skipped by
 `latest_checkpoint` with a warning naming the file, for the previous complete one; with none left it
-refuses (`CorruptCheckpoint`, naming the file).
+refuses (`CorruptCheckpoint`, naming the file). A checkpoint that does not fit on the disk is
+removed and reported as `OutOfSpace`, naming the path, the free space and the checkpoint that stays
+valid.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rl.disk_space import LOW_SPACE_BYTES, describe_free, free_bytes, out_of_space
 from rl.trainer import WEIGHTS_FILE, PolicyTrainer
 
 LATEST = "latest"
@@ -44,6 +47,11 @@ log = logging.getLogger(__name__)
 
 class CorruptCheckpoint(RuntimeError):
     """Every checkpoint that could be resumed from is damaged; the message names the file."""
+
+
+class OutOfSpace(RuntimeError):
+    """A checkpoint did not fit on its disk (it was removed); the message names the path, the free
+    space and the previous checkpoint, which stays valid."""
 
 
 def _fsync_dir(path: Path) -> None:
@@ -80,10 +88,26 @@ def save_checkpoint(root: str | Path, trainer: PolicyTrainer, user_state: dict[s
     final = root / f"step_{trainer.step:06d}"
     tmp = root / f".{final.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    state = trainer.save_state(tmp)
-    torch.save({"trainer": state, "rng": capture_rng(), "user": user_state}, tmp / TRAINER_FILE)
-    _fsync_tree(tmp)
+    try:
+        tmp.mkdir()
+        state = trainer.save_state(tmp)
+        with open(tmp / TRAINER_FILE, "wb") as handle:  # through Python's file, a short write is ENOSPC
+            torch.save({"trainer": state, "rng": capture_rng(), "user": user_state}, handle)
+        _fsync_tree(tmp)
+    except Exception as error:
+        free = free_bytes(root)
+        full = out_of_space(error) or (free is not None and free < LOW_SPACE_BYTES)
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not full:
+            raise
+        previous = (root / LATEST).read_text().strip() if (root / LATEST).exists() else None
+        raise OutOfSpace(
+            f"no space left on the device for the checkpoint of step {trainer.step} in {root}: "
+            f"{describe_free(root)} once the partial checkpoint was removed. "
+            + (f"The previous checkpoint, {root / previous}, stays valid: " if previous else "No checkpoint yet: ")
+            + "free some space (or set run.output_dir on a larger disk) and run the same command again"
+            + (" to resume from it." if previous else ".")
+        ) from error
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     pointer = root / f".{LATEST}.tmp"

@@ -6,7 +6,10 @@ them, so `rlboost --help` and configuration errors come back at once."""
 
 from __future__ import annotations
 
+import copy
+import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -58,6 +61,32 @@ def _load(config: Path | None, pairs: list[str] | None):
         console.print("[red]configuration error[/red]")
         console.print(str(error), markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
+
+
+class _WithoutTracebacksOf(logging.Formatter):
+    """A console formatter that leaves out the traceback of errors the CLI reports itself, in one
+    line (Prefect logs a failed task's or flow's traceback on the console; the Prefect API's log
+    handler keeps it, for the UI)."""
+
+    def __init__(self, inner: logging.Formatter, reported: Callable[[BaseException], bool]) -> None:
+        super().__init__()
+        self.inner, self.reported = inner, reported
+
+    def format(self, record: logging.LogRecord) -> str:
+        error = record.exc_info[1] if record.exc_info else None
+        if error is None or not self.reported(error):
+            return self.inner.format(record)
+        quiet = copy.copy(record)  # the record is shared with the other handlers
+        quiet.exc_info, quiet.exc_text = None, None
+        return self.inner.format(quiet)
+
+
+def _console_without_tracebacks_of(reported: Callable[[BaseException], bool]) -> None:
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, PrefectConsoleHandler):
+            handler.setFormatter(_WithoutTracebacksOf(handler.formatter or logging.Formatter(), reported))
 
 
 def _preflight(cfg) -> None:
@@ -126,25 +155,40 @@ def train(config: ConfigOption = None, set_: SetOption = None, console_log_level
 
     _quiet_weight_loading()
 
-    _preflight(_load(config, set_))  # fail fast, before Prefect starts
+    cfg = _load(config, set_)
+    _preflight(cfg)  # fail fast, before Prefect starts
     from infra.services.prefect_api import current_api_url, start_guarded_ephemeral_server
 
     if current_api_url() is None:  # no server configured: Prefect's ephemeral one, ended with us
         start_guarded_ephemeral_server()
-    from rl.checkpoint import CorruptCheckpoint
+    from rl.checkpoint import CorruptCheckpoint, OutOfSpace
+    from rl.disk_space import describe_free, full_path, out_of_space
     from rl.distributed.group import RankFailure
     from rl.trainer import CheckpointMismatch
 
+    reported = (RankFailure, CheckpointMismatch, CorruptCheckpoint, OutOfSpace)
+    _console_without_tracebacks_of(lambda error: isinstance(error, reported) or out_of_space(error))
     try:
         run_training(config, _overrides(set_))
-    except (
-        RankFailure,
-        CheckpointMismatch,
-        CorruptCheckpoint,
-    ) as error:  # the message says what happened and what to do
+    except reported as error:
+        # the message says what happened and what to do; all but a rank's failure are the user's
+        # to fix (a checkpoint of another trainer, a damaged checkpoint, a full disk): exit 2
         console.print("[red]the run stopped[/red]")
         console.print(str(error), markup=False, highlight=False, soft_wrap=True)
-        raise typer.Exit(1) from None
+        raise typer.Exit(1 if isinstance(error, RankFailure) else 2) from None
+    except OSError as error:
+        if not out_of_space(error):
+            raise
+        written = full_path(error) or cfg.run.output_dir
+        console.print("[red]the run stopped: no space left on the device[/red]")
+        console.print(
+            f"writing {written}: {describe_free(written)}. Free some space (or set run.output_dir on a "
+            "larger disk) and run the same command again to resume from the last checkpoint.",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(2) from None
 
 
 DEMO_PRETRAIN_EXPECTED = "250-450 steps, under 2 minutes"

@@ -74,7 +74,7 @@ def cost(
     except (LedgerUnavailable, UnknownRun, PriceNotFound, BaselineMismatch) as error:
         console.print("[red]cost report failed[/red]")
         console.print(str(error), markup=False, highlight=False, soft_wrap=True)
-        raise typer.Exit(1) from None
+        raise typer.Exit(1 if isinstance(error, LedgerUnavailable) else 2) from None  # 2: a bad argument
     console.print(steps_table(report))
     console.print(classes_table(report))
     console.print(summary_table(report))

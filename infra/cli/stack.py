@@ -63,7 +63,7 @@ def up(
     """Start a local Prefect server, Redis, the work pools, the zombie-run automation and a worker, and deploy prefect.yaml."""
     from infra.fleet.prefect_local import UnknownPool
     from infra.run.config import ConfigError
-    from infra.stack.stack import DEFAULT_STATE_DIR, StackError
+    from infra.stack.stack import DEFAULT_STATE_DIR, StackError, StackInputError
     from infra.stack.stack import up as start_stack
 
     if redis_appendfsync not in ("always", "everysec", "no", "off"):
@@ -83,7 +83,8 @@ def up(
         )
     except (StackError, UnknownPool, ConfigError, FileNotFoundError) as error:
         console.print(f"[red]rlboost up failed[/red]: {error}", highlight=False, soft_wrap=True)
-        raise typer.Exit(1) from None
+        bad_input = isinstance(error, (StackInputError, UnknownPool, ConfigError, FileNotFoundError))
+        raise typer.Exit(2 if bad_input else 1) from None
     console.print(f"\nThe stack is up (stop it with `rlboost down`). UI: {state.ui_url}")
     console.print("Point the Prefect CLI at it, then start a training run:", highlight=False)
     console.print(f"export PREFECT_API_URL={state.api_url}", markup=False, highlight=False, soft_wrap=True)

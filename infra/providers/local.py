@@ -41,6 +41,7 @@ from typing import Any, Self
 from infra.availability.traces import TraceSchedule
 from infra.providers.interface import InstanceHandle, InstanceRecord, PreemptionEvent, Provider, StopReason
 from infra.providers.pool import PoolSpec
+from rl.disk_space import LOW_SPACE_BYTES, describe_free, free_bytes
 from rl.driver_watch import driver_environment
 
 log = logging.getLogger(__name__)
@@ -344,11 +345,17 @@ class LocalProvider(Provider):
         if self._log_dir is None:
             return "(no log: the instances write to the owner's streams)"
         path = self._log_dir / f"{instance_id}.log"
+        free = free_bytes(self._log_dir)
+        full = (
+            f"\n(its disk is full: {describe_free(self._log_dir)})"
+            if free is not None and free < LOW_SPACE_BYTES
+            else ""
+        )
         try:
             lines = path.read_text(errors="replace").rstrip().splitlines()
         except OSError as exc:
-            return f"(cannot read {path}: {exc})"
-        return "\n".join(lines[-LOG_TAIL_LINES:]) + f"\n(whole log: {path})"
+            return f"(cannot read {path}: {exc}){full}"
+        return "\n".join(lines[-LOG_TAIL_LINES:]) + f"\n(whole log: {path}){full}"
 
 
 def _exited(proc: subprocess.Popen[bytes]) -> bool:

@@ -65,6 +65,10 @@ class StackError(RuntimeError):
     """The stack could not be started or used; the message says what, where and how to fix it."""
 
 
+class StackInputError(StackError):
+    """An argument the stack cannot start with (checked before anything starts)."""
+
+
 class StackAlreadyUp(StackError):
     """`up()` while the processes of an earlier `up()` are still running."""
 
@@ -196,7 +200,7 @@ def database_url(state_dir: Path, given: str | None) -> str:
         return "postgresql+asyncpg://" + given.split("://", 1)[1]
     if scheme in ("postgresql+asyncpg", "sqlite+aiosqlite"):
         return given
-    raise StackError(
+    raise StackInputError(
         f"--database-url {mask_password(given)}: unsupported scheme {scheme!r}; use "
         "postgresql://user:password@host:5432/database (or omit it for SQLite)"
     )
@@ -427,9 +431,9 @@ def up(
     deployments = read_project()
     check_pools(config_path, deployments)
     if zombie_after_s is not None and zombie_after_s <= 30:
-        raise StackError(f"zombie_after_s must exceed the 30 s flow-run heartbeat, got {zombie_after_s:g}")
+        raise StackInputError(f"zombie_after_s must exceed the 30 s flow-run heartbeat, got {zombie_after_s:g}")
     if port is not None and not _port_is_free(port):
-        raise StackError(f"port {port} on 127.0.0.1 is in use; pick another --port or omit it to use a free one")
+        raise StackInputError(f"port {port} on 127.0.0.1 is in use; pick another --port or omit it to use a free one")
     port = port or _free_port(DEFAULT_PORT)
     url = database_url(state_dir, database)
     state = StackState(

@@ -271,3 +271,59 @@ def test_a_truncated_only_checkpoint_is_refused_naming_the_file(tmp_path, small_
     _truncate(only / "model.safetensors", keep=0.9)
     with pytest.raises(checkpoint.CorruptCheckpoint, match=rf"{only / 'model.safetensors'} is truncated: \d+ bytes"):
         latest_checkpoint(tmp_path)
+
+
+FULL_DISK = """
+import json, sys
+from pathlib import Path
+from rl.checkpoint import OutOfSpace, latest_checkpoint, load_checkpoint, save_checkpoint
+from rl.config import GRPOConfig, OptimConfig
+from rl.models import TinyLlamaShape, build_tiny_llama
+from rl.trainer import Trainer
+
+root = Path(sys.argv[1]) / "checkpoints"
+model, tokenizer = build_tiny_llama(TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128), seed=0)
+trainer = Trainer(model, tokenizer.pad_token_id, GRPOConfig(), OptimConfig())
+trainer.step = 1
+save_checkpoint(root, trainer, {"n": 1}, keep=2)
+trainer.step = 2
+try:
+    save_checkpoint(root, trainer, {"n": 2}, keep=2)
+    error = None
+except OutOfSpace as exc:
+    error = str(exc)
+found = latest_checkpoint(root)
+print(json.dumps({"error": error, "left": sorted(p.name for p in root.iterdir()), "latest": found.name,
+                  "user": load_checkpoint(found, trainer)}))
+"""
+
+
+@pytest.mark.integration
+def test_a_full_disk_names_the_path_and_free_space_and_keeps_the_previous_checkpoint(tmp_path, small_trainer):
+    """On a file system with room for one checkpoint (a tmpfs in a private mount namespace), the
+    second fails with OutOfSpace, not torch's "unexpected pos"; nothing partial is left."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    small_trainer.step = 1
+    size = sum(f.stat().st_size for f in save_checkpoint(tmp_path / "probe", small_trainer, {}).rglob("*"))
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mount = f"mount -t tmpfs -o size={int(size * 1.5)} tmpfs {disk}"
+    if not shutil.which("unshare") or subprocess.run(["unshare", "-rm", "sh", "-c", mount]).returncode:
+        pytest.skip("cannot mount a tmpfs in a private mount namespace here (unshare -rm)")
+    done = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", f'{mount} && exec "$0" -c "$1" "$2"', sys.executable, FULL_DISK, str(disk)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["error"] is not None
+    assert f"no space left on the device for the checkpoint of step 2 in {disk / 'checkpoints'}" in result["error"]
+    assert "free of" in result["error"] and f"{disk / 'checkpoints' / 'step_000001'}, stays valid" in result["error"]
+    assert result["left"] == ["latest", "step_000001"], "no partial checkpoint is left"
+    assert (result["latest"], result["user"]) == ("step_000001", {"n": 1})

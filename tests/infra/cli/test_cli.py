@@ -32,7 +32,7 @@ def test_missing_config_file_is_named(tmp_path):
 
 
 @pytest.mark.integration
-def test_train_on_a_checkpoint_of_another_trainer_exits_1_saying_what_to_set(prefect_harness, tmp_path):
+def test_train_on_a_checkpoint_of_another_trainer_exits_2_saying_what_to_set(prefect_harness, tmp_path):
     import torch
 
     from tests.helpers import save_tiny_model
@@ -45,6 +45,6 @@ def test_train_on_a_checkpoint_of_another_trainer_exits_1_saying_what_to_set(pre
     (checkpoint.parent / "latest").write_text(checkpoint.name)
     sets = [f"model.path={model}", f"run.output_dir={tmp_path / 'runs'}", "run.name=mismatch", "fabric.enabled=false"]
     result = runner.invoke(app, ["train", *(arg for s in sets for arg in ("--set", s))])
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 2, result.output
     assert "written by the deepspeed trainer" in result.output
     assert "trainer.backend=deepspeed trainer.world_size=2" in result.output.replace("\n", " ")

@@ -70,7 +70,7 @@ def test_a_baseline_with_spot_instances_is_refused_with_the_fix(tmp_path):
         record_baseline(ledger)
         record_hybrid(ledger)
     result = runner.invoke(app, ["cost", "--run", "base-1", "--baseline", "hybrid-1", "--db", url], env=WIDE)
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "baseline run hybrid-1 ran 2 spot instance(s)" in result.output and "reserved-only" in result.output
 
 
@@ -105,7 +105,7 @@ def test_the_database_defaults_to_the_environment_variable(ledger_url, monkeypat
 
 def test_an_unknown_run_lists_the_recorded_ones(ledger_url):
     result = runner.invoke(app, ["cost", "--run", "grpo-demo-00000000", "--db", ledger_url], env=WIDE)
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "no run 'grpo-demo-00000000'" in result.output and f"{RUN_ID} (grpo-demo" in result.output
 
 
@@ -115,7 +115,7 @@ def test_a_machine_type_without_a_price_is_named_with_the_fix(ledger_url):
             RUN_ID, InstanceRecord("spot-9", "spot", "spot", "cpu-laptop", None, at(0)), provider="local"
         )
     result = runner.invoke(app, ["cost", "--run", RUN_ID, "--db", ledger_url], env=WIDE)
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     for expected in (
         "instance spot-9 (pool spot, spot)",
         "machine type 'cpu-laptop'",

@@ -335,3 +335,46 @@ def test_a_cloud_pool_is_refused(tmp_path):
         assert provider.instances() == []
     finally:
         provider.shutdown()
+
+
+FULL_LOG_DISK = """
+import sys
+from pathlib import Path
+from infra.providers import LocalProvider
+
+logs = Path(sys.argv[1]) / "logs"
+logs.mkdir()
+(logs / "flaky-4.log").write_bytes(b"")  # the instance could not even write its first line
+try:
+    with open(Path(sys.argv[1]) / "filler", "wb") as filler:
+        while True:
+            filler.write(b"x" * 4096)
+            filler.flush()
+except OSError:
+    pass
+with LocalProvider(lambda spec, instance_id: [sys.executable, "-c", "pass"], log_dir=logs) as provider:
+    print(provider._log_tail("flaky-4"))
+"""
+
+
+@pytest.mark.integration
+def test_the_start_failure_of_an_instance_whose_log_disk_is_full_says_so(tmp_path):
+    """Its log is empty (nothing could be written): the message names the full disk instead."""
+    import shutil
+    import subprocess
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mount = f"mount -t tmpfs -o size=256k tmpfs {disk}"
+    if not shutil.which("unshare") or subprocess.run(["unshare", "-rm", "sh", "-c", mount]).returncode:
+        pytest.skip("cannot mount a tmpfs in a private mount namespace here (unshare -rm)")
+    done = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", f'{mount} && exec "$0" -c "$1" "$2"', sys.executable, FULL_LOG_DISK, str(disk)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).parents[3],
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"(whole log: {disk / 'logs' / 'flaky-4.log'})" in done.stdout
+    assert f"(its disk is full: 0 B free of 256.0 kB on the file system of {disk / 'logs'})" in done.stdout

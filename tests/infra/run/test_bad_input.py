@@ -26,3 +26,49 @@ def test_set_without_key_equals_value_names_the_argument(argument):
     assert result.exit_code == 2, result.output
     assert f"--set {argument!r}: expected key=value, e.g. --set run.steps=20" in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.integration
+def test_rlboost_train_on_a_full_disk_stops_with_one_line_and_exit_2(tmp_path):
+    """The run directory lies on a small file system (a tmpfs in a private mount namespace): the
+    run stops with one line naming what it was writing and the free space, exit status 2."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.helpers import save_tiny_model
+
+    model = save_tiny_model(tmp_path / "base")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mount = f"mount -t tmpfs -o size=256k tmpfs {disk}"
+    if not shutil.which("unshare") or subprocess.run(["unshare", "-rm", "sh", "-c", mount]).returncode:
+        pytest.skip("cannot mount a tmpfs in a private mount namespace here (unshare -rm)")
+    sets = [
+        f"model.path={model}",
+        f"run.output_dir={disk}",
+        "run.name=full",
+        "run.steps=3",
+        "run.checkpoint_every=1",
+        "fabric.enabled=false",
+        "rollout.prompts_per_step=4",
+        "rollout.group_size=2",
+        "eval.every=100",
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env.update(PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="120")
+    command = [sys.executable, "-m", "infra.cli", "train", *(arg for s in sets for arg in ("--set", s))]
+    done = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", f'{mount} && exec "$@"', "sh", *command],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=Path(__file__).parents[3],
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 2, output[-4000:]
+    assert "no space left on the device" in done.stdout and "free of 256.0 kB" in done.stdout, done.stdout
+    assert "Traceback" not in output, output[-4000:]

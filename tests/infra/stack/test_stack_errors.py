@@ -29,7 +29,7 @@ def test_up_with_a_pool_prefect_yaml_cannot_run_fails_before_starting_anything(t
         "    - {name: gpu, capacity_class: spot, size: 1, machine_type: g2-standard-8, price_per_hour: 0.5}\n"
     )
     result = runner.invoke(app, ["up", "--config", str(config), "--state-dir", str(tmp_path / "stack")])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     text = " ".join(result.output.split())
     assert "unknown pool 'gpu'" in text and str(config) in text
     assert "prefect.yaml has no rollout-instance deployment on work pool 'gpu'" in text
@@ -42,7 +42,7 @@ def test_up_rejects_a_database_url_it_cannot_use_without_showing_the_password(tm
     result = runner.invoke(
         app, ["up", "--database-url", "mysql://me:secret@db:3306/prefect", "--state-dir", str(tmp_path)]
     )
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     text = " ".join(result.output.split())
     assert "unsupported scheme 'mysql'" in text and "postgresql://user:password@host:5432/database" in text
     assert "secret" not in text and "mysql://me:***@db:3306/prefect" in text
@@ -54,7 +54,7 @@ def test_up_on_a_port_in_use_says_so(tmp_path):
         busy.listen()
         port = busy.getsockname()[1]
         result = runner.invoke(app, ["up", "--port", str(port), "--state-dir", str(tmp_path)])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert f"port {port} on 127.0.0.1 is in use" in " ".join(result.output.split())
 
 
