@@ -29,8 +29,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import redis
-
 from infra.fleet.cloud_fleet import CloudFleet, check_reachable_by_vms
 from infra.providers.composite import CompositeProvider
 from infra.providers.interface import InstanceRecord, Provider
@@ -42,7 +40,7 @@ from infra.rollout.settings import worker_flags
 from infra.rollout.tokenlog import GroupSpec, TokenLog
 from infra.run.colocated import ColocatedInstance, WithColocated
 from infra.run.fabric_config import CloudSettings, FabricConfig
-from infra.services.redis_embedded import REDIS_URL_ENV, EmbeddedRedis
+from infra.services.redis_embedded import REDIS_CA_FILE_ENV, REDIS_URL_ENV, EmbeddedRedis, RedisSettings
 from infra.weights.model_source import upload_model
 from infra.weights.publisher import WeightPublisher
 from infra.weights.puller import STORE
@@ -104,7 +102,9 @@ class RolloutFabric:
             )
             self._redis_server.start()
         self.redis_url = self._redis_server.url if self._redis_server else configured_redis
-        self.redis = redis.Redis.from_url(self.redis_url)
+        self.redis_ca_file = None if config.redis_ca_file is None else config.redis_ca_file.resolve()
+        """The CA of a rediss:// Redis, which every instance verifies the server with."""
+        self.redis = RedisSettings(url=self.redis_url, ca_file=self.redis_ca_file).client()
         self.log = TokenLog(self.redis, run_id)
         self.registry = InstanceRegistry(self.redis, run_id, ttl_s=config.worker.ttl_s)
         self.controller = RolloutController(self.redis, run_id, config.controller, clock=time.time)
@@ -153,6 +153,7 @@ class RolloutFabric:
             self.engine,
             trainer_device,
             redis_url=self.redis_url,
+            redis_ca_file=self.redis_ca_file,
             run_id=self.run_id,
             model_path=self.model_path,
             worker=self.config.worker,
@@ -177,6 +178,7 @@ class RolloutFabric:
             worker=self.config.worker,
             engine=self.engine,
             environment_block=environment_block_name(self.run_id),
+            redis_ca_file=self._ca_path(),
         )
         self.instance_runs = runs = InstanceRuns(spec, api_url)
         environment = {REDIS_URL_ENV: self.redis_url}
@@ -186,6 +188,8 @@ class RolloutFabric:
         bootstrap = cloud.bootstrap
         if bootstrap.prefect_api_url is None:
             bootstrap = bootstrap.model_copy(update={"prefect_api_url": api_url})
+        if self.redis_ca_file is not None and bootstrap.redis_ca_pem is None:
+            bootstrap = bootstrap.model_copy(update={"redis_ca_pem": self.redis_ca_file.read_text()})
         return CloudFleet(
             self.config.pools,
             run_id=self.run_id,
@@ -212,9 +216,16 @@ class RolloutFabric:
                 model=str(self.model_path.resolve()),
                 worker=self.config.worker,
                 engine=self.engine,
+                redis_ca_file=self._ca_path(),
             )
             return PrefectLocalProvider(spec, log_dir=log_dir)
-        return LocalProvider(self._worker_command, log_dir=log_dir, environment={REDIS_URL_ENV: self.redis_url})
+        environment = {REDIS_URL_ENV: self.redis_url}
+        if self.redis_ca_file is not None:
+            environment[REDIS_CA_FILE_ENV] = str(self.redis_ca_file)
+        return LocalProvider(self._worker_command, log_dir=log_dir, environment=environment)
+
+    def _ca_path(self) -> str | None:
+        return None if self.redis_ca_file is None else str(self.redis_ca_file)
 
     def _worker_command(self, pool: PoolSpec, instance_id: str) -> list[str]:
         """A local instance's command line; the secrets (the Redis URL with its password, the weights
