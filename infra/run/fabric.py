@@ -41,10 +41,13 @@ from infra.rollout.tokenlog import GroupSpec, TokenLog
 from infra.run.colocated import ColocatedInstance, WithColocated
 from infra.run.fabric_config import CloudSettings, FabricConfig
 from infra.services.redis_embedded import REDIS_CA_FILE_ENV, REDIS_URL_ENV, EmbeddedRedis, RedisSettings
+from infra.weights.config import WeightsConfig
 from infra.weights.model_source import upload_model
 from infra.weights.publisher import WeightPublisher
 from infra.weights.puller import STORE
 from infra.weights.shared import Transfer, drain_transfers, share_config
+from infra.weights.tls import CERT_ENV as TLS_CERT_ENV
+from infra.weights.tls import PeerCertificate
 from rl.config import PromptConfig, RolloutConfig
 from rl.datasets import PromptRecord
 from rl.devices import TORCH_DTYPES
@@ -72,6 +75,14 @@ def cloud_options(cloud: CloudSettings) -> dict[str, dict[str, Any]]:
     if cloud.azure_base_url is not None:
         azure["base_url"] = cloud.azure_base_url
     return {"gcp": gcp, "azure": azure}
+
+
+def peer_weights_config(config: FabricConfig) -> WeightsConfig:
+    """`fabric.weights`, with HTTPS between peers whenever a cloud pool's VMs take part (they
+    reach the trainer and each other across networks) unless `fabric.allow_plaintext`."""
+    if config.cloud_pools and not config.allow_plaintext and not config.weights.tls:
+        return config.weights.model_copy(update={"tls": True})
+    return config.weights
 
 
 class RolloutFabric:
@@ -108,14 +119,16 @@ class RolloutFabric:
         self.log = TokenLog(self.redis, run_id)
         self.registry = InstanceRegistry(self.redis, run_id, ttl_s=config.worker.ttl_s)
         self.controller = RolloutController(self.redis, run_id, config.controller, clock=time.time)
-        if config.weights.serves:
+        weights = self.weights_config = peer_weights_config(config)
+        if weights.serves:
             # Local instances inherit the trainer's environment: one random secret per session
-            # unless the user set one (which remote instances need too).
-            os.environ.setdefault(config.weights.secret_env, secrets.token_hex(32))
-        share_config(self.redis, run_id, config.weights, run_dir)
-        self.weights = WeightPublisher(
-            config.weights, self.redis, run_id, run_dir=run_dir, dtype=TORCH_DTYPES[engine.dtype]
-        )
+            # unless the user set one (which remote instances need too); the same for the peer
+            # certificate of HTTPS between peers.
+            os.environ.setdefault(weights.secret_env, secrets.token_hex(32))
+            if weights.tls and TLS_CERT_ENV not in os.environ:
+                os.environ.update(PeerCertificate.generate().environment())
+        share_config(self.redis, run_id, weights, run_dir)
+        self.weights = WeightPublisher(weights, self.redis, run_id, run_dir=run_dir, dtype=TORCH_DTYPES[engine.dtype])
         self._step = 0
         self.colocated: list[ColocatedInstance] = []
         try:
@@ -168,7 +181,7 @@ class RolloutFabric:
         cloud = self.config.cloud
         check_reachable_by_vms(self.redis_url, self.config.pools)
         api_url = check_api(cloud.bootstrap.prefect_api_url or current_api_url(), purpose="cloud pools")
-        weights = self.config.weights
+        weights = self.weights_config
         store = weights.resolve_store_url(self.run_dir).rstrip("/")
         model = cloud.model_url or upload_model(self.model_path, f"{store}/base-model", weights.store_options)
         spec = InstanceRunSpec(
@@ -184,6 +197,8 @@ class RolloutFabric:
         environment = {REDIS_URL_ENV: self.redis_url}
         if weights.serves:
             environment[weights.secret_env] = os.environ[weights.secret_env]
+            if weights.tls:
+                environment.update(PeerCertificate.from_environment().environment())
         runs.publish_environment(environment)
         bootstrap = cloud.bootstrap
         if bootstrap.prefect_api_url is None:
