@@ -36,7 +36,7 @@ from infra.providers.interface import instance_work_queue
 from infra.providers.pool import PoolSpec
 from infra.rollout.registry import InstanceRegistry
 from infra.rollout.settings import WorkerSettings
-from infra.services.prefect_api import current_api_key
+from infra.services.prefect_api import current_api_key, current_auth_string
 from infra.services.redis_embedded import RedisSettings
 from rl.engine_spec import EngineSpec
 
@@ -102,12 +102,13 @@ class InstanceRuns:
         self.spec = spec
         self.api_url = api_url
         self._api_key = current_api_key()
+        self._auth_string = current_auth_string()
         self._deployments: dict[str, UUID] = {}
         self._runs: dict[str, InstanceRun] = {}
         self._lock = threading.Lock()
 
     def client(self) -> SyncPrefectClient:
-        return SyncPrefectClient(self.api_url, api_key=self._api_key)
+        return SyncPrefectClient(self.api_url, api_key=self._api_key, auth_string=self._auth_string)
 
     def flow_run_id(self, instance_id: str) -> UUID:
         """The `rollout-instance` flow run of an instance; `KeyError` if unknown."""

@@ -165,6 +165,11 @@ def test_training_keeps_a_gcp_spot_pool_through_a_preemption(prefect_harness, tm
             "fabric.enabled": True,
             "fabric.pools": [pool],
             "fabric.redis_url": redis_server.url,
+            # The fakes' network is this machine: plain Redis and Prefect are opted into, and the
+            # weights between the "VMs" and the trainer still go over HTTPS (their certificate in
+            # the Secret block).
+            "fabric.allow_plaintext": True,
+            "fabric.weights": {"tls": True},
             "fabric.worker": {"slots": 8, "flush_tokens": 2, "flush_ms": 50, "heartbeat_s": 0.3, "ttl_s": 3.0},
             "fabric.controller": {"reap_timeout_s": 3.0},
             "fabric.cloud": {
