@@ -16,6 +16,30 @@ from infra.weights.config import WeightsConfig
 from rl.config import Section
 
 
+class SweepSettings(Section):
+    """The sweep of VMs whose run is not alive (`infra.run.sweep`), in the scopes of the run's cloud pools."""
+
+    enabled: bool = True
+    """Sweep when the run starts and every `interval_s` while it runs (`rlboost cloud sweep` runs it by hand)."""
+    interval_s: float = Field(300.0, gt=0)
+    """Seconds between the run's heartbeats in the ledger, and between its sweeps."""
+    stale_after_s: float = Field(900.0, gt=0)
+    """A run whose last heartbeat is older than this is not alive (its driver is gone): its VMs are
+    deleted. More than twice `interval_s`, so that one late heartbeat is not a death."""
+    delete_unknown: bool = False
+    """Also delete labelled VMs whose run this ledger does not know, once older than `stale_after_s`
+    (False: keep them; they may belong to a run that records into another ledger)."""
+
+    @model_validator(mode="after")
+    def _stale_after_two_beats(self) -> SweepSettings:
+        if self.stale_after_s <= 2 * self.interval_s:
+            raise ValueError(
+                f"fabric.cloud.sweep.stale_after_s ({self.stale_after_s:g}) must exceed twice interval_s "
+                f"({self.interval_s:g}): a live run beats every interval_s, and one late beat must not get its VMs deleted"
+            )
+        return self
+
+
 class CloudSettings(Section):
     """How the cloud pools (`provider: gcp|azure`) of a run start and join it."""
 
@@ -35,6 +59,8 @@ class CloudSettings(Section):
     live_prices: bool = True
     """Quote the clouds' published prices (Cloud Billing Catalog, Azure Retail Prices); False: the
     bundled catalog only."""
+    sweep: SweepSettings = SweepSettings()
+    """Deleting the VMs of runs that are not alive (crashed drivers, ended runs), in the pools' scopes."""
 
 
 class FabricConfig(Section):
