@@ -32,7 +32,7 @@ from prefect.states import Crashed, State
 
 from infra.rollout.settings import WorkerSettings
 from infra.rollout.worker import RolloutWorker, WorkerConfig
-from infra.services.redis_embedded import REDIS_URL_ENV
+from infra.services.redis_embedded import REDIS_CA_FILE_ENV, REDIS_URL_ENV
 from rl.engine_spec import EngineSpec
 
 
@@ -105,6 +105,7 @@ def rollout_instance(
     worker = RolloutWorker(
         WorkerConfig(
             redis_url=url,
+            redis_ca_file=os.environ.get(REDIS_CA_FILE_ENV) if url.startswith("rediss://") else None,
             run_id=run_id,
             instance_id=instance_id,
             pool=pool,

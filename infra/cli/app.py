@@ -1,4 +1,4 @@
-"""The `rlboost` command line: `demo`, `train --config FILE`, `pretrain`, `import-model`, `worker`, `simulate`, `cost`, `up`, `down`.
+"""The `rlboost` command line: `demo`, `train --config FILE`, `pretrain`, `import-model`, `worker`, `simulate`, `cost`, `up`, `down`, `cloud sweep`.
 
 The CLI is the top layer, above the flows it starts: `rlboost train` runs the `rl-train` flow in
 this process. It imports torch, transformers and the flows only inside the commands that need
@@ -303,6 +303,10 @@ from infra.cli.stack import down, up  # noqa: E402  (the stack commands live in 
 
 app.command(name="up")(up)
 app.command(name="down")(down)
+
+from infra.cli.cloud import cloud  # noqa: E402  (the cloud commands live in their own module)
+
+app.add_typer(cloud, name="cloud")
 
 
 if __name__ == "__main__":

@@ -58,6 +58,13 @@ def up(
             help="When Redis fsyncs its append-only file: always, everysec (a crash loses at most the last second) or no (the OS decides); off: no persistence.",
         ),
     ] = "everysec",
+    host: Annotated[
+        str,
+        typer.Option(
+            "--host",
+            help="Interface of the Prefect server (default 127.0.0.1: this machine only). Any other, e.g. 0.0.0.0 for cloud VMs, turns on basic auth with a credential kept in <state dir>/prefect-auth (mode 0600).",
+        ),
+    ] = "127.0.0.1",
     state_dir: StateDirOption = None,
 ) -> None:
     """Start a local Prefect server, Redis, the work pools, the zombie-run automation and a worker, and deploy prefect.yaml."""
@@ -79,6 +86,7 @@ def up(
             config_path=config,
             zombie_after_s=zombie_after_s,
             redis_appendfsync=None if redis_appendfsync == "off" else redis_appendfsync,
+            host=host,
             echo=lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True),
         )
     except (StackError, UnknownPool, ConfigError, FileNotFoundError) as error:
@@ -88,6 +96,23 @@ def up(
     console.print(f"\nThe stack is up (stop it with `rlboost down`). UI: {state.ui_url}")
     console.print("Point the Prefect CLI at it, then start a training run:", highlight=False)
     console.print(f"export PREFECT_API_URL={state.api_url}", markup=False, highlight=False, soft_wrap=True)
+    if state.auth_file is not None:
+        console.print(
+            f"The server listens on {state.host} and requires basic auth: every client (this shell, the "
+            f"training machine, each VM's Prefect profile) sends the credential in {state.auth_file} (mode 0600; "
+            "it is not printed):",
+            highlight=False,
+            soft_wrap=True,
+        )
+        console.print(
+            f'export PREFECT_API_AUTH_STRING="$(cat {state.auth_file})"', markup=False, highlight=False, soft_wrap=True
+        )
+        console.print(
+            "Its traffic is plain HTTP: put a TLS proxy in front of it before VMs use it across networks "
+            "(README: Encryption and authentication).",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def down(state_dir: StateDirOption = None) -> None:

@@ -62,8 +62,7 @@ class CloudFleet:
         self.providers: dict[str, Provider] = {}
         for pool in self.pools:
             if pool.provider not in self.providers:
-                provider_class = _provider_class(pool)
-                self.providers[pool.provider] = provider_class(
+                self.providers[pool.provider] = provider_class(pool)(
                     run_id=run_id,
                     bootstrap=bootstrap,
                     on_change=on_change,
@@ -148,7 +147,7 @@ def check_reachable_by_vms(redis_url: str, pools: Sequence[PoolSpec]) -> None:
         )
 
 
-def _provider_class(pool: PoolSpec) -> type[Provider]:
+def provider_class(pool: PoolSpec) -> type[Provider]:
     """The provider class of the pool's cloud; a clear error if its extra is not installed."""
     module, name = CLOUD_PROVIDERS[pool.provider].split(":")
     try:

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-import redis
 from prefect.client.orchestration import SyncPrefectClient
 from prefect.client.schemas.filters import FlowFilter, FlowFilterName
 from prefect.client.schemas.objects import StateType
@@ -37,7 +36,8 @@ from infra.providers.interface import instance_work_queue
 from infra.providers.pool import PoolSpec
 from infra.rollout.registry import InstanceRegistry
 from infra.rollout.settings import WorkerSettings
-from infra.services.prefect_api import current_api_key
+from infra.services.prefect_api import current_api_key, current_auth_string
+from infra.services.redis_embedded import RedisSettings
 from rl.engine_spec import EngineSpec
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,9 @@ class InstanceRunSpec:
     """The run's engine; each pool's overrides apply (`PoolSpec.engine_spec`)."""
     environment_block: str | None = None
     """Prefect Secret block with the instances' environment (cloud VMs); None: they inherit it."""
+    redis_ca_file: str | None = None
+    """The CA file of a rediss:// Redis on this machine (local instances get its path in their
+    environment; a VM gets its content in its boot script)."""
 
     def parameters(self, pool: PoolSpec, instance_id: str) -> dict[str, Any]:
         return {
@@ -99,12 +102,13 @@ class InstanceRuns:
         self.spec = spec
         self.api_url = api_url
         self._api_key = current_api_key()
+        self._auth_string = current_auth_string()
         self._deployments: dict[str, UUID] = {}
         self._runs: dict[str, InstanceRun] = {}
         self._lock = threading.Lock()
 
     def client(self) -> SyncPrefectClient:
-        return SyncPrefectClient(self.api_url, api_key=self._api_key)
+        return SyncPrefectClient(self.api_url, api_key=self._api_key, auth_string=self._auth_string)
 
     def flow_run_id(self, instance_id: str) -> UUID:
         """The `rollout-instance` flow run of an instance; `KeyError` if unknown."""
@@ -239,7 +243,7 @@ class InstanceRuns:
             pending = {i: run.flow_run_id for i, run in self._runs.items() if i in live}
         if not pending:
             return set()
-        client = redis.Redis.from_url(self.spec.redis_url)
+        client = RedisSettings(url=self.spec.redis_url, ca_file=self.spec.redis_ca_file).client()
         registry = InstanceRegistry(client, self.spec.run_id, ttl_s=self.spec.worker.ttl_s)
         asked: set[str] = set()
         deadline = time.monotonic() + timeout_s

@@ -38,7 +38,7 @@ from infra.providers.interface import InstanceHandle, InstanceRecord, Preemption
 from infra.providers.local import LocalProvider, TickThread
 from infra.providers.pool import PoolSpec
 from infra.services.prefect_api import check_api, current_api_url
-from infra.services.redis_embedded import REDIS_URL_ENV
+from infra.services.redis_embedded import REDIS_CA_FILE_ENV, REDIS_URL_ENV
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,7 @@ class PrefectLocalProvider(Provider):
             "PREFECT_API_URL": self.api_url,
             "PREFECT_WORKER_QUERY_SECONDS": str(WORKER_POLL_S),
             REDIS_URL_ENV: spec.redis_url,
+            **({REDIS_CA_FILE_ENV: spec.redis_ca_file} if spec.redis_ca_file else {}),
         }
         self._local = LocalProvider(
             self._instance_command,

@@ -1,7 +1,7 @@
 """The cost ledger's tables as SQLAlchemy 2 typed declarative models.
 
 One row per run, per RL step, per instance (its lifecycle), per (step, instance) usage, per weight
-transfer and per price quote. Every table is keyed by the natural identity of what it records
+transfer, per price quote and per VM the sweep deleted. Every table is keyed by the natural identity of what it records
 (`run_id` first), which is what makes the writes of `infra.ledger.recorder` idempotent upserts.
 Times are timezone-aware UTC datetimes (`UtcDateTime`, stored as TIMESTAMP WITH TIME ZONE on
 PostgreSQL and as ISO text on SQLite). Money is USD, durations are seconds.
@@ -86,6 +86,9 @@ class Run(Base):
     """The run's configured name (`run.name`); several run ids may share it (resumes)."""
     started_at: Mapped[datetime]
     ended_at: Mapped[datetime | None]
+    heartbeat_at: Mapped[datetime | None]
+    """When the run's driver last said it is alive (every `fabric.cloud.sweep.interval_s` while it
+    has cloud pools; None: never); the VM sweep deletes the VMs of a run whose heartbeat is stale."""
 
 
 class Step(Base):
@@ -183,6 +186,27 @@ class WeightTransfer(Base):
     egress_usd: Mapped[float]
     """What moving the bytes cost (cross-region or internet egress), USD."""
     transferred_at: Mapped[datetime | None]
+
+
+class SweptInstance(Base):
+    """A cloud VM the sweep deleted because its run was not alive (`infra.run.sweep`)."""
+
+    __tablename__ = "swept_instances"
+
+    provider: Mapped[str] = mapped_column(String(32), primary_key=True)
+    """`gcp` or `azure`."""
+    instance_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    """The VM's name."""
+    zone: Mapped[str] = mapped_column(String(64), primary_key=True)
+    run_label: Mapped[str] = mapped_column(String(128))
+    """Its `rlboost-run` label: the run that launched it (in label form: lowercase, at most 63 characters)."""
+    pool_label: Mapped[str] = mapped_column(String(128))
+    """Its `rlboost-pool` label."""
+    swept_at: Mapped[datetime]
+    why: Mapped[str] = mapped_column(String(512))
+    """Why its run was judged not alive (ended, heartbeat stale, unknown)."""
+    swept_by: Mapped[str] = mapped_column(String(128))
+    """The run whose sweep deleted it, or `cli` (`rlboost cloud sweep`)."""
 
 
 class PriceQuote(Base):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
-from infra.ledger.models import Instance, Run, Step, Usage, WeightTransfer
+from infra.ledger.models import Instance, Run, Step, SweptInstance, Usage, WeightTransfer
 
 RUNS_LISTED = 20
 """Most recent runs named in an `UnknownRun` message."""
@@ -37,6 +37,12 @@ def list_runs(engine: Engine) -> list[Run]:
     """Every run, most recently started first."""
     with Session(engine, expire_on_commit=False) as session:
         return list(session.scalars(select(Run).order_by(Run.started_at.desc(), Run.run_id)))
+
+
+def list_swept(engine: Engine) -> list[SweptInstance]:
+    """Every VM the sweep deleted, most recent first."""
+    with Session(engine, expire_on_commit=False) as session:
+        return list(session.scalars(select(SweptInstance).order_by(SweptInstance.swept_at.desc())))
 
 
 def load_run(engine: Engine, run_id: str) -> RunRecords:

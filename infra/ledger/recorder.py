@@ -8,6 +8,8 @@ again (a retry, a resumed controller after a crash) never duplicates anything:
 |---|---|---|
 | `start_run` | run | keeps the first `started_at`; updates `name` |
 | `finish_run` | run | sets `ended_at` |
+| `heartbeat` | run | sets `heartbeat_at` (and with `reopen`, clears `ended_at`: the run runs again) |
+| `record_swept` | (provider, instance, zone) | replaces the record |
 | `record_step` | (run, step) | given values replace stored ones; None keeps them |
 | `record_instance` | (run, instance) | same, and `state` never goes back (a stale replay is harmless) |
 | `record_usage` | (run, step, instance) | replaces the totals (pass totals, not increments) |
@@ -34,7 +36,17 @@ from sqlalchemy.exc import IntegrityError
 from infra.ledger.comparison import BaselineComparison, compare
 from infra.ledger.config import resolve_ledger_url
 from infra.ledger.db import LedgerUnavailable, create_ledger_engine, translate_errors, upgrade_to_head
-from infra.ledger.models import INSTANCE_STATES, Base, Instance, PriceQuote, Run, Step, Usage, WeightTransfer
+from infra.ledger.models import (
+    INSTANCE_STATES,
+    Base,
+    Instance,
+    PriceQuote,
+    Run,
+    Step,
+    SweptInstance,
+    Usage,
+    WeightTransfer,
+)
 from infra.ledger.reader import load_run
 from infra.ledger.report import CostReport, build_report
 from infra.pricing.catalog import Catalog, default_catalog
@@ -142,6 +154,44 @@ class Ledger:
         with self._writing(f"finish_run({run_id!r})") as connection:
             if connection.execute(statement).rowcount == 0:
                 raise LedgerWriteError(f"finish_run({run_id!r}): no such run; call start_run first")
+
+    def heartbeat(
+        self, run_id: str, *, at: Moment | None = None, name: str | None = None, reopen: bool = False
+    ) -> None:
+        """The run's driver is alive at `at` (default now); records the run first if it is new.
+        `reopen`: the run (re)starts now, so an `ended_at` of an earlier session is cleared."""
+        at_utc = as_utc(at) or datetime.now(UTC)
+        self.start_run(run_id, name=name, started_at=at_utc)
+        values: dict[str, Any] = {"heartbeat_at": at_utc}
+        if reopen:
+            values["ended_at"] = None
+        with self._writing(f"heartbeat({run_id!r})") as connection:
+            connection.execute(update(Run).where(Run.run_id == run_id).values(**values))
+
+    def record_swept(
+        self,
+        *,
+        provider: str,
+        instance_id: str,
+        zone: str,
+        run_label: str,
+        pool_label: str,
+        why: str,
+        swept_by: str,
+        swept_at: Moment | None = None,
+    ) -> None:
+        """Record a VM the sweep deleted (`swept_at` defaults to now)."""
+        values = {
+            "provider": provider,
+            "instance_id": instance_id,
+            "zone": zone,
+            "run_label": run_label,
+            "pool_label": pool_label,
+            "why": why[:512],
+            "swept_by": swept_by,
+            "swept_at": as_utc(swept_at) or datetime.now(UTC),
+        }
+        self._upsert(SweptInstance, values, f"record_swept({provider}, {instance_id!r})")
 
     def record_step(
         self,

@@ -47,6 +47,7 @@ from infra.providers.zonal import (
     LABEL_POOL,
     LABEL_RUN,
     LABEL_STEP,
+    LabelledVm,
     ObservedInstance,
     ObservedStatus,
     OperationPolling,
@@ -310,6 +311,25 @@ class AzureProvider(ZonalCloudProvider):
                 )
             )
         return seen
+
+    def labelled(self, pool: PoolSpec) -> list[LabelledVm]:
+        assert pool.azure is not None
+        with self._translate(pool, None):
+            listed = list(self._vms(pool).list(pool.azure.resource_group))
+        return [
+            LabelledVm(
+                self.provider_name,
+                vm.name,
+                vm.location + (f"-{vm.zones[0]}" if vm.zones else ""),
+                vm.tags[LABEL_RUN],
+                vm.tags.get(LABEL_POOL, ""),
+                STATES.get(vm.provisioning_state or "", "running"),
+                vm.time_created.timestamp() if vm.time_created else None,
+                pool,
+            )
+            for vm in listed
+            if LABEL_RUN in (vm.tags or {})
+        ]
 
     def _notice_times(self, pool: PoolSpec, zone: str, names: Sequence[str], now: float) -> dict[str, float]:
         """Azure keeps no record of an eviction once the VM is deleted: a spot VM lost without our

@@ -43,6 +43,7 @@ from infra.providers.zonal import (
     LABEL_POOL,
     LABEL_RUN,
     LABEL_STEP,
+    LabelledVm,
     ObservedInstance,
     ObservedStatus,
     OperationPolling,
@@ -328,6 +329,31 @@ class GcpProvider(ZonalCloudProvider):
                     )
                 )
         return seen
+
+    def labelled(self, pool: PoolSpec) -> list[LabelledVm]:
+        assert pool.gcp is not None
+        instances = self._client(pool, compute_v1.InstancesClient)
+        found = []
+        for zone in pool.zones:
+            request = compute_v1.ListInstancesRequest(
+                project=pool.gcp.project, zone=zone, filter=f"labels.{LABEL_RUN}:*"
+            )
+            with self._translate(pool, None):
+                listed = list(instances.list(request=request, timeout=self._polling.request_timeout_s))
+            found += [
+                LabelledVm(
+                    self.provider_name,
+                    vm.name,
+                    zone,
+                    vm.labels[LABEL_RUN],
+                    vm.labels.get(LABEL_POOL, ""),
+                    STATUSES.get(vm.status, "running"),
+                    _epoch(vm.creation_timestamp),
+                    pool,
+                )
+                for vm in listed
+            ]
+        return found
 
     def _notice_times(self, pool: PoolSpec, zone: str, names: Sequence[str], now: float) -> dict[str, float]:
         assert pool.gcp is not None

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from infra.providers.interface import instance_work_queue
 from infra.providers.pool import PoolSpec
+from infra.services.redis_embedded import REDIS_CA_FILE_ENV
 
 WatcherKind = Literal["gce", "azure"]
 
@@ -43,6 +44,9 @@ class WorkerBootstrap(BaseModel):
     """Interpreter that creates the virtual environment (3.11 or newer)."""
     grace_s: float = Field(25.0, gt=0)
     """After the notice, how long the worker may drain before it is killed (both clouds give 30 s)."""
+    redis_ca_pem: str | None = None
+    """PEM of the CA of a rediss:// Redis, written to `<install_dir>/redis-ca.pem` on the VM and
+    named by `RLBOOST_REDIS_CA_FILE`; None: the run fills it from `fabric.redis_ca_file`."""
 
 
 def render_startup_script(
@@ -94,9 +98,22 @@ def render_startup_script(
         f"# rlboost rollout instance {instance_id} of pool {pool.name}: install, then serve the pool's work queue.",
         "set -euo pipefail",
         *(f"export {key}={q(value)}" for key, value in env.items()),
+        *_redis_ca_lines(bootstrap),
         # The work pool's flow-run command is `python -m prefect.engine`: the project's interpreter.
         f'export PATH={q(venv + "/bin")}:"$PATH"',
         *install,
         "exec " + " ".join(q(part) for part in watch),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _redis_ca_lines(bootstrap: WorkerBootstrap) -> list[str]:
+    """Write the Redis CA (a public certificate, no secret) where the instance's worker finds it."""
+    if bootstrap.redis_ca_pem is None:
+        return []
+    path = f"{bootstrap.install_dir.rstrip('/')}/redis-ca.pem"
+    return [
+        f"mkdir -p {shlex.quote(bootstrap.install_dir)}",
+        f"printf '%s' {shlex.quote(bootstrap.redis_ca_pem)} > {shlex.quote(path)}",
+        f"export {REDIS_CA_FILE_ENV}={shlex.quote(path)}",
+    ]

@@ -78,6 +78,23 @@ class ObservedInstance:
     """Its `rlboost-step` label."""
 
 
+@dataclass(frozen=True)
+class LabelledVm:
+    """A VM of this project found by its labels in a pool's scope, whichever run launched it (the
+    VM sweep's view: `ZonalCloudProvider.labelled`)."""
+
+    provider: str
+    name: str
+    zone: str
+    run_label: str
+    """Its `rlboost-run` label (`label_value` of the run id)."""
+    pool_label: str
+    status: ObservedStatus
+    created_at: float | None
+    scope: PoolSpec
+    """The configured pool whose project and zones (GCP) or resource group (Azure) it was found in."""
+
+
 class ZoneFailover:
     """The zones of one pool to try, in order, skipping those in back-off after a failure.
 
@@ -183,6 +200,15 @@ class ZonalCloudProvider(Provider):
     @abstractmethod
     def _observe(self, pool: PoolSpec) -> list[ObservedInstance]:
         """The run's VMs of `pool` that exist now, in any of its zones."""
+
+    @abstractmethod
+    def labelled(self, pool: PoolSpec) -> list[LabelledVm]:
+        """Every VM in `pool`'s scope (its project's zones, its resource group) that carries an
+        `rlboost-run` label, of any run and any pool: what the VM sweep judges."""
+
+    def delete_labelled(self, vm: LabelledVm) -> None:
+        """Start deleting a VM `labelled` found (a VM already gone is no error)."""
+        self._delete(vm.scope, vm.zone, vm.name)
 
     @abstractmethod
     def _notice_times(self, pool: PoolSpec, zone: str, names: Sequence[str], now: float) -> dict[str, float]:

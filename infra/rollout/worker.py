@@ -72,7 +72,7 @@ from infra.rollout.protocol import current_step
 from infra.rollout.registry import InstanceInfo, InstanceRegistry
 from infra.rollout.settings import WorkerSettings, add_worker_flags, settings_from_flags
 from infra.rollout.tokenlog import Claim, Flush, TokenLog
-from infra.services.redis_embedded import RedisSettings
+from infra.services.redis_embedded import REDIS_CA_FILE_ENV, RedisSettings
 from infra.weights.holders import latest_version
 from infra.weights.model_source import fetch_model, is_url
 from infra.weights.puller import PullError, WeightPuller
@@ -99,6 +99,8 @@ class WorkerConfig(WorkerSettings):
 
     redis_url: str
     """URL of the run's Redis (token log, registry, control); may carry the password."""
+    redis_ca_file: str | None = None
+    """PEM file of the CA that signed a rediss:// Redis's certificate; None: the system's trust store."""
     run_id: str
     """The run whose steps this instance generates."""
     instance_id: str
@@ -191,7 +193,7 @@ class RolloutWorker:
         `weights`: the trainer's versions, handed over in this process, loaded instead of pulled."""
         self.config = config
         self._direct_weights = weights
-        self.client = client or RedisSettings(url=config.redis_url).client()
+        self.client = client or RedisSettings(url=config.redis_url, ca_file=config.redis_ca_file).client()
         self.tokenlog = TokenLog(self.client, config.run_id)
         self._flusher = FlushPipeline(self.tokenlog)
         self._puller: WeightPuller | None = None
@@ -703,6 +705,11 @@ def _parser() -> argparse.ArgumentParser:
         help="Redis URL (env RLBOOST_REDIS_URL; prefer the environment: a command line, and so the "
         "password in the URL, is visible to every local user)",
     )
+    p.add_argument(
+        "--redis-ca-file",
+        default=env(REDIS_CA_FILE_ENV),
+        help=f"PEM file of the CA of a rediss:// Redis (env {REDIS_CA_FILE_ENV}; default: the system's trust store)",
+    )
     p.add_argument("--run-id", default=env("RLBOOST_RUN_ID"), help="run id (env RLBOOST_RUN_ID)")
     p.add_argument(
         "--instance-id",
@@ -749,6 +756,7 @@ def main(argv: list[str] | None = None) -> int:
     instance_id = args.instance_id or f"{args.pool}-{socket.gethostname()}-{os.getpid()}"
     config = WorkerConfig(
         redis_url=args.redis_url,
+        redis_ca_file=args.redis_ca_file,
         run_id=args.run_id,
         instance_id=instance_id,
         pool=args.pool,

@@ -54,6 +54,7 @@ class ColocatedInstance:
         trainer_device: str,
         *,
         redis_url: str,
+        redis_ca_file: Path | None = None,
         run_id: str,
         model_path: Path,
         worker: WorkerSettings,
@@ -74,6 +75,7 @@ class ColocatedInstance:
             spec = spec.model_copy(update={"device": trainer_device})
         self.config = WorkerConfig(
             redis_url=redis_url,
+            redis_ca_file=None if redis_ca_file is None else str(redis_ca_file),
             run_id=run_id,
             instance_id=f"{pool.name}-colocated",
             pool=pool.name,

@@ -29,8 +29,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import redis
-
 from infra.fleet.cloud_fleet import CloudFleet, check_reachable_by_vms
 from infra.providers.composite import CompositeProvider
 from infra.providers.interface import InstanceRecord, Provider
@@ -42,11 +40,14 @@ from infra.rollout.settings import worker_flags
 from infra.rollout.tokenlog import GroupSpec, TokenLog
 from infra.run.colocated import ColocatedInstance, WithColocated
 from infra.run.fabric_config import CloudSettings, FabricConfig
-from infra.services.redis_embedded import REDIS_URL_ENV, EmbeddedRedis
+from infra.services.redis_embedded import REDIS_CA_FILE_ENV, REDIS_URL_ENV, EmbeddedRedis, RedisSettings
+from infra.weights.config import WeightsConfig
 from infra.weights.model_source import upload_model
 from infra.weights.publisher import WeightPublisher
 from infra.weights.puller import STORE
 from infra.weights.shared import Transfer, drain_transfers, share_config
+from infra.weights.tls import CERT_ENV as TLS_CERT_ENV
+from infra.weights.tls import PeerCertificate
 from rl.config import PromptConfig, RolloutConfig
 from rl.datasets import PromptRecord
 from rl.devices import TORCH_DTYPES
@@ -74,6 +75,14 @@ def cloud_options(cloud: CloudSettings) -> dict[str, dict[str, Any]]:
     if cloud.azure_base_url is not None:
         azure["base_url"] = cloud.azure_base_url
     return {"gcp": gcp, "azure": azure}
+
+
+def peer_weights_config(config: FabricConfig) -> WeightsConfig:
+    """`fabric.weights`, with HTTPS between peers whenever a cloud pool's VMs take part (they
+    reach the trainer and each other across networks) unless `fabric.allow_plaintext`."""
+    if config.cloud_pools and not config.allow_plaintext and not config.weights.tls:
+        return config.weights.model_copy(update={"tls": True})
+    return config.weights
 
 
 class RolloutFabric:
@@ -104,18 +113,22 @@ class RolloutFabric:
             )
             self._redis_server.start()
         self.redis_url = self._redis_server.url if self._redis_server else configured_redis
-        self.redis = redis.Redis.from_url(self.redis_url)
+        self.redis_ca_file = None if config.redis_ca_file is None else config.redis_ca_file.resolve()
+        """The CA of a rediss:// Redis, which every instance verifies the server with."""
+        self.redis = RedisSettings(url=self.redis_url, ca_file=self.redis_ca_file).client()
         self.log = TokenLog(self.redis, run_id)
         self.registry = InstanceRegistry(self.redis, run_id, ttl_s=config.worker.ttl_s)
         self.controller = RolloutController(self.redis, run_id, config.controller, clock=time.time)
-        if config.weights.serves:
+        weights = self.weights_config = peer_weights_config(config)
+        if weights.serves:
             # Local instances inherit the trainer's environment: one random secret per session
-            # unless the user set one (which remote instances need too).
-            os.environ.setdefault(config.weights.secret_env, secrets.token_hex(32))
-        share_config(self.redis, run_id, config.weights, run_dir)
-        self.weights = WeightPublisher(
-            config.weights, self.redis, run_id, run_dir=run_dir, dtype=TORCH_DTYPES[engine.dtype]
-        )
+            # unless the user set one (which remote instances need too); the same for the peer
+            # certificate of HTTPS between peers.
+            os.environ.setdefault(weights.secret_env, secrets.token_hex(32))
+            if weights.tls and TLS_CERT_ENV not in os.environ:
+                os.environ.update(PeerCertificate.generate().environment())
+        share_config(self.redis, run_id, weights, run_dir)
+        self.weights = WeightPublisher(weights, self.redis, run_id, run_dir=run_dir, dtype=TORCH_DTYPES[engine.dtype])
         self._step = 0
         self.colocated: list[ColocatedInstance] = []
         try:
@@ -153,6 +166,7 @@ class RolloutFabric:
             self.engine,
             trainer_device,
             redis_url=self.redis_url,
+            redis_ca_file=self.redis_ca_file,
             run_id=self.run_id,
             model_path=self.model_path,
             worker=self.config.worker,
@@ -167,7 +181,7 @@ class RolloutFabric:
         cloud = self.config.cloud
         check_reachable_by_vms(self.redis_url, self.config.pools)
         api_url = check_api(cloud.bootstrap.prefect_api_url or current_api_url(), purpose="cloud pools")
-        weights = self.config.weights
+        weights = self.weights_config
         store = weights.resolve_store_url(self.run_dir).rstrip("/")
         model = cloud.model_url or upload_model(self.model_path, f"{store}/base-model", weights.store_options)
         spec = InstanceRunSpec(
@@ -177,15 +191,20 @@ class RolloutFabric:
             worker=self.config.worker,
             engine=self.engine,
             environment_block=environment_block_name(self.run_id),
+            redis_ca_file=self._ca_path(),
         )
         self.instance_runs = runs = InstanceRuns(spec, api_url)
         environment = {REDIS_URL_ENV: self.redis_url}
         if weights.serves:
             environment[weights.secret_env] = os.environ[weights.secret_env]
+            if weights.tls:
+                environment.update(PeerCertificate.from_environment().environment())
         runs.publish_environment(environment)
         bootstrap = cloud.bootstrap
         if bootstrap.prefect_api_url is None:
             bootstrap = bootstrap.model_copy(update={"prefect_api_url": api_url})
+        if self.redis_ca_file is not None and bootstrap.redis_ca_pem is None:
+            bootstrap = bootstrap.model_copy(update={"redis_ca_pem": self.redis_ca_file.read_text()})
         return CloudFleet(
             self.config.pools,
             run_id=self.run_id,
@@ -212,9 +231,16 @@ class RolloutFabric:
                 model=str(self.model_path.resolve()),
                 worker=self.config.worker,
                 engine=self.engine,
+                redis_ca_file=self._ca_path(),
             )
             return PrefectLocalProvider(spec, log_dir=log_dir)
-        return LocalProvider(self._worker_command, log_dir=log_dir, environment={REDIS_URL_ENV: self.redis_url})
+        environment = {REDIS_URL_ENV: self.redis_url}
+        if self.redis_ca_file is not None:
+            environment[REDIS_CA_FILE_ENV] = str(self.redis_ca_file)
+        return LocalProvider(self._worker_command, log_dir=log_dir, environment=environment)
+
+    def _ca_path(self) -> str | None:
+        return None if self.redis_ca_file is None else str(self.redis_ca_file)
 
     def _worker_command(self, pool: PoolSpec, instance_id: str) -> list[str]:
         """A local instance's command line; the secrets (the Redis URL with its password, the weights

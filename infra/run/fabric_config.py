@@ -3,9 +3,10 @@ controller and cloud settings (torch-free; `infra.run.fabric.RolloutFabric` runs
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from infra.providers.pool import PoolSpec
 from infra.providers.startup import WorkerBootstrap
@@ -13,6 +14,30 @@ from infra.rollout.controller import ControllerConfig
 from infra.rollout.settings import WorkerSettings
 from infra.weights.config import WeightsConfig
 from rl.config import Section
+
+
+class SweepSettings(Section):
+    """The sweep of VMs whose run is not alive (`infra.run.sweep`), in the scopes of the run's cloud pools."""
+
+    enabled: bool = True
+    """Sweep when the run starts and every `interval_s` while it runs (`rlboost cloud sweep` runs it by hand)."""
+    interval_s: float = Field(300.0, gt=0)
+    """Seconds between the run's heartbeats in the ledger, and between its sweeps."""
+    stale_after_s: float = Field(900.0, gt=0)
+    """A run whose last heartbeat is older than this is not alive (its driver is gone): its VMs are
+    deleted. More than twice `interval_s`, so that one late heartbeat is not a death."""
+    delete_unknown: bool = False
+    """Also delete labelled VMs whose run this ledger does not know, once older than `stale_after_s`
+    (False: keep them; they may belong to a run that records into another ledger)."""
+
+    @model_validator(mode="after")
+    def _stale_after_two_beats(self) -> SweepSettings:
+        if self.stale_after_s <= 2 * self.interval_s:
+            raise ValueError(
+                f"fabric.cloud.sweep.stale_after_s ({self.stale_after_s:g}) must exceed twice interval_s "
+                f"({self.interval_s:g}): a live run beats every interval_s, and one late beat must not get its VMs deleted"
+            )
+        return self
 
 
 class CloudSettings(Section):
@@ -34,6 +59,8 @@ class CloudSettings(Section):
     live_prices: bool = True
     """Quote the clouds' published prices (Cloud Billing Catalog, Azure Retail Prices); False: the
     bundled catalog only."""
+    sweep: SweepSettings = SweepSettings()
+    """Deleting the VMs of runs that are not alive (crashed drivers, ended runs), in the pools' scopes."""
 
 
 class FabricConfig(Section):
@@ -44,6 +71,14 @@ class FabricConfig(Section):
     redis_url: str | None = None
     """Redis of the run; None uses `RLBOOST_REDIS_URL` from the environment (set by `rlboost up`'s
     workers) or else starts an embedded redis-server on a free loopback port."""
+    redis_ca_file: Path | None = None
+    """PEM file of the CA that signed the certificate of a rediss:// `redis_url` (None: the system's
+    trust store). Every instance verifies the server with it: local ones read this file, cloud VMs
+    get a copy written by their boot script."""
+    allow_plaintext: bool = False
+    """Let cloud pools (`provider: gcp|azure`) reach the run across networks without encryption: a
+    redis:// `redis_url` and plain-HTTP weight peers. False (the default) refuses such a run; set
+    True only where the network between the trainer and the VMs is private and trusted."""
     redis_appendfsync: Literal["always", "everysec", "no"] | None = None
     """Persistence of the embedded redis-server (no effect with a configured Redis): None keeps
     nothing; `everysec` (or `always`, `no`: when it fsyncs) keeps an append-only file under
@@ -69,3 +104,17 @@ class FabricConfig(Section):
     stream_training: bool = True
     """Score each group and accumulate its gradient as soon as it completes, while the rest of
     the step is still generating (False: train once the whole step is collected)."""
+
+    @model_validator(mode="after")
+    def _ca_file_needs_tls(self) -> FabricConfig:
+        if self.redis_ca_file is not None and self.redis_url is not None and not self.redis_url.startswith("rediss://"):
+            raise ValueError(
+                "fabric.redis_ca_file verifies a TLS server, but fabric.redis_url is not rediss://: "
+                "use the server's rediss:// URL (its --tls-port), or remove fabric.redis_ca_file"
+            )
+        return self
+
+    @property
+    def cloud_pools(self) -> tuple[PoolSpec, ...]:
+        """The pools of VMs on a cloud (`provider: gcp|azure`), which reach the run across networks."""
+        return tuple(pool for pool in self.pools if pool.provider != "local")

@@ -8,12 +8,15 @@ trainer without DeepSpeed installed or with more ranks than GPUs; a device that
 does not exist here or a dtype it cannot run; an engine that cannot run the model (vLLM missing, the
 wrong vLLM build for the device, a head size vLLM's CPU kernels refuse, a colocated vLLM engine beside
 the in-process one in the same process); a pool's availability trace that is unknown, missing or
-corrupt; a run to resume whose every checkpoint is damaged (`rl.checkpoint.CorruptCheckpoint`).
+corrupt; a run to resume whose every checkpoint is damaged (`rl.checkpoint.CorruptCheckpoint`); cloud
+pools that would reach the run in plain text or through an unauthenticated Prefect server, unless
+`fabric.allow_plaintext` (`check_cloud_transport`).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import torch
@@ -49,6 +52,7 @@ def preflight(config: RunConfig) -> None:
         _check_trainer(config, device)
         if config.fabric.enabled:
             _check_pools(config)
+            check_cloud_transport(config)
         latest_checkpoint(config.run.directory / "checkpoints")  # a damaged only checkpoint is refused now
     except CorruptCheckpoint as exc:
         raise PreflightError(f"run.name: {exc}, or give the run another run.name") from None
@@ -116,6 +120,46 @@ def _check_pools(config: RunConfig) -> None:
                 "(evaluation), and vLLM runs one in-process engine per process: set "
                 "`rollout.vllm.multiprocessing: true`, or `engine: hf` on the pool"
             )
+
+
+def check_cloud_transport(config: RunConfig, api_url: str | None = None) -> None:
+    """Refuse cloud pools whose VMs would reach the run across networks in plain text or through an
+    unauthenticated Prefect server (it hands them the run's secrets), unless `fabric.allow_plaintext`.
+    `api_url`: the Prefect API the VMs use (default: `fabric.cloud.bootstrap.prefect_api_url`, else
+    this process's). Weights between peers need no check: the run serves them over HTTPS itself."""
+    fabric = config.fabric
+    if not fabric.cloud_pools or fabric.allow_plaintext:
+        return
+    from infra.services.prefect_api import current_api_key, current_api_url, current_auth_string
+    from infra.services.redis_embedded import REDIS_URL_ENV
+
+    pool = fabric.cloud_pools[0]
+    who = f"pool {pool.name!r} ({pool.provider}) has VMs that reach the run across networks"
+    opt_out = "or set fabric.allow_plaintext: true if the network between them is private and trusted"
+    redis_url = fabric.redis_url or os.environ.get(REDIS_URL_ENV)
+    if redis_url is not None and not redis_url.startswith("rediss://"):
+        raise PreflightError(
+            f"fabric.redis_url: {who}, and the run's Redis is plain redis://, so the token log and its password "
+            "would cross the network unencrypted: give the TLS port of the server as a rediss:// URL with "
+            f"fabric.redis_ca_file (README: Encryption and authentication), {opt_out}"
+        )
+    api_url = api_url or fabric.cloud.bootstrap.prefect_api_url or current_api_url()
+    if api_url is None:
+        return  # no server at all: the fabric refuses that with its own message
+    field = "fabric.cloud.bootstrap.prefect_api_url" if fabric.cloud.bootstrap.prefect_api_url else "PREFECT_API_URL"
+    if current_api_key() is None and current_auth_string() is None:
+        raise PreflightError(
+            f"{field}: {who}, and they read the run's secrets from the Prefect server at {api_url}, which this "
+            "process reaches without credentials: start it with `rlboost up --host <interface>` (basic auth) and "
+            "`export PREFECT_API_AUTH_STRING=...` as it prints, or use Prefect Cloud (PREFECT_API_KEY), "
+            f"{opt_out}"
+        )
+    if not api_url.startswith("https://"):
+        raise PreflightError(
+            f"{field}: {who}, and the Prefect API {api_url} is plain HTTP, so the run's secrets and the "
+            f"server's credential would cross the network unencrypted: put a TLS proxy in front of the server and "
+            f"use its https:// URL, {opt_out}"
+        )
 
 
 def _check_trace(ref: str, field: str) -> None:

@@ -32,6 +32,7 @@ from infra.run.config import RunConfig
 from infra.run.driver_lock import DriverLock
 from infra.run.fabric import RolloutFabric
 from infra.run.preflight import in_process_engine_device, preflight
+from infra.run.sweep import SweepSchedule, start_sweeps
 from rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rl.devices import resolve_device
 from rl.distributed.protocol import TrainSpec
@@ -130,7 +131,11 @@ class TrainingSession:
         self._step_usage: dict[int, tuple[dict[str, int], int]] = {}
         """Per step in progress: tokens each instance generated, tokens wasted (for the ledger)."""
         ledger = Ledger(config.ledger.resolved_url())
+        self._sweeps: SweepSchedule | None = None
+        """The run's heartbeat and VM sweeps (cloud pools only): alive before any VM is launched."""
         try:
+            if config.fabric.enabled and config.fabric.cloud_pools:
+                self._sweeps = start_sweeps(config.fabric, self.run_id, config.run.name, ledger)
             if config.fabric.enabled:
                 self.fabric = RolloutFabric(
                     config.fabric,
@@ -151,6 +156,8 @@ class TrainingSession:
                 trainer=config.ledger.trainer,
             )
         except BaseException:
+            if self._sweeps is not None:
+                self._sweeps.stop()
             ledger.close()
             if self.fabric is not None:
                 self.fabric.close()
@@ -377,6 +384,8 @@ class TrainingSession:
 
     def close(self) -> None:
         try:
+            if self._sweeps is not None:
+                self._sweeps.stop()  # before the fabric deletes its VMs and the run ends
             if self.fabric is not None:
                 self.fabric.close()
             if self._engine is not None:

@@ -3,11 +3,15 @@
 `current_api_url()` reads the API URL from Prefect's settings (environment, profile or a test
 harness's temporary settings). `check_api(url)` asks the server's `/health` once and fails with
 `PrefectApiUnreachable`, whose message names the URL, what went wrong and how to fix it.
+`current_api_key()` and `current_auth_string()` are the credentials Prefect's settings hold
+(Prefect Cloud's key; a self-hosted server's basic auth).
 `start_guarded_ephemeral_server()` starts the ephemeral server Prefect would start on first use
 and puts it under this process's guardian (`infra.services.guardian`).
 """
 
 from __future__ import annotations
+
+import base64
 
 import httpx
 
@@ -36,8 +40,24 @@ def current_api_key() -> str | None:
     return key.get_secret_value() if key else None
 
 
+def current_auth_string() -> str | None:
+    """`PREFECT_API_AUTH_STRING` as Prefect resolves it here: `user:password` of a self-hosted
+    server that requires basic auth (`PREFECT_SERVER_API_AUTH_STRING`; `rlboost up --host`)."""
+    from prefect.settings import get_current_settings
+
+    auth = get_current_settings().api.auth_string
+    return auth.get_secret_value() if auth else None
+
+
+def basic_auth_header(auth_string: str) -> str:
+    """The `Authorization` header value of a Prefect server's basic auth."""
+    return "Basic " + base64.b64encode(auth_string.encode()).decode()
+
+
 def _auth_headers() -> dict[str, str]:
-    key = current_api_key()
+    auth, key = current_auth_string(), current_api_key()
+    if auth:  # Prefect's own clients prefer the auth string too
+        return {"Authorization": basic_auth_header(auth)}
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 

@@ -10,7 +10,8 @@ This module owns
   it on exit and when this process dies (by any signal: a parent-death signal, Linux);
 * `RedisSettings.serve()`, which combines the two: the configured server as is, or an embedded one;
 * `REDIS_URL_ENV`, the environment variable that names the run's Redis to the processes that
-  join it (the fabric, the stack's workers, the Prefect-backed instances).
+  join it (the fabric, the stack's workers, the Prefect-backed instances), and `REDIS_CA_FILE_ENV`,
+  the one that names the CA file of a rediss:// Redis to them.
 
 The embedded server's password is written to a config file in a private temporary directory, so
 it never shows in the process list.
@@ -52,6 +53,10 @@ at most the last second of writes), or when the OS flushes."""
 
 REDIS_URL_ENV = "RLBOOST_REDIS_URL"
 """Environment variable naming the Redis to use when `fabric.redis_url` is unset."""
+
+REDIS_CA_FILE_ENV = "RLBOOST_REDIS_CA_FILE"
+"""Environment variable naming the PEM file of the CA that signed a rediss:// Redis's certificate
+(`fabric.redis_ca_file` on the trainer; the path the boot script writes it to on a VM)."""
 
 _INSTALL_HINT = (
     "install Redis (e.g. `apt-get install redis-server` or `brew install redis`) so that "

@@ -4,7 +4,10 @@
 (`.rlboost/stack/` by default):
 
 1. a Prefect server on 127.0.0.1 (SQLite in the state directory, or PostgreSQL given a URL),
-   waited for through its `/api/health`;
+   waited for through its `/api/health`; on another interface (`host`, for cloud VMs) it requires
+   basic auth (`PREFECT_SERVER_API_AUTH_STRING`) with a credential generated once and kept in
+   `<state dir>/prefect-auth` (mode 0600), which every client of the stack sends
+   (`PREFECT_API_AUTH_STRING`);
 2. a Redis server for the runs' token logs (random password; an append-only file fsynced once a
    second unless `redis_appendfsync` says otherwise, so a restarted Redis keeps the token logs);
 3. the project's work pools (`process` type, base job template
@@ -24,6 +27,7 @@ while a stack is up is refused.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import secrets
@@ -82,6 +86,10 @@ class StackState(BaseModel):
     database: str
     """The server's database URL, password masked."""
     redis_url: str
+    host: str = "127.0.0.1"
+    """The interface the Prefect server listens on."""
+    auth_file: Path | None = None
+    """The file holding the server's basic-auth credential (`user:password`); None: no auth (loopback)."""
     work_pools: list[str] = []
     automation: str | None = None
     deployments: list[str] = []
@@ -170,6 +178,40 @@ def check_pools(config_path: Path | None, deployments: list[ProjectDeployment]) 
     return [pool.name for pool in pools]
 
 
+WILDCARD_HOSTS = ("0.0.0.0", "::")
+AUTH_FILE = "prefect-auth"
+AUTH_USER = "rlboost"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is this machine only (nobody else can reach a server listening there)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def prefect_auth_file(state_dir: Path) -> Path:
+    """`<state_dir>/prefect-auth`: the server's basic-auth credential, generated on first use and
+    kept (so VM images configured with it stay valid across `up`s), readable by its owner only."""
+    path = Path(state_dir) / AUTH_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        if path.stat().st_mode & 0o077:
+            raise StackError(
+                f"{path} holds the Prefect server's credential but others may read it: `chmod 600 {path}` "
+                "(and change the credential if they did: delete the file to make a new one)"
+            ) from None
+        return path
+    with os.fdopen(descriptor, "w") as out:
+        out.write(f"{AUTH_USER}:{secrets.token_urlsafe(32)}\n")
+    return path
+
+
 def _free_port(preferred: int | None = None) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         try:
@@ -224,6 +266,14 @@ class _Starter:
         self.home = state.state_dir / "prefect-home"
         self.env = {**os.environ, **QUIET_PREFECT, "PREFECT_HOME": str(self.home)}
         self.env.pop("PREFECT_PROFILE", None)
+        self.auth_string = state.auth_file.read_text().strip() if state.auth_file else None
+        if self.auth_string:  # every client process of the stack authenticates
+            self.env["PREFECT_API_AUTH_STRING"] = self.auth_string
+
+    def client(self):
+        from prefect.client.orchestration import SyncPrefectClient
+
+        return SyncPrefectClient(self.state.api_url, auth_string=self.auth_string)
 
     def launch(self, name: str, command: list[str], env: dict[str, str], cwd: Path | None = None) -> ServiceProcess:
         process = start_detached(name, command, env=env, log=self.state.state_dir / f"{name}.log", cwd=cwd)
@@ -237,15 +287,16 @@ class _Starter:
             **self.env,
             "PREFECT_API_URL": api,
             "PREFECT_UI_API_URL": api,
-            "PREFECT_SERVER_API_HOST": "127.0.0.1",
+            "PREFECT_SERVER_API_HOST": self.state.host,
             "PREFECT_SERVER_API_PORT": str(port),
             "PREFECT_API_DATABASE_CONNECTION_URL": database,
+            **({"PREFECT_SERVER_API_AUTH_STRING": self.auth_string} if self.auth_string else {}),
         }
         self.echo(f"Prefect server: starting on {self.state.ui_url} (database {self.state.database})")
         started = time.monotonic()
         process = self.launch(
             "server",
-            [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+            [sys.executable, "-m", "prefect", "server", "start", "--host", self.state.host, "--port", str(port)],
             env,
         )
         while time.monotonic() - started < self.timeout_s:
@@ -308,7 +359,6 @@ class _Starter:
         )
 
     def work_pools_and_automation(self, pools: list[str], zombie_after_s: float | None) -> None:
-        from prefect.client.orchestration import SyncPrefectClient
         from prefect.client.schemas.actions import WorkPoolCreate
         from prefect.events.schemas.automations import AutomationCore
 
@@ -316,7 +366,7 @@ class _Starter:
         automation = AutomationCore.model_validate(yaml.safe_load(ZOMBIE_AUTOMATION.read_text()))
         if zombie_after_s is not None:
             automation.trigger.within = timedelta(seconds=zombie_after_s)
-        with SyncPrefectClient(self.state.api_url) as client:
+        with self.client() as client:
             for pool in pools:
                 client.create_work_pool(
                     WorkPoolCreate(name=pool, type="process", base_job_template=template), overwrite=True
@@ -351,17 +401,13 @@ class _Starter:
             raise StackError(
                 f"`prefect deploy --all` failed (exit {result.returncode}); its output ({log}):\n{log_tail(log)}"
             )
-        from prefect.client.orchestration import SyncPrefectClient
-
-        with SyncPrefectClient(self.state.api_url) as client:
+        with self.client() as client:
             flows = {f.id: f.name for f in client.read_flows()}
             self.state.deployments = sorted(f"{flows[d.flow_id]}/{d.name}" for d in client.read_deployments())
         self.state.save()
         self.echo(f"deployments: {', '.join(self.state.deployments)}")
 
     def worker(self, pool: str, queue: str) -> None:
-        from prefect.client.orchestration import SyncPrefectClient
-
         name = f"rlboost-{pool}-{queue}"
         env = {
             **self.env,
@@ -387,7 +433,7 @@ class _Starter:
             cwd=ROOT,
         )
         started = time.monotonic()
-        with SyncPrefectClient(self.state.api_url) as client:
+        with self.client() as client:
             while time.monotonic() - started < self.timeout_s:
                 if not process.members():
                     raise StackError(
@@ -413,11 +459,13 @@ def up(
     config_path: Path | None = None,
     zombie_after_s: float | None = None,
     redis_appendfsync: AppendFsync | None = "everysec",
+    host: str = "127.0.0.1",
     timeout_s: float = 240.0,
     echo: Echo = print,
 ) -> StackState:
     """Start the stack (see the module docstring) and return what was started. `redis_appendfsync`:
-    when Redis fsyncs its append-only file (None: no persistence)."""
+    when Redis fsyncs its append-only file (None: no persistence). `host`: the Prefect server's
+    interface; any but loopback turns on basic auth."""
     state_dir = Path(state_dir).resolve()
     existing = StackState.load(state_dir)
     if existing is not None:
@@ -436,12 +484,15 @@ def up(
         raise StackInputError(f"port {port} on 127.0.0.1 is in use; pick another --port or omit it to use a free one")
     port = port or _free_port(DEFAULT_PORT)
     url = database_url(state_dir, database)
+    local = "127.0.0.1" if host in WILDCARD_HOSTS or is_loopback(host) else host
     state = StackState(
         state_dir=state_dir,
-        api_url=f"http://127.0.0.1:{port}/api",
-        ui_url=f"http://127.0.0.1:{port}",
+        api_url=f"http://{local}:{port}/api",
+        ui_url=f"http://{local}:{port}",
         database=mask_password(url),
         redis_url="",
+        host=host,
+        auth_file=None if is_loopback(host) else prefect_auth_file(state_dir),
     )
     starter = _Starter(state, echo, timeout_s)
     try:

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 from infra.weights.auth import authorization
 from infra.weights.config import WeightsConfig
+from infra.weights.tls import PeerCertificate
 
 _READ_BYTES = 1 << 20
 
@@ -34,8 +35,10 @@ class SourceFailed(Exception):
 
 
 class PeerClient:
-    def __init__(self, secret: bytes, config: WeightsConfig) -> None:
+    def __init__(self, secret: bytes, config: WeightsConfig, tls: PeerCertificate | None = None) -> None:
+        """`tls`: the run's peer certificate, the only one an https:// source may present."""
         self.secret = secret
+        self._tls_context = tls.client_context() if tls else None
         self.connect_timeout_s = config.chunk_timeout_s
         self.response_timeout_s = config.queue_timeout_s + config.chunk_timeout_s
         self.body_timeout_s = config.chunk_timeout_s
@@ -52,7 +55,12 @@ class PeerClient:
         if base_url in pool:
             return pool[base_url], False
         parts = urlsplit(base_url)
-        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=self.connect_timeout_s)
+        if parts.scheme == "https":
+            conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+                parts.hostname, parts.port, timeout=self.connect_timeout_s, context=self._tls_context
+            )
+        else:
+            conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=self.connect_timeout_s)
         pool[base_url] = conn
         with self._lock:
             self._open.add(conn)

@@ -27,6 +27,7 @@ import math
 import socket
 import threading
 import time
+from contextlib import nullcontext
 
 import uvicorn
 from starlette.applications import Starlette
@@ -40,6 +41,7 @@ from infra.weights.auth import SCHEME, is_authorized
 from infra.weights.bandwidth import UploadCap
 from infra.weights.config import WeightsConfig
 from infra.weights.manifest import MANIFEST_FILE, EncodedVersion
+from infra.weights.tls import PeerCertificate
 
 PROGRESS_HEADER = "x-rlb-progress"
 """Request header: bytes of the version the puller already holds (verified)."""
@@ -129,7 +131,9 @@ class PeerServer:
         max_clock_skew_s: float = 60.0,
         upload_cap_bytes_s: float | None = None,
         start_timeout_s: float = 30.0,
+        tls: PeerCertificate | None = None,
     ) -> None:
+        """`tls`: serve HTTPS with this certificate (None: plain HTTP)."""
         self.slots = UploadSlots(max_uploads)
         self.cap = UploadCap(upload_cap_bytes_s) if upload_cap_bytes_s else None
         self.queue_timeout_s = queue_timeout_s
@@ -146,19 +150,30 @@ class PeerServer:
         sock.bind((host, 0))
         port = sock.getsockname()[1]
         advertised = advertise_host or host
-        self.url = f"http://{f'[{advertised}]' if ':' in advertised else advertised}:{port}"
+        scheme = "https" if tls else "http"
+        self.url = f"{scheme}://{f'[{advertised}]' if ':' in advertised else advertised}:{port}"
         """Base URL other processes use to reach this server."""
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=1)
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [sock]}, name=f"peer-server-{port}", daemon=True
-        )
-        self._thread.start()
-        deadline = time.monotonic() + start_timeout_s
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"peer server on {host}:{port} did not start")
-            time.sleep(0.01)
+        # uvicorn reads the certificate and key from files while it starts; they are gone once it has.
+        with tls.server_files() if tls else nullcontext((None, None)) as (certfile, keyfile):
+            config = uvicorn.Config(
+                app,
+                log_level="warning",
+                access_log=False,
+                lifespan="off",
+                timeout_graceful_shutdown=1,
+                ssl_certfile=certfile,
+                ssl_keyfile=keyfile,
+            )
+            self._server = uvicorn.Server(config)
+            self._thread = threading.Thread(
+                target=self._server.run, kwargs={"sockets": [sock]}, name=f"peer-server-{port}", daemon=True
+            )
+            self._thread.start()
+            deadline = time.monotonic() + start_timeout_s
+            while not self._server.started:
+                if not self._thread.is_alive() or time.monotonic() > deadline:
+                    raise RuntimeError(f"peer server on {host}:{port} did not start")
+                time.sleep(0.01)
 
     @classmethod
     def from_config(cls, config: WeightsConfig) -> PeerServer:
@@ -171,6 +186,7 @@ class PeerServer:
             queue_timeout_s=config.queue_timeout_s,
             max_clock_skew_s=config.max_clock_skew_s,
             upload_cap_bytes_s=cap,
+            tls=config.certificate(),
         )
 
     def offer(self, encoded: EncodedVersion) -> None:

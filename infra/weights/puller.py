@@ -103,7 +103,7 @@ class WeightPuller:
         self.config = config
         self.instance_id = instance_id
         self.store = WeightStore(config.resolve_store_url(run_dir), config.store_options)
-        self.peers = PeerClient(config.secret(), config) if config.serves else None
+        self.peers = PeerClient(config.secret(), config, config.certificate()) if config.serves else None
         """None when nobody serves over HTTP (store only)."""
         self.server = PeerServer.from_config(config) if config.serve_from_peers else None
         self.registry = HolderRegistry(redis_client, run_id, config.holder_ttl_s)

@@ -48,6 +48,8 @@ LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
 JWT_BEARER = "urn:ietf:params:oauth:grant-type:jwt-bearer"
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 LIST_FILTER = re.compile(r'^(\(labels\.([a-z0-9_-]+) = "([a-z0-9_-]*)"\) ?)+$')
+HAS_LABEL_FILTER = re.compile(r"^labels\.([a-z0-9_-]+):\*$")
+"""`labels.KEY:*`: the instances that carry label KEY, whatever its value (the API's presence test)."""
 FILTER_TERM = re.compile(r'\(labels\.([a-z0-9_-]+) = "([a-z0-9_-]*)"\)')
 OPERATIONS_FILTER = re.compile(r'^operationType = "([a-z.]+)"$')
 INSTANCE_FIELDS = {
@@ -365,13 +367,16 @@ class FakeGce(FakeServer):
             if denied:
                 return denied
             wanted = request.query.get("filter", "")
-            if set(request.query) - {"filter"} or (wanted and not LIST_FILTER.match(wanted)):
+            has = HAS_LABEL_FILTER.match(wanted)
+            if set(request.query) - {"filter"} or (wanted and not (LIST_FILTER.match(wanted) or has)):
                 raise Violation(f"list query {request.query}")
             terms = dict(FILTER_TERM.findall(wanted))
             items = [
                 dict(v)
                 for (z, _), v in sorted(self.instances.items())
-                if z == zone and all(v.get("labels", {}).get(k) == val for k, val in terms.items())
+                if z == zone
+                and all(v.get("labels", {}).get(k) == val for k, val in terms.items())
+                and (has is None or has.group(1) in v.get("labels", {}))
             ]
             return Reply(
                 200,

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.integration
 T0 = datetime(2025, 6, 1, tzinfo=UTC)
 RUN_ID = "grpo-demo-1a2b3c4d"
 RESERVED_PRICE, SPOT_PRICE = 3.67, 1.10
-LEDGER_TABLES = {"runs", "steps", "instances", "usage", "weight_transfers", "price_quotes"}
+LEDGER_TABLES = {"runs", "steps", "instances", "usage", "weight_transfers", "price_quotes", "swept_instances"}
 
 
 def at(seconds: float) -> float:
@@ -108,7 +108,7 @@ def test_migrations_go_up_to_exactly_the_models_and_back_down(ledger_url):
     try:
         assert current_revision(engine) is None
         upgrade_to_head(engine)
-        assert current_revision(engine) == "0002"
+        assert current_revision(engine) == "0003"
         assert LEDGER_TABLES <= set(inspect(engine).get_table_names())
         with engine.connect() as connection:  # the migrated schema is the models' schema, nothing missing or extra
             assert compare_metadata(MigrationContext.configure(connection), Base.metadata) == []
@@ -143,7 +143,7 @@ def test_opening_a_ledger_migrates_it_and_reopening_keeps_the_data(ledger_url):
     with Ledger(ledger_url) as first:
         record_small_run(first)
     with Ledger(ledger_url, create=False) as again:
-        assert current_revision(again.engine) == "0002"
+        assert current_revision(again.engine) == "0003"
         assert _count(again, Usage) == 7
 
 

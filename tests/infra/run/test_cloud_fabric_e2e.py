@@ -34,6 +34,7 @@ from prefect.settings import PREFECT_API_URL
 
 from flows.rl_train import rl_train
 from infra.ledger import Ledger
+from infra.ledger.reader import load_run
 from infra.run.fabric import environment_block_name
 from infra.services.redis_embedded import EmbeddedRedis
 from infra.weights.model_source import INDEX
@@ -165,6 +166,11 @@ def test_training_keeps_a_gcp_spot_pool_through_a_preemption(prefect_harness, tm
             "fabric.enabled": True,
             "fabric.pools": [pool],
             "fabric.redis_url": redis_server.url,
+            # The fakes' network is this machine: plain Redis and Prefect are opted into, and the
+            # weights between the "VMs" and the trainer still go over HTTPS (their certificate in
+            # the Secret block).
+            "fabric.allow_plaintext": True,
+            "fabric.weights": {"tls": True},
             "fabric.worker": {"slots": 8, "flush_tokens": 2, "flush_ms": 50, "heartbeat_s": 0.3, "ttl_s": 3.0},
             "fabric.controller": {"reap_timeout_s": 3.0},
             "fabric.cloud": {
@@ -240,6 +246,11 @@ def test_training_keeps_a_gcp_spot_pool_through_a_preemption(prefect_harness, tm
         assert (run_dir / "store" / "base-model" / INDEX).exists()
         with Ledger() as ledger:
             report = ledger.report(ledger_run_id)
+            records = load_run(ledger.engine, ledger_run_id)
+        # Version 1 reached the replacements over HTTPS from the trainer's peer server (weights.tls);
+        # the run beat in the ledger while it ran (the VM sweep's sign of life).
+        assert "trainer" in {t.source for t in records.transfers}, records.transfers
+        assert records.run.heartbeat_at is not None
         by_id = {i.instance_id: i for i in report.instances}
         assert set(by_id) == set(host.booted)
         assert all(by_id[n].reason == "preempted" for n in preempted)
