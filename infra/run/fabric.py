@@ -161,6 +161,7 @@ class RolloutFabric:
 
     def _cloud_fleet(self) -> CloudFleet:
         """The fleet of the cloud pools, with a flow run per VM and the secrets the VMs read."""
+        from infra.fleet.cloud_boot import CloudBoot
         from infra.fleet.instance_runs import InstanceRuns, InstanceRunSpec
         from infra.services.prefect_api import check_api, current_api_url
 
@@ -186,13 +187,16 @@ class RolloutFabric:
         bootstrap = cloud.bootstrap
         if bootstrap.prefect_api_url is None:
             bootstrap = bootstrap.model_copy(update={"prefect_api_url": api_url})
+        boot = CloudBoot(runs, self.engine)
+        cloud_pools = [pool for pool in self.config.pools if pool.provider != "local"]
+        boot.ship(cloud_pools, bootstrap, store, weights.store_options, self.run_dir / "code")
         return CloudFleet(
             self.config.pools,
             run_id=self.run_id,
             redis_url=self.redis_url,
             bootstrap=bootstrap,
             on_change=self._cloud_instance_changed,
-            boot_hooks=runs,
+            boot_hooks=boot,
             current_step=lambda: self._step,
             interval_s=cloud.reconcile_s,
             options=cloud_options(cloud),
@@ -250,10 +254,12 @@ class RolloutFabric:
 
     def _check_health(self) -> None:
         """Fail the step when the cloud pools are no longer kept (a configuration or credential
-        error), a local pool's instances keep failing to start, or a colocated instance stopped
+        error), a cloud VM's boot failed (its flow run says why), a local pool's instances keep failing to start, or a colocated instance stopped
         (its engine failed)."""
         if self.fleet is not None and self.fleet.failure is not None:
             raise self.fleet.failure
+        if self.instance_runs is not None:
+            self.instance_runs.check_boots()
         if self._local_provider is not None and self._local_provider.failure is not None:
             raise self._local_provider.failure
         for instance in self.colocated:

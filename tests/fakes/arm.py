@@ -92,6 +92,8 @@ class FakeArm(FakeServer):
     """`<location>-<zone>` (or a bare location) without capacity."""
     quota_exceeded: set[str] = field(default_factory=set)
     api_versions: set[str] = field(default_factory=set)
+    custom_data: dict[str, str] = field(default_factory=dict)
+    """VM name -> its decoded custom data (the boot script), which Azure never returns in a GET."""
 
     def __post_init__(self) -> None:
         super().__init__()
@@ -198,6 +200,7 @@ class FakeArm(FakeServer):
                 },
             }
             vm["properties"]["osProfile"] = {k: v for k, v in props["osProfile"].items() if k != "customData"}
+            self.custom_data[name] = base64.b64decode(props["osProfile"].get("customData", "")).decode()
             self.vms[name] = vm
             exhausted = where in self.exhausted
 

@@ -92,7 +92,7 @@ def closed_port_url() -> str:
 def make_provider(arm: FakeArm, clock: Clock, *, prices_url: str | None = None, **kwargs: object) -> AzureProvider:
     defaults: dict[str, object] = {
         "run_id": "run-42",
-        "bootstrap": WorkerBootstrap(install="rlboost[azure]==0.1.0"),
+        "bootstrap": WorkerBootstrap(install="image"),
         "credential": StaticCredential("unused"),
         "base_url": arm.url,
         "authentication_policy": SansIOHTTPPolicy(),

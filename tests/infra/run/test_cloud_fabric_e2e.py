@@ -15,10 +15,10 @@ At the end the VMs drain (runs Completed) and are deleted, and the Secret block 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
-import sys
 import threading
 import time
 from pathlib import Path
@@ -41,7 +41,7 @@ from rl.models import TinyLlamaShape, build_tiny_llama, save_model
 from rl.rollout import read_samples
 from tests.fakes.gce import FakeGce
 from tests.fakes.support import serving
-from tests.fakes.vm_host import FakeVmHost
+from tests.fakes.vm_host import FakeVmHost, bake_image_venv
 from tests.helpers import REPO_ROOT
 
 pytestmark = pytest.mark.integration
@@ -90,18 +90,18 @@ def service_account_key(gce: FakeGce, path: Path) -> Path:
     return path
 
 
-def deploy_rollout_instance(api_url: str, install_dir: Path) -> None:
+def deploy_rollout_instance(api_url: str, install_dir: Path, pool: str = POOL) -> None:
     """The cloud pool's work pool and `rollout-instance/<pool>` deployment, as prefect.yaml declares
     one for a cloud pool: a module entrypoint (the VM has the project installed) and a pull step
     into the install directory."""
     template = json.loads((ROOT / "deployments" / "work-pools" / "local-process.json").read_text())
     with SyncPrefectClient(api_url) as client:
-        client.create_work_pool(WorkPoolCreate(name=POOL, type="process", base_job_template=template), overwrite=True)
+        client.create_work_pool(WorkPoolCreate(name=pool, type="process", base_job_template=template), overwrite=True)
         flow_id = client.create_flow_from_name("rollout-instance")
         client.create_deployment(
             flow_id=flow_id,
-            name=POOL,
-            work_pool_name=POOL,
+            name=pool,
+            work_pool_name=pool,
             entrypoint="flows.rollout_instance.rollout_instance",
             pull_steps=[{"prefect.deployments.steps.set_working_directory": {"directory": str(install_dir)}}],
         )
@@ -117,10 +117,11 @@ def test_training_keeps_a_gcp_spot_pool_through_a_preemption(prefect_harness, tm
         TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128), seed=0
     )
     save_model(model, tokenizer, base)
-    # The image: the project installed in <install_dir>/venv (here: this interpreter's environment).
+    # The image: a venv with the dependencies but not the project; the VMs install the run's wheel.
     install_dir = tmp_path / "opt"
     install_dir.mkdir()
-    (install_dir / "venv").symlink_to(Path(sys.prefix))
+    venv = bake_image_venv(install_dir)
+    monkeypatch.setenv("RLBOOST_WHEEL_CACHE", str(tmp_path / "wheels"))
     deploy_rollout_instance(api_url, install_dir)
 
     with (
@@ -168,7 +169,7 @@ def test_training_keeps_a_gcp_spot_pool_through_a_preemption(prefect_harness, tm
             "fabric.worker": {"slots": 8, "flush_tokens": 2, "flush_ms": 50, "heartbeat_s": 0.3, "ttl_s": 3.0},
             "fabric.controller": {"reap_timeout_s": 3.0},
             "fabric.cloud": {
-                "bootstrap": {"install": None, "install_dir": str(install_dir), "grace_s": 20.0},
+                "bootstrap": {"install_dir": str(install_dir), "grace_s": 20.0},
                 "gcp_api_endpoint": gce.url,
                 "live_prices": False,
                 "reconcile_s": 0.5,
@@ -235,6 +236,14 @@ def test_training_keeps_a_gcp_spot_pool_through_a_preemption(prefect_harness, tm
             ledger_run_id = state.result()["ledger_run_id"]
             with pytest.raises(ObjectNotFound):  # the instances' secrets are gone with the run
                 client.read_block_document_by_name(environment_block_name(ledger_run_id), block_type_slug="secret")
+
+        # The VMs ran the run's own wheel, fetched from the store and verified, installed once.
+        [wheel] = (run_dir / "store" / "code").glob("*/rlboost-*.whl")
+        assert wheel.parent.name == hashlib.sha256(wheel.read_bytes()).hexdigest()
+        assert (venv / ".rlboost-wheel-sha256").read_text().strip() == wheel.parent.name
+        assert list(venv.glob("lib/python*/site-packages/infra/__init__.py")), "the wheel is in the VMs' venv"
+        installs = [name for name, vm in host.booted.items() if f"installing {wheel.name}" in vm.log.read_text()]
+        assert len(installs) == 1, installs  # the others found it installed (same sha256)
 
         # The base model reached the VMs through the store; the ledger has each VM's life and cost.
         assert (run_dir / "store" / "base-model" / INDEX).exists()
