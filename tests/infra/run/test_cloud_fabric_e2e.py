@@ -254,3 +254,61 @@ def test_training_keeps_a_gcp_spot_pool_through_a_preemption(prefect_harness, tm
         assert all(by_id[n].reason == "preempted" for n in preempted)
         assert all(i.pool == POOL and i.capacity_class == "spot" and i.spend_usd > 0 for i in by_id.values())
         assert report.preemptions == 2 and report.tokens_generated > 0
+
+
+def test_vms_that_cannot_boot_fail_the_run_with_their_boot_log_line(prefect_harness, tmp_path, monkeypatch):
+    """An image without the configured Python: each VM's boot fails and sets its flow run Failed with
+    the boot log's line; the run stops at that (not at the ready timeout) and deletes its VMs."""
+    address = routable_ipv4()
+    if address is None:
+        pytest.skip("this machine has no routable IPv4 address for the VMs to reach Redis at")
+    api_url = PREFECT_API_URL.value()
+    base = tmp_path / "base"
+    model, tokenizer = build_tiny_llama(TinyLlamaShape(hidden_size=64, num_layers=1, num_heads=2, intermediate_size=64))
+    save_model(model, tokenizer, base)
+    install_dir = tmp_path / "opt"  # no venv: the boot script must make one, with python3.9
+    deploy_rollout_instance(api_url, install_dir)
+    monkeypatch.setenv("RLBOOST_WHEEL_CACHE", str(tmp_path / "wheels"))
+    with (
+        EmbeddedRedis(host=address) as redis_server,
+        serving(FakeGce(clock=time.time, token="ya29.fake", operation_polls=1)) as gce,
+    ):
+        monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(service_account_key(gce, tmp_path / "key.json")))
+        pool = {
+            "name": POOL,
+            "provider": "gcp",
+            "capacity_class": "spot",
+            "size": 1,
+            "min_size": 1,
+            "machine_type": "n1-standard-4",
+            "price_per_hour": 0.1,
+            "gcp": {"project": gce.project, "zones": ["us-central1-a"], "image": "projects/x/global/images/old"},
+        }
+        overrides = {
+            "model.path": str(base),
+            "run.output_dir": str(tmp_path / "runs"),
+            "run.name": "cannot-boot",
+            "run.steps": 1,
+            "fabric.enabled": True,
+            "fabric.pools": [pool],
+            "fabric.redis_url": redis_server.url,
+            "fabric.ready_timeout_s": 600,
+            "fabric.cloud": {
+                "bootstrap": {"install_dir": str(install_dir), "python": "python3.9"},
+                "gcp_api_endpoint": gce.url,
+                "live_prices": False,
+                "reconcile_s": 0.5,
+            },
+        }
+        vm_env = {"PATH": "/usr/bin:/bin", "DO_NOT_TRACK": "1"}  # no python3.9, no uv
+        with FakeVmHost(gce, tmp_path / "vms", vm_env, grace_s=5.0) as host:
+            started = time.monotonic()
+            state = rl_train(overrides=overrides, return_state=True)
+            assert time.monotonic() - started < 600, "failed at the boot, not at the ready timeout"
+            deadline = time.monotonic() + 30
+            while set(host.booted) - host.gone and time.monotonic() < deadline:
+                time.sleep(0.2)
+        assert state.is_failed(), state
+        assert "BootFailure" in state.message and "rlboost boot failed on l4-spot-" in state.message
+        assert "no python3.9 on this image, and the project needs Python 3.11 or newer" in state.message
+        assert host.booted and gce.names() == [], "the run deleted its VMs"
