@@ -276,6 +276,10 @@ class AzureProvider(ZonalCloudProvider):
                 ],
             ),
         )
+        if settings.identity:
+            vm.identity = m.VirtualMachineIdentity(
+                type="UserAssigned", user_assigned_identities={settings.identity: m.UserAssignedIdentitiesValue()}
+            )
         if pool.capacity_class == "spot":
             vm.priority = "Spot"
             vm.eviction_policy = "Delete"

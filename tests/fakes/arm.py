@@ -31,6 +31,7 @@ VM_FIELDS = {
     "location": None,
     "zones": None,
     "tags": {},
+    "identity": {"type": None, "userAssignedIdentities": {}},
     "properties": {
         "hardwareProfile": {"vmSize": None},
         "storageProfile": {
@@ -238,6 +239,14 @@ class FakeArm(FakeServer):
                 f"The requested VM size {size} is not available in the current "
                 f"region. The sizes available in the current region are: {', '.join(sorted(SIZES[location]))}.",
             )
+        identity = body.get("identity")
+        if identity is not None:
+            ids = identity.get("userAssignedIdentities") or {}
+            if identity.get("type") != "UserAssigned" or not ids or any(v != {} for v in ids.values()):
+                raise Violation(f"identity {identity!r}: expected type UserAssigned with {{id: {{}}}} entries")
+            bad = [i for i in ids if "/providers/Microsoft.ManagedIdentity/userAssignedIdentities/" not in i]
+            if bad:
+                return arm_error(400, "InvalidIdentityValues", f"Invalid value for the identities {bad}.")
         priority = props.get("priority", "Regular")
         if priority not in ("Regular", "Spot", "Low"):
             raise Violation(f"priority {priority!r}")

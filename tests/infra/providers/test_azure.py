@@ -145,6 +145,18 @@ def test_spot_launch_asks_for_a_spot_vm_with_max_price_tags_and_the_worker(arm, 
     assert len(arm.api_versions) == 1
 
 
+def test_vms_run_as_the_pools_managed_identity_which_reads_the_store(arm, clock):
+    identity = (
+        f"/subscriptions/{SUBSCRIPTION}/resourceGroups/rollout-rg/providers/Microsoft.ManagedIdentity/"
+        "userAssignedIdentities/rollout-reader"
+    )
+    make_provider(arm, clock).launch(azure_pool(azure={"identity": identity}), 1)
+    assert put_bodies(arm)[0]["identity"] == {"type": "UserAssigned", "userAssignedIdentities": {identity: {}}}
+    assert not arm.violations
+    make_provider(arm, clock, run_id="no-identity").launch(azure_pool(), 1)
+    assert "identity" not in put_bodies(arm)[1]
+
+
 def test_no_price_cap_bids_up_to_the_pay_as_you_go_price_and_regular_vms_bid_nothing(arm, clock):
     provider = make_provider(arm, clock)
     provider.launch(azure_pool(max_price_per_hour=None), 1)
