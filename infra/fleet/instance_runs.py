@@ -12,7 +12,8 @@ queue of its own (`<run id>-<instance id>`) that only that instance's worker pol
   `remove_environment`), never in parameters the UI shows;
 - `settle` (an instance ended) cancels its run if no worker ever picked it up and deletes its queue;
 - `check_boots` raises `BootFailure` when a VM's boot script reported its run Failed (the boot
-  log's `rlboost boot failed on ...` line is the run's message);
+  log's `rlboost boot failed on ...` line is the run's message) or its engine could not start
+  (no CUDA on a GPU VM): every VM of the pool would fail the same way;
 - `drain` asks live instances to finish (their runs end Completed) and cancels the runs nobody
   picked up, until every run is final or the time is up.
 """
@@ -53,6 +54,8 @@ from rl.engine_spec import EngineSpec
 
 log = logging.getLogger(__name__)
 
+CANNOT_START = "cannot start: "
+"""In a failed instance run's message: its engine never loaded (`flows.rollout_instance`)."""
 BOOT_CHECK_S = 2.0
 """Shortest pause between two looks for failed boots (`check_boots`)."""
 DEPLOYMENT_FLOW = "rollout-instance"
@@ -235,7 +238,7 @@ class InstanceRuns:
             pools = {run.flow_run_id: run.pool for run in self._runs.values()}
         for run in runs:
             message = (run.state.message if run.state else None) or ""
-            if run.id in pools and message.startswith(FAILED_PREFIX):
+            if run.id in pools and (message.startswith(FAILED_PREFIX) or CANNOT_START in message):
                 raise BootFailure(pools[run.id], message)
 
     # -- ending ----------------------------------------------------------------------------------

@@ -157,5 +157,6 @@ def test_a_gpu_vms_instance_without_cuda_fails_its_run_saying_so_instead_of_deco
     assert parameters["engine"]["device"] == "cuda"  # the run's `auto` on a machine type with GPUs
     state = rollout_instance(**parameters, redis_url=redis_url, return_state=True)
     assert state.is_failed(), state
+    assert "rollout instance l4-spot-0a1b2c3d cannot start: its engine failed: DeviceError:" in state.message
     assert "engine.device: cuda asked for, but this machine has no usable CUDA device" in state.message
     assert "is the GPU driver installed?" in state.message
