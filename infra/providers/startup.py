@@ -167,6 +167,7 @@ def render_startup_script(
         f"# rlboost rollout instance {instance_id} of pool {pool.name}: fetch and verify its files, install "
         "the run's code, serve the pool's work queue.",
         "set -euo pipefail",
+        'export HOME="${HOME:-/root}"',  # startup scripts may run without one; pip and uv want it
         *(f"export {key}={q(value)}" for key, value in env.items()),
         # The work pool's flow-run command is `python -m prefect.engine`: the project's interpreter.
         f'export PATH={q(venv + "/bin")}:"$PATH"',

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 
 POOL = PoolSpec.model_validate(
     {
-        "name": "l4-spot",
+        "name": "boot-check",
         "provider": "gcp",
         "capacity_class": "spot",
         "size": 4,
@@ -39,21 +39,21 @@ def test_a_failed_boot_or_engine_start_stops_the_run_with_its_message(prefect_ha
         run_id="boots", redis_url="redis://10.0.0.5:6379/0", model="gs://b/m", worker=WorkerSettings()
     )
     runs = InstanceRuns(spec, api_url)
-    for vm in ("l4-spot-a", "l4-spot-b", "l4-spot-c"):
+    for vm in ("boot-check-a", "boot-check-b", "boot-check-c"):
         runs.create(POOL, vm)
     runs.check_boots()  # all waiting: nothing to say
 
     with SyncPrefectClient(api_url) as client:
-        client.set_flow_run_state(runs.flow_run_id("l4-spot-a"), Failed(message="some worker error"), force=True)
+        client.set_flow_run_state(runs.flow_run_id("boot-check-a"), Failed(message="some worker error"), force=True)
         runs.check_boots()  # one VM's own trouble is not the pool's
-        cannot = "rollout instance l4-spot-b cannot start: its engine failed: DeviceError: engine.device: cuda ..."
-        client.set_flow_run_state(runs.flow_run_id("l4-spot-b"), Failed(message=cannot), force=True)
-    with pytest.raises(BootFailure, match=r"pool 'l4-spot': rollout instance l4-spot-b cannot start"):
+        cannot = "rollout instance boot-check-b cannot start: its engine failed: DeviceError: engine.device: cuda ..."
+        client.set_flow_run_state(runs.flow_run_id("boot-check-b"), Failed(message=cannot), force=True)
+    with pytest.raises(BootFailure, match=r"pool 'boot-check': rollout instance boot-check-b cannot start"):
         runs.check_boots()
 
     with SyncPrefectClient(api_url) as client:
-        client.set_flow_run_state(runs.flow_run_id("l4-spot-b"), Failed(message="recovered"), force=True)
-        line = "rlboost boot failed on l4-spot-c: no python3 on this image, and the project needs Python 3.11 or newer"
-        client.set_flow_run_state(runs.flow_run_id("l4-spot-c"), Failed(message=line), force=True)
-    with pytest.raises(BootFailure, match="rlboost boot failed on l4-spot-c: no python3"):
+        client.set_flow_run_state(runs.flow_run_id("boot-check-b"), Failed(message="recovered"), force=True)
+        line = "rlboost boot failed on boot-check-c: no python3 on this image, and the project needs Python 3.11 or newer"
+        client.set_flow_run_state(runs.flow_run_id("boot-check-c"), Failed(message=line), force=True)
+    with pytest.raises(BootFailure, match="rlboost boot failed on boot-check-c: no python3"):
         runs.check_boots()
