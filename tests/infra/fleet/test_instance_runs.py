@@ -53,7 +53,9 @@ def test_a_failed_boot_or_engine_start_stops_the_run_with_its_message(prefect_ha
 
     with SyncPrefectClient(api_url) as client:
         client.set_flow_run_state(runs.flow_run_id("boot-check-b"), Failed(message="recovered"), force=True)
-        line = "rlboost boot failed on boot-check-c: no python3 on this image, and the project needs Python 3.11 or newer"
+        line = (
+            "rlboost boot failed on boot-check-c: no python3 on this image, and the project needs Python 3.11 or newer"
+        )
         client.set_flow_run_state(runs.flow_run_id("boot-check-c"), Failed(message=line), force=True)
     with pytest.raises(BootFailure, match="rlboost boot failed on boot-check-c: no python3"):
         runs.check_boots()
