@@ -111,3 +111,41 @@ def test_each_pool_gets_the_extras_and_gpu_check_of_its_machine_and_engine(tmp_p
     assert not boot.plan(gcp_pool(device="cpu"), "flow-run-3").require_gpu
     with pytest.raises(code_bundle.CodeBundleError, match="fabric.cloud.bootstrap.wheel: no wheel at"):
         boot.ship([cpu_pool], WorkerBootstrap(wheel=str(tmp_path / "nope.whl")), "file:///s", None, tmp_path)
+
+
+def test_a_gpu_pools_flow_runs_get_cuda_and_the_runs_engine_kind_dtype_and_vllm_options():
+    from infra.fleet.instance_runs import InstanceRunSpec
+    from infra.rollout.settings import WorkerSettings
+    from rl.config import VLLMOptions
+
+    engine = EngineSpec(kind="vllm", dtype="bf16", vllm=VLLMOptions(max_num_seqs=128, kv_cache_bytes=8 << 30))
+    spec = InstanceRunSpec(
+        run_id="r", redis_url="redis://10.0.0.5/0", model="gs://b/m", worker=WorkerSettings(), engine=engine
+    )
+    azure_nc = PoolSpec.model_validate(
+        {
+            "name": "nc-spot",
+            "provider": "azure",
+            "capacity_class": "spot",
+            "size": 1,
+            "machine_type": "Standard_NC24ads_A100_v4",
+            "price_per_hour": 1.0,
+            "azure": {
+                "subscription_id": "00000000-0000-4000-8000-000000000001",
+                "resource_group": "rg",
+                "zones": ["eastus-1"],
+                "image": "microsoft-dsvm:ubuntu-hpc:2204:latest",
+                "subnet_id": "/subscriptions/x/resourceGroups/n/providers/Microsoft.Network/virtualNetworks/v/subnets/s",
+                "ssh_public_key": "ssh-ed25519 AAAA",
+            },
+        }
+    )
+    attached = gcp_pool(
+        machine_type="n1-standard-8", gcp={**gcp_pool().gcp.model_dump(), "accelerator_type": "nvidia-tesla-t4"}
+    )
+    for pool in (gcp_pool(), azure_nc, attached):
+        sent = spec.parameters(pool, f"{pool.name}-1")["engine"]
+        assert sent == {**engine.model_dump(), "device": "cuda"}, pool.name
+        assert pool_extras(pool, engine, "file:///s") >= {"vllm-cuda"}
+    cpu = spec.parameters(gcp_pool(machine_type="n1-standard-8"), "cpu-1")["engine"]
+    assert cpu["device"] == "auto" and cpu["kind"] == "vllm"
