@@ -25,7 +25,7 @@ from infra.fleet import code_bundle
 from infra.fleet.instance_runs import InstanceRuns
 from infra.providers.interface import BootFile, BootPlan
 from infra.providers.pool import PoolSpec
-from infra.providers.startup import FLOW_RUN_ENV, LOCK_ENV, WHEEL_ENV, WorkerBootstrap
+from infra.providers.startup import FLOW_RUN_ENV, LOCK_ENV, WHEEL_ENV, WorkerBootstrap, fetch_command
 from rl.engine_spec import EngineSpec
 
 STORE_EXTRAS = {"gs": "gcp", "gcs": "gcp", "az": "azure", "abfs": "azure", "abfss": "azure", "s3": "s3"}
@@ -67,6 +67,10 @@ class CloudBoot:
         wheel = Path(bootstrap.wheel) if bootstrap.wheel else code_bundle.build_wheel()
         if not wheel.is_file():
             raise code_bundle.CodeBundleError(f"fabric.cloud.bootstrap.wheel: no wheel at {wheel}")
+        try:
+            fetch_command(code_bundle.vm_url(store_url, options), "/dev/null")  # now, not at the first boot
+        except ValueError as error:
+            raise code_bundle.CodeBundleError(f"cloud pools: {error}") from None
         shipped_wheel = code_bundle.upload(wheel, store_url, options, env=WHEEL_ENV)
         locks: dict[frozenset[str], BootFile] = {}
         scratch.mkdir(parents=True, exist_ok=True)

@@ -180,16 +180,17 @@ class RolloutFabric:
             environment_block=environment_block_name(self.run_id),
         )
         self.instance_runs = runs = InstanceRuns(spec, api_url)
-        environment = {REDIS_URL_ENV: self.redis_url}
-        if weights.serves:
-            environment[weights.secret_env] = os.environ[weights.secret_env]
-        runs.publish_environment(environment)
         bootstrap = cloud.bootstrap
         if bootstrap.prefect_api_url is None:
             bootstrap = bootstrap.model_copy(update={"prefect_api_url": api_url})
         boot = CloudBoot(runs, self.engine)
         cloud_pools = [pool for pool in self.config.pools if pool.provider != "local"]
+        # The run's code before its secrets: a run that cannot ship its wheel leaves no Secret block.
         boot.ship(cloud_pools, bootstrap, store, weights.store_options, self.run_dir / "code")
+        environment = {REDIS_URL_ENV: self.redis_url}
+        if weights.serves:
+            environment[weights.secret_env] = os.environ[weights.secret_env]
+        runs.publish_environment(environment)
         return CloudFleet(
             self.config.pools,
             run_id=self.run_id,

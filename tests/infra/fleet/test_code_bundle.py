@@ -109,6 +109,8 @@ def test_each_pool_gets_the_extras_and_gpu_check_of_its_machine_and_engine(tmp_p
     assert [f.env for f in plan.files] == [WHEEL_ENV, LOCK_ENV]
     assert not boot.plan(cpu_pool, "flow-run-2").require_gpu
     assert not boot.plan(gcp_pool(device="cpu"), "flow-run-3").require_gpu
+    with pytest.raises(code_bundle.CodeBundleError, match="cloud pools: a VM cannot fetch 'memory://store'"):
+        boot.ship([cpu_pool], bootstrap, "memory://store", None, tmp_path / "code")
     with pytest.raises(code_bundle.CodeBundleError, match="fabric.cloud.bootstrap.wheel: no wheel at"):
         boot.ship([cpu_pool], WorkerBootstrap(wheel=str(tmp_path / "nope.whl")), "file:///s", None, tmp_path)
 
