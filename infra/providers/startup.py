@@ -2,17 +2,17 @@
 
 `render_startup_script` writes a bash script that, in order:
 
-1. fetches the files of the instance's `BootPlan` (the run's own wheel and its dependency lock,
+1. checks the GPU with `nvidia-smi` when the pool's engine runs on CUDA (first: it fails fast);
+2. fetches the files of the instance's `BootPlan` (the run's own wheel and its dependency lock,
    and whatever else a run ships, e.g. a CA certificate) into `<install_dir>/boot/`, each checked
    against its sha256: a mismatch fails the boot;
-2. finds a Python >= 3.11 (`bootstrap.python`; else `uv python install 3.11` where the image has
+3. finds a Python >= 3.11 (`bootstrap.python`; else `uv python install 3.11` where the image has
    uv; else the boot fails), and, with `install: wheel`, installs exactly the run's wheel into
    `<install_dir>/venv` (created with `--system-site-packages`, so an image's preinstalled torch of
    the locked version is reused; an existing venv, e.g. baked into the image, is reused): first the
    lock (`pip install -r`, pinned versions from the package index or the image's mirror), then the
    wheel itself with `--no-deps`, never the project by name from an index. `install: image` uses the
    project baked into `<install_dir>/venv` as it is;
-3. checks the GPU with `nvidia-smi` when the pool's engine runs on CUDA;
 4. runs, under the preemption watcher of its cloud (`python -m infra.watchers gce|azure`), a Prefect
    process worker for the instance's pool that polls only the instance's own work queue
    (`<run id>-<instance id>`, where the run's `rollout-instance/<pool>` flow run for this instance
@@ -174,6 +174,15 @@ def render_startup_script(
         _FAILURE_FUNCTIONS.replace("MIN_MAJOR", str(MIN_PYTHON[0])).replace("MIN_MINOR", str(MIN_PYTHON[1])).strip(),
         f"mkdir -p {q(boot)}",
     ]
+    if plan.require_gpu:
+        lines.append(
+            "nvidia-smi -L >&2 || rlboost_fail "
+            + q(
+                f"pool {pool.name} runs its engine on cuda, but nvidia-smi fails: this VM has no working NVIDIA "
+                "driver; use an image with the driver for its GPU (e.g. a Deep Learning VM image on GCP, an "
+                "ubuntu-hpc or NVIDIA GPU-driver-extension image on Azure), or set the pool's device to cpu"
+            )
+        )
     for file in plan.files:
         local = f"{boot}/{file.name}"
         lines += [
@@ -185,15 +194,6 @@ def render_startup_script(
             *([f"export {file.env}={q(local)}"] if file.env else []),
         ]
     lines += _python_and_install(bootstrap, venv, root)
-    if plan.require_gpu:
-        lines.append(
-            "nvidia-smi -L >&2 || rlboost_fail "
-            + q(
-                f"pool {pool.name} runs its engine on cuda, but nvidia-smi fails: this VM has no working NVIDIA "
-                "driver; use an image with the driver for its GPU (e.g. a Deep Learning VM image on GCP, an "
-                "ubuntu-hpc or NVIDIA GPU-driver-extension image on Azure), or set the pool's device to cpu"
-            )
-        )
     watch = [
         f"{venv}/bin/python",
         "-m",
