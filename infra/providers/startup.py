@@ -128,7 +128,7 @@ trap 'rlboost_fail "line $LINENO exited with status $?: $BASH_COMMAND"' ERR
 rlboost_verify() {
   local actual
   actual=$(sha256sum "$1" | cut -d' ' -f1)
-  [ "$actual" = "$2" ] || rlboost_fail "$1 from $3 has sha256 $actual, not the $2 the run published: the store's copy is corrupt or was replaced; restart the run to upload it again"
+  [ "$actual" = "$2" ] || { rm -f "$1"; rlboost_fail "$1 from $3 has sha256 $actual, not the $2 the run published: the store's copy is corrupt or was replaced; restart the run to upload it again"; }
 }
 rlboost_python_ok() { "$1" -c 'import sys; sys.exit(0 if sys.version_info >= (MIN_MAJOR, MIN_MINOR) else 1)' 2>/dev/null; }
 """.replace("FAILED_PREFIX", FAILED_PREFIX)
@@ -185,11 +185,12 @@ def render_startup_script(
         )
     for file in plan.files:
         local = f"{boot}/{file.name}"
+        part = f"{local}.part-{instance_id}"  # its own partial download; the rename is atomic
         lines += [
             f"if [ ! -f {q(local)} ] || [ \"$(sha256sum {q(local)} | cut -d' ' -f1)\" != {q(file.sha256)} ]; then",
-            f"  {fetch_command(file.url, local + '.part')} || rlboost_fail {q(f'could not fetch {file.url}: check that the VM may read the weight store (its service account or managed identity)')}",
-            f"  rlboost_verify {q(local + '.part')} {q(file.sha256)} {q(file.url)}",
-            f"  mv {q(local + '.part')} {q(local)}",
+            f"  {fetch_command(file.url, part)} || rlboost_fail {q(f'could not fetch {file.url}: check that the VM may read the weight store (its service account or managed identity)')}",
+            f"  rlboost_verify {q(part)} {q(file.sha256)} {q(file.url)}",
+            f"  mv {q(part)} {q(local)}",
             "fi",
             *([f"export {file.env}={q(local)}"] if file.env else []),
         ]

@@ -132,7 +132,7 @@ def test_spot_launch_asks_for_spot_gpus_labels_and_the_worker(gce, clock):
     script = next(i["value"] for i in body["metadata"]["items"] if i["key"] == "startup-script")
     # The run's own wheel, fetched from the store, checked, installed without asking an index for the project.
     assert "gcloud storage cp --quiet gs://rollout-store/code/ab12/rlboost-0.1.0-py3-none-any.whl" in script
-    assert "rlboost_verify /opt/rlboost/boot/rlboost-0.1.0-py3-none-any.whl.part ab12" in script
+    assert f"rlboost_verify /opt/rlboost/boot/rlboost-0.1.0-py3-none-any.whl.part-{body['name']} ab12" in script
     assert '--no-deps --force-reinstall "$RLBOOST_WHEEL"' in script and "pip install rlboost" not in script
     assert f"export RLBOOST_FLOW_RUN_ID=run-of-{body['name']}" in script
     assert (
