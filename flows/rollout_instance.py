@@ -6,7 +6,8 @@ The flow runs `infra.rollout.worker.RolloutWorker` until it is stopped and ends 
 - SIGTERM or SIGINT (a preemption notice, delivered by the instance's provider or the cloud's
   watcher): the worker stops claiming, flushes and hands back its samples, and the flow ends
   **Crashed** with a message naming the signal, so the UI shows the preemption;
-- a worker error: **Failed**.
+- a worker error: **Failed** (`rollout instance <id> cannot start: ...` when its engine never
+  loaded, e.g. a GPU VM without a working driver: the training run stops on that).
 
 A preemption without notice (SIGKILL) leaves the run Running with nobody to report it; the
 heartbeat automation in `deployments/automations/` marks it Crashed.
@@ -30,6 +31,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.states import Crashed, State
 
+from infra.fleet.instance_runs import CANNOT_START
 from infra.rollout.settings import WorkerSettings
 from infra.rollout.worker import RolloutWorker, WorkerConfig
 from infra.services.redis_embedded import REDIS_CA_FILE_ENV, REDIS_URL_ENV
@@ -124,6 +126,10 @@ def rollout_instance(
         cause = (
             f": {type(worker.failure).__name__}: {worker.failure}" if worker.failure is not None else "; see its log"
         )
+        if worker.engine is None:  # its engine never loaded: the run sees why (`InstanceRuns.check_boots`)
+            raise RuntimeError(
+                f"rollout instance {instance_id} {CANNOT_START}its engine failed{cause}"
+            ) from worker.failure
         raise RuntimeError(f"rollout instance {instance_id} stopped with exit code {code}{cause}") from worker.failure
     if notice.signal_name is not None:
         stats = worker.stats

@@ -11,6 +11,9 @@ queue of its own (`<run id>-<instance id>`) that only that instance's worker pol
   `environment_block` parameter (cloud VMs: `publish_environment`, removed again by
   `remove_environment`), never in parameters the UI shows;
 - `settle` (an instance ended) cancels its run if no worker ever picked it up and deletes its queue;
+- `check_boots` raises `BootFailure` when a VM's boot script reported its run Failed (the boot
+  log's `rlboost boot failed on ...` line is the run's message) or its engine could not start
+  (no CUDA on a GPU VM): every VM of the pool would fail the same way;
 - `drain` asks live instances to finish (their runs end Completed) and cancels the runs nobody
   picked up, until every run is final or the time is up.
 """
@@ -27,13 +30,22 @@ from typing import Any
 from uuid import UUID
 
 from prefect.client.orchestration import SyncPrefectClient
-from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+from prefect.client.schemas.filters import (
+    FlowFilter,
+    FlowFilterName,
+    FlowRunFilter,
+    FlowRunFilterState,
+    FlowRunFilterStateType,
+    FlowRunFilterTags,
+)
 from prefect.client.schemas.objects import StateType
 from prefect.exceptions import ObjectNotFound
 from prefect.states import Cancelled
 
+from infra.providers.errors import BootFailure
 from infra.providers.interface import instance_work_queue
 from infra.providers.pool import PoolSpec
+from infra.providers.startup import FAILED_PREFIX
 from infra.rollout.registry import InstanceRegistry
 from infra.rollout.settings import WorkerSettings
 from infra.services.prefect_api import current_api_key, current_auth_string
@@ -42,6 +54,10 @@ from rl.engine_spec import EngineSpec
 
 log = logging.getLogger(__name__)
 
+CANNOT_START = "cannot start: "
+"""In a failed instance run's message: its engine never loaded (`flows.rollout_instance`)."""
+BOOT_CHECK_S = 2.0
+"""Shortest pause between two looks for failed boots (`check_boots`)."""
 DEPLOYMENT_FLOW = "rollout-instance"
 """Flow name of the instance deployments: `rollout-instance/<pool>`."""
 
@@ -106,6 +122,7 @@ class InstanceRuns:
         self._deployments: dict[str, UUID] = {}
         self._runs: dict[str, InstanceRun] = {}
         self._lock = threading.Lock()
+        self._boots_checked_at = float("-inf")
 
     def client(self) -> SyncPrefectClient:
         return SyncPrefectClient(self.api_url, api_key=self._api_key, auth_string=self._auth_string)
@@ -208,6 +225,25 @@ class InstanceRuns:
             except ObjectNotFound:
                 return
             client.delete_block_document(block.id)
+
+    def check_boots(self) -> None:
+        """Raise `BootFailure` (the pool, the boot log's line) if a VM's boot failed; looks at most
+        every `BOOT_CHECK_S`."""
+        if time.monotonic() - self._boots_checked_at < BOOT_CHECK_S:
+            return
+        self._boots_checked_at = time.monotonic()
+        failed = FlowRunFilter(
+            tags=FlowRunFilterTags(all_=[DEPLOYMENT_FLOW, self.spec.run_id]),
+            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.FAILED])),
+        )
+        with self.client() as client:
+            runs = client.read_flow_runs(flow_run_filter=failed, limit=10)
+        with self._lock:
+            pools = {run.flow_run_id: run.pool for run in self._runs.values()}
+        for run in runs:
+            message = (run.state.message if run.state else None) or ""
+            if run.id in pools and (message.startswith(FAILED_PREFIX) or CANNOT_START in message):
+                raise BootFailure(pools[run.id], message)
 
     # -- ending ----------------------------------------------------------------------------------
 

@@ -40,6 +40,7 @@ from azure.mgmt.compute import ComputeManagementClient
 from azure.mgmt.compute import models as m
 
 from infra.providers.errors import CredentialsError, PoolConfigError, ZoneUnavailable
+from infra.providers.interface import BootPlan
 from infra.providers.pool import PoolSpec
 from infra.providers.prices_live import AzureRetailPrices, QuoteBook
 from infra.providers.startup import WorkerBootstrap, render_startup_script
@@ -191,7 +192,7 @@ class AzureProvider(ZonalCloudProvider):
     # -- ZonalCloudProvider ---------------------------------------------------------------------
 
     def _create(
-        self, pool: PoolSpec, zone: str, names: Sequence[str], labels: dict[str, str]
+        self, pool: PoolSpec, zone: str, names: Sequence[str], labels: dict[str, str], plans: dict[str, BootPlan]
     ) -> tuple[list[str], ZoneUnavailable | None]:
         assert pool.azure is not None
         vms = self._vms(pool)
@@ -201,7 +202,7 @@ class AzureProvider(ZonalCloudProvider):
             try:
                 with self._translate(pool, zone):
                     poller = vms.begin_create_or_update(
-                        pool.azure.resource_group, name, self.virtual_machine(pool, zone, name, labels)
+                        pool.azure.resource_group, name, self.virtual_machine(pool, zone, name, labels, plans[name])
                     )
             except ZoneUnavailable as error:
                 failure = error
@@ -224,13 +225,15 @@ class AzureProvider(ZonalCloudProvider):
                 )
         return created, failure
 
-    def virtual_machine(self, pool: PoolSpec, zone: str, name: str, labels: dict[str, str]) -> m.VirtualMachine:
-        """The VM one `create_or_update` asks for."""
+    def virtual_machine(
+        self, pool: PoolSpec, zone: str, name: str, labels: dict[str, str], plan: BootPlan = BootPlan()
+    ) -> m.VirtualMachine:
+        """The VM one `create_or_update` asks for, booting with `plan`."""
         settings = pool.azure
         assert settings is not None
         location, number = split_zone(zone)
         script = render_startup_script(
-            self._bootstrap, pool=pool, instance_id=name, run_id=self.run_id, watcher="azure"
+            self._bootstrap, pool=pool, instance_id=name, run_id=self.run_id, watcher="azure", plan=plan
         )
         vm = m.VirtualMachine(
             location=location,
@@ -274,6 +277,10 @@ class AzureProvider(ZonalCloudProvider):
                 ],
             ),
         )
+        if settings.identity:
+            vm.identity = m.VirtualMachineIdentity(
+                type="UserAssigned", user_assigned_identities={settings.identity: m.UserAssignedIdentitiesValue()}
+            )
         if pool.capacity_class == "spot":
             vm.priority = "Spot"
             vm.eviction_policy = "Delete"

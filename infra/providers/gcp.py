@@ -36,6 +36,7 @@ from google.auth.credentials import Credentials
 from google.cloud import billing_v1, compute_v1
 
 from infra.providers.errors import CredentialsError, PoolConfigError, ZoneUnavailable
+from infra.providers.interface import BootPlan
 from infra.providers.pool import PoolSpec
 from infra.providers.prices_live import GceShape, GcpCatalogPrices, QuoteBook
 from infra.providers.startup import WorkerBootstrap, render_startup_script
@@ -184,7 +185,7 @@ class GcpProvider(ZonalCloudProvider):
     # -- ZonalCloudProvider ---------------------------------------------------------------------
 
     def _create(
-        self, pool: PoolSpec, zone: str, names: Sequence[str], labels: dict[str, str]
+        self, pool: PoolSpec, zone: str, names: Sequence[str], labels: dict[str, str], plans: dict[str, BootPlan]
     ) -> tuple[list[str], ZoneUnavailable | None]:
         instances = self._client(pool, compute_v1.InstancesClient)
         assert pool.gcp is not None
@@ -195,7 +196,7 @@ class GcpProvider(ZonalCloudProvider):
                 project=pool.gcp.project,
                 zone=zone,
                 request_id=str(uuid.uuid4()),
-                instance_resource=self.instance_resource(pool, zone, name, labels),
+                instance_resource=self.instance_resource(pool, zone, name, labels, plans[name]),
             )
             try:
                 with self._translate(pool, zone):
@@ -214,8 +215,10 @@ class GcpProvider(ZonalCloudProvider):
                 failure = failure or error
         return created, failure
 
-    def instance_resource(self, pool: PoolSpec, zone: str, name: str, labels: dict[str, str]) -> compute_v1.Instance:
-        """The VM one `insert` asks for."""
+    def instance_resource(
+        self, pool: PoolSpec, zone: str, name: str, labels: dict[str, str], plan: BootPlan = BootPlan()
+    ) -> compute_v1.Instance:
+        """The VM one `insert` asks for, booting with `plan`."""
         settings = pool.gcp
         assert settings is not None
         spot = pool.capacity_class == "spot"
@@ -231,7 +234,9 @@ class GcpProvider(ZonalCloudProvider):
             network.subnetwork = settings.subnetwork
         if settings.external_ip:
             network.access_configs = [compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
-        script = render_startup_script(self._bootstrap, pool=pool, instance_id=name, run_id=self.run_id, watcher="gce")
+        script = render_startup_script(
+            self._bootstrap, pool=pool, instance_id=name, run_id=self.run_id, watcher="gce", plan=plan
+        )
         instance = compute_v1.Instance(
             name=name,
             machine_type=f"zones/{zone}/machineTypes/{pool.machine_type}",

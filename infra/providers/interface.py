@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from infra.availability.capacity import CapacityClass
@@ -101,12 +101,39 @@ OnChange = Callable[[InstanceRecord], None]
 """Called with an instance's new record after every lifecycle change (launch, notice, end)."""
 
 
+@dataclass(frozen=True)
+class BootFile:
+    """A file the VM fetches from the store before it starts, checked against its sha256."""
+
+    name: str
+    """File name under `<install_dir>/boot/` (a wheel keeps its wheel file name)."""
+    url: str
+    """Where the VM fetches it: a path or `file://`, `gs://` (gcloud), `s3://` (aws), an Azure blob
+    `https://<account>.blob.core.windows.net/...` (az, managed identity) or `http(s)://` (curl)."""
+    sha256: str
+    """Hex digest the downloaded file must have."""
+    env: str | None = None
+    """Environment variable that gets the file's local path (e.g. `RLBOOST_WHEEL`)."""
+
+
+@dataclass(frozen=True)
+class BootPlan:
+    """What one instance's boot needs beyond its pool: files, variables, a GPU check."""
+
+    files: tuple[BootFile, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra (non-secret) variables, e.g. `RLBOOST_FLOW_RUN_ID`."""
+    require_gpu: bool = False
+    """The pool's engine runs on CUDA: fail the boot when `nvidia-smi` does."""
+
+
 class BootHooks(Protocol):
     """What must exist before a cloud instance boots (the Prefect flow run its worker picks up),
     and its undoing when the instance is never created."""
 
-    def before_boot(self, pool: PoolSpec, instance_id: str) -> None:
-        """Prepare the work of an instance about to be created; an error here creates no VM."""
+    def before_boot(self, pool: PoolSpec, instance_id: str) -> BootPlan | None:
+        """Prepare the work of an instance about to be created and say what its boot needs (None:
+        nothing beyond its pool); an error here creates no VM."""
 
     def never_booted(self, instance_id: str, why: str) -> None:
         """Undo `before_boot` for an instance the cloud did not create."""

@@ -129,6 +129,9 @@ class AzurePoolSettings(_Spec):
     """Login user created on each VM."""
     os_disk_gb: int = Field(128, ge=30)
     """OS disk size in GB."""
+    identity: str | None = Field(None, pattern=r"^/subscriptions/.+/userAssignedIdentities/[^/]+$")
+    """Resource id of a user-assigned managed identity the VMs run as: it reads the weight store
+    (give it Storage Blob Data Reader on the store's container). None: no identity."""
 
     @model_validator(mode="after")
     def _zones_and_image_are_well_formed(self) -> Self:

@@ -1,30 +1,61 @@
 """The boot script of a cloud instance (GCE `startup-script`, Azure custom data).
 
-`render_startup_script` writes a bash script that installs the project into a virtual environment
-(or, with `install: null`, uses the one baked into the image) and then runs, under the preemption
-watcher of its cloud (`python -m infra.watchers gce|azure`), a Prefect process worker for the
-instance's pool that polls only the instance's own work queue (`<run id>-<instance id>`, where the
-run's `rollout-instance/<pool>` flow run for this instance waits: `infra.fleet.instance_runs`) and exits
-when that one run ends (`python -m infra.stack.prefect_worker --run-once`; the run is created before the
-VM, so it is waiting when the worker first polls). The watcher
-turns the cloud's preemption notice into SIGTERM for the worker, which passes it to the flow run and
-waits for it to drain. Every value is shell-quoted; the script carries no credentials: the VM
-reaches Prefect with its image's configuration, and the run's secrets (Redis URL, weights secret)
-come from a Prefect Secret block named in the flow run's parameters.
+`render_startup_script` writes a bash script that, in order:
+
+1. checks the GPU with `nvidia-smi` when the pool's engine runs on CUDA (first: it fails fast);
+2. fetches the files of the instance's `BootPlan` (the run's own wheel and its dependency lock,
+   and whatever else a run ships, e.g. a CA certificate) into `<install_dir>/boot/`, each checked
+   against its sha256: a mismatch fails the boot;
+3. finds a Python >= 3.11 (`bootstrap.python`; else `uv python install 3.11` where the image has
+   uv; else the boot fails), and, with `install: wheel`, installs exactly the run's wheel into
+   `<install_dir>/venv` (created with `--system-site-packages`, so an image's preinstalled torch of
+   the locked version is reused; an existing venv, e.g. baked into the image, is reused): first the
+   lock (`pip install -r`, pinned versions from the package index or the image's mirror), then the
+   wheel itself with `--no-deps`, never the project by name from an index. `install: image` uses the
+   project baked into `<install_dir>/venv` as it is;
+4. runs, under the preemption watcher of its cloud (`python -m infra.watchers gce|azure`), a Prefect
+   process worker for the instance's pool that polls only the instance's own work queue
+   (`<run id>-<instance id>`, where the run's `rollout-instance/<pool>` flow run for this instance
+   waits: `infra.fleet.instance_runs`) and exits when that one run ends
+   (`python -m infra.stack.prefect_worker --run-once`). The watcher turns the cloud's preemption
+   notice into SIGTERM for the worker, which passes it to the flow run and waits for it to drain.
+
+Every step that fails writes one line `rlboost boot failed on <instance>: <why>` to the boot log
+(the serial console on GCE, boot diagnostics on Azure) and, when the plan names the instance's flow
+run (`RLBOOST_FLOW_RUN_ID`), sets that run Failed with the same message through the Prefect API
+(with `PREFECT_API_KEY` or `PREFECT_API_AUTH_STRING` when the image's environment has them), so the
+run's UI and the training run see why the VM never served. Every value is shell-quoted; the script
+carries no credentials: the VM reaches Prefect and the store with its image's configuration and its
+service account / managed identity, and the run's secrets come from a Prefect Secret block named in
+the flow run's parameters.
+
+A run adds a file for its VMs by adding a `BootFile` to the plan (`infra.fleet.cloud_boot`): it is
+fetched, verified, and its local path exported in the variable the `BootFile` names.
 """
 
 from __future__ import annotations
 
 import shlex
 from typing import Literal
+from urllib.parse import unquote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from infra.providers.interface import instance_work_queue
+from infra.providers.interface import BootPlan, instance_work_queue
 from infra.providers.pool import PoolSpec
 from infra.services.redis_embedded import REDIS_CA_FILE_ENV
 
 WatcherKind = Literal["gce", "azure"]
+MIN_PYTHON = (3, 11)
+"""The oldest Python the project supports (pyproject's `requires-python`)."""
+WHEEL_ENV = "RLBOOST_WHEEL"
+"""Variable that holds the local path of the run's wheel on the VM (a `BootFile.env`)."""
+LOCK_ENV = "RLBOOST_LOCK"
+"""Variable that holds the local path of the wheel's dependency lock on the VM."""
+FLOW_RUN_ENV = "RLBOOST_FLOW_RUN_ID"
+"""Variable that names the instance's `rollout-instance` flow run (boot failures are reported there)."""
+FAILED_PREFIX = "rlboost boot failed on"
+"""How every boot-log line of a failed boot starts."""
 
 
 class WorkerBootstrap(BaseModel):
@@ -32,16 +63,22 @@ class WorkerBootstrap(BaseModel):
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
 
-    install: str | None = Field("rlboost[gcp,azure]", min_length=1)
-    """pip requirement of the project, e.g. `rlboost[gcp] @ git+https://github.com/you/rlboost@v0.1.0`;
-    None: the image already has it installed in `<install_dir>/venv` (the fastest boot)."""
+    install: Literal["wheel", "image"] = "wheel"
+    """`wheel`: the VM installs the run's own wheel and dependency lock, which the run builds from
+    its source checkout (or takes from `wheel`) and uploads to the weight store with their sha256;
+    `image`: the image already has the project in `<install_dir>/venv` (you keep it in step with
+    the training run's code)."""
+    wheel: str | None = None
+    """A prebuilt wheel of this project to ship instead of building one from the checkout (needed
+    when rlboost is installed from a wheel, not from a source checkout)."""
     prefect_api_url: str | None = None
     """`PREFECT_API_URL` of the workers (None: the training process's own, which must be reachable
     from the VMs; Prefect Cloud needs `PREFECT_API_KEY` configured in the image)."""
     install_dir: str = "/opt/rlboost"
-    """Where the virtual environment is created (`<install_dir>/venv`)."""
+    """Where the boot files (`<install_dir>/boot`) and the virtual environment (`<install_dir>/venv`) go."""
     python: str = "python3"
-    """Interpreter that creates the virtual environment (3.11 or newer)."""
+    """Interpreter that creates the virtual environment; if it is missing or older than 3.11 the VM
+    installs Python 3.11 with `uv` when the image has uv, else the boot fails."""
     grace_s: float = Field(25.0, gt=0)
     """After the notice, how long the worker may drain before it is killed (both clouds give 30 s)."""
     redis_ca_pem: str | None = None
@@ -49,20 +86,120 @@ class WorkerBootstrap(BaseModel):
     named by `RLBOOST_REDIS_CA_FILE`; None: the run fills it from `fabric.redis_ca_file`."""
 
 
-def render_startup_script(
-    bootstrap: WorkerBootstrap, *, pool: PoolSpec, instance_id: str, run_id: str, watcher: WatcherKind
-) -> str:
-    """The boot script of one instance of `pool`."""
+def fetch_command(url: str, dest: str) -> str:
+    """The shell command that copies `url` to the local path `dest` on a VM."""
     q = shlex.quote
-    venv = f"{bootstrap.install_dir.rstrip('/')}/venv"
+    parts = urlsplit(url)
+    if parts.scheme in ("", "file"):
+        return f"cp {q(unquote(parts.path) if parts.scheme else url)} {q(dest)}"
+    if parts.scheme == "gs":
+        return f"gcloud storage cp --quiet {q(url)} {q(dest)}"
+    if parts.scheme == "s3":
+        return f"aws s3 cp --only-show-errors {q(url)} {q(dest)}"
+    if parts.scheme == "https" and (parts.hostname or "").endswith(".blob.core.windows.net"):
+        return (
+            "az login --identity --allow-no-subscriptions --output none && "
+            f"az storage blob download --auth-mode login --no-progress --output none --blob-url {q(url)} --file {q(dest)}"
+        )
+    if parts.scheme in ("http", "https"):
+        return f"curl -fsSL --retry 3 -o {q(dest)} {q(url)}"
+    raise ValueError(
+        f"a VM cannot fetch {url!r}: use a weight store on file://, gs://, s3:// or az:// (weights.store_url)"
+    )
+
+
+_FAILURE_FUNCTIONS = r"""
+rlboost_log() { echo "rlboost boot: $*" >&2; }
+rlboost_report() {
+  [ -n "${RLBOOST_FLOW_RUN_ID:-}" ] && [ -n "${PREFECT_API_URL:-}" ] || return 0
+  local text auth=()
+  text=$(printf '%s' "$1" | tr -d '\000-\037' | sed -e 's/\\/\\\\/g' -e 's/"/\\"/g')
+  if [ -n "${PREFECT_API_KEY:-}" ]; then auth=(-H "Authorization: Bearer ${PREFECT_API_KEY}"); fi
+  if [ -n "${PREFECT_API_AUTH_STRING:-}" ]; then auth=(-u "${PREFECT_API_AUTH_STRING}"); fi
+  curl -fsS --max-time 20 --retry 2 -X POST -H 'Content-Type: application/json' "${auth[@]}" \
+    -d "{\"state\": {\"type\": \"FAILED\", \"name\": \"Failed\", \"message\": \"${text}\"}, \"force\": true}" \
+    "${PREFECT_API_URL%/}/flow_runs/${RLBOOST_FLOW_RUN_ID}/set_state" >/dev/null \
+    || echo "rlboost boot: could not report the failure to flow run ${RLBOOST_FLOW_RUN_ID}" >&2
+}
+rlboost_fail() {
+  trap - ERR
+  local message="FAILED_PREFIX ${RLBOOST_INSTANCE_ID}: $1"
+  echo "$message" >&2
+  rlboost_report "$message"
+  exit 1
+}
+trap 'rlboost_fail "line $LINENO exited with status $?: $BASH_COMMAND"' ERR
+rlboost_verify() {
+  local actual
+  actual=$(sha256sum "$1" | cut -d' ' -f1)
+  [ "$actual" = "$2" ] || { rm -f "$1"; rlboost_fail "$1 from $3 has sha256 $actual, not the $2 the run published: the store's copy is corrupt or was replaced; restart the run to upload it again"; }
+}
+rlboost_python_ok() { "$1" -c 'import sys; sys.exit(0 if sys.version_info >= (MIN_MAJOR, MIN_MINOR) else 1)' 2>/dev/null; }
+""".replace("FAILED_PREFIX", FAILED_PREFIX)
+
+
+def render_startup_script(
+    bootstrap: WorkerBootstrap,
+    *,
+    pool: PoolSpec,
+    instance_id: str,
+    run_id: str,
+    watcher: WatcherKind,
+    plan: BootPlan = BootPlan(),
+) -> str:
+    """The boot script of one instance of `pool`; `plan` adds its files, variables and GPU check."""
+    q = shlex.quote
+    root = bootstrap.install_dir.rstrip("/")
+    venv, boot = f"{root}/venv", f"{root}/boot"
+    envs = {f.env for f in plan.files if f.env}
+    if bootstrap.install == "wheel" and not {WHEEL_ENV, LOCK_ENV} <= envs:
+        raise ValueError(
+            f"pool {pool.name}: `install: wheel` boots need the run's wheel and lock in the boot plan "
+            f"({WHEEL_ENV}, {LOCK_ENV}); the training run ships them (infra.fleet.cloud_boot)"
+        )
     env = {
         "RLBOOST_RUN_ID": run_id,
         "RLBOOST_POOL": pool.name,
         "RLBOOST_INSTANCE_ID": instance_id,
         "RLBOOST_CAPACITY_CLASS": pool.capacity_class,
+        **plan.env,
     }
     if bootstrap.prefect_api_url is not None:
         env["PREFECT_API_URL"] = bootstrap.prefect_api_url
+    lines = [
+        "#!/bin/bash",
+        f"# rlboost rollout instance {instance_id} of pool {pool.name}: fetch and verify its files, install "
+        "the run's code, serve the pool's work queue.",
+        "set -euo pipefail",
+        'export HOME="${HOME:-/root}"',  # startup scripts may run without one; pip and uv want it
+        *(f"export {key}={q(value)}" for key, value in env.items()),
+        *_redis_ca_lines(bootstrap),
+        # The work pool's flow-run command is `python -m prefect.engine`: the project's interpreter.
+        f'export PATH={q(venv + "/bin")}:"$PATH"',
+        _FAILURE_FUNCTIONS.replace("MIN_MAJOR", str(MIN_PYTHON[0])).replace("MIN_MINOR", str(MIN_PYTHON[1])).strip(),
+        f"mkdir -p {q(boot)}",
+    ]
+    if plan.require_gpu:
+        lines.append(
+            "nvidia-smi -L >&2 || rlboost_fail "
+            + q(
+                f"pool {pool.name} runs its engine on cuda, but nvidia-smi fails: this VM has no working NVIDIA "
+                "driver; use an image with the driver for its GPU (e.g. a Deep Learning VM image on GCP, an "
+                "ubuntu-hpc or NVIDIA GPU-driver-extension image on Azure), or set the pool's device to cpu"
+            )
+        )
+    for file in plan.files:
+        local = f"{boot}/{file.name}"
+        part = f"{local}.part-{instance_id}"  # its own partial download; the rename is atomic
+        lines += [
+            f"if [ ! -f {q(local)} ] || [ \"$(sha256sum {q(local)} | cut -d' ' -f1)\" != {q(file.sha256)} ]; then",
+            f"  {fetch_command(file.url, part)} || rlboost_fail {q(f'could not fetch {file.url}: check that the VM may read the weight store (its service account or managed identity)')}",
+            f"  rlboost_verify {q(part)} {q(file.sha256)} {q(file.url)}",
+            f"  mv {q(part)} {q(local)}",
+            "fi",
+            *([f"export {file.env}={q(local)}"] if file.env else []),
+        ]
+    lines += _python_and_install(bootstrap, venv, root)
     watch = [
         f"{venv}/bin/python",
         "-m",
@@ -85,26 +222,56 @@ def render_startup_script(
         "1",
         "--run-once",
     ]
-    install = (
-        []
-        if bootstrap.install is None
-        else [
-            f"{q(bootstrap.python)} -m venv {q(venv)}",
-            f"{q(venv + '/bin/python')} -m pip install --quiet {q(bootstrap.install)}",
-        ]
-    )
-    lines = [
-        "#!/bin/bash",
-        f"# rlboost rollout instance {instance_id} of pool {pool.name}: install, then serve the pool's work queue.",
-        "set -euo pipefail",
-        *(f"export {key}={q(value)}" for key, value in env.items()),
-        *_redis_ca_lines(bootstrap),
-        # The work pool's flow-run command is `python -m prefect.engine`: the project's interpreter.
-        f'export PATH={q(venv + "/bin")}:"$PATH"',
-        *install,
-        "exec " + " ".join(q(part) for part in watch),
-    ]
+    lines += [f"rlboost_log {q(f'starting the Prefect worker of {instance_id}')}", "trap - ERR"]
+    lines.append("exec " + " ".join(q(part) for part in watch))
     return "\n".join(lines) + "\n"
+
+
+def _python_and_install(bootstrap: WorkerBootstrap, venv: str, root: str) -> list[str]:
+    """Check (or provide) the Python of the venv, and install the run's wheel into it."""
+    q = shlex.quote
+    need = f"{MIN_PYTHON[0]}.{MIN_PYTHON[1]}"
+    venv_python = f"{venv}/bin/python"
+    if bootstrap.install == "image":
+        return [
+            f"[ -x {q(venv_python)} ] || rlboost_fail "
+            + q(f"install: image, but the image has no {venv}: bake the project into it, or use install: wheel"),
+            f"rlboost_python_ok {q(venv_python)} || rlboost_fail "
+            + q(f"{venv} runs an older Python than {need}: rebuild the image's venv"),
+        ]
+    pip = f"{q(venv_python)} -m pip install --quiet --disable-pip-version-check --no-input"
+    marker = f"{venv}/.rlboost-wheel-sha256"
+    return [
+        f"if [ -x {q(venv_python)} ]; then",
+        f"  rlboost_python_ok {q(venv_python)} || rlboost_fail "
+        + q(f"{venv} exists but runs an older Python than {need}: remove it from the image"),
+        "else",
+        f"  PYTHON={q(bootstrap.python)}",
+        '  if ! rlboost_python_ok "$PYTHON"; then',
+        '    if command -v "$PYTHON" >/dev/null; then FOUND="$("$PYTHON" --version 2>&1 || true)"; else FOUND="no $PYTHON"; fi',
+        "    if command -v uv >/dev/null; then",
+        f'      rlboost_log "$FOUND is not Python {need} or newer: installing Python {need} with uv"',
+        f"      uv python install {need} >&2",
+        f"      PYTHON=$(uv python find {need})",
+        "    else",
+        f'      rlboost_fail "$FOUND on this image, and the project needs Python {need} or newer: use an image that '
+        f'has it (fabric.cloud.bootstrap.python names it) or one with uv, which installs it"',
+        "    fi",
+        "  fi",
+        f'  "$PYTHON" -m venv --system-site-packages {q(venv)}',
+        "fi",
+        # One install at a time (GCE reruns startup scripts at every boot), and none twice.
+        f"exec 9>{q(root + '/install.lock')}",
+        "flock 9",
+        f'if [ "$(cat {q(marker)} 2>/dev/null)" != "$(sha256sum "${WHEEL_ENV}" | cut -d\' \' -f1)" ]; then',
+        f'  rlboost_log "installing $(basename "${WHEEL_ENV}") and its locked dependencies into {venv}"',
+        f'  {pip} -r "${LOCK_ENV}" || rlboost_fail "pip could not install the locked dependencies ($(basename '
+        f'"${LOCK_ENV}")): check that the VM reaches the package index (PIP_INDEX_URL) or that the image has them"',
+        f'  {pip} --no-deps --force-reinstall "${WHEEL_ENV}"',
+        f"  sha256sum \"${WHEEL_ENV}\" | cut -d' ' -f1 > {q(marker)}",
+        "fi",
+        "exec 9>&-",
+    ]
 
 
 def _redis_ca_lines(bootstrap: WorkerBootstrap) -> list[str]:

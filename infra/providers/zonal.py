@@ -18,6 +18,7 @@ from typing import ClassVar, Literal
 from infra.providers.errors import ZoneUnavailable
 from infra.providers.interface import (
     BootHooks,
+    BootPlan,
     InstanceHandle,
     InstanceRecord,
     OnChange,
@@ -188,10 +189,11 @@ class ZonalCloudProvider(Provider):
 
     @abstractmethod
     def _create(
-        self, pool: PoolSpec, zone: str, names: Sequence[str], labels: dict[str, str]
+        self, pool: PoolSpec, zone: str, names: Sequence[str], labels: dict[str, str], plans: dict[str, BootPlan]
     ) -> tuple[list[str], ZoneUnavailable | None]:
-        """Create one VM per name in `zone` and wait until each is created or has failed; returns
-        the names created and, unless that is all of them, why the zone could not take the others."""
+        """Create one VM per name in `zone` (booting with its plan) and wait until each is created
+        or has failed; returns the names created and, unless that is all of them, why the zone
+        could not take the others."""
 
     @abstractmethod
     def _delete(self, pool: PoolSpec, zone: str, name: str) -> None:
@@ -244,11 +246,12 @@ class ZonalCloudProvider(Provider):
             price = self._quote_zone(pool, zone)
             step = self._current_step()
             names = [f"{pool.name}-{uuid.uuid4().hex[:8]}" for _ in range(count - len(started))]
+            plans = {name: BootPlan() for name in names}
             if self._boot_hooks is not None:
                 for name in names:
-                    self._boot_hooks.before_boot(pool, name)
+                    plans[name] = self._boot_hooks.before_boot(pool, name) or BootPlan()
             try:
-                created, failure = self._create(pool, zone, names, instance_labels(self.run_id, pool.name, step))
+                created, failure = self._create(pool, zone, names, instance_labels(self.run_id, pool.name, step), plans)
             except BaseException as error:
                 self._never_booted(names, f"was not created: {error}")
                 raise

@@ -175,6 +175,7 @@ class RolloutFabric:
 
     def _cloud_fleet(self) -> CloudFleet:
         """The fleet of the cloud pools, with a flow run per VM and the secrets the VMs read."""
+        from infra.fleet.cloud_boot import CloudBoot
         from infra.fleet.instance_runs import InstanceRuns, InstanceRunSpec
         from infra.services.prefect_api import check_api, current_api_url
 
@@ -194,24 +195,28 @@ class RolloutFabric:
             redis_ca_file=self._ca_path(),
         )
         self.instance_runs = runs = InstanceRuns(spec, api_url)
+        bootstrap = cloud.bootstrap
+        if bootstrap.prefect_api_url is None:
+            bootstrap = bootstrap.model_copy(update={"prefect_api_url": api_url})
+        if self.redis_ca_file is not None and bootstrap.redis_ca_pem is None:
+            bootstrap = bootstrap.model_copy(update={"redis_ca_pem": self.redis_ca_file.read_text()})
+        boot = CloudBoot(runs, self.engine)
+        cloud_pools = [pool for pool in self.config.pools if pool.provider != "local"]
+        # The run's code before its secrets: a run that cannot ship its wheel leaves no Secret block.
+        boot.ship(cloud_pools, bootstrap, store, weights.store_options, self.run_dir / "code")
         environment = {REDIS_URL_ENV: self.redis_url}
         if weights.serves:
             environment[weights.secret_env] = os.environ[weights.secret_env]
             if weights.tls:
                 environment.update(PeerCertificate.from_environment().environment())
         runs.publish_environment(environment)
-        bootstrap = cloud.bootstrap
-        if bootstrap.prefect_api_url is None:
-            bootstrap = bootstrap.model_copy(update={"prefect_api_url": api_url})
-        if self.redis_ca_file is not None and bootstrap.redis_ca_pem is None:
-            bootstrap = bootstrap.model_copy(update={"redis_ca_pem": self.redis_ca_file.read_text()})
         return CloudFleet(
             self.config.pools,
             run_id=self.run_id,
             redis_url=self.redis_url,
             bootstrap=bootstrap,
             on_change=self._cloud_instance_changed,
-            boot_hooks=runs,
+            boot_hooks=boot,
             current_step=lambda: self._step,
             interval_s=cloud.reconcile_s,
             options=cloud_options(cloud),
@@ -276,10 +281,12 @@ class RolloutFabric:
 
     def _check_health(self) -> None:
         """Fail the step when the cloud pools are no longer kept (a configuration or credential
-        error), a local pool's instances keep failing to start, or a colocated instance stopped
+        error), a cloud VM's boot failed (its flow run says why), a local pool's instances keep failing to start, or a colocated instance stopped
         (its engine failed)."""
         if self.fleet is not None and self.fleet.failure is not None:
             raise self.fleet.failure
+        if self.instance_runs is not None:
+            self.instance_runs.check_boots()
         if self._local_provider is not None and self._local_provider.failure is not None:
             raise self._local_provider.failure
         for instance in self.colocated:

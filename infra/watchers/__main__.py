@@ -7,7 +7,7 @@ import argparse
 import logging
 import sys
 
-from infra.watchers.azure_events import AZURE_IMDS_URL, AzureScheduledEventsWatcher
+from infra.watchers.azure_events import AZURE_IMDS_URL, IMDS_URL_ENV, AzureScheduledEventsWatcher, default_imds_url
 from infra.watchers.gce_metadata import GCE_METADATA_URL, GcePreemptionWatcher, default_metadata_url
 from infra.watchers.supervisor import Watcher, supervise
 
@@ -21,7 +21,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("cloud", choices=["gce", "azure"], help="whose notice to watch")
     p.add_argument(
         "--metadata-url",
-        help=f"metadata service (default {GCE_METADATA_URL}, or http://$GCE_METADATA_HOST / {AZURE_IMDS_URL})",
+        help=f"metadata service (default {GCE_METADATA_URL}, or http://$GCE_METADATA_HOST / {AZURE_IMDS_URL}, or ${IMDS_URL_ENV})",
     )
     p.add_argument("--instance", help="this VM's name (Azure: only its events count)")
     p.add_argument("--grace-s", type=float, default=25.0, help="drain time before SIGKILL (default 25)")
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         watcher = GcePreemptionWatcher(args.metadata_url or default_metadata_url(), retry_s=args.poll_s)
     else:
         watcher = AzureScheduledEventsWatcher(
-            args.metadata_url or AZURE_IMDS_URL, instance=args.instance, poll_s=args.poll_s
+            args.metadata_url or default_imds_url(), instance=args.instance, poll_s=args.poll_s
         )
     return supervise(command, watcher, grace_s=args.grace_s)
 

@@ -10,6 +10,7 @@ to the same URL so the eviction need not wait for its deadline.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 
 import httpx
@@ -22,6 +23,13 @@ AZURE_IMDS_URL = "http://169.254.169.254"
 SCHEDULED_EVENTS_PATH = "/metadata/scheduledevents"
 API_VERSION = "2020-07-01"
 HEADERS = {"Metadata": "true"}
+IMDS_URL_ENV = "RLBOOST_AZURE_IMDS_URL"
+"""Overrides the Instance Metadata Service's address (a proxy, or a test's fake IMDS)."""
+
+
+def default_imds_url() -> str:
+    """`$RLBOOST_AZURE_IMDS_URL` when that is set, else IMDS's link-local address."""
+    return os.environ.get(IMDS_URL_ENV) or AZURE_IMDS_URL
 
 
 class AzureScheduledEventsWatcher:

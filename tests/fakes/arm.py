@@ -31,6 +31,7 @@ VM_FIELDS = {
     "location": None,
     "zones": None,
     "tags": {},
+    "identity": {"type": None, "userAssignedIdentities": {}},
     "properties": {
         "hardwareProfile": {"vmSize": None},
         "storageProfile": {
@@ -92,6 +93,8 @@ class FakeArm(FakeServer):
     """`<location>-<zone>` (or a bare location) without capacity."""
     quota_exceeded: set[str] = field(default_factory=set)
     api_versions: set[str] = field(default_factory=set)
+    custom_data: dict[str, str] = field(default_factory=dict)
+    """VM name -> its decoded custom data (the boot script), which Azure never returns in a GET."""
 
     def __post_init__(self) -> None:
         super().__init__()
@@ -198,6 +201,7 @@ class FakeArm(FakeServer):
                 },
             }
             vm["properties"]["osProfile"] = {k: v for k, v in props["osProfile"].items() if k != "customData"}
+            self.custom_data[name] = base64.b64decode(props["osProfile"].get("customData", "")).decode()
             self.vms[name] = vm
             exhausted = where in self.exhausted
 
@@ -235,6 +239,14 @@ class FakeArm(FakeServer):
                 f"The requested VM size {size} is not available in the current "
                 f"region. The sizes available in the current region are: {', '.join(sorted(SIZES[location]))}.",
             )
+        identity = body.get("identity")
+        if identity is not None:
+            ids = identity.get("userAssignedIdentities") or {}
+            if identity.get("type") != "UserAssigned" or not ids or any(v != {} for v in ids.values()):
+                raise Violation(f"identity {identity!r}: expected type UserAssigned with {{id: {{}}}} entries")
+            bad = [i for i in ids if "/providers/Microsoft.ManagedIdentity/userAssignedIdentities/" not in i]
+            if bad:
+                return arm_error(400, "InvalidIdentityValues", f"Invalid value for the identities {bad}.")
         priority = props.get("priority", "Regular")
         if priority not in ("Regular", "Spot", "Low"):
             raise Violation(f"priority {priority!r}")

@@ -11,6 +11,11 @@ server of its own (`GCE_METADATA_HOST`).
   disappears from the fake cloud (termination action DELETE).
 
 Each VM's output goes to `<workdir>/<name>.log`; `booted` lists every VM that ever booted.
+
+`bake_image_venv(install_dir)` makes the VMs' image: `<install_dir>/venv`, a real virtual
+environment whose preinstalled dependencies are this test environment's (a `.pth` line, as an
+image with torch baked in would have them), without the project itself: the boot script installs
+the run's wheel into it.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
+import sysconfig
 import threading
 import time
 from dataclasses import dataclass, field
@@ -26,6 +33,21 @@ from pathlib import Path
 
 from tests.fakes.gce import FakeGce
 from tests.fakes.metadata import FakeGceMetadata
+
+
+def bake_image_venv(install_dir: Path) -> Path:
+    """`<install_dir>/venv` with this environment's packages visible but not the project (see above)."""
+    venv = install_dir / "venv"
+    subprocess.run([sys._base_executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    site = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    # A plain path line: the directory joins sys.path, its own .pth files (the editable install) do not run.
+    (Path(site) / "image-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return venv
 
 
 @dataclass

@@ -127,3 +127,36 @@ def test_a_cloud_instance_reads_its_secrets_from_the_runs_secret_block(
     Secret(value="just-a-string").save("rlboost-not-a-mapping", overwrite=True)
     with pytest.raises(ValueError, match="Secret block 'rlboost-not-a-mapping' must hold a mapping"):
         load_environment("rlboost-not-a-mapping")
+
+
+def test_a_gpu_vms_instance_without_cuda_fails_its_run_saying_so_instead_of_decoding_on_its_cpu(
+    prefect_harness, redis_url, tmp_path
+):
+    """The flow run of a `g2` VM, with the parameters the run gives it (`InstanceRunSpec`), run on
+    this CPU-only machine: as on a GPU VM whose driver is missing."""
+    from infra.fleet.instance_runs import InstanceRunSpec
+    from infra.providers.pool import PoolSpec
+    from infra.rollout.settings import WorkerSettings
+
+    save_tiny_model(tmp_path / "base")
+    pool = PoolSpec.model_validate(
+        {
+            "name": "l4-spot",
+            "provider": "gcp",
+            "capacity_class": "spot",
+            "size": 1,
+            "machine_type": "g2-standard-8",
+            "price_per_hour": 0.3,
+            "gcp": {"project": "rollout-proj", "zones": ["us-central1-a"], "image": "img"},
+        }
+    )
+    spec = InstanceRunSpec(
+        run_id="flow-gpu", redis_url=redis_url, model=str(tmp_path / "base"), worker=WorkerSettings()
+    )
+    parameters = spec.parameters(pool, "l4-spot-0a1b2c3d")
+    assert parameters["engine"]["device"] == "cuda"  # the run's `auto` on a machine type with GPUs
+    state = rollout_instance(**parameters, redis_url=redis_url, return_state=True)
+    assert state.is_failed(), state
+    assert "rollout instance l4-spot-0a1b2c3d cannot start: its engine failed: DeviceError:" in state.message
+    assert "engine.device: cuda asked for, but this machine has no usable CUDA device" in state.message
+    assert "is the GPU driver installed?" in state.message

@@ -207,7 +207,7 @@ def test_keeps_a_gcp_spot_pool_at_target_through_preemptions_and_a_zone_running_
     with serving(FakeGce(clock=clock)) as gce:
         provider = GcpProvider(
             run_id="e2e",
-            bootstrap=WorkerBootstrap(),
+            bootstrap=WorkerBootstrap(install="image"),
             credentials=AnonymousCredentials(),
             client_options=ClientOptions(api_endpoint=gce.url),
             live_prices=False,

@@ -57,7 +57,7 @@ def fleet_for(pools, gce: FakeGce, clock: Clock, **kwargs) -> CloudFleet:
         pools,
         run_id="fleet-run",
         redis_url=REDIS,
-        bootstrap=WorkerBootstrap(),
+        bootstrap=WorkerBootstrap(install="image"),
         interval_s=0.02,
         clock=clock,
         options=options,
@@ -109,7 +109,9 @@ def test_a_configuration_error_ends_the_loop_and_is_kept(gce, clock):
 
 
 def test_without_cloud_pools_there_is_nothing_to_run():
-    fleet = CloudFleet([LOCAL], run_id="r", redis_url="redis://127.0.0.1:6379/0", bootstrap=WorkerBootstrap())
+    fleet = CloudFleet(
+        [LOCAL], run_id="r", redis_url="redis://127.0.0.1:6379/0", bootstrap=WorkerBootstrap(install="image")
+    )
     assert fleet.pools == () and fleet.providers == {}
     fleet.start()
     fleet.stop()
@@ -127,7 +129,7 @@ def test_without_cloud_pools_there_is_nothing_to_run():
 )
 def test_a_loopback_redis_is_refused(url):
     with pytest.raises(CloudError, match=r"pool 'l4-spot': .*gcp VMs cannot reach.*set fabric.redis_url") as caught:
-        CloudFleet([gcp_pool()], run_id="r", redis_url=url, bootstrap=WorkerBootstrap())
+        CloudFleet([gcp_pool()], run_id="r", redis_url=url, bootstrap=WorkerBootstrap(install="image"))
     assert "pw" not in str(caught.value)
 
 
@@ -135,4 +137,4 @@ def test_a_missing_extra_is_refused_with_the_install_command(monkeypatch):
     monkeypatch.delitem(sys.modules, "infra.providers.gcp")
     monkeypatch.setitem(sys.modules, "google.cloud", None)
     with pytest.raises(CloudError, match=r"pool 'l4-spot': .*`gcp` extra.*google\.cloud.*pip install 'rlboost\[gcp\]'"):
-        CloudFleet([LOCAL, gcp_pool()], run_id="r", redis_url=REDIS, bootstrap=WorkerBootstrap())
+        CloudFleet([LOCAL, gcp_pool()], run_id="r", redis_url=REDIS, bootstrap=WorkerBootstrap(install="image"))

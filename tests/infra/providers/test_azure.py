@@ -92,7 +92,7 @@ def closed_port_url() -> str:
 def make_provider(arm: FakeArm, clock: Clock, *, prices_url: str | None = None, **kwargs: object) -> AzureProvider:
     defaults: dict[str, object] = {
         "run_id": "run-42",
-        "bootstrap": WorkerBootstrap(install="rlboost[azure]==0.1.0"),
+        "bootstrap": WorkerBootstrap(install="image"),
         "credential": StaticCredential("unused"),
         "base_url": arm.url,
         "authentication_policy": SansIOHTTPPolicy(),
@@ -143,6 +143,18 @@ def test_spot_launch_asks_for_a_spot_vm_with_max_price_tags_and_the_worker(arm, 
     assert sorted(arm.names()) == sorted(h.instance_id for h in handles)
     assert {r.zone for r in provider.instances()} == {"eastus-1"}
     assert len(arm.api_versions) == 1
+
+
+def test_vms_run_as_the_pools_managed_identity_which_reads_the_store(arm, clock):
+    identity = (
+        f"/subscriptions/{SUBSCRIPTION}/resourceGroups/rollout-rg/providers/Microsoft.ManagedIdentity/"
+        "userAssignedIdentities/rollout-reader"
+    )
+    make_provider(arm, clock).launch(azure_pool(azure={"identity": identity}), 1)
+    assert put_bodies(arm)[0]["identity"] == {"type": "UserAssigned", "userAssignedIdentities": {identity: {}}}
+    assert not arm.violations
+    make_provider(arm, clock, run_id="no-identity").launch(azure_pool(), 1)
+    assert "identity" not in put_bodies(arm)[1]
 
 
 def test_no_price_cap_bids_up_to_the_pay_as_you_go_price_and_regular_vms_bid_nothing(arm, clock):

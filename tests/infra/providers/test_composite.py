@@ -59,7 +59,7 @@ AZURE = PoolSpec.model_validate(
 def gcp(gce, clock) -> GcpProvider:
     return GcpProvider(
         run_id="mixed",
-        bootstrap=WorkerBootstrap(),
+        bootstrap=WorkerBootstrap(install="image"),
         credentials=AnonymousCredentials(),
         client_options=ClientOptions(api_endpoint=gce.url),
         live_prices=False,

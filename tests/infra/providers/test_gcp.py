@@ -14,9 +14,10 @@ from google.oauth2.credentials import Credentials as UserCredentials
 
 from infra.providers.errors import CredentialsError, PoolConfigError
 from infra.providers.gcp import GcpProvider
+from infra.providers.interface import BootFile, BootPlan
 from infra.providers.pool import PoolSpec
 from infra.providers.prices_live import offline_price
-from infra.providers.startup import WorkerBootstrap
+from infra.providers.startup import LOCK_ENV, WHEEL_ENV, WorkerBootstrap
 from infra.providers.zonal import LABEL_POOL, LABEL_RUN, LABEL_STEP
 from tests.fakes.gce import FakeGce
 from tests.fakes.prices import FakeBillingCatalog, gcp_sku
@@ -63,7 +64,7 @@ def closed_port_url() -> str:
 def make_provider(gce: FakeGce, clock: Clock, *, billing_url: str | None = None, **kwargs: object) -> GcpProvider:
     defaults: dict[str, object] = {
         "run_id": RUN,
-        "bootstrap": WorkerBootstrap(install="rlboost[gcp]==0.1.0", prefect_api_url="http://prefect.internal:4200/api"),
+        "bootstrap": WorkerBootstrap(install="image", prefect_api_url="http://prefect.internal:4200/api"),
         "credentials": AnonymousCredentials(),
         "client_options": ClientOptions(api_endpoint=gce.url),
         "billing_client_options": ClientOptions(api_endpoint=billing_url or closed_port_url()),
@@ -79,9 +80,30 @@ def insert_bodies(gce: FakeGce) -> list[dict]:
     return [r.body for r in gce.requests_to("POST", r"/instances$")]
 
 
+class ShippingHooks:
+    """Boot hooks that give every VM the run's wheel and lock (as `infra.fleet.cloud_boot` does)."""
+
+    wheel = BootFile(
+        "rlboost-0.1.0-py3-none-any.whl",
+        "gs://rollout-store/code/ab12/rlboost-0.1.0-py3-none-any.whl",
+        "ab12",
+        WHEEL_ENV,
+    )
+    lock = BootFile("requirements.txt", "gs://rollout-store/code/cd34/requirements.txt", "cd34", LOCK_ENV)
+
+    def before_boot(self, pool, instance_id: str) -> BootPlan:
+        return BootPlan(files=(self.wheel, self.lock), env={"RLBOOST_FLOW_RUN_ID": f"run-of-{instance_id}"})
+
+    def never_booted(self, instance_id: str, why: str) -> None:
+        pass
+
+
 def test_spot_launch_asks_for_spot_gpus_labels_and_the_worker(gce, clock):
     changes = []
-    provider = make_provider(gce, clock, current_step=lambda: 7, on_change=changes.append)
+    bootstrap = WorkerBootstrap(prefect_api_url="http://prefect.internal:4200/api")
+    provider = make_provider(
+        gce, clock, current_step=lambda: 7, on_change=changes.append, bootstrap=bootstrap, boot_hooks=ShippingHooks()
+    )
     pool = gcp_pool()
     handles = provider.launch(pool, 2)
     assert len(handles) == 2 and all(h.instance_id.startswith("t4-spot-") for h in handles)
@@ -108,7 +130,11 @@ def test_spot_launch_asks_for_spot_gpus_labels_and_the_worker(gce, clock):
         }
     ]
     script = next(i["value"] for i in body["metadata"]["items"] if i["key"] == "startup-script")
-    assert "pip install --quiet 'rlboost[gcp]==0.1.0'" in script
+    # The run's own wheel, fetched from the store, checked, installed without asking an index for the project.
+    assert "gcloud storage cp --quiet gs://rollout-store/code/ab12/rlboost-0.1.0-py3-none-any.whl" in script
+    assert f"rlboost_verify /opt/rlboost/boot/rlboost-0.1.0-py3-none-any.whl.part-{body['name']} ab12" in script
+    assert '--no-deps --force-reinstall "$RLBOOST_WHEEL"' in script and "pip install rlboost" not in script
+    assert f"export RLBOOST_FLOW_RUN_ID=run-of-{body['name']}" in script
     assert (
         f"-m infra.stack.prefect_worker --pool t4-spot --work-queue {RUN}-{body['name']} --name {body['name']} --limit 1 --run-once"
         in script

@@ -15,10 +15,10 @@ At the end the VMs drain (runs Completed) and are deleted, and the Secret block 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
-import sys
 import threading
 import time
 from pathlib import Path
@@ -42,7 +42,7 @@ from rl.models import TinyLlamaShape, build_tiny_llama, save_model
 from rl.rollout import read_samples
 from tests.fakes.gce import FakeGce
 from tests.fakes.support import serving
-from tests.fakes.vm_host import FakeVmHost
+from tests.fakes.vm_host import FakeVmHost, bake_image_venv
 from tests.helpers import REPO_ROOT
 
 pytestmark = pytest.mark.integration
@@ -91,18 +91,18 @@ def service_account_key(gce: FakeGce, path: Path) -> Path:
     return path
 
 
-def deploy_rollout_instance(api_url: str, install_dir: Path) -> None:
+def deploy_rollout_instance(api_url: str, install_dir: Path, pool: str = POOL) -> None:
     """The cloud pool's work pool and `rollout-instance/<pool>` deployment, as prefect.yaml declares
     one for a cloud pool: a module entrypoint (the VM has the project installed) and a pull step
     into the install directory."""
     template = json.loads((ROOT / "deployments" / "work-pools" / "local-process.json").read_text())
     with SyncPrefectClient(api_url) as client:
-        client.create_work_pool(WorkPoolCreate(name=POOL, type="process", base_job_template=template), overwrite=True)
+        client.create_work_pool(WorkPoolCreate(name=pool, type="process", base_job_template=template), overwrite=True)
         flow_id = client.create_flow_from_name("rollout-instance")
         client.create_deployment(
             flow_id=flow_id,
-            name=POOL,
-            work_pool_name=POOL,
+            name=pool,
+            work_pool_name=pool,
             entrypoint="flows.rollout_instance.rollout_instance",
             pull_steps=[{"prefect.deployments.steps.set_working_directory": {"directory": str(install_dir)}}],
         )
@@ -118,10 +118,11 @@ def test_training_keeps_a_gcp_spot_pool_through_a_preemption(prefect_harness, tm
         TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128), seed=0
     )
     save_model(model, tokenizer, base)
-    # The image: the project installed in <install_dir>/venv (here: this interpreter's environment).
+    # The image: a venv with the dependencies but not the project; the VMs install the run's wheel.
     install_dir = tmp_path / "opt"
     install_dir.mkdir()
-    (install_dir / "venv").symlink_to(Path(sys.prefix))
+    venv = bake_image_venv(install_dir)
+    monkeypatch.setenv("RLBOOST_WHEEL_CACHE", str(tmp_path / "wheels"))
     deploy_rollout_instance(api_url, install_dir)
 
     with (
@@ -174,7 +175,7 @@ def test_training_keeps_a_gcp_spot_pool_through_a_preemption(prefect_harness, tm
             "fabric.worker": {"slots": 8, "flush_tokens": 2, "flush_ms": 50, "heartbeat_s": 0.3, "ttl_s": 3.0},
             "fabric.controller": {"reap_timeout_s": 3.0},
             "fabric.cloud": {
-                "bootstrap": {"install": None, "install_dir": str(install_dir), "grace_s": 20.0},
+                "bootstrap": {"install_dir": str(install_dir), "grace_s": 20.0},
                 "gcp_api_endpoint": gce.url,
                 "live_prices": False,
                 "reconcile_s": 0.5,
@@ -242,6 +243,14 @@ def test_training_keeps_a_gcp_spot_pool_through_a_preemption(prefect_harness, tm
             with pytest.raises(ObjectNotFound):  # the instances' secrets are gone with the run
                 client.read_block_document_by_name(environment_block_name(ledger_run_id), block_type_slug="secret")
 
+        # The VMs ran the run's own wheel, fetched from the store and verified, installed once.
+        [wheel] = (run_dir / "store" / "code").glob("*/rlboost-*.whl")
+        assert wheel.parent.name == hashlib.sha256(wheel.read_bytes()).hexdigest()
+        assert (venv / ".rlboost-wheel-sha256").read_text().strip() == wheel.parent.name
+        assert list(venv.glob("lib/python*/site-packages/infra/__init__.py")), "the wheel is in the VMs' venv"
+        installs = [name for name, vm in host.booted.items() if f"installing {wheel.name}" in vm.log.read_text()]
+        assert len(installs) == 1, installs  # the others found it installed (same sha256)
+
         # The base model reached the VMs through the store; the ledger has each VM's life and cost.
         assert (run_dir / "store" / "base-model" / INDEX).exists()
         with Ledger() as ledger:
@@ -256,3 +265,61 @@ def test_training_keeps_a_gcp_spot_pool_through_a_preemption(prefect_harness, tm
         assert all(by_id[n].reason == "preempted" for n in preempted)
         assert all(i.pool == POOL and i.capacity_class == "spot" and i.spend_usd > 0 for i in by_id.values())
         assert report.preemptions == 2 and report.tokens_generated > 0
+
+
+def test_vms_that_cannot_boot_fail_the_run_with_their_boot_log_line(prefect_harness, tmp_path, monkeypatch):
+    """An image without the configured Python: each VM's boot fails and sets its flow run Failed with
+    the boot log's line; the run stops at that (not at the ready timeout) and deletes its VMs."""
+    address = routable_ipv4()
+    if address is None:
+        pytest.skip("this machine has no routable IPv4 address for the VMs to reach Redis at")
+    api_url = PREFECT_API_URL.value()
+    base = tmp_path / "base"
+    model, tokenizer = build_tiny_llama(TinyLlamaShape(hidden_size=64, num_layers=1, num_heads=2, intermediate_size=64))
+    save_model(model, tokenizer, base)
+    install_dir = tmp_path / "opt"  # no venv: the boot script must make one, with python3.9
+    deploy_rollout_instance(api_url, install_dir)
+    monkeypatch.setenv("RLBOOST_WHEEL_CACHE", str(tmp_path / "wheels"))
+    with (
+        EmbeddedRedis(host=address) as redis_server,
+        serving(FakeGce(clock=time.time, token="ya29.fake", operation_polls=1)) as gce,
+    ):
+        monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(service_account_key(gce, tmp_path / "key.json")))
+        pool = {
+            "name": POOL,
+            "provider": "gcp",
+            "capacity_class": "spot",
+            "size": 1,
+            "min_size": 1,
+            "machine_type": "n1-standard-4",
+            "price_per_hour": 0.1,
+            "gcp": {"project": gce.project, "zones": ["us-central1-a"], "image": "projects/x/global/images/old"},
+        }
+        overrides = {
+            "model.path": str(base),
+            "run.output_dir": str(tmp_path / "runs"),
+            "run.name": "cannot-boot",
+            "run.steps": 1,
+            "fabric.enabled": True,
+            "fabric.pools": [pool],
+            "fabric.redis_url": redis_server.url,
+            "fabric.ready_timeout_s": 600,
+            "fabric.cloud": {
+                "bootstrap": {"install_dir": str(install_dir), "python": "python3.9"},
+                "gcp_api_endpoint": gce.url,
+                "live_prices": False,
+                "reconcile_s": 0.5,
+            },
+        }
+        vm_env = {"PATH": "/usr/bin:/bin", "DO_NOT_TRACK": "1"}  # no python3.9, no uv
+        with FakeVmHost(gce, tmp_path / "vms", vm_env, grace_s=5.0) as host:
+            started = time.monotonic()
+            state = rl_train(overrides=overrides, return_state=True)
+            assert time.monotonic() - started < 600, "failed at the boot, not at the ready timeout"
+            deadline = time.monotonic() + 30
+            while set(host.booted) - host.gone and time.monotonic() < deadline:
+                time.sleep(0.2)
+        assert state.is_failed(), state
+        assert "BootFailure" in state.message and "rlboost boot failed on l4-spot-" in state.message
+        assert "no python3.9 on this image, and the project needs Python 3.11 or newer" in state.message
+        assert host.booted and gce.names() == [], "the run deleted its VMs"

@@ -12,8 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from infra.providers.pool import PoolSpec
-from infra.providers.startup import WorkerBootstrap, render_startup_script
 from infra.watchers import AzureScheduledEventsWatcher, GcePreemptionWatcher, PreemptionNotice, supervise
 from infra.watchers.supervisor import process_tree
 from tests.fakes.metadata import FakeGceMetadata, FakeScheduledEvents
@@ -198,74 +196,3 @@ def test_cli_runs_the_command_under_the_gce_watcher(gce_metadata, tmp_path):
     output, _ = cli.communicate(timeout=30)
     assert cli.returncode == 0, output
     assert "preemption notice" in output and (tmp_path / "flowrun.term").exists()
-
-
-STUB_PYTHON = """#!/bin/bash
-# Stand-in interpreter: `-m venv DIR` makes a venv of stand-ins; anything else is logged.
-echo "$(basename "$0") $*" >> "$RLBOOST_TEST_LOG"
-if [ "$1 $2" = "-m venv" ]; then
-  mkdir -p "$3/bin"
-  for tool in python prefect; do cp "$0" "$3/bin/$tool"; done
-fi
-"""
-
-
-def test_the_boot_script_installs_the_project_and_runs_the_instances_worker_under_the_watcher(tmp_path):
-    pool = PoolSpec.model_validate(
-        {
-            "name": "t4-spot",
-            "provider": "gcp",
-            "capacity_class": "spot",
-            "size": 2,
-            "machine_type": "n1-standard-4",
-            "price_per_hour": 0.2,
-            "gcp": {"project": "rollout-proj", "zones": ["us-central1-a"], "image": "img"},
-        }
-    )
-    stub = tmp_path / "python3"
-    stub.write_text(STUB_PYTHON)
-    stub.chmod(0o755)
-    bootstrap = WorkerBootstrap(
-        install="rlboost[gcp] @ git+https://example.com/it's/rlboost",
-        python=str(stub),
-        install_dir=str(tmp_path / "opt"),
-        prefect_api_url="http://prefect:4200/api",
-    )
-    script = render_startup_script(bootstrap, pool=pool, instance_id="t4-spot-0a1b2c3d", run_id="run 1", watcher="gce")
-    log = tmp_path / "calls.log"
-    done = subprocess.run(
-        ["bash", "-c", script],
-        env={**os.environ, "RLBOOST_TEST_LOG": str(log)},
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert done.returncode == 0, done.stderr
-    venv = tmp_path / "opt" / "venv"
-    assert log.read_text().splitlines() == [
-        f"python3 -m venv {venv}",
-        "python -m pip install --quiet rlboost[gcp] @ git+https://example.com/it's/rlboost",
-        f"python -m infra.watchers gce --grace-s 25.0 -- {venv}/bin/python -m infra.stack.prefect_worker --pool t4-spot "
-        "--work-queue run 1-t4-spot-0a1b2c3d --name t4-spot-0a1b2c3d --limit 1 --run-once",
-    ]
-    assert "export RLBOOST_RUN_ID='run 1'" in script and "export PREFECT_API_URL=http://prefect:4200/api" in script
-    azure = render_startup_script(bootstrap, pool=pool, instance_id="vm-a", run_id="r", watcher="azure")
-    assert "-m infra.watchers azure --instance vm-a --grace-s 25.0 --" in azure
-
-    # An image with the project baked in: no venv, no pip, straight to the worker.
-    log.unlink()
-    baked = render_startup_script(
-        bootstrap.model_copy(update={"install": None}), pool=pool, instance_id="vm-b", run_id="r", watcher="gce"
-    )
-    done = subprocess.run(
-        ["bash", "-c", baked],
-        env={**os.environ, "RLBOOST_TEST_LOG": str(log)},
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert done.returncode == 0, done.stderr
-    assert log.read_text().splitlines() == [
-        f"python -m infra.watchers gce --grace-s 25.0 -- {venv}/bin/python -m infra.stack.prefect_worker --pool t4-spot "
-        "--work-queue r-vm-b --name vm-b --limit 1 --run-once",
-    ]

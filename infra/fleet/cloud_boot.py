@@ -1,0 +1,98 @@
+"""What each cloud VM of a run boots with: its flow run, the run's code, its GPU check.
+
+`CloudBoot` is the `BootHooks` of a run's cloud providers. At start (`ship`) it builds the run's
+wheel once (`infra.fleet.code_bundle`), writes a dependency lock for each set of extras its pools
+need (the pool's cloud, the store's fsspec backend, vLLM for vLLM pools: `vllm-cuda` on a GPU) and
+uploads both to `<store>/code/` with their sha256. Before each VM is created (`before_boot`) it
+creates the VM's `rollout-instance` flow run (`InstanceRuns`) and returns the VM's `BootPlan`:
+the wheel and lock to fetch and verify, the flow run's id (boot failures are reported there), and
+a GPU check when the pool's engine runs on CUDA (a machine type with GPUs and device `auto`, or
+an explicit `cuda`: `PoolSpec.engine_spec`).
+
+To ship another file to every VM (e.g. a CA certificate), upload it with `code_bundle.upload(path,
+store, options, env="NAME")` in `ship` and add the `BootFile` to `self.files`: the boot script
+fetches it, checks its sha256 and exports its local path as `$NAME`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from infra.fleet import code_bundle
+from infra.fleet.instance_runs import InstanceRuns
+from infra.providers.interface import BootFile, BootPlan
+from infra.providers.pool import PoolSpec
+from infra.providers.startup import FLOW_RUN_ENV, LOCK_ENV, WHEEL_ENV, WorkerBootstrap, fetch_command
+from rl.engine_spec import EngineSpec
+
+STORE_EXTRAS = {"gs": "gcp", "gcs": "gcp", "az": "azure", "abfs": "azure", "abfss": "azure", "s3": "s3"}
+"""fsspec scheme of the weight store -> the extra whose backend reads it."""
+
+
+def pool_extras(pool: PoolSpec, engine: EngineSpec, store_url: str) -> frozenset[str]:
+    """The project's extras a VM of `pool` needs."""
+    extras = {pool.provider}
+    scheme = urlsplit(store_url).scheme
+    if scheme in STORE_EXTRAS:
+        extras.add(STORE_EXTRAS[scheme])
+    spec = pool.engine_spec(engine)
+    if spec.kind == "vllm":
+        extras.add("vllm-cuda" if spec.device.startswith("cuda") else "vllm")
+    return frozenset(extras)
+
+
+class CloudBoot:
+    """The boot hooks of a run's cloud VMs (see the module docstring)."""
+
+    def __init__(self, runs: InstanceRuns, engine: EngineSpec) -> None:
+        self.runs = runs
+        self.engine = engine
+        self.files: dict[str, tuple[BootFile, ...]] = {}
+        """Pool name -> the files its VMs fetch."""
+
+    def ship(
+        self,
+        pools: Sequence[PoolSpec],
+        bootstrap: WorkerBootstrap,
+        store_url: str,
+        options: Mapping[str, Any] | None,
+        scratch: Path,
+    ) -> None:
+        """Build (or reuse) the wheel, lock it for each pool's extras, upload both (`install: wheel`)."""
+        if bootstrap.install != "wheel":
+            return
+        wheel = Path(bootstrap.wheel) if bootstrap.wheel else code_bundle.build_wheel()
+        if not wheel.is_file():
+            raise code_bundle.CodeBundleError(f"fabric.cloud.bootstrap.wheel: no wheel at {wheel}")
+        try:
+            fetch_command(code_bundle.vm_url(store_url, options), "/dev/null")  # now, not at the first boot
+        except ValueError as error:
+            raise code_bundle.CodeBundleError(f"cloud pools: {error}") from None
+        shipped_wheel = code_bundle.upload(wheel, store_url, options, env=WHEEL_ENV)
+        locks: dict[frozenset[str], BootFile] = {}
+        scratch.mkdir(parents=True, exist_ok=True)
+        for pool in pools:
+            extras = pool_extras(pool, self.engine, store_url)
+            if extras not in locks:
+                lock = scratch / f"requirements-{'-'.join(sorted(extras))}.txt"
+                lock.write_text(code_bundle.lock_requirements(wheel, extras))
+                locks[extras] = code_bundle.upload(lock, store_url, options, env=LOCK_ENV)
+            self.files[pool.name] = (shipped_wheel, locks[extras])
+
+    def plan(self, pool: PoolSpec, flow_run_id: str) -> BootPlan:
+        """The boot plan of a VM of `pool` whose flow run is `flow_run_id`."""
+        return BootPlan(
+            files=self.files.get(pool.name, ()),
+            env={FLOW_RUN_ENV: flow_run_id},
+            require_gpu=pool.engine_spec(self.engine).device.startswith("cuda"),
+        )
+
+    def before_boot(self, pool: PoolSpec, instance_id: str) -> BootPlan:
+        self.runs.create(pool, instance_id)
+        return self.plan(pool, str(self.runs.flow_run_id(instance_id)))
+
+    def never_booted(self, instance_id: str, why: str) -> None:
+        self.runs.never_booted(instance_id, why)
