@@ -303,6 +303,7 @@ def test_vms_that_cannot_boot_fail_the_run_with_their_boot_log_line(prefect_harn
             "fabric.enabled": True,
             "fabric.pools": [pool],
             "fabric.redis_url": redis_server.url,
+            "fabric.allow_plaintext": True,  # the fakes' network is this machine
             "fabric.ready_timeout_s": 600,
             "fabric.cloud": {
                 "bootstrap": {"install_dir": str(install_dir), "python": "python3.9"},
