@@ -8,8 +8,10 @@ variants side by side (`infra.sim`, docs/ARCHITECTURE.md §11).
    offload controller's `T_local` settles first). The paper's system is the `paper` variant
    (no steal, trainer-side senders; with no preemption its group-min truncation never acts); with
    0 spot instances it is `ondemand`. Each row's relative error is against the artifact's
-   ~10k / 12k / 14k / 16k / 18k trained tokens/s. The speeds are public figures (the scenario's
-   defaults), never fitted to this table.
+   ~10k / 12k / 14k / 16k / 18k tokens/s, which count prompt + response tokens per second of step
+   time (veRL's `perf/throughput_all_gpus`, docs/CALIBRATION.md); the simulator's trained tokens
+   count the same. The speeds are public figures (the scenario's defaults), the workload and the
+   engines the artifact's launch scripts, never fitted to this table.
 2. **Real traces**: `deployments/sim/skynomad.yaml` (SkyNomad GCP H100 probes, us-central1-b,
    GCP prices of 2025-10-10, 30 s notice), the same run re-priced at the catalog's 2026-07-20
    prices, Bamboo's p3 add/remove events (AWS's 120 s notice) and a SpotServe segment (looped),
@@ -79,13 +81,15 @@ def paper_rows(steps: int, warmup: int) -> list[dict]:
                 "rel_err": round(metrics.tokens_per_s / paper - 1, 3),
             }
         )
-        prompt_tokens = scenario.workload.prompt_tokens * scenario.workload.prompts_per_step
-        prompt_tokens *= scenario.workload.samples_per_prompt * metrics.steps
-        response_only = (metrics.trained_tokens - prompt_tokens) / metrics.wall_s
+        measured = comparison.results["paper" if spot else "ondemand"].steps[warmup:]
+        rollout_s = sum(s.rollout_s for s in measured) / len(measured)
+        train_s = sum(s.train_s for s in measured) / len(measured)
+        step_s = sum(s.ended_at - s.started_at for s in measured) / len(measured)
         console.print(
-            f"paper table, {spot} spot: paper variant {metrics.tokens_per_s:,.0f} tok/s "
-            f"(response tokens only: {response_only:,.0f}) "
-            f"(artifact ~{paper:,}; {rows[-1]['rel_err']:+.1%}), rlboost {comparison.metrics['rlboost'].tokens_per_s:,.0f}, "
+            f"paper table, {spot} spot: paper variant {metrics.tokens_per_s:,.0f} prompt+response tok/s "
+            f"(artifact ~{paper:,}; {rows[-1]['rel_err']:+.1%}); mean step {step_s:.0f} s: last sample done at "
+            f"{rollout_s:.0f} s, training {train_s:.0f} s; the artifact's figure means a {metrics.trained_tokens / metrics.steps / paper:.0f} s "
+            f"step for these tokens; rlboost {comparison.metrics['rlboost'].tokens_per_s:,.0f}, "
             f"T_local of the last steps {[round(s.t_local_s or 0) for s in comparison.results['paper'].steps[-4:]]}",
             highlight=False,
         )

@@ -81,9 +81,12 @@ class TrainingSection(Section):
     mfu: float = Field(0.28, gt=0, le=1)
     """Model FLOPs utilization of training (torchtitan Llama-3.1-8B on 8xH100: 5,762 tok/s/GPU, ~0.28)."""
     flops_per_param: float = Field(8.0, gt=0)
-    """FLOPs per parameter per trained token over all passes of an update (6 fwd+bwd, 2 old logprobs)."""
+    """FLOPs per parameter per trained token over all passes of an update: 6 (forward and
+    backward) + 2 (old log-probs); add 2 for a reference forward (a KL loss) and 2 for the
+    recomputed forward of gradient checkpointing."""
     count_prompt_tokens: bool = True
-    """Trained tokens include the prompts (veRL's throughput metric counts prompt + response)."""
+    """Trained tokens include the prompts: veRL's `perf/throughput` (the RLBoost artifact's
+    figure) is the sum of the step's attention masks, prompt + response, over the step time."""
 
 
 class ReservedSection(Section):

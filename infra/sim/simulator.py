@@ -136,6 +136,10 @@ class StepRecord:
     num_spot: int
     trainer_idle_s: float
     rollout_idle_s: float
+    rollout_s: float
+    """From the step's start to its last sample done."""
+    train_s: float
+    """Seconds the reserved cluster spent training the step's groups."""
 
 
 @dataclass
@@ -490,6 +494,8 @@ class Simulation:
                 num_spot=self.release_num_spot,
                 trainer_idle_s=trainer_idle,
                 rollout_idle_s=rollout_idle,
+                rollout_s=all_done_at - self.started_at,
+                train_s=sum(b - a for a, b in self.trainer_busy),
             )
         )
         max_steps = self.s.run.max_steps
