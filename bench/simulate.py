@@ -19,7 +19,7 @@ variants side by side (`infra.sim`, docs/ARCHITECTURE.md §11).
 
 No CPU check (issue 15 item 4): `cpu_rel_err` is null.
 
-Last line JSON: {"paper_rows": [{"spot", "sim_tok_s", "paper_tok_s", "rel_err"}], "paper_max_rel_err",
+Last line JSON: {"paper_rows": [{"spot", "sim_tok_s", "paper_tok_s", "rel_err", "rlboost_tok_s", "rlboost_no_steal_tok_s"}], "paper_max_rel_err",
 "cpu_rel_err", "throughput_ratio", "cost_efficiency_gain", "vs_paper_choices", "vs_restart",
 "traces": [...]}: the ratios are `rlboost` against `ondemand` (throughput, tokens per dollar - 1),
 against `paper` and against `restart` (throughput), on the SkyNomad trace; `traces` has the same
@@ -68,7 +68,11 @@ def paper_rows(steps: int, warmup: int) -> list[dict]:
             base,
             spot={"max_instances": spot},
             availability={"source": "constant"},
-            run={"max_steps": steps, "measure_from_step": warmup, "variants": ("paper", "rlboost")},
+            run={
+                "max_steps": steps,
+                "measure_from_step": warmup,
+                "variants": ("paper", "rlboost", "rlboost_no_steal"),
+            },
         )
         comparison = compare(scenario)
         metrics = comparison.metrics["paper" if spot else "ondemand"]
@@ -79,6 +83,8 @@ def paper_rows(steps: int, warmup: int) -> list[dict]:
                 "sim_tok_s": round(metrics.tokens_per_s),
                 "paper_tok_s": paper,
                 "rel_err": round(metrics.tokens_per_s / paper - 1, 3),
+                "rlboost_tok_s": round(comparison.metrics["rlboost"].tokens_per_s),
+                "rlboost_no_steal_tok_s": round(comparison.metrics["rlboost_no_steal"].tokens_per_s),
             }
         )
         measured = comparison.results["paper" if spot else "ondemand"].steps[warmup:]
@@ -89,7 +95,8 @@ def paper_rows(steps: int, warmup: int) -> list[dict]:
             f"paper table, {spot} spot: paper variant {metrics.tokens_per_s:,.0f} prompt+response tok/s "
             f"(artifact ~{paper:,}; {rows[-1]['rel_err']:+.1%}); mean step {step_s:.0f} s: last sample done at "
             f"{rollout_s:.0f} s, training {train_s:.0f} s; the artifact's figure means a {metrics.trained_tokens / metrics.steps / paper:.0f} s "
-            f"step for these tokens; rlboost {comparison.metrics['rlboost'].tokens_per_s:,.0f}, "
+            f"step for these tokens; rlboost {rows[-1]['rlboost_tok_s']:,} "
+            f"(without steal {rows[-1]['rlboost_no_steal_tok_s']:,}), "
             f"T_local of the last steps {[round(s.t_local_s or 0) for s in comparison.results['paper'].steps[-4:]]}",
             highlight=False,
         )

@@ -9,7 +9,9 @@ engines are told `release_all` once, and `resume` when the last spot instance is
 `OffloadController.update(StepTiming(...))` with the measured trainer and rollout idle times and
 the step's trained tokens per second, exactly as `RolloutController._finish` does. Workers claim
 what `dispatch(snapshot, reserved_released=...)` hands them, a claim delay after a slot frees, in
-the token log's order (`priority`: partial samples first, then FIFO).
+the token log's order (`priority`: partial samples first, then FIFO). A steal's samples are routed
+to the decision's receiver, as the token log routes them: only it claims them, until
+`StealConfig.route_s` has passed (then they join the queue).
 
 What it models: per-sample decode on each engine by the roofline of `infra.sim.hardware`,
 integrated exactly between events (every running sample of an engine gains one token per decode
@@ -339,8 +341,11 @@ class Simulation:
         self._soon_claim()
         self._train_next()
 
-    def _release(self, engine: Engine, sample: Sample, how: Literal["flushed", "silent"]) -> None:
-        """Hand `sample` back to the queue with what the migration mode keeps."""
+    def _release(
+        self, engine: Engine, sample: Sample, how: Literal["flushed", "silent"], to: str | None = None
+    ) -> None:
+        """Hand `sample` back to the queue with what the migration mode keeps (routed to
+        instance `to`, as the token log routes a steal, if given)."""
         generated = self._remove(engine, sample)
         if self.v.migration == "restart":
             kept = 0.0
@@ -352,7 +357,12 @@ class Simulation:
             kept = generated
         self.wasted += generated - kept
         sample.logged = kept
-        self._enqueue(sample)
+        if to is None:
+            self._enqueue(sample)
+        else:
+            until = self.loop.now + self.config.steal.route_s
+            self.routed.append((to, until, sample.sample_id))
+            self.loop.at(until, self._soon_claim)
 
     def _enqueue(self, sample: Sample) -> None:
         heapq.heappush(self.queue, (priority(int(sample.logged), sample.seq), sample.seq, sample.sample_id))
@@ -396,6 +406,8 @@ class Simulation:
             self.samples[g * w.samples_per_prompt : (g + 1) * w.samples_per_prompt] for g in range(w.prompts_per_step)
         ]
         self.queue: list[tuple[float, int, str]] = []
+        self.routed: list[tuple[str, float, str]] = []
+        """Stolen samples waiting for their receiver: (receiver, until, sample id)."""
         for sample in self.samples:
             self._enqueue(sample)
         self.done = 0
@@ -517,6 +529,7 @@ class Simulation:
             self.v.steal
             and not claiming
             and not self.queue
+            and not self.routed
             and any(e.registered and len(e.running) < e.slots for e in self.engines)
         )
         views = []
@@ -557,7 +570,9 @@ class Simulation:
             groups_done=sum(1 for g in self.groups.values() if g[1] == 0),
         )
         partial = sum(1 for _, _, sid in self.queue if self.by_id[sid].logged > 0)
-        return ClusterSnapshot(self.loop.now, step, self._views(claiming), QueueView(len(self.queue), partial))
+        queued = len(self.queue) if claiming else len(self.queue) + len(self.routed)
+        partial += 0 if claiming else len(self.routed)
+        return ClusterSnapshot(self.loop.now, step, self._views(claiming), QueueView(queued, partial))
 
     def _poll(self) -> None:
         """One controller poll: reap, offload, steal."""
@@ -594,7 +609,7 @@ class Simulation:
             for decision in steal(snapshot, self.config.steal, reserved_released=released):
                 engine = by_id[decision.from_instance]
                 for sid in decision.sample_ids:
-                    self._release(engine, engine.running[sid], "flushed")
+                    self._release(engine, engine.running[sid], "flushed", to=decision.to_instance)
                 self._reschedule(engine)
                 engine.steal_requested_at = now
                 engine.claim_after = now + self.s.run.steal_holdoff_s
@@ -604,23 +619,51 @@ class Simulation:
         self.loop.after(self.config.poll_s, self._poll)
 
     def _soon_claim(self) -> None:
-        if not self.claim_pending and self.queue:
+        if not self.claim_pending and (self.queue or self.routed):
             self.claim_pending = True
             self.loop.after(self.s.run.claim_delay_s, self._claims)
 
     def _claims(self) -> None:
-        """Workers claim what `dispatch` gives each, in the token log's order."""
+        """Receivers claim the samples stolen for them (anyone, once their wait is over: the
+        samples join the queue), then workers claim what `dispatch` gives each, in the token
+        log's order."""
         self.claim_pending = False
-        if self.finished or not self.queue:
+        if self.finished:
+            return
+        by_id = {e.instance_id: e for e in self.engines}
+        self._claim_routed(by_id)
+        if not self.queue:
             return
         snapshot = self._snapshot(claiming=True)
-        by_id = {e.instance_id: e for e in self.engines}
         for decision in dispatch(snapshot, reserved_released=self.released):
             engine = by_id[decision.instance_id]
             for _ in range(decision.count):
                 _, _, sid = heapq.heappop(self.queue)
                 self._claim(engine, self.by_id[sid])
             self._reschedule(engine)
+
+    def _claim_routed(self, by_id: dict[str, Engine]) -> None:
+        """A receiver able to claim takes its routed samples up to its free slots; routed samples
+        whose wait is over go to the queue for anyone."""
+        now = self.loop.now
+        waiting = []
+        for to, until, sid in self.routed:
+            engine = by_id[to]
+            can = (
+                engine.generating_alive
+                and engine.policy_version == self.version
+                and now >= engine.claim_after
+                and not (self.released and engine.capacity_class == "reserved")
+                and len(engine.running) < engine.slots
+            )
+            if can:
+                self._claim(engine, self.by_id[sid])
+                self._reschedule(engine)
+            elif now >= until - EPS:
+                self._enqueue(self.by_id[sid])
+            else:
+                waiting.append((to, until, sid))
+        self.routed = waiting
 
     # --- spot capacity -----------------------------------------------------------------------------
 
