@@ -239,14 +239,48 @@ def _field_doc(loc: tuple[Any, ...]) -> str | None:
     return doc
 
 
+def _memory_problems(scenario: Scenario) -> list[tuple[tuple[str, ...], str]]:
+    """Engines whose memory holds neither the weights nor one sample's whole context."""
+    found: list[tuple[tuple[str, ...], str]] = []
+    shape = scenario.model.shape()
+    longest = scenario.workload.prompt_tokens + scenario.workload.max_response_tokens
+    share = scenario.decode.memory_utilization
+    for section, field in (("reserved", "engine_gpus"), ("spot", "gpus")):
+        part = getattr(scenario, section)
+        if part.gpu not in GPUS:
+            continue
+        gpus = getattr(part, field)
+        usable = gpus * GPUS[part.gpu].hbm_gb * 1e9 * share
+        fix = f"Fix: raise {section}.{field}, pick a GPU with more memory, or raise decode.memory_utilization"
+        if usable <= shape.weight_bytes:
+            found.append(
+                (
+                    (section, field),
+                    f"{gpus} x {part.gpu} at memory_utilization {share:g} hold {usable / 1e9:.1f} GB, "
+                    f"less than the model's {shape.weight_bytes / 1e9:.1f} GB of weights. {fix}",
+                )
+            )
+        elif usable - shape.weight_bytes < longest * shape.kv_bytes_per_token:
+            found.append(
+                (
+                    (section, field),
+                    f"the KV cache of {gpus} x {part.gpu} holds {(usable - shape.weight_bytes) / shape.kv_bytes_per_token:,.0f} "
+                    f"tokens, fewer than one sample's {longest:,} (prompt_tokens + max_response_tokens). "
+                    f"{fix}, or lower workload.max_response_tokens",
+                )
+            )
+    return found
+
+
 def _problems(scenario: Scenario) -> list[tuple[tuple[str, ...], str]]:
-    """What the types cannot tell: GPU types, engine split, trace, prices."""
+    """What the types cannot tell: GPU types, engine memory, engine split, trace, prices."""
     found: list[tuple[tuple[str, ...], str]] = []
     known = ", ".join(sorted(GPUS))
     for section in ("reserved", "spot"):
         name = getattr(scenario, section).gpu
         if name not in GPUS:
             found.append(((section, "gpu"), f"unknown GPU type {name!r} (known: {known}). Fix: use one of those"))
+    found += _memory_problems(scenario)
     if scenario.reserved.gpus % scenario.reserved.engine_gpus:
         found.append(
             (
