@@ -89,6 +89,29 @@ class TrainingSection(Section):
     figure) is the sum of the step's attention masks, prompt + response, over the step time."""
 
 
+class MeasuredSection(Section):
+    """Speeds measured on this machine (a CPU profile: `bench/simulate.py`'s CPU check). When
+    given they replace the GPU roofline, prefill and training FLOPs models, for every engine."""
+
+    decode_step_s: float = Field(gt=0)
+    """One decode step's fixed time (an engine step over an empty context)."""
+    decode_s_per_context_token: float = Field(ge=0)
+    """Added to a decode step per token of context of the samples it runs."""
+    prefill_s_per_token: float = Field(ge=0)
+    """Prefill time per prompt (or resumed) token."""
+    train_s_per_token: float = Field(gt=0)
+    """Trainer seconds per trained token (every pass of one update)."""
+    cores: int = Field(ge=1)
+    """CPU cores the trainer and the spot worker processes share."""
+    busy_processes: float = Field(gt=0)
+    """Processes computing at once, on average (the trainer or its co-located engine, plus the
+    spot workers alive); every measured time stretches by `max(1, busy_processes / cores)`."""
+
+    @property
+    def slowdown(self) -> float:
+        return max(1.0, self.busy_processes / self.cores)
+
+
 class ReservedSection(Section):
     """The reserved cluster: it trains and, co-located, generates until `T_local`."""
 
@@ -216,6 +239,8 @@ class Scenario(Section):
     availability: AvailabilitySection = AvailabilitySection()
     network: NetworkSection = NetworkSection()
     token_log: TokenLogSection = TokenLogSection()
+    measured: MeasuredSection | None = None
+    """Speeds measured on this machine instead of the GPU models (None: the GPU models)."""
     controller: ControllerConfig = ControllerConfig()
     """The rollout controller's configuration (`infra.rollout.controller.ControllerConfig`): reap
     timeout, steal, offload (`T_local`) and the poll interval."""
@@ -280,7 +305,8 @@ def _problems(scenario: Scenario) -> list[tuple[tuple[str, ...], str]]:
         name = getattr(scenario, section).gpu
         if name not in GPUS:
             found.append(((section, "gpu"), f"unknown GPU type {name!r} (known: {known}). Fix: use one of those"))
-    found += _memory_problems(scenario)
+    if scenario.measured is None:  # a measured profile has no GPU memory to check
+        found += _memory_problems(scenario)
     if scenario.reserved.gpus % scenario.reserved.engine_gpus:
         found.append(
             (

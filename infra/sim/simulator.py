@@ -59,7 +59,7 @@ from infra.rollout.policies import (
 )
 from infra.sim.availability import capacity_changes
 from infra.sim.events import EventLoop
-from infra.sim.hardware import DecodeModel, pull_seconds, train_seconds
+from infra.sim.hardware import DecodeModel, MeasuredDecode, pull_seconds, train_seconds
 from infra.sim.scenario import Scenario
 
 Migration = Literal["token", "group_min", "restart"]
@@ -211,9 +211,25 @@ class Simulation:
     # --- setup -----------------------------------------------------------------------------------
 
     def _decode(self, section: Literal["reserved", "spot"], gpus: int, max_running: int) -> DecodeModel:
-        d = self.s.decode
-        return DecodeModel(
-            self.s.gpu(section), self.model, gpus, d.eta, d.memory_utilization, max_running, d.prefill_mfu
+        d, measured = self.s.decode, self.s.measured
+        args = (self.s.gpu(section), self.model, gpus, d.eta, d.memory_utilization, max_running, d.prefill_mfu)
+        if measured is None:
+            return DecodeModel(*args)
+        return MeasuredDecode(
+            *args,
+            step_s=measured.decode_step_s,
+            per_context_token_s=measured.decode_s_per_context_token,
+            prefill_per_token_s=measured.prefill_s_per_token,
+            slowdown=measured.slowdown,
+        )
+
+    def _train_seconds(self, tokens: float) -> float:
+        measured = self.s.measured
+        if measured is not None:
+            return tokens * measured.train_s_per_token * measured.slowdown
+        training = self.s.training
+        return train_seconds(
+            tokens, self.model, self.s.gpu("reserved"), self.reserved_gpus, training.flops_per_param, training.mfu
         )
 
     def run(self) -> RunResult:
@@ -462,14 +478,7 @@ class Simulation:
                 self._end_step()
             return
         group = self.ready_groups.pop(0)
-        seconds = train_seconds(
-            sum(self._trained_tokens(s) for s in self.group_samples[group]),
-            self.model,
-            self.s.gpu("reserved"),
-            self.reserved_gpus,
-            self.s.training.flops_per_param,
-            self.s.training.mfu,
-        )
+        seconds = self._train_seconds(sum(self._trained_tokens(s) for s in self.group_samples[group]))
         self.trainer_until = now + seconds
         self.trainer_busy.append((now, now + seconds))
         self.loop.at(now + seconds, self._train_next)
