@@ -123,7 +123,9 @@ def test_a_measured_profile_replaces_the_gpu_models_and_sharing_cores_stretches_
     )
     gpu = run(small(run={"max_steps": 3, "duration_s": 10_000}), "ondemand")
     assert [s.rollout_s for s in fast.steps] != [s.rollout_s for s in gpu.steps]
-    for a, b in zip(fast.steps, shared.steps):  # twice the processes on the cores: every measured time doubles (claim delays do not)
+    for a, b in zip(
+        fast.steps, shared.steps
+    ):  # twice the processes on the cores: every measured time doubles (claim delays do not)
         assert b.train_s == pytest.approx(2 * a.train_s) and 1.8 * a.rollout_s < b.rollout_s < 2 * a.rollout_s
     trained = sum(s.trained_tokens for s in fast.steps)
     assert sum(s.train_s for s in fast.steps) == pytest.approx(trained * MEASURED["train_s_per_token"])
