@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
 import sys
 import time
 from dataclasses import replace
@@ -103,6 +105,55 @@ def paper_rows(steps: int, warmup: int) -> list[dict]:
     return rows
 
 
+def cpu_check(steps: int) -> dict:
+    """Calibrate on this machine, predict the demo's steps, run them for real (`bench/cpu_profile.py`)."""
+    from bench.cpu_profile import calibrate, real_run, scenario_data, spot_schedule
+    from infra.run.config import DEFAULT_CONFIG, load_config
+    from infra.sim.runner import SPECS
+
+    config = load_config(DEFAULT_CONFIG)
+    if not (config.model.path / "config.json").exists():
+        raise SystemExit(f"{config.model.path} is missing: run `rlboost pretrain` first")
+    started = time.monotonic()
+    measured = calibrate(config, config.fabric.worker.slots)
+    console.print(f"CPU profile measured in {time.monotonic() - started:.0f} s: {measured}", highlight=False)
+    scenario = Scenario.model_validate(scenario_data(config, measured, steps, os.cpu_count() or 1))
+    sim = Simulation(scenario, SPECS["rlboost"], spot_schedule(config), prices_per_hour(scenario)[:2]).run()
+    started = time.monotonic()
+    rows = real_run(steps)
+    console.print(f"real run of {steps} steps in {time.monotonic() - started:.0f} s", highlight=False)
+    prompt_tokens = scenario.workload.prompt_tokens * scenario.workload.prompts_per_step
+    prompt_tokens *= scenario.workload.samples_per_prompt
+    # the first step of each side warms up (the real one's workers start); the real last step
+    # also evaluates the policy
+    predicted = sim.steps[1:-1]
+    sim_step_s = statistics.fmean(s.ended_at - s.started_at for s in predicted)
+    sim_tok_s = sum(s.trained_tokens - prompt_tokens for s in predicted) / sum(
+        s.ended_at - s.started_at for s in predicted
+    )
+    measured_rows = rows[1:-1]
+    real_step_s = statistics.fmean(r["step_s"] for r in measured_rows)
+    real_tok_s = sum(r["tokens"] for r in measured_rows) / sum(r["step_s"] for r in measured_rows)
+    real_rollout_train_s = statistics.fmean(r["rollout_s"] + r["train_s"] - r["train_overlap_s"] for r in measured_rows)
+    figures = {
+        "steps": steps,
+        "sim_step_s": round(sim_step_s, 3),
+        "real_step_s": round(real_step_s, 3),
+        "step_rel_err": round(sim_step_s / real_step_s - 1, 3),
+        "sim_tok_s": round(sim_tok_s, 1),
+        "real_tok_s": round(real_tok_s, 1),
+        "tok_s_rel_err": round(sim_tok_s / real_tok_s - 1, 3),
+        "sim_rollout_s": round(statistics.fmean(s.rollout_s for s in predicted), 3),
+        "real_rollout_s": round(statistics.fmean(r["rollout_s"] for r in measured_rows), 3),
+        "real_rollout_and_train_s": round(real_rollout_train_s, 3),
+        "sim_preemptions": sim.preemptions,
+        "real_preemptions": sum(r.get("preemptions", 0) for r in rows),
+        "profile": {k: round(v, 7) if isinstance(v, float) else v for k, v in measured.items()},
+    }
+    console.print(f"CPU check: {figures}", highlight=False)
+    return figures
+
+
 def figures(comparison: Comparison, label: str, prices_at: str | None) -> dict:
     m = comparison.metrics
     rl = m["rlboost"]
@@ -149,7 +200,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=14, help="steps per paper-table row")
     parser.add_argument("--warmup", type=int, default=4, help="paper-table steps not measured")
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "sim_skynomad.png")
+    parser.add_argument("--cpu-steps", type=int, default=12, help="steps of the CPU check's real run (0: skip it)")
     args = parser.parse_args()
+    cpu = cpu_check(args.cpu_steps) if args.cpu_steps else None
     started = time.monotonic()
     rows = paper_rows(args.steps, args.warmup)
     console.print(f"paper table simulated in {time.monotonic() - started:.0f} s", highlight=False)
@@ -190,7 +243,8 @@ def main() -> None:
             {
                 "paper_rows": rows,
                 "paper_max_rel_err": max(abs(r["rel_err"]) for r in rows),
-                "cpu_rel_err": None,
+                "cpu_rel_err": cpu["step_rel_err"] if cpu else None,
+                "cpu_check": cpu,
                 "throughput_ratio": headline["throughput_ratio"],
                 "cost_efficiency_gain": headline["cost_efficiency_gain"],
                 "vs_paper_choices": headline["vs_paper_choices"],

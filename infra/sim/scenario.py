@@ -84,6 +84,11 @@ class TrainingSection(Section):
     """FLOPs per parameter per trained token over all passes of an update: 6 (forward and
     backward) + 2 (old log-probs); add 2 for a reference forward (a KL loss) and 2 for the
     recomputed forward of gradient checkpointing."""
+    while_generating: bool = False
+    """The trainer trains complete groups while the reserved engines still generate (a CPU run's
+    co-located engine is a thread of the training process and `fabric.stream_training` feeds the
+    trainer as groups complete: both share the cores); False: the reserved GPUs train only once
+    released at `T_local` or once the step's rollout is done (the paper's design)."""
     count_prompt_tokens: bool = True
     """Trained tokens include the prompts: veRL's `perf/throughput` (the RLBoost artifact's
     figure) is the sum of the step's attention masks, prompt + response, over the step time."""

@@ -20,8 +20,9 @@ tokens of a resumed sample), during which the engine does not decode; spot insta
 pull each version (bandwidth-limited; from the trainer only, or as a swarm), and leave by the
 trace, with the cloud's notice (the worker flushes and hands its samples back) or silently (the
 samples wait for the reaper, and the tokens since the last flush are lost); training of each
-complete group on the reserved GPUs once they are released (or once the step's rollout is done),
-idle when no group is ready.
+complete group on the reserved GPUs once they are released (or once the step's rollout is done;
+at once with `training.while_generating`, a CPU run's co-located engine), idle when no group is
+ready.
 
 Migration modes (the variants): `token` (this project: a sample leaving an instance keeps its
 logged tokens), `group_min` (on preemption, the samples of a group that leave an instance keep
@@ -471,7 +472,7 @@ class Simulation:
             if now < self.trainer_until - EPS:
                 return
             self.trainer_until = None
-        if not (self.released or self.done == len(self.samples)):
+        if not (self.released or self.done == len(self.samples) or self.s.training.while_generating):
             return
         if not self.ready_groups:
             if self.done == len(self.samples):

@@ -129,3 +129,13 @@ def test_a_measured_profile_replaces_the_gpu_models_and_sharing_cores_stretches_
         assert b.train_s == pytest.approx(2 * a.train_s) and 1.8 * a.rollout_s < b.rollout_s < 2 * a.rollout_s
     trained = sum(s.trained_tokens for s in fast.steps)
     assert sum(s.train_s for s in fast.steps) == pytest.approx(trained * MEASURED["train_s_per_token"])
+
+
+def test_training_while_generating_overlaps_the_rollout():
+    sections = {"measured": MEASURED, "run": {"max_steps": 3, "duration_s": 10_000}}
+    serial = run(small(**sections), "ondemand")
+    overlapped = run(small(**sections, training={"while_generating": True}), "ondemand")
+    assert sum(s.trained_tokens for s in overlapped.steps) == sum(s.trained_tokens for s in serial.steps)
+    for a, b in zip(serial.steps, overlapped.steps):
+        assert a.ended_at - a.started_at == pytest.approx(a.rollout_s + a.train_s, rel=0.01)  # one, then the other
+        assert b.ended_at - b.started_at < a.ended_at - a.started_at
