@@ -1,7 +1,7 @@
 """Simulator benchmark: the RLBoost paper's throughput table, then real spot traces, each with all
 variants side by side (`infra.sim`, docs/ARCHITECTURE.md §11).
 
-    .venv/bin/python bench/simulate.py [--steps 14] [--warmup 4] [--plot docs/sim_skynomad.png]
+    .venv/bin/python bench/simulate.py [--steps 14] [--warmup 4] [--plot docs/sim_skynomad.png] [--cpu-steps 12]
 
 1. **Paper table**: `deployments/sim/paper.yaml` with 0-4 spot instances always available
    (`availability.source: constant`), `--steps` steps, measured from step `--warmup` on (the
@@ -17,13 +17,18 @@ variants side by side (`infra.sim`, docs/ARCHITECTURE.md §11).
    prices, Bamboo's p3 add/remove events (AWS's 120 s notice) and a SpotServe segment (looped),
    each applied to the same H100 pool.
 
-No CPU check (issue 15 item 4): `cpu_rel_err` is null.
+3. **CPU check** (first, so that its calibration and its real run are as close together as they
+   can be; `bench/cpu_profile.py`): the demo's engine and trainer timed on this machine, the demo
+   configuration simulated with that profile and then run for real for `--cpu-steps` steps
+   (needs `rlboost pretrain` first; `--cpu-steps 0` skips it). `cpu_rel_err` is the simulated
+   mean step time against the real one's, minus 1; `cpu_check` has the details.
 
-Last line JSON: {"paper_rows": [{"spot", "sim_tok_s", "paper_tok_s", "rel_err", "rlboost_tok_s", "rlboost_no_steal_tok_s"}], "paper_max_rel_err",
-"cpu_rel_err", "throughput_ratio", "cost_efficiency_gain", "vs_paper_choices", "vs_restart",
-"traces": [...]}: the ratios are `rlboost` against `ondemand` (throughput, tokens per dollar - 1),
-against `paper` and against `restart` (throughput), on the SkyNomad trace; `traces` has the same
-figures per trace and price date, plus `rlboost_no_steal` and `ondemand_equal_cost`.
+Last line JSON: {"paper_rows": [{"spot", "sim_tok_s", "paper_tok_s", "rel_err", "rlboost_tok_s",
+"rlboost_no_steal_tok_s"}], "paper_max_rel_err", "cpu_rel_err", "cpu_check", "throughput_ratio",
+"cost_efficiency_gain", "vs_paper_choices", "vs_restart", "traces": [...]}: the ratios are
+`rlboost` against `ondemand` (throughput, tokens per dollar - 1), against `paper` and against
+`restart` (throughput), on the SkyNomad trace; `traces` has the same figures per trace and price
+date, plus `rlboost_no_steal` and `ondemand_equal_cost`.
 """
 
 from __future__ import annotations
