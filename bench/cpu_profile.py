@@ -1,15 +1,16 @@
 """The CPU check of `bench/simulate.py` (issue 15 item 4): calibrate the simulator on this machine,
 predict the demo configuration's steps, then run the same configuration for real and compare.
 
-1. **Calibrate** (in this process, right before the real run: other users load the machine, so
-   the two are measured as close together as they can be): on the demo's base model and one
+1. **Calibrate** (in this process, right before and right after the real run, the two profiles
+   averaged: other users load the machine and its load changes within seconds, so the
+   calibration brackets the run as closely as it can): on the demo's base model and one
    step's real prompts, the HF engine the workers run (1 torch thread, as a worker has) times its
    decode steps over batches of 1 to `slots` samples (a least-squares line of step time against
    the tokens of context: fixed + per-context-token seconds), its prefill per prompt token, and
    the response lengths it draws (mean and coefficient of variation); the torch trainer (the
    trainer's thread count) times GRPO updates on those samples, per trained token; and a fresh
    worker process's start-up to a loaded model is timed as the spot instance's boot.
-2. **Predict**: `deployments/configs/demo.yaml` as a scenario with that `measured` profile: one
+2. **Predict** (after the run, from the averaged profile): `deployments/configs/demo.yaml` as a scenario with that `measured` profile: one
    co-located reserved engine and two spot workers of `slots` samples, the pools' Poisson
    schedule (the same `PoissonLifetimes` the local pool replays), notice, silent-kill fraction,
    reap timeout and `T_local` settings. On 2 cores the trainer's process (2 threads while training,
@@ -105,7 +106,7 @@ def calibrate(config, slots: int) -> dict:
     trained = sum(len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids))
     trainer.train_step(batch)  # warm-up
     seconds = []
-    for _ in range(2):
+    for _ in range(4):
         started = time.perf_counter()
         trainer.train_step(batch)
         seconds.append(time.perf_counter() - started)
@@ -133,6 +134,12 @@ def calibrate(config, slots: int) -> dict:
         "trainer_threads": trainer_threads,
         "slots": slots,
     }
+
+
+def mean_profile(before: dict, after: dict) -> dict:
+    """The two calibrations around the real run, averaged: the machine's load changes within
+    seconds (other users), so neither alone stands for the run between them."""
+    return {k: (before[k] + after[k]) / 2 if isinstance(before[k], float) else before[k] for k in before}
 
 
 def scenario_data(config, measured: dict, steps: int, cores: int) -> dict:

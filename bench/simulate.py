@@ -112,7 +112,7 @@ def paper_rows(steps: int, warmup: int) -> list[dict]:
 
 def cpu_check(steps: int) -> dict:
     """Calibrate on this machine, predict the demo's steps, run them for real (`bench/cpu_profile.py`)."""
-    from bench.cpu_profile import calibrate, real_run, scenario_data, spot_schedule
+    from bench.cpu_profile import calibrate, mean_profile, real_run, scenario_data, spot_schedule
     from infra.run.config import DEFAULT_CONFIG, load_config
     from infra.sim.runner import SPECS
 
@@ -120,13 +120,16 @@ def cpu_check(steps: int) -> dict:
     if not (config.model.path / "config.json").exists():
         raise SystemExit(f"{config.model.path} is missing: run `rlboost pretrain` first")
     started = time.monotonic()
-    measured = calibrate(config, config.fabric.worker.slots)
-    console.print(f"CPU profile measured in {time.monotonic() - started:.0f} s: {measured}", highlight=False)
-    scenario = Scenario.model_validate(scenario_data(config, measured, steps, os.cpu_count() or 1))
-    sim = Simulation(scenario, SPECS["rlboost"], spot_schedule(config), prices_per_hour(scenario)[:2]).run()
+    before = calibrate(config, config.fabric.worker.slots)
+    console.print(f"CPU profile measured in {time.monotonic() - started:.0f} s: {before}", highlight=False)
     started = time.monotonic()
     rows = real_run(steps)
     console.print(f"real run of {steps} steps in {time.monotonic() - started:.0f} s", highlight=False)
+    after = calibrate(config, config.fabric.worker.slots)
+    console.print(f"CPU profile measured again: {after}", highlight=False)
+    measured = mean_profile(before, after)
+    scenario = Scenario.model_validate(scenario_data(config, measured, steps, os.cpu_count() or 1))
+    sim = Simulation(scenario, SPECS["rlboost"], spot_schedule(config), prices_per_hour(scenario)[:2]).run()
     prompt_tokens = scenario.workload.prompt_tokens * scenario.workload.prompts_per_step
     prompt_tokens *= scenario.workload.samples_per_prompt
     # the first step of each side warms up (the real one's workers start); the real last step
@@ -154,6 +157,8 @@ def cpu_check(steps: int) -> dict:
         "sim_preemptions": sim.preemptions,
         "real_preemptions": sum(r.get("preemptions", 0) for r in rows),
         "profile": {k: round(v, 7) if isinstance(v, float) else v for k, v in measured.items()},
+        "train_s_per_token_before_after": [round(before["train_s_per_token"], 7), round(after["train_s_per_token"], 7)],
+        "decode_step_s_before_after": [round(before["decode_step_s"], 7), round(after["decode_step_s"], 7)],
     }
     console.print(f"CPU check: {figures}", highlight=False)
     return figures
