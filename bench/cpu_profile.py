@@ -64,6 +64,8 @@ def calibrate(config, slots: int) -> dict:
     records = PromptSource(config.data).take(0, config.rollout.prompts_per_step)
     requests = build_requests(tokenizer, records, 1, config.rollout, config.run.seed)
     model = load_model(path)[0].eval()
+    params = sum(p.numel() for p in model.parameters())
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     trainer_threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a worker's engine (`infra.rollout.worker.TORCH_THREADS`)
     engine = HFEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, max_batch_size=slots)
@@ -133,6 +135,8 @@ def calibrate(config, slots: int) -> dict:
         "boot_s": boot_s,
         "trainer_threads": trainer_threads,
         "slots": slots,
+        "params": params,
+        "bytes_per_param": weight_bytes // params,
     }
 
 
@@ -153,6 +157,8 @@ def scenario_data(config, measured: dict, steps: int, cores: int) -> dict:
     return {
         "name": "demo-cpu",
         "seed": config.run.seed,
+        # the weights the spot workers pull each step (the decode and training speeds are measured)
+        "model": {"params_b": measured["params"] / 1e9, "bytes_per_value": measured["bytes_per_param"]},
         "workload": {
             "prompts_per_step": config.rollout.prompts_per_step,
             "samples_per_prompt": config.rollout.group_size,
