@@ -1,33 +1,42 @@
 """Simulator benchmark: the RLBoost paper's throughput table, then real spot traces, each with all
 variants side by side (`infra.sim`, docs/ARCHITECTURE.md §11).
 
-    .venv/bin/python bench/simulate.py [--steps 14] [--warmup 4] [--plot docs/sim_skynomad.png]
+    .venv/bin/python bench/simulate.py [--steps 14] [--warmup 4] [--plot docs/sim_skynomad.png] [--cpu-steps 12]
 
 1. **Paper table**: `deployments/sim/paper.yaml` with 0-4 spot instances always available
    (`availability.source: constant`), `--steps` steps, measured from step `--warmup` on (the
    offload controller's `T_local` settles first). The paper's system is the `paper` variant
    (no steal, trainer-side senders; with no preemption its group-min truncation never acts); with
    0 spot instances it is `ondemand`. Each row's relative error is against the artifact's
-   ~10k / 12k / 14k / 16k / 18k trained tokens/s. The speeds are public figures (the scenario's
-   defaults), never fitted to this table.
+   ~10k / 12k / 14k / 16k / 18k tokens/s, which count prompt + response tokens per second of step
+   time (veRL's `perf/throughput_all_gpus`, docs/CALIBRATION.md); the simulator's trained tokens
+   count the same. The speeds are public figures (the scenario's defaults), the workload and the
+   engines the artifact's launch scripts, never fitted to this table.
 2. **Real traces**: `deployments/sim/skynomad.yaml` (SkyNomad GCP H100 probes, us-central1-b,
    GCP prices of 2025-10-10, 30 s notice), the same run re-priced at the catalog's 2026-07-20
    prices, Bamboo's p3 add/remove events (AWS's 120 s notice) and a SpotServe segment (looped),
    each applied to the same H100 pool.
 
-No CPU check (issue 15 item 4): `cpu_rel_err` is null.
+3. **CPU check** (first, so that its calibration and its real run are as close together as they
+   can be; `bench/cpu_profile.py`): the demo's engine and trainer timed on this machine, the demo
+   configuration simulated with that profile and then run for real for `--cpu-steps` steps
+   (needs `rlboost pretrain` first; `--cpu-steps 0` skips it). `cpu_rel_err` is the simulated
+   mean step time against the real one's, minus 1; `cpu_check` has the details.
 
-Last line JSON: {"paper_rows": [{"spot", "sim_tok_s", "paper_tok_s", "rel_err"}], "paper_max_rel_err",
-"cpu_rel_err", "throughput_ratio", "cost_efficiency_gain", "vs_paper_choices", "vs_restart",
-"traces": [...]}: the ratios are `rlboost` against `ondemand` (throughput, tokens per dollar - 1),
-against `paper` and against `restart` (throughput), on the SkyNomad trace; `traces` has the same
-figures per trace and price date, plus `rlboost_no_steal` and `ondemand_equal_cost`.
+Last line JSON: {"paper_rows": [{"spot", "sim_tok_s", "paper_tok_s", "rel_err", "rlboost_tok_s",
+"rlboost_no_steal_tok_s"}], "paper_max_rel_err", "cpu_rel_err", "cpu_check", "throughput_ratio",
+"cost_efficiency_gain", "vs_paper_choices", "vs_restart", "traces": [...]}: the ratios are
+`rlboost` against `ondemand` (throughput, tokens per dollar - 1), against `paper` and against
+`restart` (throughput), on the SkyNomad trace; `traces` has the same figures per trace and price
+date, plus `rlboost_no_steal` and `ondemand_equal_cost`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
 import sys
 import time
 from dataclasses import replace
@@ -66,7 +75,11 @@ def paper_rows(steps: int, warmup: int) -> list[dict]:
             base,
             spot={"max_instances": spot},
             availability={"source": "constant"},
-            run={"max_steps": steps, "measure_from_step": warmup, "variants": ("paper", "rlboost")},
+            run={
+                "max_steps": steps,
+                "measure_from_step": warmup,
+                "variants": ("paper", "rlboost", "rlboost_no_steal"),
+            },
         )
         comparison = compare(scenario)
         metrics = comparison.metrics["paper" if spot else "ondemand"]
@@ -77,19 +90,78 @@ def paper_rows(steps: int, warmup: int) -> list[dict]:
                 "sim_tok_s": round(metrics.tokens_per_s),
                 "paper_tok_s": paper,
                 "rel_err": round(metrics.tokens_per_s / paper - 1, 3),
+                "rlboost_tok_s": round(comparison.metrics["rlboost"].tokens_per_s),
+                "rlboost_no_steal_tok_s": round(comparison.metrics["rlboost_no_steal"].tokens_per_s),
             }
         )
-        prompt_tokens = scenario.workload.prompt_tokens * scenario.workload.prompts_per_step
-        prompt_tokens *= scenario.workload.samples_per_prompt * metrics.steps
-        response_only = (metrics.trained_tokens - prompt_tokens) / metrics.wall_s
+        measured = comparison.results["paper" if spot else "ondemand"].steps[warmup:]
+        rollout_s = sum(s.rollout_s for s in measured) / len(measured)
+        train_s = sum(s.train_s for s in measured) / len(measured)
+        step_s = sum(s.ended_at - s.started_at for s in measured) / len(measured)
         console.print(
-            f"paper table, {spot} spot: paper variant {metrics.tokens_per_s:,.0f} tok/s "
-            f"(response tokens only: {response_only:,.0f}) "
-            f"(artifact ~{paper:,}; {rows[-1]['rel_err']:+.1%}), rlboost {comparison.metrics['rlboost'].tokens_per_s:,.0f}, "
+            f"paper table, {spot} spot: paper variant {metrics.tokens_per_s:,.0f} prompt+response tok/s "
+            f"(artifact ~{paper:,}; {rows[-1]['rel_err']:+.1%}); mean step {step_s:.0f} s: last sample done at "
+            f"{rollout_s:.0f} s, training {train_s:.0f} s; the artifact's figure means a {metrics.trained_tokens / metrics.steps / paper:.0f} s "
+            f"step for these tokens; rlboost {rows[-1]['rlboost_tok_s']:,} "
+            f"(without steal {rows[-1]['rlboost_no_steal_tok_s']:,}), "
             f"T_local of the last steps {[round(s.t_local_s or 0) for s in comparison.results['paper'].steps[-4:]]}",
             highlight=False,
         )
     return rows
+
+
+def cpu_check(steps: int) -> dict:
+    """Calibrate on this machine, predict the demo's steps, run them for real (`bench/cpu_profile.py`)."""
+    from bench.cpu_profile import calibrate, mean_profile, real_run, scenario_data, spot_schedule
+    from infra.run.config import DEFAULT_CONFIG, load_config
+    from infra.sim.runner import SPECS
+
+    config = load_config(DEFAULT_CONFIG)
+    if not (config.model.path / "config.json").exists():
+        raise SystemExit(f"{config.model.path} is missing: run `rlboost pretrain` first")
+    started = time.monotonic()
+    before = calibrate(config, config.fabric.worker.slots)
+    console.print(f"CPU profile measured in {time.monotonic() - started:.0f} s: {before}", highlight=False)
+    started = time.monotonic()
+    rows = real_run(steps)
+    console.print(f"real run of {steps} steps in {time.monotonic() - started:.0f} s", highlight=False)
+    after = calibrate(config, config.fabric.worker.slots)
+    console.print(f"CPU profile measured again: {after}", highlight=False)
+    measured = mean_profile(before, after)
+    scenario = Scenario.model_validate(scenario_data(config, measured, steps, os.cpu_count() or 1))
+    sim = Simulation(scenario, SPECS["rlboost"], spot_schedule(config), prices_per_hour(scenario)[:2]).run()
+    prompt_tokens = scenario.workload.prompt_tokens * scenario.workload.prompts_per_step
+    prompt_tokens *= scenario.workload.samples_per_prompt
+    # the first step of each side warms up (the real one's workers start); the real last step
+    # also evaluates the policy
+    predicted = sim.steps[1:-1]
+    sim_step_s = statistics.fmean(s.ended_at - s.started_at for s in predicted)
+    sim_tok_s = sum(s.trained_tokens - prompt_tokens for s in predicted) / sum(
+        s.ended_at - s.started_at for s in predicted
+    )
+    measured_rows = rows[1:-1]
+    real_step_s = statistics.fmean(r["step_s"] for r in measured_rows)
+    real_tok_s = sum(r["tokens"] for r in measured_rows) / sum(r["step_s"] for r in measured_rows)
+    real_rollout_train_s = statistics.fmean(r["rollout_s"] + r["train_s"] - r["train_overlap_s"] for r in measured_rows)
+    figures = {
+        "steps": steps,
+        "sim_step_s": round(sim_step_s, 3),
+        "real_step_s": round(real_step_s, 3),
+        "step_rel_err": round(sim_step_s / real_step_s - 1, 3),
+        "sim_tok_s": round(sim_tok_s, 1),
+        "real_tok_s": round(real_tok_s, 1),
+        "tok_s_rel_err": round(sim_tok_s / real_tok_s - 1, 3),
+        "sim_rollout_s": round(statistics.fmean(s.rollout_s for s in predicted), 3),
+        "real_rollout_s": round(statistics.fmean(r["rollout_s"] for r in measured_rows), 3),
+        "real_rollout_and_train_s": round(real_rollout_train_s, 3),
+        "sim_preemptions": sim.preemptions,
+        "real_preemptions": sum(r.get("preemptions", 0) for r in rows),
+        "profile": {k: round(v, 7) if isinstance(v, float) else v for k, v in measured.items()},
+        "train_s_per_token_before_after": [round(before["train_s_per_token"], 7), round(after["train_s_per_token"], 7)],
+        "decode_step_s_before_after": [round(before["decode_step_s"], 7), round(after["decode_step_s"], 7)],
+    }
+    console.print(f"CPU check: {figures}", highlight=False)
+    return figures
 
 
 def figures(comparison: Comparison, label: str, prices_at: str | None) -> dict:
@@ -138,7 +210,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=14, help="steps per paper-table row")
     parser.add_argument("--warmup", type=int, default=4, help="paper-table steps not measured")
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "sim_skynomad.png")
+    parser.add_argument("--cpu-steps", type=int, default=12, help="steps of the CPU check's real run (0: skip it)")
     args = parser.parse_args()
+    cpu = cpu_check(args.cpu_steps) if args.cpu_steps else None
     started = time.monotonic()
     rows = paper_rows(args.steps, args.warmup)
     console.print(f"paper table simulated in {time.monotonic() - started:.0f} s", highlight=False)
@@ -179,7 +253,8 @@ def main() -> None:
             {
                 "paper_rows": rows,
                 "paper_max_rel_err": max(abs(r["rel_err"]) for r in rows),
-                "cpu_rel_err": None,
+                "cpu_rel_err": cpu["step_rel_err"] if cpu else None,
+                "cpu_check": cpu,
                 "throughput_ratio": headline["throughput_ratio"],
                 "cost_efficiency_gain": headline["cost_efficiency_gain"],
                 "vs_paper_choices": headline["vs_paper_choices"],

@@ -12,7 +12,8 @@ pure policies:
    instance is alive, reserved instances get ``{"op": "release_all", "step": s}`` and go train;
    if the last spot instance dies they get ``{"op": "resume", "step": s}`` and generate again;
 3. **steal** (`infra.rollout.policies.steal`): with an empty queue, a loaded instance gets
-   ``{"op": "release", "sample_ids": [...]}`` so idle slots elsewhere continue those samples;
+   ``{"op": "release", "sample_ids": [...], "to": receiver, "route_s": s}``; the token log routes
+   those samples to the receiver the policy chose (any instance may take them after `route_s`);
 4. **stream**: each newly complete group goes to `on_group(group_id, records)` on one delivery
    thread, in completion order, so training starts before the tail finishes and a slow consumer
    never stalls reaping.
@@ -392,7 +393,12 @@ class RolloutController:
 
     def _steal(self, snapshot: ClusterSnapshot, released: bool) -> None:
         for decision in steal(snapshot, self.config.steal, reserved_released=released):
-            message = {"op": "release", "sample_ids": list(decision.sample_ids)}
+            message = {
+                "op": "release",
+                "sample_ids": list(decision.sample_ids),
+                "to": decision.to_instance,
+                "route_s": self.config.steal.route_s,
+            }
             if self.registry.request(decision.from_instance, message):
                 self._steal_at[decision.from_instance] = snapshot.now
                 self.redis.hincrby(self._key("step", snapshot.step.step), "steals", decision.count)

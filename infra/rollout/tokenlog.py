@@ -35,11 +35,14 @@ Key layout (``P = "rlb:{<run_id>}:"``; the hash tag keeps a run in one cluster s
 ``P g:<step>/<group>``       hash: n, done, failed, prompt (packed u32), max_new, seed,
                              sampling (JSON), meta (JSON)
 ``P s:<sample>``             hash: state, owner, epoch, attempts, migrations, reaps, finish,
-                             step, group, max_new
+                             step, group, max_new; to, to_until while in ``qr``
 ``P s:<sample>:r``           string: the generated tokens, one 8-byte record each (token id u32 LE,
                              logprob f32 LE), APPENDed
 ``P q:<step>``               zset of queued samples; score = seq - logged_tokens * 2^32
                              (more logged tokens first, then enqueue order)
+``P qr:<step>``              zset of queued samples routed to one instance (a steal's
+                             receiver, the sample's ``to``) until ``to_until`` (server ms);
+                             same scores; claimed before ``q``, by anyone once expired
 ``P done:<step>``            stream of completed group ids (field ``g``)
 ``P dropped:<step>``         set of dropped group ids
 ``P own:<instance>``         set of the samples the instance is running
@@ -245,8 +248,14 @@ local function settle(step, group, field)
   end
 end
 
--- revoke the lease of a running sample and queue it again, keeping or discarding its tokens
-local function requeue(sid, sk, step, keep)
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- revoke the lease of a running sample and queue it again, keeping or discarding its tokens;
+-- with `to`, in the step's routed queue: only `to` may claim it until `until_ms`
+local function requeue(sid, sk, step, keep, to, until_ms)
   redis.call('HINCRBY', sk, 'epoch', 1)
   redis.call('HSET', sk, 'state', 'queued', 'owner', '')
   local ntok = redis.call('STRLEN', sk .. ':r') / 8
@@ -256,7 +265,12 @@ local function requeue(sid, sk, step, keep)
     ntok = 0
   end
   local seq = redis.call('HINCRBY', P .. 'step:' .. step, 'seq', 1)
-  redis.call('ZADD', P .. 'q:' .. step, seq - ntok * 4294967296, sid)
+  if to and to ~= '' then
+    redis.call('HSET', sk, 'to', to, 'to_until', until_ms)
+    redis.call('ZADD', P .. 'qr:' .. step, seq - ntok * 4294967296, sid)
+  else
+    redis.call('ZADD', P .. 'q:' .. step, seq - ntok * 4294967296, sid)
+  end
 end
 
 local function fail(sk, step, group, reason)
@@ -294,29 +308,46 @@ redis.call('HSET', stk, 'version', ARGV[3], 'groups', groups, 'groups_done', 0,
 return 1
 """
 
-# ARGV: P, step, instance, version, max_samples, nonce
+# ARGV: P, step, instance, version, max_samples, nonce. Samples routed to the instance (and
+# routed ones whose wait is over) come first, then the shared queue's.
 _CLAIM = """
 local step, inst = ARGV[2], ARGV[3]
 local ck = P .. 'claimreq:' .. inst
 local last = redis.call('HMGET', ck, 'nonce', 'sids')
 local sids
+local function lease(sid)
+  local sk = P .. 's:' .. sid
+  if redis.call('HINCRBY', sk, 'attempts', 1) > 1 then
+    redis.call('HINCRBY', sk, 'migrations', 1)
+    redis.call('HINCRBY', STATS, 'migrations', 1)
+  end
+  redis.call('HINCRBY', sk, 'epoch', 1)
+  redis.call('HSET', sk, 'state', 'running', 'owner', inst)
+  redis.call('SADD', P .. 'own:' .. inst, sid)
+  sids[#sids + 1] = sid
+end
 if last[1] == ARGV[6] then
   sids = cjson.decode(last[2])
 else
   sids = {}
   if redis.call('HGET', P .. 'step:' .. step, 'version') == ARGV[4] then
-    local popped = redis.call('ZPOPMIN', P .. 'q:' .. step, ARGV[5])
-    for j = 1, #popped, 2 do
-      local sid = popped[j]
+    local want = tonumber(ARGV[5])
+    local qr = P .. 'qr:' .. step
+    local routed = redis.call('ZRANGE', qr, 0, -1)
+    local now = #routed > 0 and now_ms() or 0
+    for _, sid in ipairs(routed) do
+      if #sids >= want then break end
       local sk = P .. 's:' .. sid
-      if redis.call('HINCRBY', sk, 'attempts', 1) > 1 then
-        redis.call('HINCRBY', sk, 'migrations', 1)
-        redis.call('HINCRBY', STATS, 'migrations', 1)
+      local r = redis.call('HMGET', sk, 'to', 'to_until')
+      if r[1] == inst or now >= tonumber(r[2] or 0) then
+        redis.call('ZREM', qr, sid)
+        redis.call('HDEL', sk, 'to', 'to_until')
+        lease(sid)
       end
-      redis.call('HINCRBY', sk, 'epoch', 1)
-      redis.call('HSET', sk, 'state', 'running', 'owner', inst)
-      redis.call('SADD', P .. 'own:' .. inst, sid)
-      sids[#sids + 1] = sid
+    end
+    if #sids < want then
+      local popped = redis.call('ZPOPMIN', P .. 'q:' .. step, want - #sids)
+      for j = 1, #popped, 2 do lease(popped[j]) end
     end
   end
   redis.call('HSET', ck, 'nonce', ARGV[6], 'sids', cjson.encode(sids))
@@ -382,14 +413,15 @@ if rejected > 0 then redis.call('HINCRBY', STATS, 'rejected_appends', rejected) 
 return out
 """
 
-# ARGV: P, sample, instance, epoch, keep tokens ('1'/'0')
+# ARGV: P, sample, instance, epoch, keep tokens ('1'/'0'), route to ('' = the shared queue),
+# route ms
 _RELEASE = """
-local sid, inst = ARGV[2], ARGV[3]
+local sid, inst, to = ARGV[2], ARGV[3], ARGV[6]
 local sk = P .. 's:' .. sid
 local h = redis.call('HMGET', sk, 'state', 'owner', 'epoch', 'step')
 if h[1] ~= 'running' or h[2] ~= inst or h[3] ~= ARGV[4] then return 0 end
 redis.call('SREM', P .. 'own:' .. inst, sid)
-requeue(sid, sk, h[4], ARGV[5] == '1')
+requeue(sid, sk, h[4], ARGV[5] == '1', to, to ~= '' and now_ms() + tonumber(ARGV[7]) or 0)
 return 1
 """
 
@@ -479,7 +511,7 @@ for _, gid in ipairs(redis.call('LRANGE', P .. 'groups:' .. step, 0, -1)) do
   redis.call('DEL', gk)
 end
 redis.call('DEL', P .. 'step:' .. step, P .. 'groups:' .. step, P .. 'q:' .. step,
-  P .. 'done:' .. step, P .. 'dropped:' .. step)
+  P .. 'qr:' .. step, P .. 'done:' .. step, P .. 'dropped:' .. step)
 return 1
 """
 
@@ -623,13 +655,27 @@ class TokenLog:
         flush = Flush(sample_id, instance_id, epoch, token_ids, logprobs, offset, finish_reason)
         return self.log([flush])[0]
 
-    def release(self, sample_id: str, instance_id: str, epoch: int, *, keep_tokens: bool = True) -> bool:
+    def release(
+        self,
+        sample_id: str,
+        instance_id: str,
+        epoch: int,
+        *,
+        keep_tokens: bool = True,
+        to: str | None = None,
+        route_s: float = 5.0,
+    ) -> bool:
         """Give a leased sample back to the queue (False if the lease is not current).
 
         keep_tokens=False discards its logged tokens (counted in `wasted_tokens`): the
-        restart-from-scratch baseline.
+        restart-from-scratch baseline. With `to` (a steal's receiver) the sample waits in the
+        step's routed queue, where only instance `to` may claim it for `route_s` seconds of the
+        Redis server's clock; then any instance may (the receiver died or stopped claiming).
         """
-        return bool(self._run("release", sample_id, instance_id, epoch, int(keep_tokens)))
+        if to is not None and (not to or route_s <= 0):
+            raise ValueError(f"sample {sample_id}: route to a non-empty instance id for route_s > 0")
+        route_ms = round(route_s * 1000)
+        return bool(self._run("release", sample_id, instance_id, epoch, int(keep_tokens), to or "", route_ms))
 
     def fail(self, sample_id: str, instance_id: str, epoch: int, reason: str) -> bool:
         """Mark a leased sample failed (the engine cannot generate it); its group is dropped."""

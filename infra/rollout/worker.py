@@ -25,8 +25,9 @@ so the stop strings in a group's sampling end its samples) and runs it against t
 * control messages (`InstanceRegistry.request`):
   ``{"op": "release", "sample_ids": [...]}`` or ``{"op": "release", "count": n}`` flushes, then
   hands back those samples (fenced); with a count it picks the samples with the most work left
-  (fewest tokens). Either way it pauses claiming for `STEAL_HOLDOFF_S`, so the idle instance the
-  controller balances toward gets them (claims prefer partially generated samples).
+  (fewest tokens); with ``"to": receiver`` (and ``"route_s"``) the token log routes them to that
+  instance (`TokenLog.release`). Either way it pauses claiming for `STEAL_HOLDOFF_S`, so the idle
+  instance the controller balances toward gets them (claims prefer partially generated samples).
   ``{"op": "release_all"[, "step": s]}`` (end of `T_local`) flushes and hands back everything and
   stops claiming for step s (default: the current step; s may be a step not started yet) until
   ``{"op": "resume"}`` or another step starts. Once released and idle it puts its engine to
@@ -598,8 +599,9 @@ class RolloutWorker:
 
     # -- handing samples back -------------------------------------------------------------------
 
-    def _release(self, samples: list[_Held]) -> None:
-        """Stop generating `samples`, flush their tails, then release them (fenced)."""
+    def _release(self, samples: list[_Held], to: str | None = None, route_s: float = 5.0) -> None:
+        """Stop generating `samples`, flush their tails, then release them (fenced; routed to
+        instance `to` for `route_s` if given)."""
         samples = [h for h in samples if self.held.get(h.sample_id) is h]
         if not samples:
             return
@@ -613,7 +615,7 @@ class RolloutWorker:
                 continue  # finished, or dropped by the flush
             del self.held[held.sample_id]
             keep = not self.config.restart_from_scratch
-            if self.tokenlog.release(held.sample_id, instance, held.epoch, keep_tokens=keep):
+            if self.tokenlog.release(held.sample_id, instance, held.epoch, keep_tokens=keep, to=to, route_s=route_s):
                 self.stats.released += 1
             else:
                 self.stats.dropped += 1
@@ -641,8 +643,9 @@ class RolloutWorker:
                 running.sort(key=lambda h: (h.generated, -h.order))  # the most work left first
                 targets = running[: max(count, 0)]
             self._claim_after = time.monotonic() + STEAL_HOLDOFF_S
-            log.info("releasing %d samples on request", len(targets))
-            self._release(targets)
+            to = message.get("to") or None
+            log.info("releasing %d samples on request%s", len(targets), f" to {to}" if to else "")
+            self._release(targets, to=to, route_s=float(message.get("route_s", 5.0)))
         elif op == "release_all":
             step = message.get("step", self._step[0] if self._step else None)
             self._paused_step = None if step is None else int(step)

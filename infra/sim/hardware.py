@@ -15,6 +15,10 @@
   2 FLOPs per parameter per token at `prefill_mfu` of the GPU's dense bf16 peak.
 * **Training** costs `train_flops_per_param` FLOPs per parameter per trained token (forward,
   backward, old-logprob and reference forwards) at `train_mfu`.
+* **A measured profile** (`MeasuredDecode`, a scenario's `measured` section) replaces all of
+  the above with speeds timed on the machine itself: a decode step's fixed and per-context-token
+  time, prefill and training time per token, stretched by `slowdown` when the processes that
+  run at once outnumber the cores.
 * **Weight transfer** is the fluid bound of distributing `W` bytes to `n` pullers from a source of
   upload `u_s`, with pullers of download `d` and upload `u` (`pull_seconds`).
 """
@@ -122,6 +126,35 @@ class DecodeModel:
 
     def prefill_seconds(self, tokens: float) -> float:
         return tokens * 2 * self.model.params / (self.gpus * self.prefill_mfu * self.gpu.bf16_tflops * 1e12)
+
+
+@dataclass(frozen=True)
+class MeasuredDecode(DecodeModel):
+    """An engine whose speeds were measured on the machine itself (a CPU profile) instead of
+    derived from a GPU's vendor figures; `slowdown` stretches every measured time (processes
+    sharing fewer cores than they have threads to run)."""
+
+    step_s: float = 0.0
+    """One decode step's fixed time."""
+    per_context_token_s: float = 0.0
+    """Added to a decode step per token of context it runs over."""
+    prefill_per_token_s: float = 0.0
+    slowdown: float = 1.0
+
+    @property
+    def seconds_per_step_base(self) -> float:
+        return self.step_s * self.slowdown
+
+    @property
+    def seconds_per_step_per_context_token(self) -> float:
+        return self.per_context_token_s * self.slowdown
+
+    def slots(self, mean_context_tokens: float) -> int:
+        """No KV-cache bound: the engine runs `max_running` samples."""
+        return self.max_running
+
+    def prefill_seconds(self, tokens: float) -> float:
+        return tokens * self.prefill_per_token_s * self.slowdown
 
 
 def train_seconds(

@@ -81,9 +81,40 @@ class TrainingSection(Section):
     mfu: float = Field(0.28, gt=0, le=1)
     """Model FLOPs utilization of training (torchtitan Llama-3.1-8B on 8xH100: 5,762 tok/s/GPU, ~0.28)."""
     flops_per_param: float = Field(8.0, gt=0)
-    """FLOPs per parameter per trained token over all passes of an update (6 fwd+bwd, 2 old logprobs)."""
+    """FLOPs per parameter per trained token over all passes of an update: 6 (forward and
+    backward) + 2 (old log-probs); add 2 for a reference forward (a KL loss) and 2 for the
+    recomputed forward of gradient checkpointing."""
+    while_generating: bool = False
+    """The trainer trains complete groups while the reserved engines still generate (a CPU run's
+    co-located engine is a thread of the training process and `fabric.stream_training` feeds the
+    trainer as groups complete: both share the cores); False: the reserved GPUs train only once
+    released at `T_local` or once the step's rollout is done (the paper's design)."""
     count_prompt_tokens: bool = True
-    """Trained tokens include the prompts (veRL's throughput metric counts prompt + response)."""
+    """Trained tokens include the prompts: veRL's `perf/throughput` (the RLBoost artifact's
+    figure) is the sum of the step's attention masks, prompt + response, over the step time."""
+
+
+class MeasuredSection(Section):
+    """Speeds measured on this machine (a CPU profile: `bench/simulate.py`'s CPU check). When
+    given they replace the GPU roofline, prefill and training FLOPs models, for every engine."""
+
+    decode_step_s: float = Field(gt=0)
+    """One decode step's fixed time (an engine step over an empty context)."""
+    decode_s_per_context_token: float = Field(ge=0)
+    """Added to a decode step per token of context of the samples it runs."""
+    prefill_s_per_token: float = Field(ge=0)
+    """Prefill time per prompt (or resumed) token."""
+    train_s_per_token: float = Field(gt=0)
+    """Trainer seconds per trained token (every pass of one update)."""
+    cores: int = Field(ge=1)
+    """CPU cores the trainer and the spot worker processes share."""
+    busy_processes: float = Field(gt=0)
+    """Processes computing at once, on average (the trainer or its co-located engine, plus the
+    spot workers alive); every measured time stretches by `max(1, busy_processes / cores)`."""
+
+    @property
+    def slowdown(self) -> float:
+        return max(1.0, self.busy_processes / self.cores)
 
 
 class ReservedSection(Section):
@@ -213,6 +244,8 @@ class Scenario(Section):
     availability: AvailabilitySection = AvailabilitySection()
     network: NetworkSection = NetworkSection()
     token_log: TokenLogSection = TokenLogSection()
+    measured: MeasuredSection | None = None
+    """Speeds measured on this machine instead of the GPU models (None: the GPU models)."""
     controller: ControllerConfig = ControllerConfig()
     """The rollout controller's configuration (`infra.rollout.controller.ControllerConfig`): reap
     timeout, steal, offload (`T_local`) and the poll interval."""
@@ -236,14 +269,49 @@ def _field_doc(loc: tuple[Any, ...]) -> str | None:
     return doc
 
 
+def _memory_problems(scenario: Scenario) -> list[tuple[tuple[str, ...], str]]:
+    """Engines whose memory holds neither the weights nor one sample's whole context."""
+    found: list[tuple[tuple[str, ...], str]] = []
+    shape = scenario.model.shape()
+    longest = scenario.workload.prompt_tokens + scenario.workload.max_response_tokens
+    share = scenario.decode.memory_utilization
+    for section, field in (("reserved", "engine_gpus"), ("spot", "gpus")):
+        part = getattr(scenario, section)
+        if part.gpu not in GPUS:
+            continue
+        gpus = getattr(part, field)
+        usable = gpus * GPUS[part.gpu].hbm_gb * 1e9 * share
+        fix = f"Fix: raise {section}.{field}, pick a GPU with more memory, or raise decode.memory_utilization"
+        if usable <= shape.weight_bytes:
+            found.append(
+                (
+                    (section, field),
+                    f"{gpus} x {part.gpu} at memory_utilization {share:g} hold {usable / 1e9:.1f} GB, "
+                    f"less than the model's {shape.weight_bytes / 1e9:.1f} GB of weights. {fix}",
+                )
+            )
+        elif usable - shape.weight_bytes < longest * shape.kv_bytes_per_token:
+            found.append(
+                (
+                    (section, field),
+                    f"the KV cache of {gpus} x {part.gpu} holds {(usable - shape.weight_bytes) / shape.kv_bytes_per_token:,.0f} "
+                    f"tokens, fewer than one sample's {longest:,} (prompt_tokens + max_response_tokens). "
+                    f"{fix}, or lower workload.max_response_tokens",
+                )
+            )
+    return found
+
+
 def _problems(scenario: Scenario) -> list[tuple[tuple[str, ...], str]]:
-    """What the types cannot tell: GPU types, engine split, trace, prices."""
+    """What the types cannot tell: GPU types, engine memory, engine split, trace, prices."""
     found: list[tuple[tuple[str, ...], str]] = []
     known = ", ".join(sorted(GPUS))
     for section in ("reserved", "spot"):
         name = getattr(scenario, section).gpu
         if name not in GPUS:
             found.append(((section, "gpu"), f"unknown GPU type {name!r} (known: {known}). Fix: use one of those"))
+    if scenario.measured is None:  # a measured profile has no GPU memory to check
+        found += _memory_problems(scenario)
     if scenario.reserved.gpus % scenario.reserved.engine_gpus:
         found.append(
             (

@@ -9,7 +9,9 @@ engines are told `release_all` once, and `resume` when the last spot instance is
 `OffloadController.update(StepTiming(...))` with the measured trainer and rollout idle times and
 the step's trained tokens per second, exactly as `RolloutController._finish` does. Workers claim
 what `dispatch(snapshot, reserved_released=...)` hands them, a claim delay after a slot frees, in
-the token log's order (`priority`: partial samples first, then FIFO).
+the token log's order (`priority`: partial samples first, then FIFO). A steal's samples are routed
+to the decision's receiver, as the token log routes them: only it claims them, until
+`StealConfig.route_s` has passed (then they join the queue).
 
 What it models: per-sample decode on each engine by the roofline of `infra.sim.hardware`,
 integrated exactly between events (every running sample of an engine gains one token per decode
@@ -18,8 +20,9 @@ tokens of a resumed sample), during which the engine does not decode; spot insta
 pull each version (bandwidth-limited; from the trainer only, or as a swarm), and leave by the
 trace, with the cloud's notice (the worker flushes and hands its samples back) or silently (the
 samples wait for the reaper, and the tokens since the last flush are lost); training of each
-complete group on the reserved GPUs once they are released (or once the step's rollout is done),
-idle when no group is ready.
+complete group on the reserved GPUs once they are released (or once the step's rollout is done;
+at once with `training.while_generating`, a CPU run's co-located engine), idle when no group is
+ready.
 
 Migration modes (the variants): `token` (this project: a sample leaving an instance keeps its
 logged tokens), `group_min` (on preemption, the samples of a group that leave an instance keep
@@ -57,7 +60,7 @@ from infra.rollout.policies import (
 )
 from infra.sim.availability import capacity_changes
 from infra.sim.events import EventLoop
-from infra.sim.hardware import DecodeModel, pull_seconds, train_seconds
+from infra.sim.hardware import DecodeModel, MeasuredDecode, pull_seconds, train_seconds
 from infra.sim.scenario import Scenario
 
 Migration = Literal["token", "group_min", "restart"]
@@ -136,6 +139,10 @@ class StepRecord:
     num_spot: int
     trainer_idle_s: float
     rollout_idle_s: float
+    rollout_s: float
+    """From the step's start to its last sample done."""
+    train_s: float
+    """Seconds the reserved cluster spent training the step's groups."""
 
 
 @dataclass
@@ -205,9 +212,25 @@ class Simulation:
     # --- setup -----------------------------------------------------------------------------------
 
     def _decode(self, section: Literal["reserved", "spot"], gpus: int, max_running: int) -> DecodeModel:
-        d = self.s.decode
-        return DecodeModel(
-            self.s.gpu(section), self.model, gpus, d.eta, d.memory_utilization, max_running, d.prefill_mfu
+        d, measured = self.s.decode, self.s.measured
+        args = (self.s.gpu(section), self.model, gpus, d.eta, d.memory_utilization, max_running, d.prefill_mfu)
+        if measured is None:
+            return DecodeModel(*args)
+        return MeasuredDecode(
+            *args,
+            step_s=measured.decode_step_s,
+            per_context_token_s=measured.decode_s_per_context_token,
+            prefill_per_token_s=measured.prefill_s_per_token,
+            slowdown=measured.slowdown,
+        )
+
+    def _train_seconds(self, tokens: float) -> float:
+        measured = self.s.measured
+        if measured is not None:
+            return tokens * measured.train_s_per_token * measured.slowdown
+        training = self.s.training
+        return train_seconds(
+            tokens, self.model, self.s.gpu("reserved"), self.reserved_gpus, training.flops_per_param, training.mfu
         )
 
     def run(self) -> RunResult:
@@ -335,8 +358,11 @@ class Simulation:
         self._soon_claim()
         self._train_next()
 
-    def _release(self, engine: Engine, sample: Sample, how: Literal["flushed", "silent"]) -> None:
-        """Hand `sample` back to the queue with what the migration mode keeps."""
+    def _release(
+        self, engine: Engine, sample: Sample, how: Literal["flushed", "silent"], to: str | None = None
+    ) -> None:
+        """Hand `sample` back to the queue with what the migration mode keeps (routed to
+        instance `to`, as the token log routes a steal, if given)."""
         generated = self._remove(engine, sample)
         if self.v.migration == "restart":
             kept = 0.0
@@ -348,7 +374,12 @@ class Simulation:
             kept = generated
         self.wasted += generated - kept
         sample.logged = kept
-        self._enqueue(sample)
+        if to is None:
+            self._enqueue(sample)
+        else:
+            until = self.loop.now + self.config.steal.route_s
+            self.routed.append((to, until, sample.sample_id))
+            self.loop.at(until, self._soon_claim)
 
     def _enqueue(self, sample: Sample) -> None:
         heapq.heappush(self.queue, (priority(int(sample.logged), sample.seq), sample.seq, sample.sample_id))
@@ -392,6 +423,8 @@ class Simulation:
             self.samples[g * w.samples_per_prompt : (g + 1) * w.samples_per_prompt] for g in range(w.prompts_per_step)
         ]
         self.queue: list[tuple[float, int, str]] = []
+        self.routed: list[tuple[str, float, str]] = []
+        """Stolen samples waiting for their receiver: (receiver, until, sample id)."""
         for sample in self.samples:
             self._enqueue(sample)
         self.done = 0
@@ -439,21 +472,14 @@ class Simulation:
             if now < self.trainer_until - EPS:
                 return
             self.trainer_until = None
-        if not (self.released or self.done == len(self.samples)):
+        if not (self.released or self.done == len(self.samples) or self.s.training.while_generating):
             return
         if not self.ready_groups:
             if self.done == len(self.samples):
                 self._end_step()
             return
         group = self.ready_groups.pop(0)
-        seconds = train_seconds(
-            sum(self._trained_tokens(s) for s in self.group_samples[group]),
-            self.model,
-            self.s.gpu("reserved"),
-            self.reserved_gpus,
-            self.s.training.flops_per_param,
-            self.s.training.mfu,
-        )
+        seconds = self._train_seconds(sum(self._trained_tokens(s) for s in self.group_samples[group]))
         self.trainer_until = now + seconds
         self.trainer_busy.append((now, now + seconds))
         self.loop.at(now + seconds, self._train_next)
@@ -490,6 +516,8 @@ class Simulation:
                 num_spot=self.release_num_spot,
                 trainer_idle_s=trainer_idle,
                 rollout_idle_s=rollout_idle,
+                rollout_s=all_done_at - self.started_at,
+                train_s=sum(b - a for a, b in self.trainer_busy),
             )
         )
         max_steps = self.s.run.max_steps
@@ -511,6 +539,7 @@ class Simulation:
             self.v.steal
             and not claiming
             and not self.queue
+            and not self.routed
             and any(e.registered and len(e.running) < e.slots for e in self.engines)
         )
         views = []
@@ -551,7 +580,9 @@ class Simulation:
             groups_done=sum(1 for g in self.groups.values() if g[1] == 0),
         )
         partial = sum(1 for _, _, sid in self.queue if self.by_id[sid].logged > 0)
-        return ClusterSnapshot(self.loop.now, step, self._views(claiming), QueueView(len(self.queue), partial))
+        queued = len(self.queue) if claiming else len(self.queue) + len(self.routed)
+        partial += 0 if claiming else len(self.routed)
+        return ClusterSnapshot(self.loop.now, step, self._views(claiming), QueueView(queued, partial))
 
     def _poll(self) -> None:
         """One controller poll: reap, offload, steal."""
@@ -588,7 +619,7 @@ class Simulation:
             for decision in steal(snapshot, self.config.steal, reserved_released=released):
                 engine = by_id[decision.from_instance]
                 for sid in decision.sample_ids:
-                    self._release(engine, engine.running[sid], "flushed")
+                    self._release(engine, engine.running[sid], "flushed", to=decision.to_instance)
                 self._reschedule(engine)
                 engine.steal_requested_at = now
                 engine.claim_after = now + self.s.run.steal_holdoff_s
@@ -598,23 +629,51 @@ class Simulation:
         self.loop.after(self.config.poll_s, self._poll)
 
     def _soon_claim(self) -> None:
-        if not self.claim_pending and self.queue:
+        if not self.claim_pending and (self.queue or self.routed):
             self.claim_pending = True
             self.loop.after(self.s.run.claim_delay_s, self._claims)
 
     def _claims(self) -> None:
-        """Workers claim what `dispatch` gives each, in the token log's order."""
+        """Receivers claim the samples stolen for them (anyone, once their wait is over: the
+        samples join the queue), then workers claim what `dispatch` gives each, in the token
+        log's order."""
         self.claim_pending = False
-        if self.finished or not self.queue:
+        if self.finished:
+            return
+        by_id = {e.instance_id: e for e in self.engines}
+        self._claim_routed(by_id)
+        if not self.queue:
             return
         snapshot = self._snapshot(claiming=True)
-        by_id = {e.instance_id: e for e in self.engines}
         for decision in dispatch(snapshot, reserved_released=self.released):
             engine = by_id[decision.instance_id]
             for _ in range(decision.count):
                 _, _, sid = heapq.heappop(self.queue)
                 self._claim(engine, self.by_id[sid])
             self._reschedule(engine)
+
+    def _claim_routed(self, by_id: dict[str, Engine]) -> None:
+        """A receiver able to claim takes its routed samples up to its free slots; routed samples
+        whose wait is over go to the queue for anyone."""
+        now = self.loop.now
+        waiting = []
+        for to, until, sid in self.routed:
+            engine = by_id[to]
+            can = (
+                engine.generating_alive
+                and engine.policy_version == self.version
+                and now >= engine.claim_after
+                and not (self.released and engine.capacity_class == "reserved")
+                and len(engine.running) < engine.slots
+            )
+            if can:
+                self._claim(engine, self.by_id[sid])
+                self._reschedule(engine)
+            elif now >= until - EPS:
+                self._enqueue(self.by_id[sid])
+            else:
+                waiting.append((to, until, sid))
+        self.routed = waiting
 
     # --- spot capacity -----------------------------------------------------------------------------
 

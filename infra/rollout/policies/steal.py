@@ -1,5 +1,10 @@
 """Token-level load balancing: when the queue is empty, ask heavily loaded instances to release
 some running samples so that idle slots elsewhere pick them up from their logged prefix.
+
+Each decision names its receiver: the token log routes the released samples to it
+(`TokenLog.release(..., to=...)`), so the instance the balance was computed for is the one that
+continues them, not whichever instance claims first; after `StealConfig.route_s` without that
+claim (the receiver died or stopped claiming) any instance may take them.
 """
 
 from __future__ import annotations
@@ -23,18 +28,22 @@ class StealConfig:
     cooldown_s: float = 5.0
     """An instance asked to release is not asked again for this long (hysteresis: its release
     must show up in the snapshot before it is judged again)."""
+    route_s: float = 5.0
+    """A stolen sample waits this long (on the Redis server's clock) for the receiver it was
+    stolen for to claim it; after that any instance may (the receiver died or stopped claiming)."""
 
     def __post_init__(self) -> None:
-        if self.min_keep < 0 or self.min_gap < 1 or self.cooldown_s < 0:
-            raise ValueError("need min_keep >= 0, min_gap >= 1 and cooldown_s >= 0")
+        if self.min_keep < 0 or self.min_gap < 1 or self.cooldown_s < 0 or self.route_s <= 0:
+            raise ValueError("need min_keep >= 0, min_gap >= 1, cooldown_s >= 0 and route_s > 0")
 
 
 @dataclass(frozen=True)
 class StealDecision:
-    """Ask `from_instance` to flush and release `sample_ids` back to the queue."""
+    """Ask `from_instance` to flush and release `sample_ids`, routed to `to_instance`."""
 
     from_instance: str
     sample_ids: tuple[str, ...]
+    to_instance: str
 
     @property
     def count(self) -> int:
@@ -58,7 +67,8 @@ def steal(snapshot: ClusterSnapshot, config: StealConfig, *, reserved_released: 
     step's version). Victims are active instances outside their cooldown. One sample at a time
     moves from the most loaded victim to the least loaded receiver (ties by `instance_id`) while
     their running counts differ by at least `min_gap`; an instance is never both victim and
-    receiver. The total stolen never exceeds the receivers' free slots.
+    receiver. The total stolen never exceeds the receivers' free slots. One decision per
+    (victim, receiver) pair, sorted by both.
     """
     if snapshot.queue.queued > 0:
         return ()
@@ -71,21 +81,23 @@ def steal(snapshot: ClusterSnapshot, config: StealConfig, *, reserved_released: 
         for i in live
         if i.steal_requested_at is None or now - i.steal_requested_at >= config.cooldown_s
     }
-    taken: dict[str, list[str]] = {}
+    taken: dict[tuple[str, str], list[str]] = {}
+    gave: set[str] = set()
     while True:
         victims = [v for v, left in pool.items() if left]
         if not victims:
             break
         victim = min(victims, key=lambda v: (-load[v], v))
-        receivers = [r for r, free in room.items() if free > 0 and r != victim and r not in taken]
+        receivers = [r for r, free in room.items() if free > 0 and r != victim and r not in gave]
         if not receivers:
             break
         receiver = min(receivers, key=lambda r: (load[r], r))
         if load[victim] - load[receiver] < config.min_gap:
             break
-        taken.setdefault(victim, []).append(pool[victim].pop(0).sample_id)
+        taken.setdefault((victim, receiver), []).append(pool[victim].pop(0).sample_id)
+        gave.add(victim)
         load[victim] -= 1
         load[receiver] += 1
         room[receiver] -= 1
         pool.pop(receiver, None)
-    return tuple(StealDecision(v, tuple(ids)) for v, ids in sorted(taken.items()))
+    return tuple(StealDecision(v, tuple(ids), r) for (v, r), ids in sorted(taken.items()))

@@ -12,6 +12,7 @@ import pytest
 import redis
 
 from infra.rollout.tokenlog import Flush, GroupSpec, TokenLog
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -148,6 +149,31 @@ def test_release_keeps_tokens_and_new_owner_resumes_exact_prefix(log):
     assert record.token_ids == [10, 11, 12, 13, 14, 15]
     assert (record.attempts, record.migrations) == (2, 1)
     assert log.stats().migrations == 1
+
+
+def test_a_routed_release_waits_for_its_receiver_then_falls_back_to_anyone(log, redis_client, run_id):
+    log.enqueue_step(0, 0, groups(1, 3))
+    held = {c.sample_id: c for c in log.claim(0, "a", 0, 3)}
+    for sid, claim in held.items():
+        assert log.append(sid, "a", claim.epoch, [5, 6], lp([5, 6]))
+    assert log.release("0/0/0", "a", held["0/0/0"].epoch, to="b", route_s=60)  # a steal for b
+    assert log.release("0/0/1", "a", held["0/0/1"].epoch)  # an ordinary release: the shared queue
+    assert log.step_status(0).queued == 2
+    assert [c.sample_id for c in log.claim(0, "c", 0, 8)] == ["0/0/1"], "c may not take b's sample"
+    (routed,) = log.claim(0, "b", 0, 8)
+    assert (routed.sample_id, routed.generated_ids) == ("0/0/0", [5, 6])
+    assert log.claim(0, "b", 0, 8) == []  # claimed once
+    # a receiver that never claims (dead, or no longer claiming): after route_s anyone may
+    assert log.release("0/0/2", "a", held["0/0/2"].epoch, to="gone", route_s=0.2)
+    taken: list = []
+    wait_for(lambda: taken.extend(log.claim(0, "c", 0, 8)) or taken, "the routed sample's wait to end")
+    assert [c.sample_id for c in taken] == ["0/0/2"] and taken[0].generated_ids == [5, 6]
+    assert log.step_status(0).running == 3
+    with pytest.raises(ValueError, match="route to a non-empty instance"):
+        log.release("0/0/2", "c", taken[0].epoch, to="", route_s=1)
+    log.release("0/0/2", "c", taken[0].epoch, to="b", route_s=60)
+    assert log.delete_step(0)
+    assert not redis_client.exists(f"rlb:{{{run_id}}}:qr:0")
 
 
 def test_reaped_zombie_cannot_touch_migrated_sample(log):

@@ -80,3 +80,15 @@ def test_missing_file_is_named(tmp_path):
 
 def test_steal_holdoff_is_the_workers():
     assert RunSection().steal_holdoff_s == STEAL_HOLDOFF_S
+
+
+def test_engines_too_small_for_the_model_or_one_sample_name_the_field_and_the_fix():
+    message = errors("availability:\n  source: constant\nmodel:\n  params_b: 70\nspot:\n  gpus: 1\n")
+    assert "s.yaml:6: spot.gpus: 1 x H100 at memory_utilization 0.85 hold 68.0 GB" in message
+    assert "less than the model's 140.0 GB of weights. Fix: raise spot.gpus" in message
+    assert "s.yaml: reserved.engine_gpus: 1 x H100" in message
+    message = errors(
+        "availability:\n  source: constant\nworkload:\n  max_response_tokens: 40000\nspot:\n  gpu: L4\n  gpus: 1\n"
+    )
+    assert "s.yaml:7: spot.gpus: the KV cache of 1 x L4 holds 27,127 tokens, fewer than one sample's 40,512" in message
+    assert "lower workload.max_response_tokens" in message and "reserved" not in message

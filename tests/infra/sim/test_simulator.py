@@ -104,3 +104,38 @@ def test_reap_steal_and_dispatch_are_the_runtime_policies(monkeypatch):
     result = run(small(spot={"silent_fraction": 1.0}))
     assert result.silent_kills > 0
     assert calls["reap"] > 0 and calls["steal"] > 0 and calls["dispatch"] > 0
+
+
+MEASURED = {
+    "decode_step_s": 0.004,
+    "decode_s_per_context_token": 1e-6,
+    "prefill_s_per_token": 1e-5,
+    "train_s_per_token": 2e-4,
+    "cores": 2,
+    "busy_processes": 2,
+}
+
+
+def test_a_measured_profile_replaces_the_gpu_models_and_sharing_cores_stretches_it():
+    fast = run(small(measured=MEASURED, run={"max_steps": 3, "duration_s": 10_000}), "ondemand")
+    shared = run(
+        small(measured={**MEASURED, "busy_processes": 4}, run={"max_steps": 3, "duration_s": 10_000}), "ondemand"
+    )
+    gpu = run(small(run={"max_steps": 3, "duration_s": 10_000}), "ondemand")
+    assert [s.rollout_s for s in fast.steps] != [s.rollout_s for s in gpu.steps]
+    for a, b in zip(
+        fast.steps, shared.steps
+    ):  # twice the processes on the cores: every measured time doubles (claim delays do not)
+        assert b.train_s == pytest.approx(2 * a.train_s) and 1.8 * a.rollout_s < b.rollout_s < 2 * a.rollout_s
+    trained = sum(s.trained_tokens for s in fast.steps)
+    assert sum(s.train_s for s in fast.steps) == pytest.approx(trained * MEASURED["train_s_per_token"])
+
+
+def test_training_while_generating_overlaps_the_rollout():
+    sections = {"measured": MEASURED, "run": {"max_steps": 3, "duration_s": 10_000}}
+    serial = run(small(**sections), "ondemand")
+    overlapped = run(small(**sections, training={"while_generating": True}), "ondemand")
+    assert sum(s.trained_tokens for s in overlapped.steps) == sum(s.trained_tokens for s in serial.steps)
+    for a, b in zip(serial.steps, overlapped.steps):
+        assert a.ended_at - a.started_at == pytest.approx(a.rollout_s + a.train_s, rel=0.01)  # one, then the other
+        assert b.ended_at - b.started_at < a.ended_at - a.started_at

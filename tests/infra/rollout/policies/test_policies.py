@@ -158,7 +158,7 @@ def test_steal_balances_and_takes_most_remaining_first():
     running = tuple(RunningSample(f"s{k}", 0, 100 * (k + 2)) for k in range(6))
     busy = InstanceView("a", "pool", "spot", 1, 8, running, NOW)
     decisions = steal(snap(busy, inst("b", slots=8)), StealConfig(min_remaining_tokens=1), reserved_released=False)
-    assert len(decisions) == 1 and decisions[0].from_instance == "a"
+    assert len(decisions) == 1 and (decisions[0].from_instance, decisions[0].to_instance) == ("a", "b")
     assert decisions[0].sample_ids == ("s5", "s4", "s3") and decisions[0].count == 3  # 6/0 -> 3/3
 
 
@@ -211,8 +211,21 @@ def test_steal_spreads_over_receivers_and_no_instance_is_both_sides():
     s = snap(inst("a", slots=8, running=8), inst("b", slots=8), inst("c", slots=8), inst("m", slots=8, running=5))
     decisions = steal(s, StealConfig(), reserved_released=False)
     # a 8, m 5, b 0, c 0: the most loaded gives to the least loaded until loads are a3 m4 b3 c3;
-    # m stops being a receiver once it gives.
-    assert {d.from_instance: d.count for d in decisions} == {"a": 5, "m": 1}
+    # m stops being a receiver once it gives. Each decision names the receiver it was computed for.
+    assert {(d.from_instance, d.to_instance): d.count for d in decisions} == {
+        ("a", "b"): 2,
+        ("a", "c"): 3,
+        ("m", "b"): 1,
+    }
+    assert len({s for d in decisions for s in d.sample_ids}) == 6
+
+
+def test_steal_routes_to_the_least_loaded_receiver_not_the_roomiest():
+    # b runs nothing in 1 slot, c runs 1 of 8: the first sample is b's (the least loaded) even
+    # though c has more free slots, which the shared queue would have let c claim as well.
+    s = snap(inst("a", slots=8, running=4), inst("b", slots=1), inst("c", slots=8, running=1))
+    decisions = steal(s, StealConfig(), reserved_released=False)
+    assert [(d.from_instance, d.to_instance, d.count) for d in decisions] == [("a", "b", 1), ("a", "c", 1)]
 
 
 # --- reaper ---------------------------------------------------------------------------------
@@ -412,9 +425,14 @@ def test_random_snapshots_keep_the_invariants(seed):
         assert stolen == ()
     idle = sum(i.free_slots for i in s.instances if eligible(s, i, reserved_released=released))
     assert sum(d.count for d in stolen) <= idle
+    given = {v: sum(d.count for d in stolen if d.from_instance == v) for v in {d.from_instance for d in stolen}}
+    received = {r: sum(d.count for d in stolen if d.to_instance == r) for r in {d.to_instance for d in stolen}}
+    assert not set(given) & set(received), "no instance is both victim and receiver"
+    for r, count in received.items():
+        assert count <= by_id[r].free_slots and eligible(s, by_id[r], reserved_released=released)
     for d in stolen:
         victim = by_id[d.from_instance]
-        assert d.count > 0 and len(victim.running) - d.count >= config.min_keep
+        assert d.count > 0 and len(victim.running) - given[d.from_instance] >= config.min_keep
         assert victim.steal_requested_at is None or NOW - victim.steal_requested_at >= config.cooldown_s
         remaining = {r.sample_id: r.remaining for r in victim.running}
         assert len(set(d.sample_ids)) == d.count and all(
