@@ -9,6 +9,8 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import shlex
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Optional
@@ -161,15 +163,20 @@ def train(config: ConfigOption = None, set_: SetOption = None, console_log_level
 
     if current_api_url() is None:  # no server configured: Prefect's ephemeral one, ended with us
         start_guarded_ephemeral_server()
+    from infra.run.redis_outage import RunStopped
     from rl.checkpoint import CorruptCheckpoint, OutOfSpace
     from rl.disk_space import describe_free, full_path, out_of_space
     from rl.distributed.group import RankFailure
     from rl.trainer import CheckpointMismatch
 
-    reported = (RankFailure, CheckpointMismatch, CorruptCheckpoint, OutOfSpace)
+    reported = (RankFailure, CheckpointMismatch, CorruptCheckpoint, OutOfSpace, RunStopped)
     _console_without_tracebacks_of(lambda error: isinstance(error, reported) or out_of_space(error))
     try:
         run_training(config, _overrides(set_))
+    except RunStopped as error:  # its Redis is gone: one line, what was kept and how to go on
+        resume = shlex.join(["rlboost", *sys.argv[1:]])  # the same command resumes the same run
+        console.print(f"the run stopped: {error}; resume with: {resume}", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(3) from None
     except reported as error:
         # the message says what happened and what to do; all but a rank's failure are the user's
         # to fix (a checkpoint of another trainer, a damaged checkpoint, a full disk): exit 2

@@ -60,6 +60,7 @@ class PrefectLocalProvider(Provider):
         clock: Callable[[], float] = time.time,
         seed: int = 0,
         log_dir: Path | None = None,
+        instance_prefix: str = "",
     ) -> None:
         """`api_url` defaults to the current `PREFECT_API_URL` and must answer; the other
         arguments go to the `LocalProvider` that schedules the instances."""
@@ -81,6 +82,7 @@ class PrefectLocalProvider(Provider):
             seed=seed,
             log_dir=log_dir,
             environment=environment,
+            instance_prefix=instance_prefix,
         )
         self._ticker = TickThread("prefect-local-provider")
 

@@ -87,8 +87,9 @@ class Run(Base):
     started_at: Mapped[datetime]
     ended_at: Mapped[datetime | None]
     heartbeat_at: Mapped[datetime | None]
-    """When the run's driver last said it is alive (every `fabric.cloud.sweep.interval_s` while it
-    has cloud pools; None: never); the VM sweep deletes the VMs of a run whose heartbeat is stale."""
+    """When the run's driver last said it is alive (every few seconds, `RunAccounting`; and every
+    `fabric.cloud.sweep.interval_s` with cloud pools; None: never). The VM sweep deletes the VMs of
+    a run whose heartbeat is stale; a report of a run that never ended bills up to it."""
 
 
 class Step(Base):

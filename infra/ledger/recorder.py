@@ -10,6 +10,7 @@ again (a retry, a resumed controller after a crash) never duplicates anything:
 | `finish_run` | run | sets `ended_at` |
 | `heartbeat` | run | sets `heartbeat_at` (and with `reopen`, clears `ended_at`: the run runs again) |
 | `record_swept` | (provider, instance, zone) | replaces the record |
+| `resume_run` | run | closes the dead attempt's open instances at the last heartbeat; clears `ended_at` |
 | `record_step` | (run, step) | given values replace stored ones; None keeps them |
 | `record_instance` | (run, instance) | same, and `state` never goes back (a stale replay is harmless) |
 | `record_usage` | (run, step, instance) | replaces the totals (pass totals, not increments) |
@@ -29,7 +30,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from sqlalchemy import case, func, update
+from sqlalchemy import case, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
@@ -192,6 +193,30 @@ class Ledger:
             "swept_at": as_utc(swept_at) or datetime.now(UTC),
         }
         self._upsert(SweptInstance, values, f"record_swept({provider}, {instance_id!r})")
+
+    def resume_run(self, run_id: str, *, at: Moment | None = None) -> int:
+        """A new driver takes the run over: every instance of it still open (a dead attempt's) is
+        terminated `crashed` at the run's last heartbeat (or `at` if it has none; never before the
+        instance's launch), and the run is no longer ended. Returns how many instances it closed;
+        0 for a run the ledger does not hold yet."""
+        fallback = as_utc(at) or datetime.now(UTC)
+        with self._writing(f"resume_run({run_id!r})") as connection:
+            run = connection.execute(select(Run.heartbeat_at).where(Run.run_id == run_id)).first()
+            if run is None:
+                return 0
+            last_alive = run.heartbeat_at or fallback
+            open_instances = (Instance.run_id == run_id) & Instance.terminated_at.is_(None)
+            closed = connection.execute(
+                update(Instance)
+                .where(open_instances)
+                .values(
+                    state="terminated",
+                    reason="crashed",
+                    terminated_at=case((Instance.launched_at > last_alive, Instance.launched_at), else_=last_alive),
+                )
+            ).rowcount
+            connection.execute(update(Run).where(Run.run_id == run_id).values(ended_at=None))
+        return closed
 
     def record_step(
         self,

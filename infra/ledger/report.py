@@ -4,7 +4,8 @@ Definitions (USD; an instance's *price* is its recorded `price_per_hour`, else t
 for its class at its launch):
 
 - **Spend** of an instance: its billed seconds (launch to termination; one still running is billed
-  up to `as_of`, default the run's end) times its price. `total_usd` = all instances' spend plus
+  up to `as_of`, default the run's end, else its driver's last heartbeat: a run whose driver died
+  stops costing there) times its price. `total_usd` = all instances' spend plus
   the egress cost of weight transfers.
 - **Step cost**: the instance-seconds recorded for the step (usage rows) times each instance's
   price, plus the egress of transfers attributed to the step. `unattributed_usd` = total minus the
@@ -257,7 +258,7 @@ def _class_spends(instances: list[InstanceCost]) -> list[ClassSpend]:
 def build_report(records: RunRecords, prices: PriceSource, as_of: datetime | None = None) -> CostReport:
     """The `CostReport` of one run (definitions in the module docstring)."""
     run = records.run
-    as_of = as_of or run.ended_at or datetime.now(UTC)
+    as_of = as_of or run.ended_at or run.heartbeat_at or datetime.now(UTC)
     instances = _instance_costs(records, prices, as_of)
     steps = _step_costs(records, instances, as_of)
     egress = sum(t.egress_usd for t in records.transfers)

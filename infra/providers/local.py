@@ -97,13 +97,16 @@ class LocalProvider(Provider):
         seed: int = 0,
         log_dir: Path | None = None,
         environment: Mapping[str, str] | None = None,
+        instance_prefix: str = "",
     ) -> None:
         """`schedules` overrides the availability of the named pools (tests, replays); `clock` is
         the time source of `tick()` and of the records; `seed` drives which instances are
         preempted and which preemptions are silent; `log_dir` gets one `<instance>.log` each
         (stdout and stderr), else children inherit this process's streams; `environment` is added
-        to every instance's environment (this process's own)."""
+        to every instance's environment (this process's own); instance ids are
+        `<instance_prefix><pool>-<n>` (a re-run's attempt prefix, `infra.run.identity`)."""
         self._command_factory = command_factory
+        self._instance_prefix = instance_prefix
         self._environment = dict(environment or {})
         self._schedules = dict(schedules or {})
         self._clock = clock
@@ -261,7 +264,7 @@ class LocalProvider(Provider):
 
     def _start(self, state: _Pool, now: float) -> InstanceHandle:
         spec = state.spec
-        instance_id = f"{spec.name}-{state.launched}"
+        instance_id = f"{self._instance_prefix}{spec.name}-{state.launched}"
         env = {
             **os.environ,
             **self._environment,

@@ -25,6 +25,14 @@ no group delivered twice once its `on_group` returned; one in flight at the kill
 again). Persisted clock values (step start, release) must come from a clock shared by the
 controllers that resume a step: `time.monotonic` is host-wide; pass `time.time` across hosts.
 
+A new driver of the run (a re-run after its driver died: the same run id, `infra.run.identity`)
+calls `take_over(next_step)` before its first step, since what the dead driver consumed died with
+it: every instance it had is reaped (their samples go back to the queue with their logged tokens),
+step `next_step`, the one after the checkpoint it resumes from, is reopened so that every group is
+delivered to the new consumer once more (finished samples are not generated again), the offload
+state goes back to what it was when that step started (its measurements are taken again), and
+every later step is deleted (it was generated from a policy the checkpoint does not hold).
+
 Heartbeat ages are measured on the Redis server's clock (no skew between hosts) and placed on the
 controller's clock. The client's ``socket_timeout`` must exceed `ControllerConfig.poll_s`.
 
@@ -35,7 +43,7 @@ when the step finishes (its report stays):
 =======================  ======================================================================
 ``C offload``            JSON state of the `OffloadController` (`to_dict`)
 ``C step:<s>``           hash: started_at, base_<stat> (token-log stats at the start),
-                         released_at, t_local, num_spot, all_done_at, reaped_instances, steals,
+                         offload_before (``C offload`` when the step started), released_at, t_local, num_spot, all_done_at, reaped_instances, steals,
                          report (JSON `StepReport`, once the step is finished)
 ``C told:<s>``           set of reserved instances sent ``release_all``
 ``C delivered:<s>``      set of group ids whose `on_group` returned
@@ -57,7 +65,7 @@ from dataclasses import asdict, dataclass, fields, replace
 import redis
 from pydantic import Field
 
-from infra.keyspace import controller_prefix, owned_key, queue_key, records_key, sample_key
+from infra.keyspace import controller_prefix, current_step_key, owned_key, queue_key, records_key, sample_key
 from infra.rollout.policies import (
     ClusterSnapshot,
     InstanceView,
@@ -73,7 +81,7 @@ from infra.rollout.policies import (
 )
 from infra.rollout.protocol import set_current_step
 from infra.rollout.registry import InstanceRegistry
-from infra.rollout.tokenlog import RECORD, GroupSpec, SampleRecord, StepStatus, TokenLog, TokenLogStats
+from infra.rollout.tokenlog import RECORD, GroupSpec, SampleRecord, StepStatus, TokenLog, TokenLogStats, _glob_escape
 from rl.config import Section
 from rl.rollout import Sample
 
@@ -151,6 +159,24 @@ class StepReport:
     def from_json(cls, text: bytes | str) -> StepReport:
         data = json.loads(text)
         return cls(**{**data, "groups_dropped": tuple(data["groups_dropped"])})
+
+
+@dataclass(frozen=True)
+class TakeOver:
+    """What a new driver found of the step it resumes (`RolloutController.take_over`)."""
+
+    step: int
+    samples_done: int
+    """Samples finished by the dead driver's instances: not generated again."""
+    samples_partial: int
+    """Samples queued with logged tokens: continued from them."""
+    reaped_samples: int
+    """Samples the dead driver's instances held, back in the queue with their tokens."""
+    later_steps_deleted: tuple[int, ...]
+
+
+_STEP_SCRATCH = ("told", "delivered", "busy", "itok", "seen")
+"""The per-step controller keys deleted when the step finishes (``C step:<s>`` stays)."""
 
 
 def samples_of_group(records: Sequence[SampleRecord]) -> list[Sample]:
@@ -233,6 +259,7 @@ class RolloutController:
             if stored != policy_version:
                 raise ValueError(f"step {step} was enqueued for policy version {stored}, not {policy_version}")
         self.redis.hsetnx(step_key, "started_at", repr(self.clock()))
+        self.redis.hsetnx(step_key, "offload_before", json.dumps(self.offload.to_dict()))
         for name, value in asdict(log.stats()).items():
             self.redis.hsetnx(step_key, f"base_{name}", value)
         if not set_current_step(self.redis, self.run_id, step, policy_version):
@@ -270,6 +297,52 @@ class RolloutController:
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
         return self._finish(log, offload, step)
+
+    def take_over(self, next_step: int) -> TakeOver:
+        """Make the run's state in Redis this driver's (see the module docstring): reap the dead
+        driver's instances, reopen `next_step`, delete the steps after it. Idempotent."""
+        log = TokenLog(self.redis, self.run_id, max_reaps=self.config.max_reaps)
+        reaped_samples = 0
+        for instance in sorted({i.info.instance_id for i in self.registry.all()} | log.owners()):
+            reaped_samples += log.reap(instance)
+            self.registry.deregister(instance)
+        later = sorted(s for s in self._recorded_steps() if s > next_step)
+        for step in later:
+            log.delete_step(step)
+            self.redis.delete(*(self._key(name, step) for name in ("step", *_STEP_SCRATCH)))
+        current = self.redis.hget(current_step_key(self.run_id), "step")
+        if current is not None and int(current) > next_step:
+            self.redis.delete(current_step_key(self.run_id))
+        step_key = self._key("step", next_step)
+        before = self.redis.hget(step_key, "offload_before")
+        if before is not None:
+            self.redis.set(self._key("offload"), before)
+        self.redis.hdel(step_key, "report", "all_done_at")
+        self.redis.delete(self._key("told", next_step), self._key("delivered", next_step))
+        status = log.step_status(next_step)
+        resumed = TakeOver(
+            step=next_step,
+            samples_done=status.done,
+            samples_partial=int(self.redis.zcount(queue_key(self.run_id, next_step), "-inf", "(0")),
+            reaped_samples=reaped_samples,
+            later_steps_deleted=tuple(later),
+        )
+        logger.info("took over run %s: %s", self.run_id, resumed)
+        return resumed
+
+    def seed_offload(self, state: Mapping) -> bool:
+        """Start from a learned offload state (`OffloadController.to_dict`, e.g. a checkpoint's)
+        unless Redis holds one already; returns whether it was used."""
+        return bool(self.redis.set(self._key("offload"), json.dumps(state), nx=True))
+
+    def _recorded_steps(self) -> set[int]:
+        """The steps this run's controllers have started (their ``C step:<s>`` hashes)."""
+        start = len(self._key("step:"))
+        return {
+            int(key[start:])
+            for key in self.redis.scan_iter(match=_glob_escape(self._prefix) + "step:*", count=1000)
+            if key[start:].isdigit()
+        }
 
     def _snapshot(self, log: TokenLog, status: StepStatus, started_at: float) -> ClusterSnapshot:
         """The registry and the step's leases, on the controller's clock; credits the logged
@@ -499,7 +572,6 @@ class RolloutController:
         pipe = self.redis.pipeline(transaction=True)
         pipe.set(self._key("offload"), json.dumps(offload.to_dict()))
         pipe.hset(step_key, "report", json.dumps(asdict(report)))
-        scratch = ("told", "delivered", "busy", "itok", "seen")
-        pipe.delete(*(self._key(name, step) for name in scratch))
+        pipe.delete(*(self._key(name, step) for name in _STEP_SCRATCH))
         pipe.execute()
         return report

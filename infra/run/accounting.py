@@ -13,6 +13,8 @@
   reason: preempted, silently preempted, scaled down, finished, crashed); and each instance's
   share of the step: the seconds it was up inside the step and the tokens it generated (the
   controller credits every logged token to the instance that generated it);
+* while it runs, a heartbeat every `heartbeat_s` (`Ledger.heartbeat`): a driver killed by any
+  signal leaves its run billed up to its last heartbeat, not growing with the clock;
 * at the end, the run's end time; `summary()` is the ledger's cost report as one flat dict, and
   `baseline_summary(id)` its comparison with a measured reserved-only run (`ledger.baseline_run_id`).
 
@@ -21,11 +23,16 @@ the controller's report, not per instance: they are attributed to the instances 
 during the step (preempted or crashed), split evenly, else to the instance that generated most.
 
 Every write is idempotent per (run, step, instance), so recording a step again after a crash
-replaces what was there.
+replaces what was there. A re-run of a crashed run is the same ledger run (`infra.run.identity`):
+`resumed=True` first closes the dead attempt's open instances at its last heartbeat
+(`Ledger.resume_run`); this attempt's instances, its trainer's machine included, carry the
+attempt's prefix, so they never overwrite the dead attempt's rows.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -35,6 +42,8 @@ from infra.ledger.config import TrainerMachine
 from infra.providers.interface import InstanceRecord, Provider
 from infra.providers.pool import PoolSpec
 from infra.weights.shared import Transfer
+
+log = logging.getLogger(__name__)
 
 STOPPED_REASONS = ("preempted", "preempted_silent", "crashed")
 TRAINER_ID = "trainer"
@@ -54,9 +63,14 @@ class RunAccounting:
         transfers: Callable[[], Sequence[Transfer]] | None = None,
         clock: Callable[[], float] = time.time,
         trainer: TrainerMachine | None = None,
+        resumed: bool = False,
+        instance_prefix: str = "",
+        heartbeat_s: float = 5.0,
     ) -> None:
         """`transfers` returns the weight pulls reported since its last call (`RolloutFabric.drain_transfers`);
-        `trainer` is the trainer's machine (`ledger.trainer` of the run configuration)."""
+        `trainer` is the trainer's machine (`ledger.trainer` of the run configuration); `resumed`
+        says an earlier attempt of this run may have left instances open; `instance_prefix` starts
+        this attempt's instance ids (the trainer's); the driver heartbeats every `heartbeat_s`."""
         self.ledger = ledger
         self.run_id = run_id
         self.provider = provider
@@ -66,12 +80,20 @@ class RunAccounting:
         self._trainer_pools = {pool.name for pool in pools if pool.colocated}
         self._step_started: dict[int, float] = {}
         started = clock()
+        self.closed_from_earlier_attempt = ledger.resume_run(run_id, at=started) if resumed else 0
+        """How many instances a dead attempt had left open (closed at its last heartbeat)."""
         ledger.start_run(run_id, name=name, started_at=started)
+        ledger.heartbeat(run_id, at=started)
         self._trainer = (
             None
             if trainer is None
             else InstanceRecord(
-                TRAINER_ID, TRAINER_ID, trainer.capacity_class, trainer.machine_type, trainer.price_per_hour, started
+                instance_prefix + TRAINER_ID,
+                TRAINER_ID,
+                trainer.capacity_class,
+                trainer.machine_type,
+                trainer.price_per_hour,
+                started,
             )
         )
         self._trainer_provider = trainer.provider if trainer is not None else "local"
@@ -79,6 +101,19 @@ class RunAccounting:
         if provider is not None:
             for pool in pools:
                 ledger.record_quote(run_id, pool, provider.quote(pool), quoted_at=clock())
+        self._stopped = threading.Event()
+        self._heartbeats = threading.Thread(
+            target=self._beat, args=(heartbeat_s,), name="ledger-heartbeat", daemon=True
+        )
+        self._heartbeats.start()
+
+    def _beat(self, every_s: float) -> None:
+        """Tell the ledger the driver is alive, every `every_s` until `finish()`."""
+        while not self._stopped.wait(every_s):
+            try:
+                self.ledger.heartbeat(self.run_id, at=self.clock())
+            except Exception as error:  # a ledger briefly away costs a late heartbeat, not the run
+                log.warning("ledger heartbeat of %s failed: %s", self.run_id, error)
 
     def begin_step(self, step: int) -> None:
         """Step `step` starts now."""
@@ -135,6 +170,8 @@ class RunAccounting:
 
     def finish(self) -> None:
         """The run ends now: record the instances' final states and the end time."""
+        self._stopped.set()
+        self._heartbeats.join()
         ended = self.clock()
         if self.provider is not None:
             self._record_instances(self.provider.instances())

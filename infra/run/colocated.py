@@ -59,6 +59,7 @@ class ColocatedInstance:
         model_path: Path,
         worker: WorkerSettings,
         field: str,
+        instance_prefix: str = "",
     ) -> None:
         """Build the engine now (in the caller's thread: a failure names `field`, the pool's place
         in the configuration); `start()` runs it."""
@@ -77,7 +78,7 @@ class ColocatedInstance:
             redis_url=redis_url,
             redis_ca_file=None if redis_ca_file is None else str(redis_ca_file),
             run_id=run_id,
-            instance_id=f"{pool.name}-colocated",
+            instance_id=f"{instance_prefix}{pool.name}-colocated",
             pool=pool.name,
             capacity_class=pool.capacity_class,
             price_per_hour=pool.price_per_hour,

@@ -18,6 +18,7 @@ Redis they reach (`fabric.redis_url`), and a weight store they read (`weights.st
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import secrets
@@ -34,12 +35,13 @@ from infra.providers.composite import CompositeProvider
 from infra.providers.interface import InstanceRecord, Provider
 from infra.providers.local import LocalProvider
 from infra.providers.pool import PoolSpec
-from infra.rollout.controller import RolloutController, StepReport, samples_of_group
+from infra.rollout.controller import RolloutController, StepReport, TakeOver, samples_of_group
 from infra.rollout.registry import InstanceRegistry
 from infra.rollout.settings import worker_flags
 from infra.rollout.tokenlog import GroupSpec, TokenLog
 from infra.run.colocated import ColocatedInstance, WithColocated
 from infra.run.fabric_config import CloudSettings, FabricConfig
+from infra.run.redis_outage import REDIS_ERRORS, wait_for_redis
 from infra.services.redis_embedded import REDIS_CA_FILE_ENV, REDIS_URL_ENV, EmbeddedRedis, RedisSettings
 from infra.weights.config import WeightsConfig
 from infra.weights.model_source import upload_model
@@ -57,6 +59,8 @@ from rl.rollout import Sample, step_seed
 
 if TYPE_CHECKING:
     from infra.fleet.instance_runs import InstanceRuns
+
+log = logging.getLogger(__name__)
 
 
 def environment_block_name(run_id: str) -> str:
@@ -94,9 +98,14 @@ class RolloutFabric:
         model_path: Path,
         engine: EngineSpec = EngineSpec(),
         trainer_device: str = "auto",
+        instance_prefix: str = "",
+        take_over_step: int | None = None,
     ) -> None:
         """`engine` is the run's engine (each pool's overrides apply); weights travel in its dtype.
-        `trainer_device` is where a colocated pool's engine runs when its device is `auto`."""
+        `trainer_device` is where a colocated pool's engine runs when its device is `auto`.
+        A re-run of a crashed run gives its attempt's `instance_prefix` (`infra.run.identity`) and
+        the step it resumes, `take_over_step`: the controller takes the run's Redis state over
+        (`RolloutController.take_over`, in `self.take_over`) before any instance starts."""
         if not config.pools:
             raise ValueError("fabric.pools is empty: configure at least one pool of rollout instances")
         self.config = config
@@ -119,6 +128,16 @@ class RolloutFabric:
         self.log = TokenLog(self.redis, run_id)
         self.registry = InstanceRegistry(self.redis, run_id, ttl_s=config.worker.ttl_s)
         self.controller = RolloutController(self.redis, run_id, config.controller, clock=time.time)
+        self.instance_prefix = instance_prefix
+        self.colocated: list[ColocatedInstance] = []
+        self.take_over: TakeOver | None = None
+        """What the dead driver left of the resumed step (None for a run's first driver)."""
+        if take_over_step is not None:
+            try:
+                self.take_over = self.controller.take_over(take_over_step)
+            except BaseException:
+                self._close_colocated_and_redis()  # none started yet: closes Redis
+                raise
         weights = self.weights_config = peer_weights_config(config)
         if weights.serves:
             # Local instances inherit the trainer's environment: one random secret per session
@@ -130,7 +149,6 @@ class RolloutFabric:
         share_config(self.redis, run_id, weights, run_dir)
         self.weights = WeightPublisher(weights, self.redis, run_id, run_dir=run_dir, dtype=TORCH_DTYPES[engine.dtype])
         self._step = 0
-        self.colocated: list[ColocatedInstance] = []
         try:
             for index, pool in enumerate(config.pools):
                 if pool.colocated:
@@ -171,6 +189,7 @@ class RolloutFabric:
             model_path=self.model_path,
             worker=self.config.worker,
             field=f"fabric.pools[{index}] ({pool.name}, colocated)",
+            instance_prefix=self.instance_prefix,
         )
 
     def _cloud_fleet(self) -> CloudFleet:
@@ -238,11 +257,13 @@ class RolloutFabric:
                 engine=self.engine,
                 redis_ca_file=self._ca_path(),
             )
-            return PrefectLocalProvider(spec, log_dir=log_dir)
+            return PrefectLocalProvider(spec, log_dir=log_dir, instance_prefix=self.instance_prefix)
         environment = {REDIS_URL_ENV: self.redis_url}
         if self.redis_ca_file is not None:
             environment[REDIS_CA_FILE_ENV] = str(self.redis_ca_file)
-        return LocalProvider(self._worker_command, log_dir=log_dir, environment=environment)
+        return LocalProvider(
+            self._worker_command, log_dir=log_dir, environment=environment, instance_prefix=self.instance_prefix
+        )
 
     def _ca_path(self) -> str | None:
         return None if self.redis_ca_file is None else str(self.redis_ca_file)
@@ -338,13 +359,22 @@ class RolloutFabric:
         lock = threading.Lock()
 
         def deliver(group_id: int, group_records) -> None:
+            with lock:
+                if group_id in collected:  # its delivery mark was lost with the last second of a Redis
+                    return
             samples = sorted(samples_of_group(group_records), key=lambda s: int(s.sample_id.rsplit("/", 1)[1]))
             if on_group is not None:
                 on_group(samples)
             with lock:
                 collected[group_id] = samples
 
-        report = self.controller.run_step(step, version, groups, deliver, check=self._check_health)
+        while True:
+            try:
+                report = self.controller.run_step(step, version, groups, deliver, check=self._check_health)
+                break
+            except REDIS_ERRORS as error:  # Redis restarting: resume the step once it answers
+                log.warning("the step %d lost its Redis (%s): waiting for it", step, error)
+                wait_for_redis(self.redis, self.redis_url, self.config.redis_outage_timeout_s, error)
         return [s for group in sorted(collected) for s in collected[group]], report
 
     def preemptions(self) -> int:
@@ -358,11 +388,24 @@ class RolloutFabric:
             return "trainer" if url == self.weights.url else url if url == STORE else "peer"
 
         merged: dict[tuple[str, int, str], Transfer] = {}
-        for t in drain_transfers(self.redis, self.run_id):
+        for t in self._through_outage(lambda: drain_transfers(self.redis, self.run_id)):
             key = (t.instance_id, t.version, source(t.source))
             seen = merged.get(key)
             merged[key] = replace(t, source=key[2], nbytes=t.nbytes + (seen.nbytes if seen else 0))
         return list(merged.values())
+
+    def offload_state(self) -> dict:
+        """The controller's learned offload state (`OffloadController.to_dict`: the checkpoint keeps it)."""
+        return self._through_outage(lambda: self.controller.offload.to_dict())
+
+    def _through_outage(self, call: Callable[[], Any]) -> Any:
+        """`call()`, once more after Redis answers again if it failed on a lost Redis
+        (`RedisUnreachable` past `redis_outage_timeout_s`)."""
+        try:
+            return call()
+        except REDIS_ERRORS as error:
+            wait_for_redis(self.redis, self.redis_url, self.config.redis_outage_timeout_s, error)
+            return call()
 
     def close(self) -> None:
         if self.fleet is not None:

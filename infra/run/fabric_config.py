@@ -84,6 +84,9 @@ class FabricConfig(Section):
     nothing; `everysec` (or `always`, `no`: when it fsyncs) keeps an append-only file under
     `<run>/redis/`, so a Redis restarted on it keeps the token log (a crash loses at most the last
     second of flushes with `everysec`)."""
+    redis_outage_timeout_s: float = Field(30.0, gt=0)
+    """How long a step waits for its Redis to answer again (a restart) before the run stops with
+    one line naming the Redis, the last checkpoint and the command that resumes the run."""
     pools: tuple[PoolSpec, ...] = ()
     """Instance pools: at least one; a `reserved` pool is the training cluster's share of rollout."""
     instances: Literal["process", "prefect"] = "process"

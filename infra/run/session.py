@@ -18,8 +18,8 @@ import copy
 import json
 import threading
 import time
-import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,9 @@ from infra.run.accounting import RunAccounting
 from infra.run.config import RunConfig
 from infra.run.driver_lock import DriverLock
 from infra.run.fabric import RolloutFabric
+from infra.run.identity import claim_identity
 from infra.run.preflight import in_process_engine_device, preflight
+from infra.run.redis_outage import RedisUnreachable, RunStopped
 from infra.run.sweep import SweepSchedule, start_sweeps
 from rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rl.devices import resolve_device
@@ -111,6 +113,8 @@ class TrainingSession:
         self.cursor = 0
         self.history = History()
         self.resumed_from: int | None = None
+        offload_state = None
+        """The fabric's learned offload state at the checkpoint (a Redis that kept its own wins)."""
         try:
             checkpoint = latest_checkpoint(self.checkpoint_dir)
             if checkpoint is not None:
@@ -118,18 +122,22 @@ class TrainingSession:
                 self.cursor = state["cursor"]
                 self.history = History(state["history"]["steps"], [tuple(e) for e in state["history"]["evals"]])
                 self.resumed_from = self.trainer.step
+                offload_state = state.get("offload")
         except BaseException:
             self.trainer.close()
             raise
         self.fabric: RolloutFabric | None = None
         self._stream: tuple[int, StreamedStep] | None = None
         """The step whose groups are being trained while they arrive (fabric rollout only)."""
-        # One id per session: the fabric's Redis namespace (a resumed run redoes the steps after
-        # its checkpoint with the same seeds, so nothing of an earlier attempt may be reused) and
-        # the run's rows in the cost ledger.
-        self.run_id = f"{config.run.name}-{uuid.uuid4().hex[:8]}"
+        # The run's id is the run directory's (`infra.run.identity`): a re-run after a crash is the
+        # same ledger run and the same Redis keyspace, so it resumes the step after its checkpoint
+        # from the logged tokens (the fabric's take-over) and keeps the learned offload state.
+        self.identity = claim_identity(self.directory, config.run.name)
+        self.run_id = self.identity.run_id
         self._step_usage: dict[int, tuple[dict[str, int], int]] = {}
         """Per step in progress: tokens each instance generated, tokens wasted (for the ledger)."""
+        self._taken_over = None
+        """What the dead attempt left of the first step (reported in that step's metrics)."""
         ledger = Ledger(config.ledger.resolved_url())
         self._sweeps: SweepSchedule | None = None
         """The run's heartbeat and VM sweeps (cloud pools only): alive before any VM is launched."""
@@ -144,7 +152,12 @@ class TrainingSession:
                     config.model.path,
                     engine=config.engine_spec(),
                     trainer_device=str(self.device),
+                    instance_prefix=self.identity.instance_prefix,
+                    take_over_step=self.step + 1 if self.identity.resumed else None,
                 )
+                self._taken_over = self.fabric.take_over
+                if offload_state is not None:
+                    self.fabric.controller.seed_offload(offload_state)
                 self.fabric.publish(self.step, self.trainer.policy_state())
             self.accounting = RunAccounting(
                 ledger,
@@ -154,6 +167,8 @@ class TrainingSession:
                 self.fabric.provider if self.fabric else None,
                 transfers=self.fabric.drain_transfers if self.fabric else None,
                 trainer=config.ledger.trainer,
+                resumed=self.identity.resumed,
+                instance_prefix=self.identity.instance_prefix,
             )
         except BaseException:
             if self._sweeps is not None:
@@ -258,16 +273,17 @@ class TrainingSession:
                     stream.add(group)
                 progress.advance()
 
-            samples, report = self.fabric.rollout(
-                self.tokenizer,
-                self._records(),
-                step,
-                self.step,
-                self.config.rollout,
-                self.config.run.seed,
-                on_group=on_group,
-                prompt=self.config.prompt,
-            )
+            with self._stops_when_redis_is_gone():
+                samples, report = self.fabric.rollout(
+                    self.tokenizer,
+                    self._records(),
+                    step,
+                    self.step,
+                    self.config.rollout,
+                    self.config.run.seed,
+                    on_group=on_group,
+                    prompt=self.config.prompt,
+                )
             progress.finish()
             self._step_usage[step] = (dict(report.instance_tokens), report.tokens_wasted)
             fabric_stats = {
@@ -280,6 +296,11 @@ class TrainingSession:
                 "t_local_s": report.t_local_s,
                 "preemptions": self.fabric.preemptions(),
             }
+            taken_over, self._taken_over = self._taken_over, None
+            if taken_over is not None and taken_over.step == step:  # what the dead attempt had done
+                fabric_stats.update(
+                    resumed_samples_done=taken_over.samples_done, resumed_samples_partial=taken_over.samples_partial
+                )
         paths = self.paths(step)
         write_samples(paths.rollout, samples)
         tokens = sum(len(s.response_ids) for s in samples)
@@ -341,12 +362,23 @@ class TrainingSession:
     def account(self, step: int, tokens_trained: int) -> dict:
         """Record the step in the cost ledger (instances, their usage, the step); returns its cost."""
         instance_tokens, wasted = self._step_usage.pop(step, ({}, 0))
-        self.accounting.end_step(step, tokens_trained, instance_tokens, wasted)
+        with self._stops_when_redis_is_gone():
+            self.accounting.end_step(step, tokens_trained, instance_tokens, wasted)
         return {"cost_usd": self.accounting.step_cost_usd(step) or 0.0}
 
     def cost_summary(self) -> dict[str, object]:
         """The run's cost report so far, as one flat dict."""
         return self.accounting.summary()
+
+    @contextmanager
+    def _stops_when_redis_is_gone(self) -> Iterator[None]:
+        """A Redis gone past the outage timeout stops the run with what it kept (`RunStopped`)."""
+        try:
+            yield
+        except RedisUnreachable as error:
+            checkpoint = latest_checkpoint(self.checkpoint_dir)
+            step = int(checkpoint.name.removeprefix("step_")) if checkpoint is not None else None
+            raise RunStopped(error, checkpoint, step) from None
 
     def _abandon_stream(self) -> None:
         """Drop a streamed step that was never trained (its rollout is being redone)."""
@@ -380,6 +412,9 @@ class TrainingSession:
             "cursor": self.cursor,
             "history": {"steps": self.history.steps, "evals": self.history.evals},
         }
+        if self.fabric is not None:
+            with self._stops_when_redis_is_gone():
+                state["offload"] = self.fabric.offload_state()
         return str(save_checkpoint(self.checkpoint_dir, self.trainer, state, keep=self.config.run.keep_checkpoints))
 
     def close(self) -> None:
