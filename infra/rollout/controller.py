@@ -319,10 +319,13 @@ class RolloutController:
             self.redis.set(self._key("offload"), before)
         self.redis.hdel(step_key, "report", "all_done_at")
         self.redis.delete(self._key("told", next_step), self._key("delivered", next_step))
-        status = log.step_status(next_step)
+        try:
+            done = log.step_status(next_step).done
+        except KeyError:  # the dead driver never started it
+            done = 0
         resumed = TakeOver(
             step=next_step,
-            samples_done=status.done,
+            samples_done=done,
             samples_partial=int(self.redis.zcount(queue_key(self.run_id, next_step), "-inf", "(0")),
             reaped_samples=reaped_samples,
             later_steps_deleted=tuple(later),

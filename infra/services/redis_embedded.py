@@ -252,8 +252,11 @@ class EmbeddedRedis:
         host: str = "127.0.0.1",
         appendfsync: AppendFsync | None = None,
         directory: Path | None = None,
+        port: int | None = None,
     ) -> None:
         """`host`: the address it listens on (another machine's instances need a routable one).
+        `port`: listen there, and there again after a `stop()` and `start()` (None: a free port
+        on each start).
         `appendfsync`: keep an append-only file, fsynced as it says (None: no persistence).
         `directory`: where its append-only file lives, kept after `stop()` so that a server started
         again on it reloads the data (None: the private temporary directory of its config and log,
@@ -264,6 +267,7 @@ class EmbeddedRedis:
         self.startup_timeout_s = startup_timeout_s
         self.binary = binary
         self.password = secrets.token_urlsafe(24)
+        self._fixed_port = port
         self.port: int | None = None
         self._process: subprocess.Popen | None = None
         self._dir: Path | None = None
@@ -313,7 +317,7 @@ class EmbeddedRedis:
     def _launch(self, binary: str) -> bool:
         """Start redis-server on a fresh free port; True once it answers PING as configured."""
         assert self._dir is not None
-        self.port = _free_port(self.host)
+        self.port = self._fixed_port or _free_port(self.host)
         config = self._dir / "redis.conf"
         config.write_text(
             f"port {self.port}\nbind {self.host}\nrequirepass {self.password}\n"

@@ -1,0 +1,426 @@
+"""Chaos: a multi-step `rlboost train` on the fabric under random faults of every kind, and what it
+kept. Faults, at random gaps (`--mean-gap-s`), each kind at least once (round robin first):
+
+* **worker**: a rollout worker process gets SIGTERM (its preemption notice), SIGKILL, or SIGSTOP
+  (frozen for twice the reap timeout, then SIGCONT: a zombie the token log must fence off);
+* **driver**: the `rlboost train` process is SIGKILLed in the middle of a step and the same command
+  is run again at once (the re-run is the same run: `infra.run.identity`);
+* **redis**: the token log's redis-server (append-only file, `appendfsync everysec`) is SIGKILLed
+  and started again on the same port and directory a second later;
+* **peer**: while an instance is pulling the step's policy version (its pull lease is in Redis), an
+  instance that already holds that version (a peer weight server) is SIGKILLed.
+
+Peer pulls are slowed to about two seconds (`weights.upload_cap_mb_s`) so that faults land inside
+them. Prefect runs in this process (`prefect_test_harness`, as the stack's server would), so each
+driver talks to it instead of starting an ephemeral server of its own.
+
+The baseline is the uninterrupted run: every step's samples are generated again in process from
+the policy the step sampled from (step 1: the base model; step k: checkpoint k-1, all kept) and
+compared token by token. It ends with ONE JSON line:
+`{"steps", "faults": {"worker", "driver", "redis", "peer"}, "samples_lost", "samples_duplicated",
+"responses_identical_fraction", "token_match_rate", "orphans_left", "open_ledger_instances",
+"minutes", ...}`: lost = samples missing from a step's trained file, duplicated = sample ids
+trained twice in a step or steps the ledger holds more than once, identical = fraction of samples
+whose response equals the uninterrupted one, orphans = processes any driver started still alive
+20 s after the end, open instances = ledger instances of the run with no termination.
+
+Usage: `.venv/bin/python bench/chaos.py [--steps 6 --mean-gap-s 6 --seed 0 --keep DIR]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "ERROR")
+
+import redis  # noqa: E402
+import yaml  # noqa: E402
+
+from infra.keyspace import controller_prefix, current_step_key, weights_prefix  # noqa: E402
+from infra.rollout.registry import InstanceRegistry  # noqa: E402
+from infra.services.redis_embedded import EmbeddedRedis  # noqa: E402
+
+KINDS = ("worker", "driver", "redis", "peer")
+WORKER_SIGNALS = (signal.SIGTERM, signal.SIGKILL, signal.SIGSTOP)
+REAP_TIMEOUT_S = 2.0
+PROMPTS, GROUP = 4, 4
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _processes() -> dict[int, tuple[int, str, str]]:
+    """pid -> (parent pid, start time, command line) of every process (from /proc)."""
+    found = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            found[int(stat.parent.name)] = (int(fields[1]), fields[19], cmdline)
+    return found
+
+
+def _descendants(pid: int, table: dict[int, tuple[int, str, str]]) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for child, (parent, _, _) in table.items():
+        children.setdefault(parent, []).append(child)
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+class Chaos:
+    """The run, its drivers, and the faults injected into it."""
+
+    def __init__(self, args: argparse.Namespace, work: Path) -> None:
+        self.args, self.work = args, work
+        self.rng = random.Random(args.seed)
+        self.redis = EmbeddedRedis(appendfsync="everysec", directory=work / "redis", port=_free_port())
+        self.redis.start()
+        self.client = redis.Redis.from_url(self.redis.url, socket_timeout=2.0)
+        self.run_dir = work / "runs" / "chaos"
+        self.driver: subprocess.Popen | None = None
+        self.done = threading.Event()
+        self.faults: Counter[str] = Counter()
+        self.signals: Counter[str] = Counter()
+        self.attempts = 0
+        self.exit_codes: list[int] = []
+        self.started: dict[tuple[int, str], str] = {}
+        """(pid, start time) -> command line of every process a driver started."""
+        self._lock = threading.Lock()
+
+    # -- the run --------------------------------------------------------------------------------
+
+    def config(self, model: Path) -> Path:
+        settings = {
+            "run": {
+                "name": "chaos",
+                "output_dir": str(self.work / "runs"),
+                "steps": self.args.steps,
+                "checkpoint_every": 1,
+                "keep_checkpoints": self.args.steps + 1,
+            },
+            "model": {"path": str(model)},
+            "data": {"family": "chain"},
+            "rollout": {"prompts_per_step": PROMPTS, "group_size": GROUP, "max_new_tokens": self.args.max_new_tokens},
+            "eval": {"size": 4, "every": 10_000},
+            "ledger": {"trainer": {"machine_type": "n2-standard-8", "price_per_hour": 0.4}},
+            "fabric": {
+                "enabled": True,
+                "redis_url": self.redis.url,
+                "pools": [
+                    {
+                        "name": "reserved",
+                        "capacity_class": "reserved",
+                        "size": 1,
+                        "machine_type": "cpu",
+                        "price_per_hour": 3.0,
+                    },
+                    {"name": "spot", "capacity_class": "spot", "size": 2, "machine_type": "cpu", "price_per_hour": 1.0},
+                ],
+                "worker": {"slots": 2, "flush_tokens": 2, "flush_ms": 20, "heartbeat_s": 0.2, "ttl_s": REAP_TIMEOUT_S},
+                "controller": {"reap_timeout_s": REAP_TIMEOUT_S, "max_reaps": 100},
+                "weights": {"chunk_mb": 0.05, "upload_cap_mb_s": self.args.upload_cap_mb_s},
+            },
+        }
+        path = self.work / "run.yaml"
+        path.write_text(yaml.safe_dump(settings))
+        return path
+
+    def supervise(self, config: Path, env: dict[str, str]) -> None:
+        """Run the driver until an attempt ends with status 0; a killed or failed one is run again."""
+        command = [sys.executable, "-m", "infra.cli", "train", "--config", str(config)]
+        try:
+            while self.attempts < self.args.max_attempts:
+                self.attempts += 1
+                with (self.work / f"driver-{self.attempts}.log").open("w") as out:
+                    driver = subprocess.Popen(command, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+                with self._lock:
+                    self.driver = driver
+                code = driver.wait()
+                self.exit_codes.append(code)
+                if code == 0:
+                    return
+        finally:
+            self.done.set()
+
+    def track(self) -> None:
+        """Remember every process below the current driver (to find orphans at the end)."""
+        while not self.done.is_set():
+            driver = self.driver
+            if driver is not None and driver.poll() is None:
+                table = _processes()
+                for pid in _descendants(driver.pid, table):
+                    self.started.setdefault((pid, table[pid][1]), table[pid][2])
+            time.sleep(0.3)
+
+    # -- faults ---------------------------------------------------------------------------------
+
+    def run_id(self) -> str | None:
+        try:
+            return json.loads((self.run_dir / "identity.json").read_text())["run_id"]
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def in_a_step(self) -> int | None:
+        """The step under way, once a checkpoint exists and every instance is registered."""
+        run_id = self.run_id()
+        driver = self.driver
+        if run_id is None or driver is None or driver.poll() is not None:
+            return None
+        try:
+            current = self.client.hget(current_step_key(run_id), "step")
+            alive = InstanceRegistry(self.client, run_id).alive()
+        except redis.RedisError:
+            return None
+        if current is None or len(alive) < 2 or not (self.run_dir / "checkpoints" / "latest").exists():
+            return None
+        step = int(current)
+        finished = self.client.hexists(controller_prefix(run_id) + f"step:{step}", "report")
+        return None if finished else step
+
+    def workers(self) -> dict[str, int]:
+        """instance id -> pid of the current driver's live rollout workers."""
+        driver = self.driver
+        if driver is None:
+            return {}
+        table = _processes()
+        found = {}
+        for pid in _descendants(driver.pid, table):
+            words = table[pid][2].split()
+            if "infra.rollout.worker" in words and "--instance-id" in words:
+                found[words[words.index("--instance-id") + 1]] = pid
+        return found
+
+    def inject(self) -> None:
+        first = (*KINDS, "worker", "worker")  # every kind, and every worker signal, at least once
+        order = itertools.chain(first, iter(lambda: self.rng.choice(KINDS), None))
+        kind = next(order)
+        while not self.done.wait(self.rng.expovariate(1 / self.args.mean_gap_s)):
+            if self.in_a_step() is None:
+                continue
+            if getattr(self, f"_{kind}")():
+                self.faults[kind] += 1
+                print(f"fault {kind} ({sum(self.faults.values())} so far)", flush=True)
+                kind = next(order)
+
+    def _worker(self) -> bool:
+        workers = self.workers()
+        if not workers:
+            return False
+        pid = workers[self.rng.choice(sorted(workers))]
+        sent = WORKER_SIGNALS[self.faults["worker"] % len(WORKER_SIGNALS)]
+        os.kill(pid, sent)
+        self.signals[sent.name] += 1
+        if sent == signal.SIGSTOP:
+            threading.Timer(2 * REAP_TIMEOUT_S, lambda: _signal(pid, signal.SIGCONT)).start()
+        return True
+
+    def _driver(self) -> bool:
+        driver = self.driver
+        if driver is None or driver.poll() is not None:
+            return False
+        driver.kill()
+        return True
+
+    def _redis(self) -> bool:
+        os.kill(self.redis.pid, signal.SIGKILL)
+        time.sleep(1.0)
+        self.redis.stop()
+        self.redis.start()  # same port, password and append-only file
+        return True
+
+    def _peer(self) -> bool:
+        """SIGKILL a holder of the version an instance is pulling, while it pulls."""
+        run_id = self.run_id()
+        deadline = time.monotonic() + 3 * self.args.mean_gap_s
+        while run_id is not None and time.monotonic() < deadline and not self.done.is_set():
+            try:
+                leases = [
+                    m.decode().split(":", 1) for m in self.client.zrange(weights_prefix(run_id) + "leases", 0, -1)
+                ]
+                alive = InstanceRegistry(self.client, run_id).alive()
+            except redis.RedisError:
+                return False
+            workers = self.workers()
+            for version, puller in leases:
+                holders = [
+                    i.info.instance_id
+                    for i in alive
+                    if i.policy_version == int(version) and i.info.instance_id not in (puller,)
+                ]
+                holders = [h for h in holders if h in workers]
+                if holders:
+                    _signal(workers[self.rng.choice(holders)], signal.SIGKILL)
+                    return True
+            time.sleep(0.02)
+        return False
+
+
+def _signal(pid: int, sent: signal.Signals) -> None:
+    try:
+        os.kill(pid, sent)
+    except ProcessLookupError:
+        pass
+
+
+def _alive(pid: int, started: str) -> bool:
+    table = _processes()
+    return pid in table and table[pid][1] == started
+
+
+def compare_with_uninterrupted(run_dir: Path, base: Path, config_path: Path, steps: int) -> dict:
+    """Lost, duplicated and identical samples of every step, against in-process generation."""
+    from safetensors.torch import load_file
+
+    from infra.run.config import load_config
+    from rl.engine import HFEngine
+    from rl.models import load_model
+    from rl.prompt_source import PromptSource
+    from rl.rollout import build_requests, read_samples
+
+    config = load_config(config_path)
+    model, tokenizer = load_model(base)
+    engine = HFEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    prompts = PromptSource(config.data)
+    lost = duplicated = identical = total = matching = positions = 0
+    for step in range(1, steps + 1):
+        if step > 1:
+            state = load_file(run_dir / "checkpoints" / f"step_{step - 1:06d}" / "model.safetensors")
+            engine.load_weights(state, step - 1)
+        records = prompts.take((step - 1) * PROMPTS, PROMPTS)
+        requests = build_requests(tokenizer, records, step, config.rollout, config.run.seed, config.prompt)
+        expected = {r.sample_id: res.token_ids for r, res in zip(requests, engine.generate(requests))}
+        samples = read_samples(run_dir / "steps" / f"{step:06d}" / "rollout.jsonl")
+        ids = Counter(s.sample_id for s in samples)
+        duplicated += sum(n - 1 for n in ids.values())
+        lost += len(set(expected) - set(ids))
+        for sample in samples:
+            want = expected[sample.sample_id]
+            identical += sample.response_ids == want
+            matching += sum(a == b for a, b in zip(sample.response_ids, want))
+            positions += max(len(want), len(sample.response_ids))
+            total += 1
+    return {
+        "samples_lost": lost,
+        "samples_duplicated": duplicated,
+        "responses_identical_fraction": identical / max(total, 1),
+        "token_match_rate": matching / max(positions, 1),
+    }
+
+
+def ledger_state(ledger_url: str, run_id: str) -> tuple[int, int]:
+    """(open instances of the run, steps counted more than once)."""
+    from sqlalchemy import func, select
+    from sqlalchemy.orm import Session
+
+    from infra.ledger import Ledger
+    from infra.ledger.models import Instance, Step
+
+    with Ledger(ledger_url) as ledger, Session(ledger.engine) as session:
+        open_instances = session.scalar(
+            select(func.count())
+            .select_from(Instance)
+            .where(Instance.run_id == run_id, Instance.terminated_at.is_(None))
+        )
+        steps = [row.step for row in session.scalars(select(Step).where(Step.run_id == run_id))]
+    return open_instances, len(steps) - len(set(steps))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--mean-gap-s", type=float, default=6.0, help="Mean time between two faults.")
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--upload-cap-mb-s", type=float, default=0.1, help="Each weight server's upload cap.")
+    parser.add_argument("--max-attempts", type=int, default=20, help="Drivers run before giving up.")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--keep", type=Path, help="Work in this directory and keep it (default: a temporary one).")
+    args = parser.parse_args()
+
+    from prefect.settings import PREFECT_API_URL
+    from prefect.testing.utilities import prefect_test_harness
+
+    from rl.models import TinyLlamaShape, build_tiny_llama, save_model
+
+    work = args.keep or Path(tempfile.mkdtemp(prefix="rlboost-chaos-"))
+    work.mkdir(parents=True, exist_ok=True)
+    base = work / "base"
+    model, tokenizer = build_tiny_llama(
+        TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128), seed=0
+    )
+    save_model(model, tokenizer, base)
+    ledger_url = f"sqlite:///{work / 'ledger.sqlite'}"
+    began = time.monotonic()
+    chaos = Chaos(args, work)
+    try:
+        with prefect_test_harness(server_startup_timeout=120):
+            env = {**os.environ, "RLBOOST_LEDGER_URL": ledger_url, "PREFECT_API_URL": PREFECT_API_URL.value()}
+            config = chaos.config(base)
+            threads = [
+                threading.Thread(target=chaos.supervise, args=(config, env)),
+                threading.Thread(target=chaos.track, daemon=True),
+                threading.Thread(target=chaos.inject, daemon=True),
+            ]
+            for thread in threads:
+                thread.start()
+            threads[0].join()
+        minutes = (time.monotonic() - began) / 60
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and any(_alive(pid, t) for pid, t in chaos.started):
+            time.sleep(0.5)
+        orphans = {pid: cmd for (pid, t), cmd in chaos.started.items() if _alive(pid, t)}
+        for pid in orphans:
+            _signal(pid, signal.SIGKILL)
+        run_id = chaos.run_id()
+        completed = chaos.exit_codes[-1:] == [0]
+        identity = compare_with_uninterrupted(chaos.run_dir, base, config, args.steps) if completed else {}
+        open_instances, steps_twice = ledger_state(ledger_url, run_id) if run_id else (None, None)
+    finally:
+        chaos.redis.stop()
+    if orphans:
+        print(f"orphans: {orphans}", flush=True)
+    result = {
+        "steps": args.steps if completed else None,
+        "faults": {kind: chaos.faults[kind] for kind in KINDS},
+        "samples_lost": identity.get("samples_lost"),
+        "samples_duplicated": None if not identity else identity["samples_duplicated"] + steps_twice,
+        "responses_identical_fraction": identity.get("responses_identical_fraction"),
+        "token_match_rate": identity.get("token_match_rate"),
+        "orphans_left": len(orphans),
+        "open_ledger_instances": open_instances,
+        "minutes": round(minutes, 2),
+        "driver_attempts": chaos.attempts,
+        "driver_exit_codes": chaos.exit_codes,
+        "worker_signals": dict(chaos.signals),
+        "work_dir": str(work),
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
