@@ -41,7 +41,7 @@ from infra.rollout.settings import worker_flags
 from infra.rollout.tokenlog import GroupSpec, TokenLog
 from infra.run.colocated import ColocatedInstance, WithColocated
 from infra.run.fabric_config import CloudSettings, FabricConfig
-from infra.run.redis_outage import REDIS_ERRORS, wait_for_redis
+from infra.run.redis_outage import REDIS_ERRORS, public_url, wait_for_redis
 from infra.services.redis_embedded import REDIS_CA_FILE_ENV, REDIS_URL_ENV, EmbeddedRedis, RedisSettings
 from infra.weights.config import WeightsConfig
 from infra.weights.model_source import upload_model
@@ -339,8 +339,6 @@ class RolloutFabric:
         complete group also goes to `on_group` (its samples in order) as soon as it is done.
         Prompts are encoded as `prompt` says; its stop strings travel in each group's sampling."""
         self._step = step
-        self._check_health()
-        self._wait_for_instances()
         sampling = {"temperature": rollout.temperature, "top_p": rollout.top_p, "top_k": rollout.top_k}
         if prompt.stop:
             sampling["stop"] = list(prompt.stop)
@@ -370,10 +368,18 @@ class RolloutFabric:
 
         while True:
             try:
+                self._check_health()
+                self._wait_for_instances()
                 report = self.controller.run_step(step, version, groups, deliver, check=self._check_health)
                 break
             except REDIS_ERRORS as error:  # Redis restarting: resume the step once it answers
-                log.warning("the step %d lost its Redis (%s): waiting for it", step, error)
+                log.warning(
+                    "step %d lost its Redis at %s (%s): waiting up to %.0f s for it",
+                    step,
+                    public_url(self.redis_url),
+                    error,
+                    self.config.redis_outage_timeout_s,
+                )
                 wait_for_redis(self.redis, self.redis_url, self.config.redis_outage_timeout_s, error)
         return [s for group in sorted(collected) for s in collected[group]], report
 
