@@ -108,7 +108,7 @@ def test_two_steps_then_resume(prefect_harness, base_model, tmp_path):
     assert len(per_step_tables) == 2
 
     # Resume: the same run asked for 3 steps continues from its step-2 checkpoint, in process on a
-    # trainer priced by `ledger.trainer`; the first session ran spot instances, so it is no baseline.
+    # trainer priced by `ledger.trainer`; it is the same ledger run, so it cannot be its own baseline.
     first = summary["ledger_run_id"]
     overrides = {
         **_overrides(base_model, tmp_path, 3),
@@ -123,8 +123,9 @@ def test_two_steps_then_resume(prefect_harness, base_model, tmp_path):
     summary = state.result()
     assert summary["steps"] == 3
     assert summary["trainer_usd"] > 0
-    assert summary["vs_baseline"].startswith(f"not compared: baseline run {first} ran ")
-    assert "reserved-only" in summary["vs_baseline"] and "cost_efficiency_vs_baseline" not in summary
+    assert summary["ledger_run_id"] == first
+    assert summary["vs_baseline"] == f"not compared: run {first} cannot be its own baseline: name a reserved-only run"
+    assert "cost_efficiency_vs_baseline" not in summary
     assert (run_dir / "checkpoints" / "step_000003").exists()
 
 
