@@ -23,10 +23,10 @@ the controller's report, not per instance: they are attributed to the instances 
 during the step (preempted or crashed), split evenly, else to the instance that generated most.
 
 Every write is idempotent per (run, step, instance), so recording a step again after a crash
-replaces what was there. A re-run of a crashed run is the same ledger run (`infra.run.identity`):
-`resumed=True` first closes the dead attempt's open instances at its last heartbeat
-(`Ledger.resume_run`); this attempt's instances, its trainer's machine included, carry the
-attempt's prefix, so they never overwrite the dead attempt's rows.
+replaces what was there. A re-run of a crashed run is the same ledger run (`infra.run.identity`),
+whose session first closes the dead attempt's open instances at its last heartbeat
+(`Ledger.resume_run`, before anything beats again); this attempt's instances, its trainer's machine
+included, carry the attempt's prefix, so they never overwrite the dead attempt's rows.
 """
 
 from __future__ import annotations
@@ -63,14 +63,13 @@ class RunAccounting:
         transfers: Callable[[], Sequence[Transfer]] | None = None,
         clock: Callable[[], float] = time.time,
         trainer: TrainerMachine | None = None,
-        resumed: bool = False,
         instance_prefix: str = "",
         heartbeat_s: float = 5.0,
     ) -> None:
         """`transfers` returns the weight pulls reported since its last call (`RolloutFabric.drain_transfers`);
-        `trainer` is the trainer's machine (`ledger.trainer` of the run configuration); `resumed`
-        says an earlier attempt of this run may have left instances open; `instance_prefix` starts
-        this attempt's instance ids (the trainer's); the driver heartbeats every `heartbeat_s`."""
+        `trainer` is the trainer's machine (`ledger.trainer` of the run configuration);
+        `instance_prefix` starts this attempt's instance ids (the trainer's); the driver heartbeats
+        every `heartbeat_s`."""
         self.ledger = ledger
         self.run_id = run_id
         self.provider = provider
@@ -80,8 +79,6 @@ class RunAccounting:
         self._trainer_pools = {pool.name for pool in pools if pool.colocated}
         self._step_started: dict[int, float] = {}
         started = clock()
-        self.closed_from_earlier_attempt = ledger.resume_run(run_id, at=started) if resumed else 0
-        """How many instances a dead attempt had left open (closed at its last heartbeat)."""
         ledger.start_run(run_id, name=name, started_at=started)
         ledger.heartbeat(run_id, at=started)
         self._trainer = (

@@ -142,6 +142,8 @@ class TrainingSession:
         self._sweeps: SweepSchedule | None = None
         """The run's heartbeat and VM sweeps (cloud pools only): alive before any VM is launched."""
         try:
+            if self.identity.resumed:  # before anything beats: the dead attempt ends at its last heartbeat
+                ledger.resume_run(self.run_id)
             if config.fabric.enabled and config.fabric.cloud_pools:
                 self._sweeps = start_sweeps(config.fabric, self.run_id, config.run.name, ledger)
             if config.fabric.enabled:
@@ -167,7 +169,6 @@ class TrainingSession:
                 self.fabric.provider if self.fabric else None,
                 transfers=self.fabric.drain_transfers if self.fabric else None,
                 trainer=config.ledger.trainer,
-                resumed=self.identity.resumed,
                 instance_prefix=self.identity.instance_prefix,
             )
         except BaseException:
