@@ -8,7 +8,7 @@
   in the step, like any instance. A co-located pool's instance runs on the trainer's machine, so
   it is recorded with role `trainer` instead (the configuration refuses both);
 * per RL step, when it starts and ends and how many response tokens it trained on; the weight
-  pulls the instances reported (bytes per source: trainer, peer or store; local egress is free); every
+  pulls this attempt's instances reported (bytes per source: trainer, peer or store; local egress is free); every
   instance the provider has run so far, with its lifecycle (launch, notice, termination and its
   reason: preempted, silently preempted, scaled down, finished, crashed); and each instance's
   share of the step: the seconds it was up inside the step and the tokens it generated (the
@@ -146,7 +146,15 @@ class RunAccounting:
                     tokens_generated=generated + wasted.get(record.instance_id, 0),
                     tokens_wasted=wasted.get(record.instance_id, 0),
                 )
+        known = {record.instance_id for record in records}
         for transfer in self.transfers() if self.transfers is not None else ():
+            if transfer.instance_id not in known:  # reported by a dead attempt's instance, never recorded
+                log.info(
+                    "not recording the pull of v%d by %s (not an instance of this attempt)",
+                    transfer.version,
+                    transfer.instance_id,
+                )
+                continue
             self.ledger.record_transfer(
                 self.run_id,
                 transfer.instance_id,
