@@ -43,7 +43,8 @@ when the step finishes (its report stays):
 =======================  ======================================================================
 ``C offload``            JSON state of the `OffloadController` (`to_dict`)
 ``C step:<s>``           hash: started_at, base_<stat> (token-log stats at the start),
-                         offload_before (``C offload`` when the step started), released_at, t_local, num_spot, all_done_at, reaped_instances, steals,
+                         offload_before (``C offload`` when the step started), released_at,
+                         t_local, num_spot, all_done_at, reaped_instances, steals,
                          report (JSON `StepReport`, once the step is finished)
 ``C told:<s>``           set of reserved instances sent ``release_all``
 ``C delivered:<s>``      set of group ids whose `on_group` returned
