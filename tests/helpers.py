@@ -7,18 +7,36 @@
   rollout instances, flows and the stack in their tests);
 * `resumed`, `match_rate`, `run_and_release`: a generation request continued from a prefix, the
   fraction of tokens two sets of responses share, and a run that releases each sample at a chosen
-  length (the engines' resume and cross-engine tests).
+  length (the engines' resume and cross-engine tests);
+* `on_a_small_disk`: a command run with a small tmpfs mounted in a private mount namespace (the
+  full-disk tests).
 """
 
 from __future__ import annotations
 
+import shlex
+import shutil
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from rl.generation import GenerationEngine, GenerationRequest, GenerationResult
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def on_a_small_disk(disk: Path, size: str, command: list[str]) -> list[str]:
+    """`command`, run with a tmpfs of `size` (e.g. `256k`) mounted on `disk` in a private mount
+    namespace (`unshare -rm`: as root or in an unprivileged user namespace); skips the test where
+    neither is allowed."""
+    disk.mkdir(parents=True, exist_ok=True)
+    mount = f"mount -t tmpfs -o size={size} tmpfs {shlex.quote(str(disk))}"
+    if not shutil.which("unshare") or subprocess.run(["unshare", "-rm", "sh", "-c", mount]).returncode:
+        pytest.skip("cannot mount a tmpfs in a private mount namespace here (unshare -rm)")
+    return ["unshare", "-rm", "sh", "-c", f'{mount} && exec "$@"', "sh", *command]
 
 
 def wait_for(condition: Callable[[], object], what: str = "the condition", *, timeout_s: float = 15.0) -> None:

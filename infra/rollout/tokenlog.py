@@ -460,6 +460,29 @@ if reap and count > 0 then redis.call('HINCRBY', STATS, 'reaped_samples', count)
 return count
 """
 
+# ARGV: P, instance, sample ids the instance holds...
+_DISOWN = """
+local inst = ARGV[2]
+local own = P .. 'own:' .. inst
+local keep = {}
+for i = 3, #ARGV do keep[ARGV[i]] = true end
+local count = 0
+local sids = redis.call('SMEMBERS', own)
+table.sort(sids)
+for _, sid in ipairs(sids) do
+  if not keep[sid] then
+    local sk = P .. 's:' .. sid
+    local h = redis.call('HMGET', sk, 'state', 'owner', 'step')
+    if h[1] == 'running' and h[2] == inst then
+      requeue(sid, sk, h[3], true)
+      count = count + 1
+    end
+    redis.call('SREM', own, sid)
+  end
+end
+return count
+"""
+
 # ARGV: P, step
 _STATUS = """
 local step = ARGV[2]
@@ -522,6 +545,7 @@ _SCRIPTS = {
     "release": _RELEASE,
     "fail": _FAIL,
     "release_all": _RELEASE_ALL,
+    "disown": _DISOWN,
     "status": _STATUS,
     "read_group": _READ_GROUP,
     "delete_step": _DELETE_STEP,
@@ -680,6 +704,12 @@ class TokenLog:
     def fail(self, sample_id: str, instance_id: str, epoch: int, reason: str) -> bool:
         """Mark a leased sample failed (the engine cannot generate it); its group is dropped."""
         return bool(self._run("fail", sample_id, instance_id, epoch, reason))
+
+    def disown(self, instance_id: str, held: Iterable[str]) -> int:
+        """Requeue (tokens kept) every sample the token log says the instance runs that it does not
+        hold: what a Redis that lost its last writes (an append-only file fsynced once a second)
+        remembers of a finish or a flush the instance already had acknowledged. Returns how many."""
+        return int(self._run("disown", instance_id, *sorted(held)))
 
     # --- the controller's side -----------------------------------------------------------------
 

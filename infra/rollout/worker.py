@@ -38,6 +38,10 @@ so the stop strings in a group's sampling end its samples) and runs it against t
   (fenced, then a sweep of anything it still owns), deregisters and exits 0 — milliseconds, well
   within any notice period. After a SIGKILL only the unflushed tail (at most `flush_tokens`
   tokens or `flush_ms` per sample) is lost; the controller reaps the rest.
+* every `RECONCILE_S` it hands back what the token log says it runs and it does not hold
+  (`TokenLog.disown`): a Redis restarted from an append-only file that lost its last second of
+  writes remembers a finish (or a claim) the worker already had acknowledged as still running
+  here, and without this the step would wait for a sample no one generates.
 * `WorkerConfig.restart_from_scratch` (off by default) turns the worker into the baseline that
   never resumes a sample: its releases discard the logged tokens, and so does a claim of a sample
   that comes with logged tokens (one reaped from a dead instance), which then starts over.
@@ -83,6 +87,9 @@ from rl.engine_spec import EngineSpec
 from rl.generation import GenerationEngine
 
 log = logging.getLogger("rlboost.worker")
+
+RECONCILE_S = 5.0
+"""Seconds between two checks that the token log's samples of this instance are the ones it holds."""
 
 TORCH_THREADS = 1
 """Torch intra-op threads of a worker (`--threads`): a rollout engine decodes small batches, which
@@ -146,6 +153,8 @@ class WorkerStats:
     """Samples dropped because a flush or release was rejected (lease revoked)."""
     failed: int = 0
     """Samples the engine refused (marked failed)."""
+    disowned: int = 0
+    """Samples the token log had as running here that this worker did not hold (handed back)."""
     tokens: int = 0
     """Tokens generated."""
     flushes: int = 0
@@ -213,6 +222,7 @@ class RolloutWorker:
         self._step: tuple[int, int] | None = None
         self._paused_step: int | None = None
         self._claim_after = 0.0
+        self._next_reconcile = time.monotonic() + RECONCILE_S
         self._next_poll = 0.0
         self._claims = 0
         self._missing_version: int | None = None
@@ -397,6 +407,17 @@ class RolloutWorker:
         for message in self.registry.poll_requests(self.config.instance_id):
             self._control(message)
         self._maybe_load_weights()
+        if time.monotonic() >= self._next_reconcile:
+            self._reconcile()
+
+    def _reconcile(self) -> None:
+        """Hand back every sample the token log has as running here that this worker does not hold."""
+        self._flusher.settle()  # no flush in flight: `held` is exactly what this worker holds
+        disowned = self.tokenlog.disown(self.config.instance_id, self.held)
+        self._next_reconcile = time.monotonic() + RECONCILE_S
+        if disowned:
+            self.stats.disowned += disowned
+            log.warning("handed back %d samples the token log had as running here (lost writes?)", disowned)
 
     def _sleep_if_released(self) -> None:
         """Put the engine to sleep once `release_all` paused the current step and it is idle."""

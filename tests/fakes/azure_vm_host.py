@@ -26,6 +26,7 @@ from pathlib import Path
 from infra.watchers.azure_events import IMDS_URL_ENV
 from tests.fakes.arm import FakeArm
 from tests.fakes.metadata import FakeScheduledEvents
+from tests.fakes.vm_host import run_boot_script
 
 
 @dataclass
@@ -112,20 +113,7 @@ class FakeAzureVmHost:
             script = self.arm.custom_data[name]
         imds = FakeScheduledEvents()
         imds.start()
-        log = self.workdir / f"{name}.log"
-        home = self.workdir / name
-        home.mkdir(exist_ok=True)
-        env = {**self.env, "HOME": str(home), IMDS_URL_ENV: imds.url}
-        with log.open("wb") as out:
-            process = subprocess.Popen(
-                ["bash", "-c", script],
-                cwd=home,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        process, log = run_boot_script(script, self.workdir, name, {**self.env, IMDS_URL_ENV: imds.url})
         with self._lock:
             self.booted[name] = BootedAzureVm(name, process, imds, log)
 

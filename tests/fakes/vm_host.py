@@ -50,6 +50,25 @@ def bake_image_venv(install_dir: Path) -> Path:
     return venv
 
 
+def run_boot_script(script: str, workdir: Path, name: str, env: dict[str, str]) -> tuple[subprocess.Popen, Path]:
+    """Start a VM's boot script in bash, in a process group of its own, with `<workdir>/<name>` as
+    its home and working directory and its output in `<workdir>/<name>.log`."""
+    log = workdir / f"{name}.log"
+    home = workdir / name
+    home.mkdir(exist_ok=True)
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            ["bash", "-c", script],
+            cwd=home,
+            env={**env, "HOME": str(home)},
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return process, log
+
+
 @dataclass
 class BootedVm:
     name: str
@@ -124,20 +143,8 @@ class FakeVmHost:
         script = next(item["value"] for item in body["metadata"]["items"] if item["key"] == "startup-script")
         metadata = FakeGceMetadata(max_wait_s=2.0)
         metadata.start()
-        log = self.workdir / f"{name}.log"
-        home = self.workdir / name
-        home.mkdir(exist_ok=True)
-        env = {**self.env, "HOME": str(home), "GCE_METADATA_HOST": metadata.url.removeprefix("http://")}
-        with log.open("wb") as out:
-            process = subprocess.Popen(
-                ["bash", "-c", script],
-                cwd=home,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        env = {**self.env, "GCE_METADATA_HOST": metadata.url.removeprefix("http://")}
+        process, log = run_boot_script(script, self.workdir, name, env)
         with self._lock:
             self.booted[name] = BootedVm(name, zone, process, metadata, log)
 

@@ -303,19 +303,16 @@ def test_a_full_disk_names_the_path_and_free_space_and_keeps_the_previous_checkp
     """On a file system with room for one checkpoint (a tmpfs in a private mount namespace), the
     second fails with OutOfSpace, not torch's "unexpected pos"; nothing partial is left."""
     import json
-    import shutil
     import subprocess
     import sys
+
+    from tests.helpers import on_a_small_disk
 
     small_trainer.step = 1
     size = sum(f.stat().st_size for f in save_checkpoint(tmp_path / "probe", small_trainer, {}).rglob("*"))
     disk = tmp_path / "disk"
-    disk.mkdir()
-    mount = f"mount -t tmpfs -o size={int(size * 1.5)} tmpfs {disk}"
-    if not shutil.which("unshare") or subprocess.run(["unshare", "-rm", "sh", "-c", mount]).returncode:
-        pytest.skip("cannot mount a tmpfs in a private mount namespace here (unshare -rm)")
     done = subprocess.run(
-        ["unshare", "-rm", "sh", "-c", f'{mount} && exec "$0" -c "$1" "$2"', sys.executable, FULL_DISK, str(disk)],
+        on_a_small_disk(disk, str(int(size * 1.5)), [sys.executable, "-c", FULL_DISK, str(disk)]),
         capture_output=True,
         text=True,
         timeout=120,

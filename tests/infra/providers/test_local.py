@@ -360,16 +360,13 @@ with LocalProvider(lambda spec, instance_id: [sys.executable, "-c", "pass"], log
 @pytest.mark.integration
 def test_the_start_failure_of_an_instance_whose_log_disk_is_full_says_so(tmp_path):
     """Its log is empty (nothing could be written): the message names the full disk instead."""
-    import shutil
     import subprocess
 
+    from tests.helpers import on_a_small_disk
+
     disk = tmp_path / "disk"
-    disk.mkdir()
-    mount = f"mount -t tmpfs -o size=256k tmpfs {disk}"
-    if not shutil.which("unshare") or subprocess.run(["unshare", "-rm", "sh", "-c", mount]).returncode:
-        pytest.skip("cannot mount a tmpfs in a private mount namespace here (unshare -rm)")
     done = subprocess.run(
-        ["unshare", "-rm", "sh", "-c", f'{mount} && exec "$0" -c "$1" "$2"', sys.executable, FULL_LOG_DISK, str(disk)],
+        on_a_small_disk(disk, "256k", [sys.executable, "-c", FULL_LOG_DISK, str(disk)]),
         capture_output=True,
         text=True,
         timeout=120,

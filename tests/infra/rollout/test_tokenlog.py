@@ -151,6 +151,22 @@ def test_release_keeps_tokens_and_new_owner_resumes_exact_prefix(log):
     assert log.stats().migrations == 1
 
 
+def test_disown_requeues_what_the_log_has_as_running_there_but_the_instance_does_not_hold(log):
+    """A Redis that lost its last writes (or a claim whose reply was lost) has samples running on an
+    instance that no longer holds them: `disown` hands those back, tokens kept, and nothing else."""
+    log.enqueue_step(0, 0, groups(1, 3, max_new=6))
+    a, b, c = log.claim(0, "a", 0, 3)
+    assert log.append(a.sample_id, "a", a.epoch, [10, 11], lp([10, 11]), offset=0)
+    assert log.disown("a", [a.sample_id, b.sample_id, c.sample_id]) == 0
+    assert log.disown("a", [b.sample_id]) == 2  # a and c were forgotten
+    assert log.disown("a", [b.sample_id]) == 0
+    assert not log.append(a.sample_id, "a", a.epoch, [12], lp([12]), offset=2), "the old lease is fenced"
+    assert log.append(b.sample_id, "a", b.epoch, [20], lp([20]), offset=0), "what it holds stays its own"
+    resumed = {claim.sample_id: claim for claim in log.claim(0, "z", 0, 3)}
+    assert set(resumed) == {a.sample_id, c.sample_id}
+    assert resumed[a.sample_id].generated_ids == [10, 11]
+
+
 def test_a_routed_release_waits_for_its_receiver_then_falls_back_to_anyone(log, redis_client, run_id):
     log.enqueue_step(0, 0, groups(1, 3))
     held = {c.sample_id: c for c in log.claim(0, "a", 0, 3)}

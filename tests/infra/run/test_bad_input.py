@@ -33,19 +33,14 @@ def test_rlboost_train_on_a_full_disk_stops_with_one_line_and_exit_2(tmp_path):
     """The run directory lies on a small file system (a tmpfs in a private mount namespace): the
     run stops with one line naming what it was writing and the free space, exit status 2."""
     import os
-    import shutil
     import subprocess
     import sys
     from pathlib import Path
 
-    from tests.helpers import save_tiny_model
+    from tests.helpers import on_a_small_disk, save_tiny_model
 
     model = save_tiny_model(tmp_path / "base")
     disk = tmp_path / "disk"
-    disk.mkdir()
-    mount = f"mount -t tmpfs -o size=256k tmpfs {disk}"
-    if not shutil.which("unshare") or subprocess.run(["unshare", "-rm", "sh", "-c", mount]).returncode:
-        pytest.skip("cannot mount a tmpfs in a private mount namespace here (unshare -rm)")
     sets = [
         f"model.path={model}",
         f"run.output_dir={disk}",
@@ -61,7 +56,7 @@ def test_rlboost_train_on_a_full_disk_stops_with_one_line_and_exit_2(tmp_path):
     env.update(PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="120")
     command = [sys.executable, "-m", "infra.cli", "train", *(arg for s in sets for arg in ("--set", s))]
     done = subprocess.run(
-        ["unshare", "-rm", "sh", "-c", f'{mount} && exec "$@"', "sh", *command],
+        on_a_small_disk(disk, "256k", command),
         capture_output=True,
         text=True,
         timeout=300,

@@ -72,6 +72,29 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _commands(pids: set[int]) -> dict[int, bytes]:
+    """Each live process's command line."""
+    commands = {}
+    for pid in pids:
+        try:
+            commands[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            pass
+    return commands
+
+
+def _assert_all_gone(commands: dict[int, bytes], who: str, within_s: float = 20.0) -> None:
+    """Every process in `commands` ends within `within_s` of `who`'s SIGKILL (those left are killed)."""
+    killed = time.monotonic()
+    while any(_alive(pid) for pid in commands) and time.monotonic() < killed + within_s:
+        time.sleep(0.2)
+    print(f"{who}'s {len(commands)} processes were gone {time.monotonic() - killed:.1f} s after its SIGKILL")
+    left = {pid: command for pid, command in commands.items() if _alive(pid)}
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"left running after {who} was killed: {left}"
+
+
 def test_sigkilled_driver_leaves_no_worker_and_no_redis(tmp_path):
     model, tokenizer = build_tiny_llama(
         TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128), seed=0
@@ -85,21 +108,13 @@ def test_sigkilled_driver_leaves_no_worker_and_no_redis(tmp_path):
     )
     try:
         assert driver.stdout.readline().strip() == "ready"
-        children = _descendants(driver.pid)
-        commands = {pid: Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ") for pid in children}
+        commands = _commands(_descendants(driver.pid))
         assert sum(b"redis-server" in c for c in commands.values()) == 1, commands
         assert sum(b"infra.rollout.worker" in c for c in commands.values()) == 2, commands
     finally:
         os.kill(driver.pid, signal.SIGKILL)
         driver.wait()
-    killed = time.monotonic()
-    while any(_alive(pid) for pid in children) and time.monotonic() < killed + 15:
-        time.sleep(0.2)
-    print(f"the driver's {len(children)} processes were gone {time.monotonic() - killed:.1f} s after its SIGKILL")
-    left = {pid: commands[pid] for pid in children if _alive(pid)}
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
-    assert not left, f"left running after the driver was killed: {left}"
+    _assert_all_gone(commands, "the driver", within_s=15)
 
 
 VLLM_HOLDER = textwrap.dedent(
@@ -134,19 +149,12 @@ def test_sigkilled_rollout_process_leaves_no_vllm_engine_core(tmp_path):
     try:
         lines = iter(holder.stdout.readline, "")  # vLLM logs on stdout too
         assert any(line.strip() == "ready" for line in lines), "the engine did not start"
-        children = _descendants(holder.pid)
-        commands = {pid: Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ") for pid in children}
+        commands = _commands(_descendants(holder.pid))
         assert any(b"VLLM::EngineCore" in c for c in commands.values()), commands
     finally:
         os.kill(holder.pid, signal.SIGKILL)
         holder.wait()
-    killed = time.monotonic()
-    while any(_alive(pid) for pid in children) and time.monotonic() < killed + 15:
-        time.sleep(0.2)
-    left = {pid: commands[pid] for pid in children if _alive(pid)}
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
-    assert not left, f"left running after the engine's process was killed: {left}"
+    _assert_all_gone(commands, "the engine's process", within_s=15)
 
 
 def test_sigkilled_rlboost_train_leaves_no_ephemeral_prefect_server(tmp_path):
@@ -171,12 +179,7 @@ def test_sigkilled_rlboost_train_leaves_no_ephemeral_prefect_server(tmp_path):
     try:
         deadline = time.monotonic() + 180  # the ephemeral server migrates a fresh database first
         while time.monotonic() < deadline and driver.poll() is None:
-            commands = {}
-            for pid in _descendants(driver.pid):
-                try:
-                    commands[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-                except OSError:
-                    pass
+            commands = _commands(_descendants(driver.pid))
             if all(any(w in c for c in commands.values()) for w in wanted):
                 break
             time.sleep(0.5)
@@ -184,11 +187,4 @@ def test_sigkilled_rlboost_train_leaves_no_ephemeral_prefect_server(tmp_path):
     finally:
         os.kill(driver.pid, signal.SIGKILL)
         driver.wait()
-    killed = time.monotonic()
-    while any(_alive(pid) for pid in commands) and time.monotonic() < killed + 20:
-        time.sleep(0.2)
-    print(f"the driver's {len(commands)} processes were gone {time.monotonic() - killed:.1f} s after its SIGKILL")
-    left = {pid: commands[pid] for pid in commands if _alive(pid)}
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
-    assert not left, f"left running after the driver was killed: {left}"
+    _assert_all_gone(commands, "the driver")

@@ -3,6 +3,8 @@
 * restarted in the middle of a step (SIGKILL, then started again on the same port and append-only
   file, `appendfsync everysec`), the step completes with every sample exactly once and the tokens
   an uninterrupted in-process engine generates;
+* restarted from an append-only file that lost its last writes, the step completes all the same
+  (the workers hand back what the log remembers as theirs and they no longer hold);
 * SIGKILLed for good in the middle of a real `rlboost train`, the run stops after
   `fabric.redis_outage_timeout_s` with one line naming the Redis (without its password), the
   checkpoint it kept and the command that resumes it, and exit status 3: no traceback.
@@ -106,6 +108,83 @@ def test_a_redis_restarted_mid_step_loses_no_sample_and_changes_no_token(tmp_pat
     positions = sum(max(len(expected[s.sample_id]), len(s.response_ids)) for s in samples)
     matching = sum(sum(a == b for a, b in zip(expected[s.sample_id], s.response_ids)) for s in samples)
     assert matching / positions >= 0.99, matching / positions
+
+
+def test_a_redis_that_lost_its_last_writes_still_completes_the_step(tmp_path):
+    """Redis restarted from an append-only file cut back to an earlier length (what `everysec`
+    loses when its machine crashes): finishes and flushes the workers had acknowledged are gone,
+    so samples they no longer hold show as running on them. They hand those back
+    (`TokenLog.disown`) and the step completes, every sample exactly once, tokens unchanged."""
+    save_tiny_model(tmp_path / "base", SHAPE)
+    model, tokenizer = load_model(tmp_path / "base")
+    server = EmbeddedRedis(appendfsync="always", directory=tmp_path / "redis", port=_free_port())
+    server.start()
+    config = FabricConfig.model_validate(
+        {
+            "enabled": True,
+            "redis_url": server.url,
+            "pools": [POOL],
+            "worker": WORKER,
+            "controller": {"reap_timeout_s": 5.0},
+            "redis_outage_timeout_s": 60,
+        }
+    )
+    rollout = RolloutConfig(prompts_per_step=6, group_size=4, max_new_tokens=64)
+    records = PromptSource(DataConfig(family="chain")).take(0, rollout.prompts_per_step)
+    fabric = RolloutFabric(config, "lost", tmp_path / "run", tmp_path / "base")
+    try:
+        fabric.publish(0, model.state_dict())
+        result: dict = {}
+
+        def roll() -> None:
+            try:
+                result["samples"], result["report"] = fabric.rollout(tokenizer, records, 1, 0, rollout, run_seed=3)
+            except BaseException as error:
+                result["error"] = error
+
+        thread = threading.Thread(target=roll)
+        thread.start()
+        log = TokenLog(fabric.redis, "lost")
+
+        def done_at_least(n: int):
+            def check() -> bool:
+                try:
+                    return log.step_status(1).done >= n
+                except KeyError:
+                    return False
+
+            return check
+
+        wait_for(done_at_least(2), "step 1 to be under way", timeout_s=180)
+        (aof,) = (tmp_path / "redis").glob("appendonlydir/*.incr.aof")
+        cut, done_at_cut = aof.stat().st_size, log.step_status(1).done
+        wait_for(done_at_least(done_at_cut + 3), "three more samples to finish", timeout_s=120)
+        done_before = log.step_status(1).done
+        assert done_before < 24, "the cut should come in the middle of the step"
+        os.kill(server.pid, signal.SIGKILL)
+        server.stop()
+        with aof.open("r+b") as handle:
+            handle.truncate(cut)  # the writes since `cut` are lost
+        server.start()
+        done_after = log.step_status(1).done
+        thread.join(timeout=300)
+        assert not thread.is_alive() and "error" not in result, result
+    finally:
+        fabric.close()
+        server.stop()
+    print(f"{done_before} samples were done, {done_after} after the restart; the step completed")
+    assert done_after < done_before, "the restart should have lost finishes"
+    samples = result["samples"]
+    ids = [s.sample_id for s in samples]
+    assert len(ids) == len(set(ids)) == 24 and not result["report"].groups_dropped
+    engine = HFEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    requests = build_requests(tokenizer, records, 1, rollout, run_seed=3)
+    expected = {r.sample_id: res.token_ids for r, res in zip(requests, engine.generate(requests))}
+    positions = sum(max(len(expected[s.sample_id]), len(s.response_ids)) for s in samples)
+    matching = sum(sum(a == b for a, b in zip(expected[s.sample_id], s.response_ids)) for s in samples)
+    assert matching / positions >= 0.99, matching / positions
+    logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "run").rglob("*.log"))
+    assert "the token log had as running here" in logs, "a worker should have handed samples back"
 
 
 def test_a_redis_gone_for_good_stops_the_run_with_one_line(prefect_harness, tmp_path):
