@@ -41,23 +41,34 @@ class RunIdentity:
         return self.attempt > 1
 
 
+def stored_identity(directory: Path) -> RunIdentity | None:
+    """The identity an earlier driver of `directory` stored (None: a new run). An unreadable file
+    is refused, naming it (its run id would be lost: the ledger and the token log know the run by
+    it); preflight checks this before any work."""
+    path = Path(directory) / IDENTITY_FILE
+    if not path.exists():
+        return None
+    try:
+        stored = json.loads(path.read_text())
+        return RunIdentity(str(stored["run_id"]), int(stored["attempt"]))
+    except (ValueError, KeyError, TypeError) as error:
+        raise ValueError(
+            f"{path} is damaged ({error}): it holds the run's id. Restore it, or remove it to start "
+            "the run under a new id (the ledger and the token log then count a new run)"
+        ) from None
+
+
 def claim_identity(directory: Path, name: str) -> RunIdentity:
     """The run's identity for a new driver of `directory` (run name `name`): the stored one with
-    one more attempt, or a new one. An unreadable file is refused, naming it (its run id would be
-    lost: the ledger and the token log know the run by it)."""
-    path = Path(directory) / IDENTITY_FILE
-    if path.exists():
-        try:
-            stored = json.loads(path.read_text())
-            identity = RunIdentity(str(stored["run_id"]), int(stored["attempt"]) + 1)
-        except (ValueError, KeyError, TypeError) as error:
-            raise ValueError(
-                f"{path} is damaged ({error}): it holds the run's id. Restore it, or remove it to start "
-                "the run under a new id (the ledger and the token log then count a new run)"
-            ) from None
-    else:
+    one more attempt, or a new one."""
+    stored = stored_identity(directory)
+    if stored is None:
         identity = RunIdentity(f"{name}-{uuid.uuid4().hex[:8]}", 1)
-    _write_atomically(path, json.dumps({"run_id": identity.run_id, "attempt": identity.attempt}) + "\n")
+    else:
+        identity = RunIdentity(stored.run_id, stored.attempt + 1)
+    _write_atomically(
+        Path(directory) / IDENTITY_FILE, json.dumps({"run_id": identity.run_id, "attempt": identity.attempt}) + "\n"
+    )
     return identity
 
 

@@ -8,7 +8,7 @@ trainer without DeepSpeed installed or with more ranks than GPUs; a device that
 does not exist here or a dtype it cannot run; an engine that cannot run the model (vLLM missing, the
 wrong vLLM build for the device, a head size vLLM's CPU kernels refuse, a colocated vLLM engine beside
 the in-process one in the same process); a pool's availability trace that is unknown, missing or
-corrupt; a run to resume whose every checkpoint is damaged (`rl.checkpoint.CorruptCheckpoint`); cloud
+corrupt; a run to resume whose `identity.json` is damaged or whose every checkpoint is damaged (`rl.checkpoint.CorruptCheckpoint`); cloud
 pools that would reach the run in plain text or through an unauthenticated Prefect server, unless
 `fabric.allow_plaintext` (`check_cloud_transport`).
 """
@@ -24,6 +24,7 @@ import torch
 from infra.availability.traces import load_trace
 from infra.providers.pool import TraceAvailability
 from infra.run.config import RunConfig
+from infra.run.identity import stored_identity
 from rl.checkpoint import CorruptCheckpoint, latest_checkpoint
 from rl.devices import DeviceError, resolve_device, resolve_dtype
 from rl.engine_factory import check_engine
@@ -53,6 +54,7 @@ def preflight(config: RunConfig) -> None:
         if config.fabric.enabled:
             _check_pools(config)
             check_cloud_transport(config)
+        stored_identity(config.run.directory)  # a damaged identity.json is refused now
         latest_checkpoint(config.run.directory / "checkpoints")  # a damaged only checkpoint is refused now
     except CorruptCheckpoint as exc:
         raise PreflightError(f"run.name: {exc}, or give the run another run.name") from None

@@ -26,3 +26,20 @@ def test_a_damaged_identity_file_is_refused_naming_it(tmp_path):
         ValueError, match=rf"{tmp_path / 'identity.json'} is damaged .*remove it to start the run under a new id"
     ):
         claim_identity(tmp_path, "demo")
+
+
+def test_rlboost_train_refuses_a_damaged_identity_file_before_any_work(tmp_path):
+    from typer.testing import CliRunner
+
+    from infra.cli.app import app
+    from tests.helpers import save_tiny_model
+
+    model = save_tiny_model(tmp_path / "base")
+    run = tmp_path / "runs" / "damaged"
+    run.mkdir(parents=True)
+    (run / "identity.json").write_text("not json")
+    sets = [f"model.path={model}", f"run.output_dir={tmp_path / 'runs'}", "run.name=damaged", "fabric.enabled=false"]
+    result = CliRunner().invoke(app, ["train", *(arg for s in sets for arg in ("--set", s))])
+    assert result.exit_code == 2, result.output
+    assert "cannot start the run" in result.output and "identity.json is damaged" in result.output
+    assert (run / "identity.json").read_text() == "not json", "nothing was written"
