@@ -274,7 +274,9 @@ def test_helper_thread_replays_the_schedule_in_real_time(tmp_path):
     schedule = scripted(3, (TraceEvent(10.0, -2), TraceEvent(20.0, 2)))
     provider = LocalProvider(factory(tmp_path, "trap"), schedules={"spot": schedule})
     try:
-        provider.launch(spot(notice_s=3.0), 3)
+        # a 3 s notice (30 s of trace time): a loaded machine may not run a child's SIGTERM handler
+        # (it writes `.term`) within a shorter one, and the SIGKILL after it would leave no `.term`
+        provider.launch(spot(notice_s=30.0), 3)
         wait_ready(tmp_path, ["spot-0", "spot-1", "spot-2"])  # handlers set before the drop at 1 s
         provider.start(interval_s=0.05)
         wait_for(
@@ -288,7 +290,7 @@ def test_helper_thread_replays_the_schedule_in_real_time(tmp_path):
     pids = [pid_of(tmp_path, r.instance_id) for r in records if (tmp_path / f"{r.instance_id}.pid").exists()]
     assert pids and not any(alive(pid) for pid in pids)
     with pytest.raises(RuntimeError, match="shut down"):
-        provider.launch(spot(notice_s=3.0), 1)
+        provider.launch(spot(notice_s=30.0), 1)
 
 
 # -- pool specs ---------------------------------------------------------------------------------
