@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 import yaml
@@ -48,10 +49,21 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def test_a_redis_restarted_mid_step_loses_no_sample_and_changes_no_token(tmp_path):
+def _done(log: TokenLog) -> int:
+    """Samples of step 1 done (0 before the step exists)."""
+    try:
+        return log.step_status(1).done
+    except KeyError:
+        return 0
+
+
+def _step_through(tmp_path, name: str, appendfsync: str, interrupt: Callable[[TokenLog, EmbeddedRedis], None]):
+    """Roll out step 1 (24 samples) on a fabric whose Redis keeps an append-only file, calling
+    `interrupt(log, server)` from the test's thread meanwhile; checks that the step completed with
+    every sample once and the tokens an uninterrupted in-process engine generates."""
     save_tiny_model(tmp_path / "base", SHAPE)
     model, tokenizer = load_model(tmp_path / "base")
-    server = EmbeddedRedis(appendfsync="everysec", directory=tmp_path / "redis", port=_free_port())
+    server = EmbeddedRedis(appendfsync=appendfsync, directory=tmp_path / "redis", port=_free_port())
     server.start()
     config = FabricConfig.model_validate(
         {
@@ -65,7 +77,7 @@ def test_a_redis_restarted_mid_step_loses_no_sample_and_changes_no_token(tmp_pat
     )
     rollout = RolloutConfig(prompts_per_step=6, group_size=4, max_new_tokens=64)
     records = PromptSource(DataConfig(family="chain")).take(0, rollout.prompts_per_step)
-    fabric = RolloutFabric(config, "restart", tmp_path / "run", tmp_path / "base")
+    fabric = RolloutFabric(config, name, tmp_path / "run", tmp_path / "base")
     try:
         fabric.publish(0, model.state_dict())
         result: dict = {}
@@ -78,28 +90,13 @@ def test_a_redis_restarted_mid_step_loses_no_sample_and_changes_no_token(tmp_pat
 
         thread = threading.Thread(target=roll)
         thread.start()
-        log = TokenLog(fabric.redis, "restart")
-
-        def under_way() -> bool:
-            try:
-                return log.step_status(1).done >= 2
-            except KeyError:
-                return False
-
-        wait_for(under_way, "step 1 to be under way", timeout_s=180)
-        done_before = log.step_status(1).done
-        os.kill(server.pid, signal.SIGKILL)
-        time.sleep(1.5)  # the controller and the workers see Redis gone
-        server.stop()
-        server.start()  # the same port, password and append-only file
+        interrupt(TokenLog(fabric.redis, name), server)
         thread.join(timeout=300)
         assert not thread.is_alive() and "error" not in result, result
     finally:
         fabric.close()
         server.stop()
     samples = result["samples"]
-    print(f"Redis restarted with {done_before}/24 samples done; the step completed with {len(samples)}")
-    assert done_before < 24, "the restart should have come in the middle of the step"
     ids = [s.sample_id for s in samples]
     assert len(ids) == len(set(ids)) == 24 and not result["report"].groups_dropped
     engine = HFEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id)
@@ -108,6 +105,22 @@ def test_a_redis_restarted_mid_step_loses_no_sample_and_changes_no_token(tmp_pat
     positions = sum(max(len(expected[s.sample_id]), len(s.response_ids)) for s in samples)
     matching = sum(sum(a == b for a, b in zip(expected[s.sample_id], s.response_ids)) for s in samples)
     assert matching / positions >= 0.99, matching / positions
+
+
+def test_a_redis_restarted_mid_step_loses_no_sample_and_changes_no_token(tmp_path):
+    seen: dict[str, int] = {}
+
+    def restart(log: TokenLog, server: EmbeddedRedis) -> None:
+        wait_for(lambda: _done(log) >= 2, "step 1 to be under way", timeout_s=180)
+        seen["done"] = _done(log)
+        os.kill(server.pid, signal.SIGKILL)
+        time.sleep(1.5)  # the controller and the workers see Redis gone
+        server.stop()
+        server.start()  # the same port, password and append-only file
+
+    _step_through(tmp_path, "restart", "everysec", restart)
+    print(f"Redis restarted with {seen['done']}/24 samples done; the step completed")
+    assert seen["done"] < 24, "the restart should have come in the middle of the step"
 
 
 def test_a_redis_that_lost_its_last_writes_still_completes_the_step(tmp_path):
@@ -115,74 +128,25 @@ def test_a_redis_that_lost_its_last_writes_still_completes_the_step(tmp_path):
     loses when its machine crashes): finishes and flushes the workers had acknowledged are gone,
     so samples they no longer hold show as running on them. They hand those back
     (`TokenLog.disown`) and the step completes, every sample exactly once, tokens unchanged."""
-    save_tiny_model(tmp_path / "base", SHAPE)
-    model, tokenizer = load_model(tmp_path / "base")
-    server = EmbeddedRedis(appendfsync="always", directory=tmp_path / "redis", port=_free_port())
-    server.start()
-    config = FabricConfig.model_validate(
-        {
-            "enabled": True,
-            "redis_url": server.url,
-            "pools": [POOL],
-            "worker": WORKER,
-            "controller": {"reap_timeout_s": 5.0},
-            "redis_outage_timeout_s": 60,
-        }
-    )
-    rollout = RolloutConfig(prompts_per_step=6, group_size=4, max_new_tokens=64)
-    records = PromptSource(DataConfig(family="chain")).take(0, rollout.prompts_per_step)
-    fabric = RolloutFabric(config, "lost", tmp_path / "run", tmp_path / "base")
-    try:
-        fabric.publish(0, model.state_dict())
-        result: dict = {}
+    seen: dict[str, int] = {}
 
-        def roll() -> None:
-            try:
-                result["samples"], result["report"] = fabric.rollout(tokenizer, records, 1, 0, rollout, run_seed=3)
-            except BaseException as error:
-                result["error"] = error
-
-        thread = threading.Thread(target=roll)
-        thread.start()
-        log = TokenLog(fabric.redis, "lost")
-
-        def done_at_least(n: int):
-            def check() -> bool:
-                try:
-                    return log.step_status(1).done >= n
-                except KeyError:
-                    return False
-
-            return check
-
-        wait_for(done_at_least(2), "step 1 to be under way", timeout_s=180)
+    def lose_the_last_writes(log: TokenLog, server: EmbeddedRedis) -> None:
+        wait_for(lambda: _done(log) >= 2, "step 1 to be under way", timeout_s=180)
         (aof,) = (tmp_path / "redis").glob("appendonlydir/*.incr.aof")
-        cut, done_at_cut = aof.stat().st_size, log.step_status(1).done
-        wait_for(done_at_least(done_at_cut + 3), "three more samples to finish", timeout_s=120)
-        done_before = log.step_status(1).done
-        assert done_before < 24, "the cut should come in the middle of the step"
+        cut, done_at_cut = aof.stat().st_size, _done(log)
+        wait_for(lambda: _done(log) >= done_at_cut + 3, "three more samples to finish", timeout_s=120)
+        seen["before"] = _done(log)
+        assert seen["before"] < 24, "the cut should come in the middle of the step"
         os.kill(server.pid, signal.SIGKILL)
         server.stop()
         with aof.open("r+b") as handle:
             handle.truncate(cut)  # the writes since `cut` are lost
         server.start()
-        done_after = log.step_status(1).done
-        thread.join(timeout=300)
-        assert not thread.is_alive() and "error" not in result, result
-    finally:
-        fabric.close()
-        server.stop()
-    print(f"{done_before} samples were done, {done_after} after the restart; the step completed")
-    assert done_after < done_before, "the restart should have lost finishes"
-    samples = result["samples"]
-    ids = [s.sample_id for s in samples]
-    assert len(ids) == len(set(ids)) == 24 and not result["report"].groups_dropped
-    engine = HFEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id)
-    requests = build_requests(tokenizer, records, 1, rollout, run_seed=3)
-    expected = {r.sample_id: res.token_ids for r, res in zip(requests, engine.generate(requests))}
-    positions = sum(max(len(expected[s.sample_id]), len(s.response_ids)) for s in samples)
-    matching = sum(sum(a == b for a, b in zip(expected[s.sample_id], s.response_ids)) for s in samples)
-    assert matching / positions >= 0.99, matching / positions
+        seen["after"] = _done(log)
+
+    _step_through(tmp_path, "lost", "always", lose_the_last_writes)
+    print(f"{seen['before']} samples were done, {seen['after']} after the restart; the step completed")
+    assert seen["after"] < seen["before"], "the restart should have lost finishes"
     logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "run").rglob("*.log"))
     assert "the token log had as running here" in logs, "a worker should have handed samples back"
 
