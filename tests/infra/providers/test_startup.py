@@ -18,7 +18,6 @@ from prefect.client.orchestration import SyncPrefectClient
 from prefect.settings import PREFECT_API_URL
 
 from infra.providers.interface import BootFile, BootPlan
-from infra.providers.pool import PoolSpec
 from infra.providers.startup import (
     FAILED_PREFIX,
     FLOW_RUN_ENV,
@@ -28,22 +27,9 @@ from infra.providers.startup import (
     fetch_command,
     render_startup_script,
 )
+from tests.infra.fleet.test_code_bundle import gcp_pool  # g2-standard-8: one L4 built in
 
 pytestmark = pytest.mark.integration
-
-
-def gpu_pool() -> PoolSpec:
-    return PoolSpec.model_validate(
-        {
-            "name": "l4-spot",
-            "provider": "gcp",
-            "capacity_class": "spot",
-            "size": 2,
-            "machine_type": "g2-standard-8",
-            "price_per_hour": 0.3,
-            "gcp": {"project": "rollout-proj", "zones": ["us-central1-a"], "image": "img"},
-        }
-    )
 
 
 @flow(name="rollout-instance-stand-in")
@@ -82,7 +68,7 @@ def test_a_file_that_does_not_match_its_sha256_fails_the_boot_and_its_flow_run(p
     bootstrap = WorkerBootstrap(install_dir=str(tmp_path / "opt"), prefect_api_url=PREFECT_API_URL.value())
     plan = BootPlan(files=(wheel, lock), env={FLOW_RUN_ENV: run_id})
     done = boot(
-        render_startup_script(bootstrap, pool=gpu_pool(), instance_id="l4-spot-1", run_id="r", watcher="gce", plan=plan)
+        render_startup_script(bootstrap, pool=gcp_pool(), instance_id="l4-spot-1", run_id="r", watcher="gce", plan=plan)
     )
 
     assert done.returncode == 1
@@ -104,7 +90,7 @@ def test_an_image_without_python_3_11_fails_the_boot_with_what_it_found(prefect_
     )
     plan = BootPlan(files=(wheel, lock), env={FLOW_RUN_ENV: run_id})
     script = render_startup_script(
-        bootstrap, pool=gpu_pool(), instance_id="l4-spot-2", run_id="r", watcher="gce", plan=plan
+        bootstrap, pool=gcp_pool(), instance_id="l4-spot-2", run_id="r", watcher="gce", plan=plan
     )
     done = boot(script, path="/usr/bin:/bin")  # no uv on this PATH, and no python3.9
 
@@ -125,7 +111,7 @@ def test_a_gpu_vm_without_a_working_driver_fails_its_boot_instead_of_decoding_on
     )
     plan = BootPlan(env={FLOW_RUN_ENV: run_id}, require_gpu=True)
     script = render_startup_script(
-        bootstrap, pool=gpu_pool(), instance_id="l4-spot-3", run_id="r", watcher="gce", plan=plan
+        bootstrap, pool=gcp_pool(), instance_id="l4-spot-3", run_id="r", watcher="gce", plan=plan
     )
     done = boot(script, path="/usr/bin:/bin")  # this machine has no nvidia-smi
 
@@ -137,7 +123,7 @@ def test_a_gpu_vm_without_a_working_driver_fails_its_boot_instead_of_decoding_on
 
 
 def test_the_script_quotes_every_value_and_runs_the_instances_worker_under_its_clouds_watcher(tmp_path):
-    pool = gpu_pool()
+    pool = gcp_pool()
     bootstrap = WorkerBootstrap(
         install="image", install_dir=str(tmp_path / "it's opt"), prefect_api_url="http://p:4200/api"
     )
