@@ -18,7 +18,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +25,7 @@ from pathlib import Path
 from infra.watchers.azure_events import IMDS_URL_ENV
 from tests.fakes.arm import FakeArm
 from tests.fakes.metadata import FakeScheduledEvents
-from tests.fakes.vm_host import run_boot_script
+from tests.fakes.vm_host import VmHostThread, run_boot_script
 
 
 @dataclass
@@ -41,7 +40,7 @@ class BootedAzureVm:
 
 
 @dataclass
-class FakeAzureVmHost:
+class FakeAzureVmHost(VmHostThread):
     arm: FakeArm
     workdir: Path
     env: dict[str, str]
@@ -53,36 +52,12 @@ class FakeAzureVmHost:
     evicted: set[str] = field(default_factory=set)
     gone: set[str] = field(default_factory=set)
 
-    def __post_init__(self) -> None:
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    def __enter__(self) -> FakeAzureVmHost:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self._thread = threading.Thread(target=self._loop, name="fake-azure-vm-host", daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        for vm in list(self.booted.values()):
-            if vm.name not in self.gone:
-                self._power_off(vm)
-
     def evict(self, name: str) -> None:
         with self._lock:
             vm = self.booted[name]
             self.evicted.add(name)
             vm.event_id = vm.imds.schedule("Preempt", [name], notice_s=self.notice_s)
             vm.kill_at = time.time() + self.notice_s
-
-    def running(self) -> list[str]:
-        """VMs booted and not told to stop."""
-        with self._lock:
-            return [n for n, vm in self.booted.items() if vm.kill_at is None and n not in self.gone]
 
     # -- the machines ---------------------------------------------------------------------------
 

@@ -80,26 +80,24 @@ class BootedVm:
     """When the VM is powered off (set once it is told to stop)."""
 
 
-@dataclass
-class FakeVmHost:
-    gce: FakeGce
+class VmHostThread:
+    """The lifecycle both fake clouds' VM hosts share: a thread runs `_loop` (boot what the cloud
+    started, power off what it stopped) from `__enter__` on; `__exit__` stops it and powers off
+    every VM still up. Subclasses are dataclasses with `workdir`, `booted` and `gone`, and define
+    `_loop()` and `_power_off(vm)`."""
+
     workdir: Path
-    env: dict[str, str]
-    """The VMs' base environment (each also gets `GCE_METADATA_HOST`)."""
-    grace_s: float = 30.0
-    poll_s: float = 0.2
-    booted: dict[str, BootedVm] = field(default_factory=dict)
-    preempted: set[str] = field(default_factory=set)
-    gone: set[str] = field(default_factory=set)
+    booted: dict
+    gone: set[str]
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def __enter__(self) -> FakeVmHost:
+    def __enter__(self):
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self._thread = threading.Thread(target=self._loop, name="fake-vm-host", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=type(self).__name__, daemon=True)
         self._thread.start()
         return self
 
@@ -111,15 +109,28 @@ class FakeVmHost:
             if vm.name not in self.gone:
                 self._power_off(vm)
 
-    def preempt(self, name: str) -> None:
-        with self._lock:
-            self.preempted.add(name)
-        self.gce.preempt(name)
-
     def running(self) -> list[str]:
         """VMs booted and not told to stop."""
         with self._lock:
             return [n for n, vm in self.booted.items() if vm.kill_at is None and n not in self.gone]
+
+
+@dataclass
+class FakeVmHost(VmHostThread):
+    gce: FakeGce
+    workdir: Path
+    env: dict[str, str]
+    """The VMs' base environment (each also gets `GCE_METADATA_HOST`)."""
+    grace_s: float = 30.0
+    poll_s: float = 0.2
+    booted: dict[str, BootedVm] = field(default_factory=dict)
+    preempted: set[str] = field(default_factory=set)
+    gone: set[str] = field(default_factory=set)
+
+    def preempt(self, name: str) -> None:
+        with self._lock:
+            self.preempted.add(name)
+        self.gce.preempt(name)
 
     # -- the machines ---------------------------------------------------------------------------
 
