@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 LOW_SPACE_BYTES = 16 << 20
@@ -16,55 +17,56 @@ _OUT_OF_SPACE_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
 _OUT_OF_SPACE_TEXT = ("no space left on device", "os error 28", "disk quota exceeded")
 
 
-def out_of_space(error: BaseException) -> bool:
-    """Whether `error`, or an error it was raised from or during, is a file system out of space."""
+def _chain(error: BaseException) -> Iterator[BaseException]:
+    """`error` and the errors it was raised from or during, each once."""
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if isinstance(current, OSError) and current.errno in _OUT_OF_SPACE_ERRNOS:
-            return True
-        if any(text in str(current).lower() for text in _OUT_OF_SPACE_TEXT):
-            return True
+        yield current
         current = current.__cause__ or current.__context__
-    return False
+
+
+def out_of_space(error: BaseException) -> bool:
+    """Whether `error`, or an error it was raised from or during, is a file system out of space."""
+    return any(
+        (isinstance(e, OSError) and e.errno in _OUT_OF_SPACE_ERRNOS)
+        or any(text in str(e).lower() for text in _OUT_OF_SPACE_TEXT)
+        for e in _chain(error)
+    )
 
 
 def full_path(error: BaseException) -> str | None:
     """The file whose write ran out of space, when an `OSError` in the chain names one."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, OSError) and current.filename:
-            return str(current.filename)
-        current = current.__cause__ or current.__context__
-    return None
+    return next((str(e.filename) for e in _chain(error) if isinstance(e, OSError) and e.filename), None)
 
 
-def free_bytes(path: str | Path) -> int | None:
-    """Free bytes on the file system holding `path` (or its nearest existing parent); None if unknown."""
-    path = Path(path)
-    for candidate in (path, *path.parents):
-        if candidate.exists():
-            try:
-                return shutil.disk_usage(candidate).free
-            except OSError:
-                return None
-    return None
-
-
-def describe_free(path: str | Path) -> str:
-    """E.g. "2.1 MB free of 1.0 GB on the file system of /runs/x"."""
-    path = Path(path)
+def _free_and_total(path: Path) -> tuple[int, int] | None:
+    """Free and total bytes of the file system holding `path` (or its nearest existing parent);
+    None if unknown."""
     for candidate in (path, *path.parents):
         if candidate.exists():
             try:
                 usage = shutil.disk_usage(candidate)
-            except OSError as exc:
-                return f"free space on the file system of {path} unknown ({exc})"
-            return f"{_size(usage.free)} free of {_size(usage.total)} on the file system of {path}"
-    return f"free space on the file system of {path} unknown"
+            except OSError:
+                return None
+            return usage.free, usage.total
+    return None
+
+
+def free_bytes(path: str | Path) -> int | None:
+    """Free bytes on the file system holding `path`; None if unknown."""
+    usage = _free_and_total(Path(path))
+    return None if usage is None else usage[0]
+
+
+def describe_free(path: str | Path) -> str:
+    """E.g. "2.1 MB free of 1.0 GB on the file system of /runs/x"."""
+    usage = _free_and_total(Path(path))
+    if usage is None:
+        return f"free space on the file system of {path} unknown"
+    free, total = usage
+    return f"{_size(free)} free of {_size(total)} on the file system of {path}"
 
 
 def _size(n: int) -> str:
