@@ -92,6 +92,11 @@ class TrainingSection(Section):
     count_prompt_tokens: bool = True
     """Trained tokens include the prompts: veRL's `perf/throughput` (the RLBoost artifact's
     figure) is the sum of the step's attention masks, prompt + response, over the step time."""
+    step_overhead_s: float = Field(0.0, ge=0)
+    """Serial seconds of every step outside rollout and training, after the last group is
+    trained: the orchestrator's own work (a CPU profile measures the runtime's: Prefect's task
+    runs, scoring, publishing the version, accounting). 0 at paper scale: no public figure
+    gives veRL's."""
 
 
 class MeasuredSection(Section):

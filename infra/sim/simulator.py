@@ -22,7 +22,8 @@ trace, with the cloud's notice (the worker flushes and hands its samples back) o
 samples wait for the reaper, and the tokens since the last flush are lost); training of each
 complete group on the reserved GPUs once they are released (or once the step's rollout is done;
 at once with `training.while_generating`, a CPU run's co-located engine), idle when no group is
-ready.
+ready; then the orchestrator's serial work before the next step (`training.step_overhead_s`:
+measured in a CPU profile, none at paper scale).
 
 Migration modes (the variants): `token` (this project: a sample leaving an instance keeps its
 logged tokens), `group_min` (on preemption, the samples of a group that leave an instance keep
@@ -438,6 +439,9 @@ class Simulation:
         self.release_num_spot = 0
         self.trainer_busy: list[tuple[float, float]] = []
         self.trainer_until: float | None = None
+        self.ending = False
+        """Every group trained (at `trained_at`): the step ends `training.step_overhead_s` later."""
+        self.trained_at = 0.0
         self.version = version
         for engine in self.engines:
             if engine.capacity_class == "reserved":
@@ -475,8 +479,9 @@ class Simulation:
         if not (self.released or self.done == len(self.samples) or self.s.training.while_generating):
             return
         if not self.ready_groups:
-            if self.done == len(self.samples):
-                self._end_step()
+            if self.done == len(self.samples) and not self.ending:
+                self.ending, self.trained_at = True, now
+                self.loop.after(self.s.training.step_overhead_s, self._end_step)
             return
         group = self.ready_groups.pop(0)
         seconds = self._train_seconds(sum(self._trained_tokens(s) for s in self.group_samples[group]))
@@ -488,8 +493,9 @@ class Simulation:
         return sample.target + (self.s.workload.prompt_tokens if self.s.training.count_prompt_tokens else 0)
 
     def _end_step(self) -> None:
-        """Measure the step as `RolloutController._finish` does, update `T_local`, start the next."""
-        end = self.loop.now
+        """Measure the step as `RolloutController._finish` does (up to its last group trained; the
+        orchestrator's overhead after it is not the controller's), update `T_local`, start the next."""
+        end = self.trained_at
         all_done_at = self.all_done_at if self.all_done_at is not None else end
         rollout_idle = max(0.0, end - all_done_at)
         trainer_idle = 0.0
@@ -510,7 +516,7 @@ class Simulation:
             StepRecord(
                 step=self.step,
                 started_at=self.started_at,
-                ended_at=end,
+                ended_at=self.loop.now,
                 trained_tokens=trained,
                 t_local_s=self.release_t_local,
                 num_spot=self.release_num_spot,
@@ -521,7 +527,7 @@ class Simulation:
             )
         )
         max_steps = self.s.run.max_steps
-        if end >= self.s.run.duration_s or (max_steps is not None and len(self.steps) >= max_steps):
+        if self.loop.now >= self.s.run.duration_s or (max_steps is not None and len(self.steps) >= max_steps):
             self.finished = True
             return
         self._start_step()

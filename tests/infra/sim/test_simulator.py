@@ -139,3 +139,15 @@ def test_training_while_generating_overlaps_the_rollout():
     for a, b in zip(serial.steps, overlapped.steps):
         assert a.ended_at - a.started_at == pytest.approx(a.rollout_s + a.train_s, rel=0.01)  # one, then the other
         assert b.ended_at - b.started_at < a.ended_at - a.started_at
+
+
+def test_the_step_overhead_follows_the_last_trained_group_and_leaves_the_offload_timing_alone():
+    sections = {"run": {"max_steps": 4, "duration_s": 10_000}, "availability": {"source": "constant"}}
+    plain = run(small(**sections), "rlboost")
+    overhead = run(small(**sections, training={"step_overhead_s": 7.0}), "rlboost")
+    for a, b in zip(plain.steps, overhead.steps):
+        assert b.ended_at - b.started_at == pytest.approx(a.ended_at - a.started_at + 7.0, abs=0.6)
+        # what the offload controller is told is measured up to the last trained group, so
+        # T_local moves as it does without the overhead (the polls' grid may shift by one poll)
+        assert b.trainer_idle_s == pytest.approx(a.trainer_idle_s, abs=0.6)
+        assert b.t_local_s == pytest.approx(a.t_local_s, abs=0.6)
