@@ -9,11 +9,17 @@ predict the demo configuration's steps, then run the same configuration for real
    the tokens of context: fixed + per-context-token seconds), its prefill per prompt token, and
    the response lengths it draws (mean and coefficient of variation); the torch trainer (the
    trainer's thread count) times GRPO updates on those samples, per trained token; and a fresh
-   worker process's start-up to a loaded model is timed as the spot instance's boot.
+   worker process's start-up to a loaded model is timed as the spot instance's boot. The step's
+   orchestration (`orchestration_seconds`) is timed by its parts: Prefect's cost of an
+   `rl-step`-shaped subflow (its five task runs and the rollout's progress artifact, doing no
+   work, timed from inside as `step_s` is), the session's scoring of one step's samples, and the
+   ledger's recording of a step (a `RunAccounting` on SQLite, as the demo's run has).
 2. **Predict** (after the run, from the averaged profile): `deployments/configs/demo.yaml` as a scenario with that `measured` profile: one
    co-located reserved engine and two spot workers of `slots` samples, the pools' Poisson
    schedule (the same `PoissonLifetimes` the local pool replays), notice, silent-kill fraction,
-   reap timeout and `T_local` settings. On 2 cores the trainer's process (2 threads while training,
+   reap timeout and `T_local` settings, the trainer's micro-batch (`optim.micro_batch_size`: the
+   demo's 256 is the whole step, so streamed training starts once every group is complete) and
+   the measured orchestration as the step's serial overhead. On 2 cores the trainer's process (2 threads while training,
    1 while its engine generates) and the live spot workers (1 thread each) share the cores: every
    measured time stretches by their mean count over the cores.
 3. **Run**: `rlboost train` on the same configuration for `--cpu-steps` steps (no evaluation but
@@ -21,9 +27,8 @@ predict the demo configuration's steps, then run the same configuration for real
    tokens. Both sides are compared over the steps between the first (workers starting) and the
    last (it evaluates).
 
-What the prediction leaves out is reported, not fitted: the per-step orchestration (Prefect task
-runs, weight publishing, scoring, the ledger) is the part of the real `step_s` outside rollout
-and training.
+What the prediction leaves out is reported, not fitted: publishing a version (its snapshot in
+the engines' dtype; ~10 ms a step here) and the co-located engine's sleep and wake.
 """
 
 from __future__ import annotations
@@ -124,6 +129,7 @@ def calibrate(config, slots: int) -> dict:
         check=True,
     )
     boot_s = time.perf_counter() - started
+    orchestration = orchestration_seconds(config, tokenizer, records, requests, results)
     return {
         "decode_step_s": step_s,
         "decode_s_per_context_token": per_context_token_s,
@@ -133,11 +139,85 @@ def calibrate(config, slots: int) -> dict:
         "mean_response_tokens": statistics.fmean(lengths),
         "response_cv": statistics.pstdev(lengths) / statistics.fmean(lengths),
         "boot_s": boot_s,
+        **orchestration,
         "trainer_threads": trainer_threads,
         "slots": slots,
         "params": params,
         "bytes_per_param": weight_bytes // params,
     }
+
+
+def orchestration_seconds(config, tokenizer, records, requests, results) -> dict:
+    """A step's serial work outside rollout and training, by its parts (module docstring)."""
+    import tempfile
+
+    from infra.ledger import Ledger
+    from infra.run.accounting import RunAccounting
+    from rl.rewards import make_reward_fn
+    from rl.rollout import samples_from_results
+    from rl.scoring import score_samples
+
+    samples = samples_from_results(requests, results, 0)
+    reward = make_reward_fn(config.reward.kind)
+    started = time.perf_counter()
+    for _ in range(5):
+        score_samples(samples, records, tokenizer, reward, reward, config.rollout.group_size, config.grpo)
+    score_s = (time.perf_counter() - started) / 5
+    with tempfile.TemporaryDirectory() as directory, Ledger(f"sqlite:///{directory}/ledger.sqlite") as ledger:
+        accounting = RunAccounting(
+            ledger, "cpu-profile", "cpu-profile", config.fabric.pools, None, trainer=config.ledger.trainer
+        )
+        seconds = []
+        for step in range(1, 7):
+            accounting.begin_step(step)
+            started = time.perf_counter()
+            accounting.end_step(step, sum(len(r.token_ids) for r in results), {"spot-0": 100}, 0)
+            accounting.step_cost_usd(step)
+            seconds.append(time.perf_counter() - started)
+        accounting.finish()
+    prefect_s = _prefect_step_seconds()
+    return {
+        "prefect_step_s": prefect_s,
+        "score_s": score_s,
+        "ledger_step_s": statistics.median(seconds[1:]),
+        "step_overhead_s": prefect_s + score_s + statistics.median(seconds[1:]),
+    }
+
+
+def _prefect_step_seconds(steps: int = 6) -> float:
+    """Prefect's own cost of one `rl-step` subflow: the flow's five task runs (rollout, score,
+    train, publish, account) and the rollout's progress artifact, each doing no work, timed from
+    inside the subflow as `step_s` is (median of `steps` after one warm-up)."""
+    from prefect import flow, task
+    from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
+    from tasks.training import TASK_OPTIONS as options
+
+    @task(name="rollout", **options)
+    def rollout(step: int) -> dict:
+        artifact = create_progress_artifact(progress=0.0, key="cpu-profile-rollout")
+        update_progress_artifact(artifact, 100.0)
+        return {"path": "rollout"}
+
+    @task(name="work", **options)
+    def work(step: int, *paths: str) -> dict:
+        return {"path": "work"}
+
+    @flow(name="cpu-profile-step", persist_result=False)
+    def step_flow(step: int) -> float:
+        started = time.perf_counter()
+        first = rollout(step)
+        scored = work.with_options(name="score")(step, first["path"])
+        work.with_options(name="train")(step, first["path"], scored["path"])
+        work.with_options(name="publish")(step)
+        work.with_options(name="account")(step)
+        return time.perf_counter() - started
+
+    @flow(name="cpu-profile-steps", persist_result=False)
+    def steps_flow() -> list[float]:
+        return [step_flow(i) for i in range(steps + 1)]
+
+    return statistics.median(steps_flow()[1:])
 
 
 def mean_profile(before: dict, after: dict) -> dict:
@@ -173,7 +253,12 @@ def scenario_data(config, measured: dict, steps: int, cores: int) -> dict:
             "cores": cores,
             "busy_processes": trainer_threads + alive,
         },
-        "training": {"count_prompt_tokens": True, "while_generating": config.fabric.stream_training},
+        "training": {
+            "count_prompt_tokens": True,
+            "while_generating": config.fabric.stream_training,
+            "micro_batch_samples": config.optim.micro_batch_size,
+            "step_overhead_s": measured["step_overhead_s"],
+        },
         "reserved": {"gpus": 1, "engine_gpus": 1, "max_running": measured["slots"], "price_per_hour": 3.67},
         "spot": {
             "gpus": 1,

@@ -22,6 +22,8 @@ import threading
 import time
 from collections.abc import Sequence
 
+import torch
+
 from rl.config import GRPOConfig
 from rl.datasets import PromptRecord
 from rl.rewards import RewardFn
@@ -56,11 +58,17 @@ class StreamedStep:
         self._lock = threading.Lock()
         self._pending: list[tuple[Sample, float]] = []
         """Scored samples not yet accumulated: they wait for a full micro-batch."""
+        self._torch_threads = torch.get_num_threads()
+        """The intra-op threads of the thread that began the step (the trainer's): `add` runs in
+        the rollout's consumer thread, and with torch's OpenMP backend a new thread starts with
+        the count some other thread set last (a co-located engine's thread sets 1)."""
         trainer.begin_step()
 
     def add(self, samples: Sequence[Sample]) -> None:
         """Score one complete group and accumulate its gradient."""
         started = time.perf_counter()
+        if torch.get_num_threads() != self._torch_threads:
+            torch.set_num_threads(self._torch_threads)
         with self._lock:
             group = samples[0].group
             if any(s.group != group for s in samples):

@@ -92,6 +92,10 @@ class TrainingSection(Section):
     count_prompt_tokens: bool = True
     """Trained tokens include the prompts: veRL's `perf/throughput` (the RLBoost artifact's
     figure) is the sum of the step's attention masks, prompt + response, over the step time."""
+    micro_batch_samples: int | None = Field(None, ge=1)
+    """Complete groups train once they fill a micro-batch of this many samples (the step's last
+    may be smaller), as the runtime's `StreamedStep` accumulates `optim.micro_batch_size` samples
+    at a time; None: every group as soon as it is complete."""
     step_overhead_s: float = Field(0.0, ge=0)
     """Serial seconds of every step outside rollout and training, after the last group is
     trained: the orchestrator's own work (a CPU profile measures the runtime's: Prefect's task

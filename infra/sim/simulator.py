@@ -20,7 +20,7 @@ tokens of a resumed sample), during which the engine does not decode; spot insta
 pull each version (bandwidth-limited; from the trainer only, or as a swarm), and leave by the
 trace, with the cloud's notice (the worker flushes and hands its samples back) or silently (the
 samples wait for the reaper, and the tokens since the last flush are lost); training of each
-complete group on the reserved GPUs once they are released (or once the step's rollout is done;
+complete group (or micro-batch of groups) on the reserved GPUs once they are released (or once the step's rollout is done;
 at once with `training.while_generating`, a CPU run's co-located engine), idle when no group is
 ready; then the orchestrator's serial work before the next step (`training.step_overhead_s`:
 measured in a CPU profile, none at paper scale).
@@ -483,11 +483,28 @@ class Simulation:
                 self.ending, self.trained_at = True, now
                 self.loop.after(self.s.training.step_overhead_s, self._end_step)
             return
-        group = self.ready_groups.pop(0)
-        seconds = self._train_seconds(sum(self._trained_tokens(s) for s in self.group_samples[group]))
+        groups = self._next_micro_batch()
+        if not groups:
+            return
+        seconds = self._train_seconds(sum(self._trained_tokens(s) for g in groups for s in self.group_samples[g]))
         self.trainer_until = now + seconds
         self.trainer_busy.append((now, now + seconds))
         self.loop.at(now + seconds, self._train_next)
+
+    def _next_micro_batch(self) -> list[int]:
+        """The complete groups to train next: the oldest one, or with `training.micro_batch_samples`
+        the oldest ones once they fill a micro-batch (whatever is left once the rollout is done)."""
+        size = self.s.training.micro_batch_samples
+        if size is None:
+            return [self.ready_groups.pop(0)]
+        ready = sum(len(self.group_samples[g]) for g in self.ready_groups)
+        if ready < size and self.done < len(self.samples):
+            return []
+        groups, samples = [], 0
+        while self.ready_groups and samples < size:
+            groups.append(self.ready_groups.pop(0))
+            samples += len(self.group_samples[groups[-1]])
+        return groups
 
     def _trained_tokens(self, sample: Sample) -> float:
         return sample.target + (self.s.workload.prompt_tokens if self.s.training.count_prompt_tokens else 0)

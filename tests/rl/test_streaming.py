@@ -102,3 +102,33 @@ def test_a_group_mixing_prompts_is_rejected_and_abandon_restores_the_trainer():
         stream.add(samples[GROUP - 1 : GROUP + 1])
     stream.abandon()
     assert not trainer.accumulating
+
+
+def test_groups_accumulate_with_the_trainers_threads_in_a_thread_started_after_an_engines():
+    """With torch's OpenMP backend a new thread starts with the intra-op thread count some other
+    thread set last: the rollout's consumer thread, started after a co-located engine's thread set
+    1, would train on one core."""
+    import threading
+
+    trainer, tokenizer = _trainer()
+    records, samples = _step_data(tokenizer)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        stream = _stream(trainer, tokenizer, records)  # begun by the trainer's thread, at 2
+        engine = threading.Thread(target=torch.set_num_threads, args=(1,))  # the co-located engine's
+        engine.start()
+        engine.join()
+        seen = []
+
+        def consumer() -> None:
+            seen.append(torch.get_num_threads())
+            stream.add(samples[:GROUP])
+            seen.append(torch.get_num_threads())
+
+        thread = threading.Thread(target=consumer)
+        thread.start()
+        thread.join()
+        assert seen == [1, 2]  # the new thread started at the engine's count; the group trained at 2
+    finally:
+        torch.set_num_threads(before)

@@ -151,3 +151,15 @@ def test_the_step_overhead_follows_the_last_trained_group_and_leaves_the_offload
         # T_local moves as it does without the overhead (the polls' grid may shift by one poll)
         assert b.trainer_idle_s == pytest.approx(a.trainer_idle_s, abs=0.6)
         assert b.t_local_s == pytest.approx(a.t_local_s, abs=0.6)
+
+
+def test_a_micro_batch_of_the_whole_step_trains_only_once_every_group_is_complete():
+    sections = {"measured": MEASURED, "run": {"max_steps": 3, "duration_s": 10_000}}
+    streamed = {"while_generating": True}
+    per_group = run(small(**sections, training=streamed), "ondemand")
+    whole_step = run(small(**sections, training={**streamed, "micro_batch_samples": 6 * 4}), "ondemand")
+    pairs = run(small(**sections, training={**streamed, "micro_batch_samples": 8}), "ondemand")
+    for a, b, c in zip(per_group.steps, whole_step.steps, pairs.steps):
+        assert a.trained_tokens == b.trained_tokens == c.trained_tokens
+        assert b.ended_at - b.started_at == pytest.approx(b.rollout_s + b.train_s, rel=0.01)  # one, then the other
+        assert a.ended_at - a.started_at < c.ended_at - c.started_at < b.ended_at - b.started_at
