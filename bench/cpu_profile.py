@@ -175,7 +175,18 @@ def orchestration_seconds(config, tokenizer, records, requests, results) -> dict
             accounting.step_cost_usd(step)
             seconds.append(time.perf_counter() - started)
         accounting.finish()
-    prefect_s = _prefect_step_seconds()
+    # in a process of its own: its ephemeral Prefect server must not outlive the measurement
+    # (two servers on one database slow the real run down)
+    prefect_s = float(
+        subprocess.run(
+            [sys.executable, "-c", "from bench.cpu_profile import prefect_step_seconds; print(prefect_step_seconds())"],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.split()[-1]
+    )
     return {
         "prefect_step_s": prefect_s,
         "score_s": score_s,
@@ -184,7 +195,7 @@ def orchestration_seconds(config, tokenizer, records, requests, results) -> dict
     }
 
 
-def _prefect_step_seconds(steps: int = 6) -> float:
+def prefect_step_seconds(steps: int = 6) -> float:
     """Prefect's own cost of one `rl-step` subflow: the flow's five task runs (rollout, score,
     train, publish, account) and the rollout's progress artifact, each doing no work, timed from
     inside the subflow as `step_s` is (median of `steps` after one warm-up)."""
