@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-import yaml
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from infra.run.config import DEFAULT_CONFIG, ConfigError, load_config
+from infra.cli.run_config import load_run_config, parse_overrides
+from infra.run.config import DEFAULT_CONFIG, ConfigError
 
 app = typer.Typer(help="GRPO fine-tuning with rollout on preemptible instances, on Prefect.", no_args_is_help=True)
 console = Console()
@@ -44,25 +44,6 @@ def _quiet_weight_loading() -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-
-
-def _overrides(pairs: list[str] | None) -> dict:
-    overrides = {}
-    for pair in pairs or []:
-        key, equals, value = pair.partition("=")
-        if not equals or not key.strip():
-            raise ConfigError(f"--set {pair!r}: expected key=value, e.g. --set run.steps=20")
-        overrides[key.strip()] = yaml.safe_load(value)
-    return overrides
-
-
-def _load(config: Path | None, pairs: list[str] | None):
-    try:
-        return load_config(config, _overrides(pairs))
-    except ConfigError as error:
-        console.print("[red]configuration error[/red]")
-        console.print(str(error), markup=False, highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
 
 
 class _WithoutTracebacksOf(logging.Formatter):
@@ -115,7 +96,7 @@ def pretrain(
 
     _quiet_weight_loading()
 
-    cfg = _load(config, set_)
+    cfg = load_run_config(config, set_)
     target = cfg.pretrain.output
     if (target / "config.json").exists() and not force:
         console.print(f"base model already at {target} (use --force to retrain)")
@@ -157,7 +138,7 @@ def train(config: ConfigOption = None, set_: SetOption = None, console_log_level
 
     _quiet_weight_loading()
 
-    cfg = _load(config, set_)
+    cfg = load_run_config(config, set_)
     _preflight(cfg)  # fail fast, before Prefect starts
     from infra.services.prefect_api import current_api_url, start_guarded_ephemeral_server
 
@@ -172,7 +153,7 @@ def train(config: ConfigOption = None, set_: SetOption = None, console_log_level
     reported = (RankFailure, CheckpointMismatch, CorruptCheckpoint, OutOfSpace, RunStopped)
     _console_without_tracebacks_of(lambda error: isinstance(error, reported) or out_of_space(error))
     try:
-        run_training(config, _overrides(set_))
+        run_training(config, parse_overrides(set_))
     except RunStopped as error:  # its Redis is gone: one line, what was kept and how to go on
         resume = shlex.join(["rlboost", *sys.argv[1:]])  # the same command resumes the same run
         console.print(f"the run stopped: {error}; resume with: {resume}", markup=False, highlight=False, soft_wrap=True)
@@ -208,7 +189,7 @@ allowing for the slower hosts of this kind (one measured 1.6x slower)."""
 @app.command()
 def demo(set_: SetOption = None, console_log_level: LogOption = "WARNING") -> None:
     """Pretrain the tiny model if needed, then GRPO-train it on the embedded demo configuration."""
-    cfg = _load(DEFAULT_CONFIG, set_)
+    cfg = load_run_config(DEFAULT_CONFIG, set_)
     needs_base = not (cfg.pretrain.output / "config.json").exists()
     console.print(
         "[bold]rlboost demo[/bold]: "

@@ -36,14 +36,14 @@ def sweep(
     ] = False,
 ) -> None:
     """Delete the VMs (found by their rlboost-run label) whose run ended or whose driver is gone, and record them in the ledger."""
-    from infra.cli.app import _load
+    from infra.cli.run_config import load_run_config
     from infra.ledger import Ledger, LedgerUnavailable
     from infra.providers.errors import CloudError
     from infra.run.fabric import cloud_options
     from infra.run.sweep import CloudSweep
 
     console = Console()
-    run_config = _load(config, set_)
+    run_config = load_run_config(config, set_)
     fabric = run_config.fabric
     if not fabric.cloud_pools:
         console.print(

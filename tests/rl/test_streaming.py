@@ -104,31 +104,38 @@ def test_a_group_mixing_prompts_is_rejected_and_abandon_restores_the_trainer():
     assert not trainer.accumulating
 
 
+def _thread_counts_of_a_consumer_started_after_an_engine() -> list[int]:
+    """In a fresh process (an in-process vLLM engine of an earlier test caps this one's threads):
+    the trainer's thread begins a step at 2 threads, an engine's thread sets 1, then a new
+    consumer thread adds a group; returns its count before and after."""
+    import threading
+
+    torch.set_num_threads(2)
+    trainer, tokenizer = _trainer()
+    records, samples = _step_data(tokenizer)
+    stream = _stream(trainer, tokenizer, records)
+    engine = threading.Thread(target=torch.set_num_threads, args=(1,))  # the co-located engine's
+    engine.start()
+    engine.join()
+    seen = []
+
+    def consumer() -> None:
+        seen.append(torch.get_num_threads())
+        stream.add(samples[:GROUP])
+        seen.append(torch.get_num_threads())
+
+    thread = threading.Thread(target=consumer)
+    thread.start()
+    thread.join()
+    return seen
+
+
 def test_groups_accumulate_with_the_trainers_threads_in_a_thread_started_after_an_engines():
     """With torch's OpenMP backend a new thread starts with the intra-op thread count some other
     thread set last: the rollout's consumer thread, started after a co-located engine's thread set
     1, would train on one core."""
-    import threading
+    import multiprocessing
 
-    trainer, tokenizer = _trainer()
-    records, samples = _step_data(tokenizer)
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        stream = _stream(trainer, tokenizer, records)  # begun by the trainer's thread, at 2
-        engine = threading.Thread(target=torch.set_num_threads, args=(1,))  # the co-located engine's
-        engine.start()
-        engine.join()
-        seen = []
-
-        def consumer() -> None:
-            seen.append(torch.get_num_threads())
-            stream.add(samples[:GROUP])
-            seen.append(torch.get_num_threads())
-
-        thread = threading.Thread(target=consumer)
-        thread.start()
-        thread.join()
-        assert seen == [1, 2]  # the new thread started at the engine's count; the group trained at 2
-    finally:
-        torch.set_num_threads(before)
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        seen = pool.apply(_thread_counts_of_a_consumer_started_after_an_engine)
+    assert seen == [1, 2]  # the new thread started at the engine's count; the group trained at 2
