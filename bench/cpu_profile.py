@@ -19,9 +19,9 @@ predict the demo configuration's steps, then run the same configuration for real
    schedule (the same `PoissonLifetimes` the local pool replays), notice, silent-kill fraction,
    reap timeout and `T_local` settings, the trainer's micro-batch (`optim.micro_batch_size`: the
    demo's 256 is the whole step, so streamed training starts once every group is complete) and
-   the measured orchestration as the step's serial overhead. On 2 cores the trainer's process (2 threads while training,
-   1 while its engine generates) and the live spot workers (1 thread each) share the cores: every
-   measured time stretches by their mean count over the cores.
+   the measured orchestration as the step's serial overhead. On 2 cores the trainer's process
+   (2 threads while training, 1 while its engine generates) and the live spot workers (1 thread
+   each) share the cores: every measured time stretches by their mean count over the cores.
 3. **Run**: `rlboost train` on the same configuration for `--cpu-steps` steps (no evaluation but
    the last step's, no checkpoint but the last), and read each step's `step_s`, `rollout_s` and
    tokens. Both sides are compared over the steps between the first (workers starting) and the

@@ -20,9 +20,9 @@ tokens of a resumed sample), during which the engine does not decode; spot insta
 pull each version (bandwidth-limited; from the trainer only, or as a swarm), and leave by the
 trace, with the cloud's notice (the worker flushes and hands its samples back) or silently (the
 samples wait for the reaper, and the tokens since the last flush are lost); training of each
-complete group (or micro-batch of groups) on the reserved GPUs once they are released (or once the step's rollout is done;
-at once with `training.while_generating`, a CPU run's co-located engine), idle when no group is
-ready; then the orchestrator's serial work before the next step (`training.step_overhead_s`:
+complete group (or micro-batch of groups) on the reserved GPUs once they are released (or once
+the step's rollout is done; at once with `training.while_generating`, a CPU run's co-located
+engine), idle when no group is ready; then the orchestrator's serial work before the next step (`training.step_overhead_s`:
 measured in a CPU profile, none at paper scale).
 
 Migration modes (the variants): `token` (this project: a sample leaving an instance keeps its
