@@ -439,9 +439,8 @@ class Simulation:
         self.release_num_spot = 0
         self.trainer_busy: list[tuple[float, float]] = []
         self.trainer_until: float | None = None
-        self.ending = False
-        """Every group trained (at `trained_at`): the step ends `training.step_overhead_s` later."""
-        self.trained_at = 0.0
+        self.trained_at: float | None = None
+        """When every group was trained: the step ends `training.step_overhead_s` later."""
         self.version = version
         for engine in self.engines:
             if engine.capacity_class == "reserved":
@@ -479,8 +478,8 @@ class Simulation:
         if not (self.released or self.done == len(self.samples) or self.s.training.while_generating):
             return
         if not self.ready_groups:
-            if self.done == len(self.samples) and not self.ending:
-                self.ending, self.trained_at = True, now
+            if self.done == len(self.samples) and self.trained_at is None:
+                self.trained_at = now
                 self.loop.after(self.s.training.step_overhead_s, self._end_step)
             return
         groups = self._next_micro_batch()
@@ -513,6 +512,7 @@ class Simulation:
         """Measure the step as `RolloutController._finish` does (up to its last group trained; the
         orchestrator's overhead after it is not the controller's), update `T_local`, start the next."""
         end = self.trained_at
+        assert end is not None
         all_done_at = self.all_done_at if self.all_done_at is not None else end
         rollout_idle = max(0.0, end - all_done_at)
         trainer_idle = 0.0
