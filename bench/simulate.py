@@ -48,7 +48,7 @@ from rich.console import Console  # noqa: E402
 
 from infra.sim.availability import spot_schedule  # noqa: E402
 from infra.sim.report import plot, table  # noqa: E402
-from infra.sim.runner import Comparison, compare, equal_cost_spec, measure  # noqa: E402
+from infra.sim.runner import Comparison, compare, equal_cost_spec, measure, throughput_between  # noqa: E402
 from infra.sim.scenario import Scenario, load_scenario, prices_per_hour  # noqa: E402
 from infra.sim.simulator import Simulation  # noqa: E402
 
@@ -68,43 +68,59 @@ def updated(scenario: Scenario, **changes) -> Scenario:
 
 
 def paper_rows(steps: int, warmup: int) -> list[dict]:
+    """The artifact's table as the artifact measured it: its veRL baseline alone (row 0), then one
+    run under its own schedule (an instance added every `add_every_s` up to 4), each row the
+    throughput of the steps inside the window with that many instances."""
     base = load_scenario(ROOT / "deployments" / "sim" / "paper.yaml")
-    rows = []
-    for spot in PAPER_TOK_S:
-        scenario = updated(
+    alone = compare(
+        updated(
             base,
-            spot={"max_instances": spot},
+            spot={"max_instances": 0},
             availability={"source": "constant"},
-            run={
-                "max_steps": steps,
-                "measure_from_step": warmup,
-                "variants": ("paper", "rlboost", "rlboost_no_steal"),
-            },
+            run={"max_steps": steps, "measure_from_step": warmup, "variants": ("ondemand",)},
         )
-        comparison = compare(scenario)
-        metrics = comparison.metrics["paper" if spot else "ondemand"]
-        paper = PAPER_TOK_S[spot]
+    )
+    every = base.availability.add_every_s
+    spots = max(PAPER_TOK_S)
+    schedule = compare(
+        updated(
+            base,
+            spot={"max_instances": spots},
+            run={"duration_s": every * (spots + 1), "variants": ("paper", "rlboost", "rlboost_no_steal")},
+        )
+    )
+    rows = []
+    for spot, paper in PAPER_TOK_S.items():
+        if spot == 0:
+            result, window = alone.results["ondemand"], (0.0, float("inf"))
+            sim = alone.metrics["ondemand"].tokens_per_s
+            others = {"rlboost_tok_s": sim, "rlboost_no_steal_tok_s": sim}
+        else:
+            result, window = schedule.results["paper"], (spot * every, (spot + 1) * every)
+            sim = throughput_between(result, *window)
+            others = {
+                f"{name}_tok_s": throughput_between(schedule.results[name], *window)
+                for name in ("rlboost", "rlboost_no_steal")
+            }
         rows.append(
             {
                 "spot": spot,
-                "sim_tok_s": round(metrics.tokens_per_s),
+                "sim_tok_s": round(sim),
                 "paper_tok_s": paper,
-                "rel_err": round(metrics.tokens_per_s / paper - 1, 3),
-                "rlboost_tok_s": round(comparison.metrics["rlboost"].tokens_per_s),
-                "rlboost_no_steal_tok_s": round(comparison.metrics["rlboost_no_steal"].tokens_per_s),
+                "rel_err": round(sim / paper - 1, 3),
+                **{k: round(v) for k, v in others.items()},
             }
         )
-        measured = comparison.results["paper" if spot else "ondemand"].steps[warmup:]
-        rollout_s = sum(s.rollout_s for s in measured) / len(measured)
-        train_s = sum(s.train_s for s in measured) / len(measured)
+        measured = [s for s in result.steps if s.started_at >= window[0] and s.ended_at <= window[1]]
+        measured = measured[warmup:] if spot == 0 else measured
         step_s = sum(s.ended_at - s.started_at for s in measured) / len(measured)
         console.print(
-            f"paper table, {spot} spot: paper variant {metrics.tokens_per_s:,.0f} prompt+response tok/s "
-            f"(artifact ~{paper:,}; {rows[-1]['rel_err']:+.1%}); mean step {step_s:.0f} s: last sample done at "
-            f"{rollout_s:.0f} s, training {train_s:.0f} s; the artifact's figure means a {metrics.trained_tokens / metrics.steps / paper:.0f} s "
-            f"step for these tokens; rlboost {rows[-1]['rlboost_tok_s']:,} "
-            f"(without steal {rows[-1]['rlboost_no_steal_tok_s']:,}), "
-            f"T_local of the last steps {[round(s.t_local_s or 0) for s in comparison.results['paper'].steps[-4:]]}",
+            f"paper table, {spot} spot: {'ondemand' if spot == 0 else 'paper'} variant {sim:,.0f} prompt+response tok/s "
+            f"(artifact ~{paper:,}; {rows[-1]['rel_err']:+.1%}) over {len(measured)} steps; mean step {step_s:.0f} s: "
+            f"last sample done at {sum(s.rollout_s for s in measured) / len(measured):.0f} s, training "
+            f"{sum(s.train_s for s in measured) / len(measured):.0f} s; rlboost {rows[-1]['rlboost_tok_s']:,} "
+            f"(without steal {rows[-1]['rlboost_no_steal_tok_s']:,}); T_local "
+            f"{[round(s.t_local_s or 0) for s in measured]}",
             highlight=False,
         )
     return rows

@@ -1,13 +1,16 @@
 """The speed model of GPUs at paper scale, from public figures (docs/CALIBRATION.md).
 
 * **Decode** is memory-bound: one decode step of an engine reads its weights and the KV cache of
-  every running sample, ``step_s = (weight_bytes + kv_bytes_per_token * context_tokens) /
-  (gpus * eta * hbm_bandwidth)``, so a step's time grows with the batch and with the contexts.
-  Every running sample gains one token per step. With `n` samples each gaining `p` tokens from a
-  total context `c0`, the time to gain `dp` more is the integral of ``a + b * (c0 + n * p)``:
-  ``(a + b * (c0 + n * p)) * dp + b * n * dp**2 / 2`` (`DecodeModel.seconds_to_advance`), and
-  its inverse (`tokens_in`) is the root of that quadratic: the simulator integrates the roofline
-  exactly between events instead of ticking per token.
+  every running sample, ``(weight_bytes + kv_bytes_per_token * context_tokens) / (gpus * eta *
+  hbm_bandwidth)``; an engine of several GPUs in tensor parallel also all-reduces the activations
+  twice per layer, ``2 * layers * (latency + running * hidden * bytes * 2(g-1)/g / bus_bandwidth)``
+  (`allreduce_seconds`). So a step costs ``a + c * running + b * context``: its time grows with
+  the batch and with the contexts. Every running sample gains one token per step. With `n`
+  samples each gaining `p` tokens from a total context `c0`, the time to gain `dp` more is the
+  integral of ``a + c * n + b * (c0 + n * p)``: ``(a + c * n + b * (c0 + n * p)) * dp + b * n *
+  dp**2 / 2`` (`DecodeModel.seconds_to_advance`), and its inverse (`tokens_in`) is the root of
+  that quadratic: the simulator integrates the roofline exactly between events instead of
+  ticking per token.
 * **Concurrency** is bounded by the KV cache: the memory left after the weights holds
   `kv_capacity_tokens`; an engine runs at most that many tokens of context over the mean context
   of a sample (prompt + mean response), and at most `max_running` samples.
@@ -38,15 +41,19 @@ class GPUSpec:
     """HBM bandwidth, TB/s."""
     bf16_tflops: float
     """Dense bf16 peak, TFLOP/s."""
+    link_gb_s: float
+    """GPU-to-GPU line rate per direction, GB/s (NVLink; PCIe for a GPU without it): what a
+    tensor-parallel engine's all-reduces run over."""
 
 
 GPUS: dict[str, GPUSpec] = {
-    "H100": GPUSpec(hbm_gb=80, hbm_tb_s=3.35, bf16_tflops=989),
-    "A100-80G": GPUSpec(hbm_gb=80, hbm_tb_s=2.0, bf16_tflops=312),
-    "A100-40G": GPUSpec(hbm_gb=40, hbm_tb_s=1.55, bf16_tflops=312),
-    "L4": GPUSpec(hbm_gb=24, hbm_tb_s=0.30, bf16_tflops=121),
+    "H100": GPUSpec(hbm_gb=80, hbm_tb_s=3.35, bf16_tflops=989, link_gb_s=450),
+    "A100-80G": GPUSpec(hbm_gb=80, hbm_tb_s=2.0, bf16_tflops=312, link_gb_s=300),
+    "A100-40G": GPUSpec(hbm_gb=40, hbm_tb_s=1.55, bf16_tflops=312, link_gb_s=300),
+    "L4": GPUSpec(hbm_gb=24, hbm_tb_s=0.30, bf16_tflops=121, link_gb_s=32),
 }
-"""Vendor specs (H100 SXM, A100 SXM 80/40 GB, L4), the GPU types a scenario may name."""
+"""Vendor specs (H100 SXM: NVLink 4; A100 SXM 80/40 GB: NVLink 3; L4: PCIe Gen4 x16), the GPU
+types a scenario may name."""
 
 
 @dataclass(frozen=True)
@@ -57,14 +64,21 @@ class ModelShape:
     """Parameter count."""
     weight_bytes: float
     kv_bytes_per_token: float
+    layers: int = 1
+    activation_bytes_per_token: float = 0.0
+    """One token's hidden state, the message a tensor-parallel all-reduce sums per sample."""
 
     @classmethod
-    def of(cls, params_b: float, layers: int, kv_heads: int, head_dim: int, bytes_per_value: int) -> ModelShape:
+    def of(
+        cls, params_b: float, layers: int, kv_heads: int, head_dim: int, bytes_per_value: int, hidden_size: int = 0
+    ) -> ModelShape:
         """From the architecture: K and V per layer per KV head, `bytes_per_value` each."""
         return cls(
             params=params_b * 1e9,
             weight_bytes=params_b * 1e9 * bytes_per_value,
             kv_bytes_per_token=2 * layers * kv_heads * head_dim * bytes_per_value,
+            layers=layers,
+            activation_bytes_per_token=hidden_size * bytes_per_value,
         )
 
 
@@ -81,6 +95,10 @@ class DecodeModel:
     """Fraction of HBM the engine may use (weights + KV cache)."""
     max_running: int
     prefill_mfu: float
+    allreduce_latency_s: float = 0.0
+    """Latency of one all-reduce between the engine's GPUs (none with one GPU)."""
+    allreduce_efficiency: float = 1.0
+    """Fraction of the GPU link's line rate an all-reduce's bus bandwidth reaches."""
 
     @property
     def _bytes_per_s(self) -> float:
@@ -88,17 +106,32 @@ class DecodeModel:
 
     @property
     def seconds_per_step_base(self) -> float:
-        """`a`: the weights' share of one decode step."""
-        return self.model.weight_bytes / self._bytes_per_s
+        """`a`: the weights' share of one decode step, plus the all-reduces' latency."""
+        allreduces = 2 * self.model.layers if self.gpus > 1 else 0
+        return self.model.weight_bytes / self._bytes_per_s + allreduces * self.allreduce_latency_s
+
+    @property
+    def seconds_per_step_per_running(self) -> float:
+        """`c`: one running sample's share of a decode step's all-reduces (ring: each GPU sends
+        and receives `2(g-1)/g` of the message, at the bus bandwidth)."""
+        if self.gpus == 1:
+            return 0.0
+        share = 2 * (self.gpus - 1) / self.gpus
+        bus = self.allreduce_efficiency * self.gpu.link_gb_s * 1e9
+        return 2 * self.model.layers * self.model.activation_bytes_per_token * share / bus
 
     @property
     def seconds_per_step_per_context_token(self) -> float:
         """`b`: one context token's share of one decode step."""
         return self.model.kv_bytes_per_token / self._bytes_per_s
 
-    def step_seconds(self, context_tokens: float) -> float:
-        """Time of one decode step over `context_tokens` tokens of context in total."""
-        return self.seconds_per_step_base + self.seconds_per_step_per_context_token * context_tokens
+    def step_seconds(self, running: int, context_tokens: float) -> float:
+        """Time of one decode step of `running` samples over `context_tokens` tokens of context in total."""
+        return (
+            self.seconds_per_step_base
+            + self.seconds_per_step_per_running * running
+            + self.seconds_per_step_per_context_token * context_tokens
+        )
 
     @property
     def kv_capacity_tokens(self) -> float:
@@ -113,14 +146,14 @@ class DecodeModel:
 
     def seconds_to_advance(self, running: int, context0: float, tokens: float) -> float:
         """Time for each of `running` samples, `context0` context tokens in all, to gain `tokens`."""
-        a, b = self.seconds_per_step_base, self.seconds_per_step_per_context_token
-        return (a + b * context0) * tokens + b * running * tokens * tokens / 2
+        b = self.seconds_per_step_per_context_token
+        return self.step_seconds(running, context0) * tokens + b * running * tokens * tokens / 2
 
     def tokens_in(self, running: int, context0: float, seconds: float) -> float:
         """Tokens each running sample gains in `seconds` (the inverse of `seconds_to_advance`)."""
         if seconds <= 0:
             return 0.0
-        k = self.seconds_per_step_base + self.seconds_per_step_per_context_token * context0
+        k = self.step_seconds(running, context0)
         q = self.seconds_per_step_per_context_token * running
         return 2 * seconds / (k + math.sqrt(k * k + 2 * q * seconds))
 
@@ -144,6 +177,10 @@ class MeasuredDecode(DecodeModel):
     @property
     def seconds_per_step_base(self) -> float:
         return self.step_s * self.slowdown
+
+    @property
+    def seconds_per_step_per_running(self) -> float:
+        return 0.0
 
     @property
     def seconds_per_step_per_context_token(self) -> float:

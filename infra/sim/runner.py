@@ -4,7 +4,8 @@
 * `rlboost` (this project): spot instances, token-level migration, steal, swarm weight pull;
 * `rlboost_no_steal`: the same without steal (what steal adds or costs);
 * `paper` (the RLBoost paper's choices where they differ): group-min truncation on preemption,
-  weights only from the trainer's senders, no steal;
+  weights only from the trainer's senders, no steal, and the artifact's own offload rule (a fixed
+  local generation budget per step, `infra.sim.artifact_offload`);
 * `restart`: spot instances without a token log: a sample that leaves an instance starts over;
 * `ondemand_equal_cost`: a larger reserved cluster costing what `rlboost` spent per hour (whole
   engines of the reserved kind, priced per GPU like the reserved cluster).
@@ -27,7 +28,7 @@ SPECS: dict[str, VariantSpec] = {
     "ondemand": VariantSpec("ondemand", use_spot=False),
     "rlboost": VariantSpec("rlboost", use_spot=True, migration="token", steal=True, swarm=True),
     "rlboost_no_steal": VariantSpec("rlboost_no_steal", use_spot=True, migration="token", steal=False, swarm=True),
-    "paper": VariantSpec("paper", use_spot=True, migration="group_min", steal=False, swarm=False),
+    "paper": VariantSpec("paper", use_spot=True, migration="group_min", steal=False, swarm=False, offload="artifact"),
     "restart": VariantSpec("restart", use_spot=True, migration="restart", steal=False, swarm=True),
 }
 
@@ -108,6 +109,15 @@ def measure(result: RunResult, from_step: int, baseline: Metrics | None) -> Metr
         preemptions=result.preemptions,
         reserved_gpus=result.reserved_gpus,
     )
+
+
+def throughput_between(result: RunResult, start_s: float, end_s: float) -> float:
+    """Trained tokens per second of the steps that ran entirely within `[start_s, end_s)` (a window
+    of a run, as the RLBoost artifact's table reads its run: one row per 30 minutes)."""
+    steps = [s for s in result.steps if s.started_at >= start_s and s.ended_at <= end_s]
+    if not steps:
+        raise ValueError(f"{result.variant}: no step ran entirely within [{start_s:g}, {end_s:g}) s")
+    return sum(s.trained_tokens for s in steps) / sum(s.ended_at - s.started_at for s in steps)
 
 
 def equal_cost_spec(

@@ -42,9 +42,13 @@ class ModelSection(Section):
     """Dimension of one attention head."""
     bytes_per_value: int = Field(2, ge=1)
     """Bytes per weight and per KV value (2 for bf16)."""
+    hidden_size: int = Field(4096, ge=1)
+    """Width of the hidden state: what a tensor-parallel engine all-reduces per sample, twice per layer."""
 
     def shape(self) -> ModelShape:
-        return ModelShape.of(self.params_b, self.layers, self.kv_heads, self.head_dim, self.bytes_per_value)
+        return ModelShape.of(
+            self.params_b, self.layers, self.kv_heads, self.head_dim, self.bytes_per_value, self.hidden_size
+        )
 
 
 class WorkloadSection(Section):
@@ -67,12 +71,20 @@ class WorkloadSection(Section):
 class DecodeSection(Section):
     """How close engines come to the memory-bandwidth roofline."""
 
-    eta: float = Field(0.75, gt=0, le=1)
-    """Achieved fraction of HBM bandwidth in decode (8B at batch 1: ~0.75 on H100 and A100)."""
+    eta: float = Field(0.69, gt=0, le=1)
+    """Achieved fraction of HBM bandwidth in decode, the engine's own overheads included
+    (Qwen3-8B on one H100 at 4 concurrent requests: SGLang 7.19 ms a token, 0.69; vLLM 7.38 ms,
+    0.67; Llama-3.1-8B at batch 1 on vLLM: 0.75)."""
     memory_utilization: float = Field(0.85, gt=0, le=1)
     """Fraction of GPU memory an engine uses for weights and KV cache."""
     prefill_mfu: float = Field(0.25, gt=0, le=1)
     """Model FLOPs utilization of prefill (Qwen3-14B 32K prompts on H100: ~0.25)."""
+    allreduce_latency_us: float = Field(6.0, ge=0)
+    """Latency of one all-reduce between the GPUs of a tensor-parallel engine, microseconds; a
+    decode step runs two per layer (2 x H100 over NVLink, small messages, CUDA graphs: ~6 us)."""
+    allreduce_efficiency: float = Field(0.82, gt=0, le=1)
+    """Fraction of the GPU link's line rate an all-reduce's bus bandwidth reaches (NCCL on H100
+    NVLink: 365-370 GB/s of 450, its protocol overhead ~20%)."""
 
 
 class TrainingSection(Section):
@@ -217,6 +229,20 @@ class TokenLogSection(Section):
     """... or this often, whichever comes first."""
 
 
+class PaperOffloadSection(Section):
+    """The RLBoost artifact's own offload rule, which the `paper` variant runs
+    (`infra.sim.artifact_offload`): a fixed local generation budget per step, moved by a third of
+    the bubble difference, with remembered budgets per spot count."""
+
+    initial_s: int = Field(150, ge=0)
+    """Budget of the first step (the artifact's `max_gen_s`)."""
+    budgets_s: dict[int, int] = {1: 190, 2: 160, 3: 105, 4: 70}
+    """Budget per spot instance count before any is learnt (the artifact's offline-profiled
+    budgets for Qwen3-8B, rollout-manager/src/balance.rs)."""
+    floor_s: int = Field(5, ge=0)
+    """The budget never falls below this."""
+
+
 class RunSection(Section):
     """How long to simulate and what to measure."""
 
@@ -258,6 +284,8 @@ class Scenario(Section):
     controller: ControllerConfig = ControllerConfig()
     """The rollout controller's configuration (`infra.rollout.controller.ControllerConfig`): reap
     timeout, steal, offload (`T_local`) and the poll interval."""
+    paper_offload: PaperOffloadSection = PaperOffloadSection()
+    """The `paper` variant's offload rule (the artifact's, in place of `controller.offload`)."""
     run: RunSection = RunSection()
 
     def gpu(self, section: Literal["reserved", "spot"]) -> GPUSpec:

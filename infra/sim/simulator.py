@@ -59,6 +59,7 @@ from infra.rollout.policies import (
     reap,
     steal,
 )
+from infra.sim.artifact_offload import ArtifactOffload
 from infra.sim.availability import capacity_changes
 from infra.sim.events import EventLoop
 from infra.sim.hardware import DecodeModel, MeasuredDecode, pull_seconds, train_seconds
@@ -77,6 +78,9 @@ class VariantSpec:
     migration: Migration = "token"
     steal: bool = True
     swarm: bool = True
+    offload: Literal["runtime", "artifact"] = "runtime"
+    """`runtime`: this project's `OffloadController`; `artifact`: the RLBoost artifact's rule
+    (`infra.sim.artifact_offload`: a fixed local budget, the reserved cluster trains only after it)."""
     reserved_gpus: int | None = None
     """None: the scenario's; the equal-cost variant buys more."""
     reserved_price_per_hour: float | None = None
@@ -182,7 +186,9 @@ class Simulation:
         self.spot_price = prices[1]
         self.loop = EventLoop()
         self.config = scenario.controller
-        self.offload: OffloadController = self.config.offload.new_controller()
+        self.offload: OffloadController | ArtifactOffload = (
+            self.config.offload.new_controller() if variant.offload == "runtime" else self._artifact_offload()
+        )
         self.reaper = ReaperConfig(self.config.reap_timeout_s)
         self.rng = random.Random(f"{scenario.seed}/preemptions")
         self.model = scenario.model.shape()
@@ -212,11 +218,15 @@ class Simulation:
 
     # --- setup -----------------------------------------------------------------------------------
 
+    def _artifact_offload(self) -> ArtifactOffload:
+        section = self.s.paper_offload
+        return ArtifactOffload(section.initial_s, section.budgets_s, section.floor_s)
+
     def _decode(self, section: Literal["reserved", "spot"], gpus: int, max_running: int) -> DecodeModel:
         d, measured = self.s.decode, self.s.measured
         args = (self.s.gpu(section), self.model, gpus, d.eta, d.memory_utilization, max_running, d.prefill_mfu)
         if measured is None:
-            return DecodeModel(*args)
+            return DecodeModel(*args, d.allreduce_latency_us * 1e-6, d.allreduce_efficiency)
         return MeasuredDecode(
             *args,
             step_s=measured.decode_step_s,
@@ -368,7 +378,9 @@ class Simulation:
         if self.v.migration == "restart":
             kept = 0.0
         elif how == "silent":
-            rate = 1.0 / engine.decode.step_seconds(engine.context0 + len(engine.running) * engine.progress + generated)
+            running = len(engine.running) + 1
+            context = engine.context0 + len(engine.running) * engine.progress + generated
+            rate = 1.0 / engine.decode.step_seconds(running, context)
             unflushed = min(generated % self.s.token_log.flush_tokens, rate * self.s.token_log.flush_ms / 1000)
             kept = max(sample.base, generated - unflushed)
         else:
@@ -477,6 +489,8 @@ class Simulation:
             self.trainer_until = None
         if not (self.released or self.done == len(self.samples) or self.s.training.while_generating):
             return
+        if self.v.offload == "artifact" and not self.released and self._spot_registered():
+            return  # the artifact's fixed budget: its trainer starts once the budget is over
         if not self.ready_groups:
             if self.done == len(self.samples) and self.trained_at is None:
                 self.trained_at = now
@@ -699,6 +713,9 @@ class Simulation:
         self.routed = waiting
 
     # --- spot capacity -----------------------------------------------------------------------------
+
+    def _spot_registered(self) -> bool:
+        return any(e.capacity_class == "spot" and e.generating_alive for e in self.engines)
 
     def _spot_alive(self) -> list[Engine]:
         return [e for e in self.engines if e.capacity_class == "spot" and e.ended_at is None and e.killed_at is None]

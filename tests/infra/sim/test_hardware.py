@@ -26,10 +26,27 @@ def test_kv_bytes_per_token_is_144_kib_for_qwen3_8b():
 
 def test_decode_step_time_is_weights_plus_context_over_bandwidth():
     # 16.4 GB / (0.75 * 3.35 TB/s) = 6.527 ms; 100k context tokens add 100e3 * 147456 B / 2.5125e12 = 5.869 ms
-    assert engine().step_seconds(0) == pytest.approx(6.527e-3, rel=1e-3)
-    assert engine().step_seconds(100_000) == pytest.approx(12.396e-3, rel=1e-3)
+    assert engine().step_seconds(1, 0) == pytest.approx(6.527e-3, rel=1e-3)
+    assert engine().step_seconds(1, 100_000) == pytest.approx(12.396e-3, rel=1e-3)
     # two GPUs in tensor parallel read half each: half the time
-    assert engine(gpus=2).step_seconds(100_000) == pytest.approx(6.198e-3, rel=1e-3)
+    assert engine(gpus=2).step_seconds(1, 100_000) == pytest.approx(6.198e-3, rel=1e-3)
+
+
+def test_tensor_parallel_decode_pays_two_all_reduces_per_layer():
+    # Qwen3-8B (36 layers, hidden 4096, bf16) on 2 x H100: 72 all-reduces of 6 us add 0.432 ms a
+    # step; each running sample adds 72 * 8192 B * 2(2-1)/2 / (0.82 * 450 GB/s) = 1.598 us
+    shape = ModelShape.of(8.2, layers=36, kv_heads=8, head_dim=128, bytes_per_value=2, hidden_size=4096)
+    tp2 = DecodeModel(H100, shape, 2, 0.75, 0.85, 256, 0.25, allreduce_latency_s=6e-6, allreduce_efficiency=0.82)
+    roofline = engine(gpus=2)
+    assert tp2.step_seconds(1, 0) - roofline.step_seconds(1, 0) == pytest.approx(0.432e-3 + 1.598e-6, rel=1e-3)
+    assert tp2.step_seconds(201, 0) - tp2.step_seconds(1, 0) == pytest.approx(200 * 1.598e-6, rel=1e-3)
+    # the integration stays exact with the per-sample term
+    steps = sum(tp2.step_seconds(64, 64 * 2000 + 64 * i) for i in range(300))
+    assert tp2.seconds_to_advance(64, 64 * 2000, 300) == pytest.approx(steps, rel=2e-3)
+    assert tp2.tokens_in(64, 64 * 2000, tp2.seconds_to_advance(64, 64 * 2000, 300)) == pytest.approx(300, rel=1e-9)
+    # one GPU has nothing to all-reduce
+    tp1 = DecodeModel(H100, shape, 1, 0.75, 0.85, 256, 0.25, allreduce_latency_s=6e-6, allreduce_efficiency=0.82)
+    assert tp1.step_seconds(200, 0) == engine().step_seconds(1, 0)
 
 
 def test_slots_are_bounded_by_the_kv_cache_and_max_running():
@@ -49,7 +66,7 @@ def test_weights_that_do_not_fit_are_refused():
 def test_exact_integration_matches_the_sum_of_decode_steps():
     model = engine()
     running, context0, tokens = 64, 64 * 2000, 500
-    steps = sum(model.step_seconds(context0 + running * i) for i in range(tokens))
+    steps = sum(model.step_seconds(running, context0 + running * i) for i in range(tokens))
     assert model.seconds_to_advance(running, context0, tokens) == pytest.approx(steps, rel=2e-3)
     seconds = model.seconds_to_advance(running, context0, tokens)
     assert model.tokens_in(running, context0, seconds) == pytest.approx(tokens, rel=1e-9)
@@ -58,7 +75,7 @@ def test_exact_integration_matches_the_sum_of_decode_steps():
 
 def test_batch_one_decode_rate_is_the_published_order_of_magnitude():
     # 8B at batch 1 on H100: ~154 tok/s measured (Llama-3.1-8B, vLLM); the model gives ~1 / 6.6 ms
-    assert 1 / engine().step_seconds(1000) == pytest.approx(150, rel=0.1)
+    assert 1 / engine().step_seconds(1, 1000) == pytest.approx(150, rel=0.1)
 
 
 def test_prefill_and_training_are_compute_bound():

@@ -11,7 +11,7 @@ from statistics import NormalDist
 
 import pytest
 
-from infra.sim.runner import measure
+from infra.sim.runner import measure, throughput_between
 from infra.sim.scenario import load_scenario
 from tests.helpers import REPO_ROOT
 from tests.infra.sim.test_simulator import run, small
@@ -28,6 +28,16 @@ def test_tokens_per_second_is_prompt_plus_response_tokens_over_step_time():
     assert metrics.tokens_per_s == pytest.approx(prompt_and_response / wall)
     responses_only = run(small(run={"max_steps": 3, "duration_s": 10_000}, training={"count_prompt_tokens": False}))
     assert measure(responses_only, 0, None).trained_tokens == pytest.approx(responses_only.trained_response_tokens)
+
+
+def test_a_window_of_a_run_counts_the_steps_inside_it():
+    result = run(small(run={"max_steps": 4, "duration_s": 10_000}), "ondemand")
+    a, b = result.steps[1], result.steps[2]
+    inside = (a.trained_tokens + b.trained_tokens) / ((a.ended_at - a.started_at) + (b.ended_at - b.started_at))
+    assert throughput_between(result, a.started_at, b.ended_at) == pytest.approx(inside)
+    assert throughput_between(result, a.started_at - 0.1, b.ended_at + 0.1) == pytest.approx(inside)
+    with pytest.raises(ValueError, match="no step ran entirely within"):
+        throughput_between(result, a.started_at + 0.1, a.ended_at)
 
 
 def test_the_docs_define_the_artifacts_figure_as_prompt_plus_response():

@@ -1,0 +1,94 @@
+"""The RLBoost artifact's own offload rule, for the simulator's `paper` variant: a model of the
+paper's system, re-expressed from its published source (github.com/Terra-Flux/PolyRL, branch
+`artifact`: rollout-manager/src/balance.rs and handlers.rs, docs/CALIBRATION.md). It is not one
+of this project's policies (those live in `infra.rollout.policies` and drive every other variant).
+
+What the artifact's rollout manager does, step by step:
+
+* **A fixed local budget.** It submits the step's requests, sleeps `gen_s` seconds while the
+  reserved (local) engines generate beside the spot ones, and only then aborts the local requests
+  (their partial responses go to the spot instances) and lets the trainer train: even when every
+  sample was done before `gen_s` (`fixed_budget`; this project's reserved cluster trains as soon
+  as the rollout is done).
+* **The bubble rule.** After each step the trainer reports its step time, its bubble (seconds it
+  waited for streamed responses after the local budget), its throughput and the spot instance
+  count. The rollout side's bubble is the step time minus the time to the last response. `gen_s`
+  moves by a third of the difference: down when the rollout side waited longer (never below 5 s),
+  up otherwise. Whole seconds throughout, as the artifact's integers.
+* **Remembered budgets per spot count.** When the count changes, it jumps to the budget it holds
+  for the new count: at first the artifact's offline-profiled budgets for Qwen3-8B (190, 160, 105
+  and 70 s for 1-4 instances). It folds the last count's peak into that memory (weight
+  `COUNT_CHANGE_WEIGHT`). While the count is steady, the budget of the last step whose throughput
+  grew is the peak, folded in (weight `STALL_WEIGHT`) whenever throughput stops growing.
+
+A step without spot instances teaches it nothing (the artifact cannot run one at all: its
+reserved cluster always hands off).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from infra.rollout.policies import StepTiming
+
+STALL_WEIGHT = 0.8
+"""Weight of the peak budget folded into the memory when throughput stops growing (balance.rs ALPHA)."""
+COUNT_CHANGE_WEIGHT = 0.2
+"""Weight of the last count's peak folded into its memory when the count changes (balance.rs BETA)."""
+
+
+class ArtifactOffload:
+    """The artifact's local generation budget `gen_s`, with the interface the simulator calls on
+    `OffloadController` (`t_local`, `should_release`, `update`)."""
+
+    fixed_budget = True
+    """The reserved cluster trains only once the budget is over, while any spot instance is alive."""
+
+    def __init__(self, initial_s: int, budgets_s: Mapping[int, int], floor_s: int = 5) -> None:
+        self.gen_s = initial_s
+        self.floor_s = floor_s
+        self.best: dict[int, int] = dict(budgets_s)
+        """Remembered budget per spot count."""
+        self.peak_s = 0
+        """Budget of the last step whose throughput grew (the peak for the current count)."""
+        self.last_count = 0
+        self.last_throughput = 0
+
+    def t_local(self, num_spot: int) -> float:
+        return float(self.gen_s)
+
+    def should_release(self, now: float, step_started_at: float, num_spot_alive: int) -> bool:
+        return num_spot_alive > 0 and now - step_started_at >= self.gen_s
+
+    def update(self, timing: StepTiming) -> float:
+        """Learn from a finished step as the artifact's `adjust_local_instances_gen_s` does; returns
+        the budget of the next step."""
+        count = timing.num_spot
+        if count == 0:
+            return float(self.gen_s)
+        throughput = int(timing.throughput)
+        if count != self.last_count:
+            self.last_throughput = 0
+            self._fold(self.last_count, COUNT_CHANGE_WEIGHT)
+            if count in self.best:
+                self.last_count = count
+                self.gen_s = self.peak_s = self.best[count]
+                return float(self.gen_s)
+        else:
+            if throughput <= self.last_throughput:
+                self._fold(count, STALL_WEIGHT)
+            else:
+                self.peak_s = self.gen_s
+            self.last_throughput = throughput
+        rollout_bubble, trainer_bubble = int(timing.rollout_idle_s), int(timing.trainer_idle_s)
+        if trainer_bubble < rollout_bubble:
+            self.gen_s = max(self.floor_s, self.gen_s - (rollout_bubble - trainer_bubble) // 3)
+        else:
+            self.gen_s += (trainer_bubble - rollout_bubble) // 3
+        self.last_count = count
+        return float(self.gen_s)
+
+    def _fold(self, count: int, weight: float) -> None:
+        """Fold the peak budget into the memory for `count` (an EMA), or store it if there is none."""
+        previous = self.best.get(count)
+        self.best[count] = self.peak_s if previous is None else round((1 - weight) * previous + weight * self.peak_s)
