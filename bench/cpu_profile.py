@@ -1,34 +1,42 @@
 """The CPU check of `bench/simulate.py` (issue 15 item 4): calibrate the simulator on this machine,
 predict the demo configuration's steps, then run the same configuration for real and compare.
 
-1. **Calibrate** (in this process, right before and right after the real run, the two profiles
-   averaged: other users load the machine and its load changes within seconds, so the
-   calibration brackets the run as closely as it can): on the demo's base model and one
-   step's real prompts, the HF engine the workers run (1 torch thread, as a worker has) times its
-   decode steps over batches of 1 to `slots` samples (a least-squares line of step time against
-   the tokens of context: fixed + per-context-token seconds), its prefill per prompt token, and
-   the response lengths it draws (mean and coefficient of variation); the torch trainer (the
-   trainer's thread count) times GRPO updates on those samples, per trained token; and a fresh
-   worker process's start-up to a loaded model is timed as the spot instance's boot. The step's
-   orchestration (`orchestration_seconds`) is timed by its parts: Prefect's cost of an
-   `rl-step`-shaped subflow (its five task runs and the rollout's progress artifact, doing no
-   work, timed from inside as `step_s` is), the session's scoring of one step's samples, and the
-   ledger's recording of a step (a `RunAccounting` on SQLite, as the demo's run has).
-2. **Predict** (after the run, from the averaged profile): `deployments/configs/demo.yaml` as a scenario with that `measured` profile: one
-   co-located reserved engine and two spot workers of `slots` samples, the pools' Poisson
-   schedule (the same `PoissonLifetimes` the local pool replays), notice, silent-kill fraction,
-   reap timeout and `T_local` settings, the trainer's micro-batch (`optim.micro_batch_size`: the
-   demo's 256 is the whole step, so streamed training starts once every group is complete) and
-   the measured orchestration as the step's serial overhead. On 2 cores the trainer's process
-   (2 threads while training, 1 while its engine generates) and the live spot workers (1 thread
-   each) share the cores: every measured time stretches by their mean count over the cores.
+1. **Calibrate**, in two parts.
+   - *The components alone* (in this process, right before and right after the real run, the two
+     profiles averaged: other users load the machine and its load changes within seconds): on
+     the demo's base model and one step's real prompts, the HF engine the workers run (1 torch
+     thread, as a worker has) times its decode steps over batches of 1 to `slots` samples (a
+     least-squares line of step time against the tokens of context: fixed + per-context-token
+     seconds), its prefill per prompt token, and the response lengths it draws (mean and
+     coefficient of variation); the torch trainer (the trainer's thread count) times GRPO updates
+     on those samples, per trained token; and a fresh worker process's start-up to a loaded model
+     is timed as the spot instance's boot.
+   - *The components in the fabric* (`fabric_profile`): a calibration run of the same
+     configuration with its spot pool removed (the trainer and its co-located engine alone,
+     `rlboost train`), whose steps give the speeds the runtime reaches on this machine beside its
+     own threads, its Redis and its Prefect server: the trainer's seconds per trained token (the
+     streamed accumulation, `train_overlap_s`), the step's serial tail after the rollout (Prefect's
+     task runs, scoring, the optimizer step, publishing, the ledger: `step_s - rollout_s`), and
+     the co-located engine's generation time against what the components-alone profile predicts
+     for that run, a factor that scales the engine's decode and prefill times. Measured there, the
+     tiny model's in-fabric training is 1.5-2x its time alone and the tail 2-3x Prefect's cost
+     alone: a profile of the components alone misses them.
+2. **Predict** (after the run, from that profile): `deployments/configs/demo.yaml` as a scenario
+   with the `measured` profile: one co-located reserved engine and two spot workers of `slots`
+   samples, the pools' Poisson schedule (the same `PoissonLifetimes` the local pool replays),
+   notice, silent-kill fraction, reap timeout and `T_local` settings, the trainer's micro-batch
+   (`optim.micro_batch_size`: the demo's 256 is the whole step, so streamed training starts once
+   every group is complete) and the in-fabric tail as the step's serial overhead. On 2 cores the
+   spot workers (1 thread each, alive a mean share of the schedule) come on top of what the
+   calibration run had: every measured time stretches by the mean busy processes over the cores,
+   relative to the calibration run's.
 3. **Run**: `rlboost train` on the same configuration for `--cpu-steps` steps (no evaluation but
    the last step's, no checkpoint but the last), and read each step's `step_s`, `rollout_s` and
-   tokens. Both sides are compared over the steps between the first (workers starting) and the
-   last (it evaluates).
+   tokens. Both sides are compared over the steps after the first `--cpu-warmup` (the spot pool's
+   first workers start) and before the last (it evaluates).
 
-What the prediction leaves out is reported, not fitted: publishing a version (its snapshot in
-the engines' dtype; ~10 ms a step here) and the co-located engine's sleep and wake.
+What the prediction leaves out is reported, not fitted: core sharing as it changes within a step
+(one mean factor), and the spot workers' per-version pull beyond its bandwidth.
 """
 
 from __future__ import annotations
@@ -129,7 +137,6 @@ def calibrate(config, slots: int) -> dict:
         check=True,
     )
     boot_s = time.perf_counter() - started
-    orchestration = orchestration_seconds(config, tokenizer, records, requests, results)
     return {
         "decode_step_s": step_s,
         "decode_s_per_context_token": per_context_token_s,
@@ -139,7 +146,6 @@ def calibrate(config, slots: int) -> dict:
         "mean_response_tokens": statistics.fmean(lengths),
         "response_cv": statistics.pstdev(lengths) / statistics.fmean(lengths),
         "boot_s": boot_s,
-        **orchestration,
         "trainer_threads": trainer_threads,
         "slots": slots,
         "params": params,
@@ -147,89 +153,31 @@ def calibrate(config, slots: int) -> dict:
     }
 
 
-def orchestration_seconds(config, tokenizer, records, requests, results) -> dict:
-    """A step's serial work outside rollout and training, by its parts (module docstring)."""
-    import tempfile
+def fabric_profile(config, alone: dict, rows: list[dict], cores: int) -> dict:
+    """The components-alone profile `alone` brought to the speeds of the runtime's own fabric on
+    this machine, from `rows`, the metrics of a calibration run with the spot pool removed (its
+    first step, which starts the run, and its last, which evaluates, are left out): the trainer's
+    seconds per trained token (prompt and response tokens, as the simulator counts them), the
+    step's serial tail after the rollout, and a factor on the engine's decode and prefill times,
+    the run's generation time over the one the simulator predicts for it from `alone`."""
+    from infra.sim.runner import SPECS
+    from infra.sim.scenario import Scenario, prices_per_hour
+    from infra.sim.simulator import Simulation
 
-    from infra.ledger import Ledger
-    from infra.run.accounting import RunAccounting
-    from rl.rewards import make_reward_fn
-    from rl.rollout import samples_from_results
-    from rl.scoring import score_samples
-
-    samples = samples_from_results(requests, results, 0)
-    reward = make_reward_fn(config.reward.kind)
-    started = time.perf_counter()
-    for _ in range(5):
-        score_samples(samples, records, tokenizer, reward, reward, config.rollout.group_size, config.grpo)
-    score_s = (time.perf_counter() - started) / 5
-    with tempfile.TemporaryDirectory() as directory, Ledger(f"sqlite:///{directory}/ledger.sqlite") as ledger:
-        accounting = RunAccounting(
-            ledger, "cpu-profile", "cpu-profile", config.fabric.pools, None, trainer=config.ledger.trainer
-        )
-        seconds = []
-        for step in range(1, 7):
-            accounting.begin_step(step)
-            started = time.perf_counter()
-            accounting.end_step(step, sum(len(r.token_ids) for r in results), {"spot-0": 100}, 0)
-            accounting.step_cost_usd(step)
-            seconds.append(time.perf_counter() - started)
-        accounting.finish()
-    # in a process of its own: its ephemeral Prefect server must not outlive the measurement
-    # (two servers on one database slow the real run down)
-    prefect_s = float(
-        subprocess.run(
-            [sys.executable, "-c", "from bench.cpu_profile import prefect_step_seconds; print(prefect_step_seconds())"],
-            cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.split()[-1]
-    )
-    ledger_s = statistics.median(seconds[1:])
+    steady = rows[1:-1]
+    prompt_tokens = alone["prompt_tokens"] * config.rollout.prompts_per_step * config.rollout.group_size
+    scenario = Scenario.model_validate(scenario_data(config, alone, len(rows), cores, with_spot=False))
+    predicted = Simulation(scenario, SPECS["ondemand"], spot_schedule(config), prices_per_hour(scenario)[:2]).run()
+    generation = statistics.median(r["rollout_s"] - r["train_overlap_s"] for r in steady)
+    scale = generation / statistics.median(s.rollout_s for s in predicted.steps[1:-1])
     return {
-        "prefect_step_s": prefect_s,
-        "score_s": score_s,
-        "ledger_step_s": ledger_s,
-        "step_overhead_s": prefect_s + score_s + ledger_s,
+        **alone,
+        **{k: alone[k] * scale for k in ("decode_step_s", "decode_s_per_context_token", "prefill_s_per_token")},
+        "train_s_per_token": statistics.median(r["train_overlap_s"] / (r["tokens"] + prompt_tokens) for r in steady),
+        "step_overhead_s": statistics.median(r["step_s"] - r["rollout_s"] for r in steady),
+        "engine_scale": scale,
+        "in_fabric": True,
     }
-
-
-def prefect_step_seconds(steps: int = 6) -> float:
-    """Prefect's own cost of one `rl-step` subflow: the flow's five task runs (rollout, score,
-    train, publish, account) and the rollout's progress artifact, each doing no work, timed from
-    inside the subflow as `step_s` is (median of `steps` after one warm-up)."""
-    from prefect import flow, task
-    from prefect.artifacts import create_progress_artifact, update_progress_artifact
-
-    from tasks.training import TASK_OPTIONS as options
-
-    @task(name="rollout", **options)
-    def rollout(step: int) -> dict:
-        artifact = create_progress_artifact(progress=0.0, key="cpu-profile-rollout")
-        update_progress_artifact(artifact, 100.0)
-        return {"path": "rollout"}
-
-    @task(name="work", **options)
-    def work(step: int, *paths: str) -> dict:
-        return {"path": "work"}
-
-    @flow(name="cpu-profile-step", persist_result=False)
-    def step_flow(step: int) -> float:
-        started = time.perf_counter()
-        first = rollout(step)
-        scored = work.with_options(name="score")(step, first["path"])
-        work.with_options(name="train")(step, first["path"], scored["path"])
-        work.with_options(name="publish")(step)
-        work.with_options(name="account")(step)
-        return time.perf_counter() - started
-
-    @flow(name="cpu-profile-steps", persist_result=False)
-    def steps_flow() -> list[float]:
-        return [step_flow(i) for i in range(steps + 1)]
-
-    return statistics.median(steps_flow()[1:])
 
 
 def mean_profile(before: dict, after: dict) -> dict:
@@ -238,13 +186,28 @@ def mean_profile(before: dict, after: dict) -> dict:
     return {k: (before[k] + after[k]) / 2 if isinstance(before[k], float) else before[k] for k in before}
 
 
-def scenario_data(config, measured: dict, steps: int, cores: int) -> dict:
-    """The demo configuration as a simulator scenario with the measured profile."""
-    pools = {p.capacity_class: p for p in config.fabric.pools}
-    spot = pools["spot"]
+def busy_processes(config, measured: dict, with_spot: bool) -> float:
+    """Processes computing at once, on average: the trainer's process (its threads while training,
+    its engine's one while generating) and, `with_spot`, the spot workers alive (one thread each,
+    for the mean share of the Poisson schedule they are up)."""
+    trainer = (measured["trainer_threads"] + 1) / 2
+    if not with_spot:
+        return trainer
+    spot = next(p for p in config.fabric.pools if p.capacity_class == "spot")
     poisson = spot.availability.poisson
-    alive = spot.size * poisson.mean_life_s / (poisson.mean_life_s + poisson.mean_gap_s)
-    trainer_threads = (measured["trainer_threads"] + 1) / 2  # training vs its engine generating
+    return trainer + spot.size * poisson.mean_life_s / (poisson.mean_life_s + poisson.mean_gap_s)
+
+
+def scenario_data(config, measured: dict, steps: int, cores: int, with_spot: bool = True) -> dict:
+    """The demo configuration as a simulator scenario with the measured profile (`with_spot=False`:
+    its spot pool removed, as the calibration run has it). A profile measured in the fabric
+    (`fabric_profile`) already holds its calibration run's core sharing: only what the spot pool
+    adds stretches it."""
+    spot = next(p for p in config.fabric.pools if p.capacity_class == "spot")
+    busy = busy_processes(config, measured, with_spot)
+    if measured.get("in_fabric"):
+        calibration_slowdown = max(1.0, busy_processes(config, measured, False) / cores)
+        busy = cores * max(1.0, busy / cores) / calibration_slowdown
     controller = config.fabric.controller
     return {
         "name": "demo-cpu",
@@ -263,19 +226,19 @@ def scenario_data(config, measured: dict, steps: int, cores: int) -> dict:
             **{k: measured[k] for k in ("decode_step_s", "decode_s_per_context_token", "prefill_s_per_token")},
             "train_s_per_token": measured["train_s_per_token"],
             "cores": cores,
-            "busy_processes": trainer_threads + alive,
+            "busy_processes": busy,
         },
         "training": {
             "count_prompt_tokens": True,
             "while_generating": config.fabric.stream_training,
             "micro_batch_samples": config.optim.micro_batch_size,
-            "step_overhead_s": measured["step_overhead_s"],
+            "step_overhead_s": measured.get("step_overhead_s", 0.0),
         },
         "reserved": {"gpus": 1, "engine_gpus": 1, "max_running": measured["slots"], "price_per_hour": 3.67},
         "spot": {
             "gpus": 1,
             "max_running": measured["slots"],
-            "max_instances": spot.size,
+            "max_instances": spot.size if with_spot else 0,
             "price_per_hour": spot.price_per_hour,
             "ondemand_price_per_hour": 3.67,
             "boot_s": measured["boot_s"],
@@ -294,14 +257,24 @@ def spot_schedule(config):
     return spot.availability.schedule(spot.size)
 
 
-def real_run(steps: int) -> list[dict]:
-    """`rlboost train` of the demo configuration for `steps` steps; each step's metrics row."""
+def reserved_only(config) -> str:
+    """A `--set` override that keeps only the configuration's reserved pool."""
+    pools = [
+        p.model_dump(mode="json", exclude_defaults=True) for p in config.fabric.pools if p.capacity_class == "reserved"
+    ]
+    return "fabric.pools=" + json.dumps(pools)
+
+
+def real_run(steps: int, *extra: str) -> list[dict]:
+    """`rlboost train` of the demo configuration for `steps` steps (with `extra` `--set`
+    overrides); each step's metrics row."""
     name = f"cpu-check-{uuid.uuid4().hex[:6]}"
     overrides = [
         f"run.name={name}",
         f"run.steps={steps}",
         f"run.checkpoint_every={steps}",
         f"eval.every={steps + 1}",
+        *extra,
     ]
     command = [sys.executable, "-m", "infra.cli.app", "train"]
     for override in overrides:

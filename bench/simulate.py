@@ -1,13 +1,14 @@
 """Simulator benchmark: the RLBoost paper's throughput table, then real spot traces, each with all
 variants side by side (`infra.sim`, docs/ARCHITECTURE.md §11).
 
-    .venv/bin/python bench/simulate.py [--steps 14] [--warmup 4] [--plot docs/sim_skynomad.png] [--cpu-steps 12]
+    .venv/bin/python bench/simulate.py [--steps 14] [--warmup 4] [--plot docs/sim_skynomad.png] [--cpu-steps 24]
 
-1. **Paper table**: `deployments/sim/paper.yaml` with 0-4 spot instances always available
-   (`availability.source: constant`), `--steps` steps, measured from step `--warmup` on (the
-   offload controller's `T_local` settles first). The paper's system is the `paper` variant
-   (no steal, trainer-side senders; with no preemption its group-min truncation never acts); with
-   0 spot instances it is `ondemand`. Each row's relative error is against the artifact's
+1. **Paper table**, measured as the artifact measured it: row 0 is `deployments/sim/paper.yaml`
+   without spot instances (`ondemand`: veRL alone), `--steps` steps measured from step
+   `--warmup` on; rows 1-4 come from one run of `paper.yaml` under the artifact's schedule (one
+   instance added every 1800 s), each row the throughput of the steps inside the 30 minutes with
+   that many instances. The paper's system is the `paper` variant (the artifact's own offload
+   rule, no steal, trainer-side senders). Each row's relative error is against the artifact's
    ~10k / 12k / 14k / 16k / 18k tokens/s, which count prompt + response tokens per second of step
    time (veRL's `perf/throughput_all_gpus`, docs/CALIBRATION.md); the simulator's trained tokens
    count the same. The speeds are public figures (the scenario's defaults), the workload and the
@@ -18,10 +19,13 @@ variants side by side (`infra.sim`, docs/ARCHITECTURE.md §11).
    each applied to the same H100 pool.
 
 3. **CPU check** (first, so that its calibration and its real run are as close together as they
-   can be; `bench/cpu_profile.py`): the demo's engine and trainer timed on this machine, the demo
-   configuration simulated with that profile and then run for real for `--cpu-steps` steps
-   (needs `rlboost pretrain` first; `--cpu-steps 0` skips it). `cpu_rel_err` is the simulated
-   mean step time against the real one's, minus 1; `cpu_check` has the details.
+   can be; `bench/cpu_profile.py`): the demo's engine and trainer timed alone on this machine,
+   then a calibration run of the demo configuration with its spot pool removed (`--cpu-calibration-steps`)
+   that brings them to the speeds the runtime reaches in its own fabric, the demo configuration
+   simulated with that profile and then run for real for `--cpu-steps` steps (needs `rlboost
+   pretrain` first; `--cpu-steps 0` skips it). `cpu_rel_err` is the simulated mean step time
+   against the real one's, minus 1, over the steps after the first `--cpu-warmup`; `cpu_check`
+   has the details.
 
 Last line JSON: {"paper_rows": [{"spot", "sim_tok_s", "paper_tok_s", "rel_err", "rlboost_tok_s",
 "rlboost_no_steal_tok_s"}], "paper_max_rel_err", "cpu_rel_err", "cpu_check", "throughput_ratio",
@@ -126,41 +130,58 @@ def paper_rows(steps: int, warmup: int) -> list[dict]:
     return rows
 
 
-def cpu_check(steps: int) -> dict:
-    """Calibrate on this machine, predict the demo's steps, run them for real (`bench/cpu_profile.py`)."""
-    from bench.cpu_profile import calibrate, mean_profile, real_run, scenario_data, spot_schedule
+def cpu_check(steps: int, warmup: int, calibration_steps: int) -> dict:
+    """Calibrate on this machine (the components alone, and in a calibration run of the fabric
+    without its spot pool), predict the demo's steps, run them for real (`bench/cpu_profile.py`)."""
+    from bench.cpu_profile import (
+        calibrate,
+        fabric_profile,
+        mean_profile,
+        real_run,
+        reserved_only,
+        scenario_data,
+        spot_schedule,
+    )
     from infra.run.config import DEFAULT_CONFIG, load_config
     from infra.sim.runner import SPECS
 
     config = load_config(DEFAULT_CONFIG)
     if not (config.model.path / "config.json").exists():
         raise SystemExit(f"{config.model.path} is missing: run `rlboost pretrain` first")
+    cores = os.cpu_count() or 1
     started = time.monotonic()
     before = calibrate(config, config.fabric.worker.slots)
     console.print(f"CPU profile measured in {time.monotonic() - started:.0f} s: {before}", highlight=False)
+    started = time.monotonic()
+    calibration = real_run(calibration_steps, reserved_only(config))
+    console.print(
+        f"calibration run (spot pool removed) of {calibration_steps} steps in {time.monotonic() - started:.0f} s",
+        highlight=False,
+    )
     started = time.monotonic()
     rows = real_run(steps)
     console.print(f"real run of {steps} steps in {time.monotonic() - started:.0f} s", highlight=False)
     after = calibrate(config, config.fabric.worker.slots)
     console.print(f"CPU profile measured again: {after}", highlight=False)
-    measured = mean_profile(before, after)
-    scenario = Scenario.model_validate(scenario_data(config, measured, steps, os.cpu_count() or 1))
+    alone = mean_profile(before, after)
+    measured = fabric_profile(config, alone, calibration, cores)
+    scenario = Scenario.model_validate(scenario_data(config, measured, steps, cores))
     sim = Simulation(scenario, SPECS["rlboost"], spot_schedule(config), prices_per_hour(scenario)[:2]).run()
     prompt_tokens = scenario.workload.prompt_tokens * scenario.workload.prompts_per_step
     prompt_tokens *= scenario.workload.samples_per_prompt
-    # the first step of each side warms up (the real one's workers start); the real last step
-    # also evaluates the policy
-    predicted = sim.steps[1:-1]
+    # the first steps of each side warm up (the spot pool's first workers start); the real last
+    # step also evaluates the policy
+    predicted = sim.steps[warmup:-1]
     sim_step_s = statistics.fmean(s.ended_at - s.started_at for s in predicted)
     sim_tok_s = sum(s.trained_tokens - prompt_tokens for s in predicted) / sum(
         s.ended_at - s.started_at for s in predicted
     )
-    measured_rows = rows[1:-1]
+    measured_rows = rows[warmup:-1]
     real_step_s = statistics.fmean(r["step_s"] for r in measured_rows)
     real_tok_s = sum(r["tokens"] for r in measured_rows) / sum(r["step_s"] for r in measured_rows)
-    real_rollout_train_s = statistics.fmean(r["rollout_s"] + r["train_s"] - r["train_overlap_s"] for r in measured_rows)
     figures = {
         "steps": steps,
+        "compared_steps": len(measured_rows),
         "sim_step_s": round(sim_step_s, 3),
         "real_step_s": round(real_step_s, 3),
         "step_rel_err": round(sim_step_s / real_step_s - 1, 3),
@@ -169,10 +190,13 @@ def cpu_check(steps: int) -> dict:
         "tok_s_rel_err": round(sim_tok_s / real_tok_s - 1, 3),
         "sim_rollout_s": round(statistics.fmean(s.rollout_s for s in predicted), 3),
         "real_rollout_s": round(statistics.fmean(r["rollout_s"] for r in measured_rows), 3),
-        "real_rollout_and_train_s": round(real_rollout_train_s, 3),
+        "real_generation_s": round(statistics.fmean(r["rollout_s"] - r["train_overlap_s"] for r in measured_rows), 3),
+        "real_step_s_per_step": [round(r["step_s"], 2) for r in measured_rows],
         "sim_preemptions": sim.preemptions,
         "real_preemptions": rows[-1].get("preemptions", 0),  # a step's metrics count the run's so far
+        "calibration_step_s": round(statistics.fmean(r["step_s"] for r in calibration[1:-1]), 3),
         "profile": {k: round(v, 7) if isinstance(v, float) else v for k, v in measured.items()},
+        "alone": {k: round(alone[k], 7) for k in ("decode_step_s", "train_s_per_token")},
         "train_s_per_token_before_after": [round(before["train_s_per_token"], 7), round(after["train_s_per_token"], 7)],
         "decode_step_s_before_after": [round(before["decode_step_s"], 7), round(after["decode_step_s"], 7)],
     }
@@ -226,9 +250,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=14, help="steps per paper-table row")
     parser.add_argument("--warmup", type=int, default=4, help="paper-table steps not measured")
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "sim_skynomad.png")
-    parser.add_argument("--cpu-steps", type=int, default=12, help="steps of the CPU check's real run (0: skip it)")
+    parser.add_argument("--cpu-steps", type=int, default=24, help="steps of the CPU check's real run (0: skip it)")
+    parser.add_argument("--cpu-warmup", type=int, default=4, help="first steps of each side not compared")
+    parser.add_argument("--cpu-calibration-steps", type=int, default=12, help="steps of the calibration run")
     args = parser.parse_args()
-    cpu = cpu_check(args.cpu_steps) if args.cpu_steps else None
+    cpu = cpu_check(args.cpu_steps, args.cpu_warmup, args.cpu_calibration_steps) if args.cpu_steps else None
     started = time.monotonic()
     rows = paper_rows(args.steps, args.warmup)
     console.print(f"paper table simulated in {time.monotonic() - started:.0f} s", highlight=False)
