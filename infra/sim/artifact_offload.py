@@ -8,8 +8,8 @@ What the artifact's rollout manager does, step by step:
 * **A fixed local budget.** It submits the step's requests, sleeps `gen_s` seconds while the
   reserved (local) engines generate beside the spot ones, and only then aborts the local requests
   (their partial responses go to the spot instances) and lets the trainer train: even when every
-  sample was done before `gen_s` (`fixed_budget`; this project's reserved cluster trains as soon
-  as the rollout is done).
+  sample was done before `gen_s` (this project's reserved cluster trains as soon as the rollout
+  is done).
 * **The bubble rule.** After each step the trainer reports its step time, its bubble (seconds it
   waited for streamed responses after the local budget), its throughput and the spot instance
   count. The rollout side's bubble is the step time minus the time to the last response. `gen_s`
@@ -39,10 +39,8 @@ COUNT_CHANGE_WEIGHT = 0.2
 
 class ArtifactOffload:
     """The artifact's local generation budget `gen_s`, with the interface the simulator calls on
-    `OffloadController` (`t_local`, `should_release`, `update`)."""
-
-    fixed_budget = True
-    """The reserved cluster trains only once the budget is over, while any spot instance is alive."""
+    `OffloadController` (`t_local`, `should_release`, `update`); the simulator holds the reserved
+    cluster's training to the budget (`VariantSpec.offload`)."""
 
     def __init__(self, initial_s: int, budgets_s: Mapping[int, int], floor_s: int = 5) -> None:
         self.gen_s = initial_s

@@ -7,15 +7,17 @@ the queue) and applies `reap` (`ReaperConfig(reap_timeout_s)`), then
 engines are told `release_all` once, and `resume` when the last spot instance is gone), then
 `steal(snapshot, config.steal, reserved_released=...)`; at the end of each step it calls
 `OffloadController.update(StepTiming(...))` with the measured trainer and rollout idle times and
-the step's trained tokens per second, exactly as `RolloutController._finish` does. Workers claim
-what `dispatch(snapshot, reserved_released=...)` hands them, a claim delay after a slot frees, in
-the token log's order (`priority`: partial samples first, then FIFO). A steal's samples are routed
+the step's trained tokens per second, exactly as `RolloutController._finish` does. (The `paper`
+variant runs the RLBoost artifact's own rule instead, `infra.sim.artifact_offload`: a model of
+the paper's system, whose trainer waits out its local budget even when the rollout is done.)
+Workers claim what `dispatch(snapshot, reserved_released=...)` hands them, a claim delay after a
+slot frees, in the token log's order (`priority`: partial samples first, then FIFO). A steal's samples are routed
 to the decision's receiver, as the token log routes them: only it claims them, until
 `StealConfig.route_s` has passed (then they join the queue).
 
 What it models: per-sample decode on each engine by the roofline of `infra.sim.hardware`,
 integrated exactly between events (every running sample of an engine gains one token per decode
-step, whose time grows with the batch's context); prefill on each claim (prompt plus the logged
+step, whose time grows with the batch's context and, in tensor parallel, with its all-reduces); prefill on each claim (prompt plus the logged
 tokens of a resumed sample), during which the engine does not decode; spot instances that boot,
 pull each version (bandwidth-limited; from the trainer only, or as a swarm), and leave by the
 trace, with the cloud's notice (the worker flushes and hands its samples back) or silently (the
