@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, NonNegativeInt, PositiveInt, ValidationError
 
 from infra.availability.traces import TraceError, load_trace
 from infra.pricing import PriceNotFound, default_catalog
@@ -236,9 +236,9 @@ class PaperOffloadSection(Section):
 
     initial_s: int = Field(150, ge=0)
     """Budget of the first step (the artifact's `max_gen_s`)."""
-    budgets_s: dict[int, int] = {1: 190, 2: 160, 3: 105, 4: 70}
-    """Budget per spot instance count before any is learnt (the artifact's offline-profiled
-    budgets for Qwen3-8B, rollout-manager/src/balance.rs)."""
+    budgets_s: dict[PositiveInt, NonNegativeInt] = {1: 190, 2: 160, 3: 105, 4: 70}
+    """Budget in seconds per spot instance count (1 or more) before any is learnt (the artifact's
+    offline-profiled budgets for Qwen3-8B, rollout-manager/src/balance.rs)."""
     floor_s: int = Field(5, ge=0)
     """The budget never falls below this."""
 

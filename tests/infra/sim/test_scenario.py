@@ -60,6 +60,16 @@ def test_negative_rates_and_unknown_keys_are_refused_with_the_fields_meaning():
     assert "s.yaml:5: network.bogus: unknown key" in message
 
 
+def test_bad_tensor_parallel_and_artifact_budget_fields_name_the_field():
+    text = errors(
+        "decode:\n  allreduce_latency_us: -1\n  allreduce_efficiency: 1.5\n"
+        "paper_offload:\n  budgets_s: {0: 100, 2: -5}\n"
+    )
+    assert "s.yaml:2: decode.allreduce_latency_us" in text and "greater than or equal to 0" in text
+    assert "s.yaml:3: decode.allreduce_efficiency" in text and "NVLink" in text  # the field's meaning
+    assert "paper_offload.budgets_s.0.[key]" in text and "paper_offload.budgets_s.2" in text
+
+
 def test_unpriced_machine_type_says_to_set_a_price():
     message = errors("availability:\n  source: constant\nspot:\n  provider: aws\n  machine_type: p5.48xlarge\n")
     assert "spot.price_per_hour: no spot price for machine type 'p5.48xlarge'" in message
