@@ -4,7 +4,7 @@
   every running sample, ``(weight_bytes + kv_bytes_per_token * context_tokens) / (gpus * eta *
   hbm_bandwidth)``; an engine of several GPUs in tensor parallel also all-reduces the activations
   twice per layer, ``2 * layers * (latency + running * hidden * bytes * 2(g-1)/g / bus_bandwidth)``
-  (`allreduce_seconds`). So a step costs ``a + c * running + b * context``: its time grows with
+  (in `seconds_per_step_base` and `seconds_per_step_per_running`). So a step costs ``a + c * running + b * context``: its time grows with
   the batch and with the contexts. Every running sample gains one token per step. With `n`
   samples each gaining `p` tokens from a total context `c0`, the time to gain `dp` more is the
   integral of ``a + c * n + b * (c0 + n * p)``: ``(a + c * n + b * (c0 + n * p)) * dp + b * n *
