@@ -205,6 +205,14 @@ class GRPOConfig(Section):
     """Divide group-centred rewards by the group std (off = mean-only, Dr. GRPO)."""
     eps: float = Field(1e-6, gt=0)
     """Added to the group std."""
+    objective: Literal["auto", "grpo", "decoupled"] = "auto"
+    """`grpo`: the clipped surrogate against the proximal policy (the trainer's weights at the step's
+    start), for strictly on-policy samples; `decoupled`: AReaL's decoupled PPO for samples generated
+    by older versions (`training.max_staleness` >= 1): each token's term is weighted by
+    min(proximal / behaviour probability, `tis_cap`), the behaviour policy being the engine's
+    log-prob of the token; `auto`: `grpo` at `training.max_staleness: 0`, else `decoupled`."""
+    tis_cap: float = Field(2.0, gt=0)
+    """Truncation of the decoupled objective's importance weight proximal / behaviour (TIS)."""
 
 
 class OptimConfig(Section):
@@ -222,8 +230,22 @@ class OptimConfig(Section):
     """Sequences per forward/backward; gradients accumulate to one optimizer step per RL step."""
     max_grad_norm: float = Field(1.0, gt=0)
     """Gradient clipping norm."""
-    recompute_logprobs: bool = True
-    """Recompute old log-probs with the trainer's policy before the update (else trust the engine's)."""
+    updates_per_step: int = Field(1, ge=1)
+    """PPO mini-batch updates per RL step (verl's mini-batches, TRL's `num_iterations`): the step's
+    samples are split into this many mini-batches, one optimizer update each; with more than one,
+    the proximal log-probs come from one forward before the first update and the clip acts."""
+
+
+class TrainingConfig(Section):
+    """How far rollout may run ahead of the trainer (bounded staleness), and its guard rail."""
+
+    max_staleness: int = Field(0, ge=0)
+    """K: the prompts of step s are generated while steps s-1 .. s-K still train, by any policy
+    version >= s-1-K (a response continues on each newer version as it is published). 0 is the
+    strict on-policy loop: every token of step s comes from version s-1."""
+    max_logprob_gap: float | None = Field(None, gt=0)
+    """Fail a step whose mean |trainer - engine| log-prob gap per trained token exceeds this (the
+    engines decode other weights than the trainer believes: a stale or lost version); None: off."""
 
 
 class TrainerConfig(Section):

@@ -238,13 +238,8 @@ class Trainer:
         mask = packed.response_mask
         with torch.no_grad():
             ref_lp = self._logprobs(self.reference, packed)[0] if self.reference is not None else None
-            if self.optim_config.recompute_logprobs:
-                self.model.eval()
-                old_lp = self._logprobs(self.model, packed)[0]
-                self.model.train()
-            else:
-                old_lp = rollout_lp
         logp, logits = self._logprobs(self.model, packed)
+        old_lp = logp.detach()  # one update per RL step: the proximal policy is the current one
         loss, metrics = policy_loss(
             logp,
             old_lp,

@@ -29,6 +29,7 @@ from rl.config import (
     RolloutConfig,
     Section,
     TrainerConfig,
+    TrainingConfig,
 )
 from rl.engine_spec import EngineSpec
 
@@ -83,6 +84,7 @@ class RunConfig(Section):
     reward: RewardConfig = RewardConfig()
     grpo: GRPOConfig = GRPOConfig()
     optim: OptimConfig = OptimConfig()
+    training: TrainingConfig = TrainingConfig()
     trainer: TrainerConfig = TrainerConfig()
     eval: EvalConfig = EvalConfig()
     pretrain: PretrainConfig = PretrainConfig()
@@ -102,6 +104,28 @@ class RunConfig(Section):
                 f"data.source: {self.data.source} choose boxed, gsm8k or a regex"
             )
         return self
+
+    @model_validator(mode="after")
+    def _staleness_is_consistent(self) -> RunConfig:
+        k = self.training.max_staleness
+        if self.grpo.objective == "decoupled" and k == 0:
+            raise ValueError(
+                "grpo.objective: decoupled corrects for samples of older policy versions, but training.max_staleness "
+                "is 0 (every sample is on-policy): set training.max_staleness >= 1, or grpo.objective: auto"
+            )
+        if k > 0 and self.fabric.enabled and k + 1 > self.fabric.retain_steps:
+            raise ValueError(
+                f"training.max_staleness={k} keeps up to {k + 1} steps open in the token log, more than "
+                f"fabric.retain_steps={self.fabric.retain_steps}: set fabric.retain_steps >= {k + 1}"
+            )
+        return self
+
+    @property
+    def objective(self) -> str:
+        """The objective the trainer runs: `grpo.objective`, with `auto` resolved by the staleness."""
+        if self.grpo.objective != "auto":
+            return self.grpo.objective
+        return "grpo" if self.training.max_staleness == 0 else "decoupled"
 
     @model_validator(mode="after")
     def _trainer_machine_is_counted_once(self) -> RunConfig:

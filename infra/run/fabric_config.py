@@ -104,6 +104,10 @@ class FabricConfig(Section):
     ready_timeout_s: float = Field(180.0, gt=0)
     """How long to wait for the first instance to register before failing the step (a run with only
     cloud pools waits for a VM to boot and install the project: allow several minutes)."""
+    retain_steps: int = Field(16, ge=1)
+    """Steps the token log keeps in Redis: a trained step older than the last `retain_steps` is
+    deleted (its samples are in the run's step files). Must hold every step open at once
+    (`training.max_staleness` + 1)."""
     stream_training: bool = True
     """Score each group and accumulate its gradient as soon as it completes, while the rest of
     the step is still generating (False: train once the whole step is collected)."""
