@@ -44,8 +44,10 @@ from tasks.pretraining import ensure_base_model
 from tasks.training import (
     account_task,
     checkpoint_task,
+    end_rollout_ahead,
     evaluate_task,
     publish_task,
+    rollout_ahead_task,
     rollout_task,
     score_task,
     train_task,
@@ -53,14 +55,24 @@ from tasks.training import (
 
 
 @flow(name="rl-step", flow_run_name="step-{step}", persist_result=False)
-def rl_step(session_key: str, step: int, evaluate: bool, checkpoint: bool) -> dict:
+def rl_step(
+    session_key: str, step: int, evaluate: bool, checkpoint: bool, last_step: int | None = None, staleness: int = 0
+) -> dict:
     """One RL step: rollout (training complete groups as they arrive), score, train, publish the
-    new policy version, account its cost (+ evaluate, checkpoint when due)."""
+    new policy version, account its cost (+ evaluate, checkpoint when due). With bounded
+    staleness (`staleness` K >= 1) the rollout admits the next K steps (up to `last_step`), and a
+    `rollout-ahead` task follows their generation while this step scores, trains and publishes."""
     started = time.perf_counter()
-    rollout = rollout_task(session_key, step)
-    scores = score_task(session_key, step, rollout["path"])
-    metrics = train_task(session_key, step, rollout["path"], scores["path"])
-    publish_task(session_key, step)
+    rollout = rollout_task(session_key, step, last_step)
+    ahead = rollout_ahead_task.submit(session_key, step, last_step) if staleness and step != last_step else None
+    try:
+        scores = score_task(session_key, step, rollout["path"])
+        metrics = train_task(session_key, step, rollout["path"], scores["path"])
+        publish_task(session_key, step)
+    finally:
+        if ahead is not None:
+            end_rollout_ahead(session_key, step)
+    generated_ahead = ahead.result()["groups_done"] if ahead is not None else 0
     cost = account_task(session_key, step, int(metrics["response_tokens"]))
     row: dict[str, Any] = {
         "step": step,
@@ -76,6 +88,13 @@ def rl_step(session_key: str, step: int, evaluate: bool, checkpoint: bool) -> di
         "grad_norm": metrics["grad_norm"],
         "kl": metrics["kl"],
         "cost_usd": cost["cost_usd"],
+        "version_lag_mean": metrics["version_lag_mean"],
+        "version_lag_max": metrics["version_lag_max"],
+        "version_lag_histogram": metrics["version_lag_histogram"],
+        "is_weight_mean": metrics.get("is_weight_mean", 1.0),
+        "is_truncated_fraction": metrics.get("is_truncated_fraction", 0.0),
+        "logprob_gap": metrics.get("rollout_logprob_gap"),
+        "groups_generated_ahead": generated_ahead,
     }
     row.update({k: v for k, v in rollout.items() if k not in ("path", "tokens", "seconds")})
     row["step_s"] = time.perf_counter() - started
@@ -147,6 +166,8 @@ def _train_loop(config: RunConfig, key: str, session, logger) -> dict:
                 step,
                 evaluate=step % config.eval.every == 0 or step == total,
                 checkpoint=step % config.run.checkpoint_every == 0 or step == total,
+                last_step=total,
+                staleness=config.training.max_staleness,
             )
             held_out = session.history.evals[-1][1]
             status = f"reward {row['reward']:.2f}  held-out acc {held_out:.2f}"
@@ -165,6 +186,7 @@ def _train_loop(config: RunConfig, key: str, session, logger) -> dict:
         "gain_points": 100 * (final_acc - base_acc),
         "final_reward": sum(r["reward"] for r in history.steps[-10:]) / max(1, len(history.steps[-10:])),
         "tokens_generated": sum(r["tokens"] for r in history.steps),
+        **_staleness_summary(config, history.steps),
         "minutes_this_run": (time.perf_counter() - began) / 60,
         "curves_png": str(plot),
         "checkpoint": str(session.checkpoint_dir),
@@ -184,6 +206,24 @@ def _train_loop(config: RunConfig, key: str, session, logger) -> dict:
         description="Accuracy gain, reward, tokens and cost of the run, with its curves",
     )
     return summary
+
+
+def _staleness_summary(config: RunConfig, rows: list[dict]) -> dict:
+    """The run's bounded-staleness figures: K, the trained tokens' mean and largest version lag, the
+    mean importance weight and truncated fraction, the mean trainer-vs-engine log-prob gap."""
+    tokens = sum(r["tokens"] for r in rows) or 1
+
+    def weighted(key: str, default: float) -> float:
+        return sum(r["tokens"] * (r.get(key) if r.get(key) is not None else default) for r in rows) / tokens
+
+    return {
+        "max_staleness": config.training.max_staleness,
+        "version_lag_mean": weighted("version_lag_mean", 0.0),
+        "version_lag_max": max((r.get("version_lag_max", 0) for r in rows), default=0),
+        "is_weight_mean": weighted("is_weight_mean", 1.0),
+        "is_truncated_fraction": weighted("is_truncated_fraction", 0.0),
+        "logprob_gap_mean": weighted("logprob_gap", 0.0),
+    }
 
 
 def _cost_summary(costs: dict) -> dict:

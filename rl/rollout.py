@@ -8,7 +8,7 @@ crash, or a sample resumed on another instance, draws the same tokens.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from rl.config import PromptConfig, RolloutConfig
@@ -26,6 +26,13 @@ class Sample:
     logprobs: list[float]
     finish_reason: str
     policy_version: int
+    """The version the sample's step trains from (the proximal policy)."""
+    token_versions: list[int] = field(default_factory=list)
+    """The version that generated each response token (empty: all `policy_version`)."""
+
+    def versions(self) -> list[int]:
+        """The generating version of each response token."""
+        return self.token_versions or [self.policy_version] * len(self.response_ids)
 
 
 def step_seed(run_seed: int, step: int) -> int:

@@ -6,6 +6,8 @@ numbers and paths. No tensors ever pass through Prefect.
 
 from __future__ import annotations
 
+import threading
+
 from prefect import task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
@@ -17,9 +19,10 @@ TASK_OPTIONS = {"cache_policy": NO_CACHE, "persist_result": False}
 
 
 @task(name="rollout", **TASK_OPTIONS)
-def rollout_task(session_key: str, step: int) -> dict:
+def rollout_task(session_key: str, step: int, last_step: int | None = None) -> dict:
     """Generate `group_size` responses for each of the step's prompts; write them to rollout.jsonl.
-    A progress artifact follows the complete groups while the rollout runs."""
+    A progress artifact follows the complete groups while the rollout runs. With bounded
+    staleness the next steps (up to `last_step`) are admitted too and generate while this one trains."""
     session = get_session(session_key)
     artifact = create_progress_artifact(
         progress=0.0,
@@ -30,7 +33,40 @@ def rollout_task(session_key: str, step: int) -> dict:
     def on_progress(done: int, total: int) -> None:
         update_progress_artifact(artifact, 100.0 * done / total)
 
-    return session.rollout(step, on_progress)
+    return session.rollout(step, on_progress, last_step)
+
+
+_AHEAD_DONE: dict[tuple[str, int], threading.Event] = {}
+"""Per (session, step): set when the step's flow run no longer needs its `rollout-ahead` task."""
+
+
+@task(name="rollout-ahead", **TASK_OPTIONS)
+def rollout_ahead_task(session_key: str, step: int, last_step: int | None = None, poll_s: float = 0.2) -> dict:
+    """Bounded staleness: follows the rollout of the steps admitted after `step` while `step`
+    scores, trains and publishes (its bar runs beside theirs in the UI's timeline); returns when
+    `end_rollout_ahead` is called, with the later steps' groups completed by then."""
+    session = get_session(session_key)
+    done = _AHEAD_DONE.setdefault((session_key, step), threading.Event())
+    artifact = create_progress_artifact(
+        progress=0.0,
+        key=artifact_key(f"{session.config.run.name}-ahead"),
+        description=f"steps after {step}: complete groups generated while step {step} trains",
+    )
+    total = session.config.rollout.prompts_per_step * session.config.training.max_staleness
+    try:
+        while True:
+            finished = done.wait(poll_s)
+            ahead = session.generated_ahead(step, last_step)
+            update_progress_artifact(artifact, 100.0 * ahead["groups_done"] / max(total, 1))
+            if finished:
+                return ahead
+    finally:
+        _AHEAD_DONE.pop((session_key, step), None)
+
+
+def end_rollout_ahead(session_key: str, step: int) -> None:
+    """Let step `step`'s `rollout-ahead` task return (whether or not it has started yet)."""
+    _AHEAD_DONE.setdefault((session_key, step), threading.Event()).set()
 
 
 @task(name="score", **TASK_OPTIONS)

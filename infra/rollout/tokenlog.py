@@ -30,14 +30,18 @@ Key layout (``P = "rlb:{<run_id>}:"``; the hash tag keeps a run in one cluster s
 ===========================  ==========================================================
 ``P stats``                  hash: rejected_appends, wasted_tokens, migrations,
                              failed_samples, reaped_samples
-``P step:<step>``            hash: version, groups, groups_done, groups_dropped, seq
+``P step:<step>``            hash: version (trained from), minv (oldest version it accepts),
+                             groups, groups_done, groups_dropped, seq
 ``P groups:<step>``          list of group ids, in enqueue order
 ``P g:<step>/<group>``       hash: n, done, failed, prompt (packed u32), max_new, seed,
                              sampling (JSON), meta (JSON)
 ``P s:<sample>``             hash: state, owner, epoch, attempts, migrations, reaps, finish,
-                             step, group, max_new; to, to_until while in ``qr``
+                             step, group, max_new, minv, lastv (version of the last
+                             span); to, to_until while in ``qr``
 ``P s:<sample>:r``           string: the generated tokens, one 8-byte record each (token id u32 LE,
                              logprob f32 LE), APPENDed
+``P s:<sample>:v``           string: version spans, 8 bytes each (first token u32 LE, version
+                             u32 LE), one per change of the generating version
 ``P q:<step>``               zset of queued samples; score = seq - logged_tokens * 2^32
                              (more logged tokens first, then enqueue order)
 ``P qr:<step>``              zset of queued samples routed to one instance (a steal's
@@ -172,6 +176,8 @@ class Flush(NamedTuple):
     offset: int | None = None
     """Response tokens logged before these; makes a redelivered flush exactly-once."""
     finish_reason: str | None = None
+    policy_version: int | None = None
+    """The version that generated these tokens (recorded per span; refused below the step's window)."""
 
 
 @dataclass(frozen=True)
@@ -189,7 +195,29 @@ class SampleRecord:
     migrations: int
     """Claims that resumed it after another lease (attempts - 1)."""
     policy_version: int
+    """The version the sample's step trains from (the proximal policy)."""
     meta: Mapping[str, Any] | None
+    version_spans: tuple[tuple[int, int], ...] = ()
+    """(first token, version) of each run of tokens one policy version generated, in order; empty
+    when the flushes carried no version."""
+
+    def token_versions(self) -> list[int]:
+        """The generating version of each logged token (the step's version where none was recorded)."""
+        return expand_spans(self.version_spans, len(self.token_ids), self.policy_version)
+
+
+def expand_spans(spans: Sequence[Sequence[int]], length: int, default: int) -> list[int]:
+    """Per-token versions of `length` tokens from (first token, version) spans; tokens before the
+    first span (or all, without spans) get `default`."""
+    versions = [default] * length
+    for (start, version), following in zip(spans, [*spans[1:], (length, 0)]):
+        versions[start : following[0]] = [version] * max(0, min(following[0], length) - start)
+    return versions
+
+
+def _spans(data: bytes | None) -> tuple[tuple[int, int], ...]:
+    pairs = np.frombuffer(data or b"", dtype="<u4").reshape(-1, 2)
+    return tuple((int(a), int(b)) for a, b in pairs)
 
 
 @dataclass(frozen=True)
@@ -205,6 +233,8 @@ class StepStatus:
     done: int
     failed: int
     tokens_logged: int
+    min_version: int = -1
+    """The oldest version whose tokens the step accepts (its `policy_version` when strict)."""
 
     @property
     def complete(self) -> bool:
@@ -261,7 +291,8 @@ local function requeue(sid, sk, step, keep, to, until_ms)
   local ntok = redis.call('STRLEN', sk .. ':r') / 8
   if not keep and ntok > 0 then
     redis.call('HINCRBY', STATS, 'wasted_tokens', ntok)
-    redis.call('DEL', sk .. ':r')
+    redis.call('DEL', sk .. ':r', sk .. ':v')
+    redis.call('HSET', sk, 'lastv', '')
     ntok = 0
   end
   local seq = redis.call('HINCRBY', P .. 'step:' .. step, 'seq', 1)
@@ -281,13 +312,13 @@ local function fail(sk, step, group, reason)
 end
 """
 
-# ARGV: P, step, version, then per group: id, n, prompt, max_new, seed, sampling, meta
+# ARGV: P, step, version, min version, then per group: id, n, prompt, max_new, seed, sampling, meta
 _ENQUEUE = """
 local step = ARGV[2]
 local stk = P .. 'step:' .. step
 if redis.call('EXISTS', stk) == 1 then return 0 end
 local seq, groups = 0, 0
-for i = 4, #ARGV, 7 do
+for i = 5, #ARGV, 7 do
   local gid, n, max_new = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 3]
   redis.call('HSET', P .. 'g:' .. step .. '/' .. gid, 'n', n, 'done', 0, 'failed', 0,
     'prompt', ARGV[i + 2], 'max_new', max_new, 'seed', ARGV[i + 4], 'sampling', ARGV[i + 5],
@@ -297,21 +328,22 @@ for i = 4, #ARGV, 7 do
     local sid = step .. '/' .. gid .. '/' .. j
     redis.call('HSET', P .. 's:' .. sid, 'state', 'queued', 'owner', '', 'epoch', 0,
       'attempts', 0, 'migrations', 0, 'reaps', 0, 'finish', '', 'step', step, 'group', gid,
-      'max_new', max_new)
+      'max_new', max_new, 'minv', ARGV[4], 'lastv', '')
     seq = seq + 1
     redis.call('ZADD', P .. 'q:' .. step, seq, sid)
   end
   groups = groups + 1
 end
-redis.call('HSET', stk, 'version', ARGV[3], 'groups', groups, 'groups_done', 0,
+redis.call('HSET', stk, 'version', ARGV[3], 'minv', ARGV[4], 'groups', groups, 'groups_done', 0,
   'groups_dropped', 0, 'seq', seq)
 return 1
 """
 
-# ARGV: P, step, instance, version, max_samples, nonce. Samples routed to the instance (and
-# routed ones whose wait is over) come first, then the shared queue's.
+# ARGV: P, steps (comma-separated, oldest first), instance, version, max_samples, nonce. A step
+# whose version window [minv, version] holds the instance's version gives its samples routed to the
+# instance (and routed ones whose wait is over) first, then its shared queue's; then the next step.
 _CLAIM = """
-local step, inst = ARGV[2], ARGV[3]
+local inst = ARGV[3]
 local ck = P .. 'claimreq:' .. inst
 local last = redis.call('HMGET', ck, 'nonce', 'sids')
 local sids
@@ -330,24 +362,28 @@ if last[1] == ARGV[6] then
   sids = cjson.decode(last[2])
 else
   sids = {}
-  if redis.call('HGET', P .. 'step:' .. step, 'version') == ARGV[4] then
-    local want = tonumber(ARGV[5])
-    local qr = P .. 'qr:' .. step
-    local routed = redis.call('ZRANGE', qr, 0, -1)
-    local now = #routed > 0 and now_ms() or 0
-    for _, sid in ipairs(routed) do
-      if #sids >= want then break end
-      local sk = P .. 's:' .. sid
-      local r = redis.call('HMGET', sk, 'to', 'to_until')
-      if r[1] == inst or now >= tonumber(r[2] or 0) then
-        redis.call('ZREM', qr, sid)
-        redis.call('HDEL', sk, 'to', 'to_until')
-        lease(sid)
+  local want, version = tonumber(ARGV[5]), tonumber(ARGV[4])
+  for step in string.gmatch(ARGV[2], '[^,]+') do
+    if #sids >= want then break end
+    local w = redis.call('HMGET', P .. 'step:' .. step, 'version', 'minv')
+    if w[1] and tonumber(w[2] or w[1]) <= version and version <= tonumber(w[1]) then
+      local qr = P .. 'qr:' .. step
+      local routed = redis.call('ZRANGE', qr, 0, -1)
+      local now = #routed > 0 and now_ms() or 0
+      for _, sid in ipairs(routed) do
+        if #sids >= want then break end
+        local sk = P .. 's:' .. sid
+        local r = redis.call('HMGET', sk, 'to', 'to_until')
+        if r[1] == inst or now >= tonumber(r[2] or 0) then
+          redis.call('ZREM', qr, sid)
+          redis.call('HDEL', sk, 'to', 'to_until')
+          lease(sid)
+        end
       end
-    end
-    if #sids < want then
-      local popped = redis.call('ZPOPMIN', P .. 'q:' .. step, want - #sids)
-      for j = 1, #popped, 2 do lease(popped[j]) end
+      if #sids < want then
+        local popped = redis.call('ZPOPMIN', P .. 'q:' .. step, want - #sids)
+        for j = 1, #popped, 2 do lease(popped[j]) end
+      end
     end
   end
   redis.call('HSET', ck, 'nonce', ARGV[6], 'sids', cjson.encode(sids))
@@ -366,24 +402,30 @@ return out
 """
 
 # ARGV: P, JSON [[sample, instance, epoch, offset (-1 = none), token count, finish reason
-# ('' = none)], ...], every flush's tokens (u32 LE) concatenated, their logprobs (f32 LE) likewise
+# ('' = none), policy version (-1 = none)], ...], every flush's records (8 bytes each) concatenated.
+# A flush whose version is below the sample's window (`minv`) is rejected; an accepted one whose
+# version differs from the sample's last opens a version span (u32 offset, u32 version) in :v.
 _LOG = """
 local recs = ARGV[3]
 local out, rejected, pos = {}, 0, 1
 for _, m in ipairs(cjson.decode(ARGV[2])) do
-  local sid, inst, epoch, offset, k, fin = m[1], m[2], m[3], m[4], m[5], m[6]
+  local sid, inst, epoch, offset, k, fin, ver = m[1], m[2], m[3], m[4], m[5], m[6], m[7]
   local rec = string.sub(recs, pos, pos + 8 * k - 1)
   pos = pos + 8 * k
   local sk = P .. 's:' .. sid
   local rk = sk .. ':r'
-  local h = redis.call('HMGET', sk, 'state', 'owner', 'epoch', 'max_new')
+  local h = redis.call('HMGET', sk, 'state', 'owner', 'epoch', 'max_new', 'minv', 'lastv')
   local ok = 0
-  if h[2] == inst and tonumber(h[3]) == epoch then
+  if h[2] == inst and tonumber(h[3]) == epoch and (ver < 0 or ver >= tonumber(h[5] or 0)) then
     if h[1] == 'running' then
       -- Append first (APPEND returns the new length), then check; undo what does not fit.
       local len = redis.call('APPEND', rk, rec)
       local have = len / 8 - k
       if (offset < 0 or offset == have) and len / 8 <= tonumber(h[4]) then
+        if ver >= 0 and k > 0 and h[6] ~= tostring(ver) then
+          redis.call('APPEND', sk .. ':v', struct.pack('<I4I4', have, ver))
+          redis.call('HSET', sk, 'lastv', ver)
+        end
         if fin ~= '' then
           redis.call('HSET', sk, 'state', 'done', 'finish', fin)
           redis.call('SREM', P .. 'own:' .. inst, sid)
@@ -487,7 +529,7 @@ return count
 _STATUS = """
 local step = ARGV[2]
 local s = redis.call('HMGET', P .. 'step:' .. step, 'version', 'groups', 'groups_done',
-  'groups_dropped')
+  'groups_dropped', 'minv')
 if not s[1] then return false end
 local counts = {queued = 0, running = 0, done = 0, failed = 0}
 local tokens = 0
@@ -501,7 +543,7 @@ for _, gid in ipairs(redis.call('LRANGE', P .. 'groups:' .. step, 0, -1)) do
   end
 end
 return {s[1], s[2], s[3], s[4], counts.queued, counts.running, counts.done, counts.failed,
-  tokens, redis.call('SMEMBERS', P .. 'dropped:' .. step)}
+  tokens, redis.call('SMEMBERS', P .. 'dropped:' .. step), s[5] or s[1]}
 """
 
 # ARGV: P, step, group
@@ -513,7 +555,8 @@ local out = {redis.call('HGET', P .. 'step:' .. ARGV[2], 'version'), g[2], g[3]}
 for j = 0, tonumber(g[1]) - 1 do
   local sk = P .. 's:' .. base .. '/' .. j
   local h = redis.call('HMGET', sk, 'state', 'finish', 'attempts', 'migrations')
-  out[#out + 1] = {h[1], h[2], h[3], h[4], redis.call('GET', sk .. ':r') or ''}
+  out[#out + 1] = {h[1], h[2], h[3], h[4], redis.call('GET', sk .. ':r') or '',
+    redis.call('GET', sk .. ':v') or ''}
 end
 return out
 """
@@ -529,7 +572,7 @@ for _, gid in ipairs(redis.call('LRANGE', P .. 'groups:' .. step, 0, -1)) do
     local sk = P .. 's:' .. sid
     local h = redis.call('HMGET', sk, 'state', 'owner')
     if h[1] == 'running' then redis.call('SREM', P .. 'own:' .. h[2], sid) end
-    redis.call('DEL', sk, sk .. ':r')
+    redis.call('DEL', sk, sk .. ':r', sk .. ':v')
   end
   redis.call('DEL', gk)
 end
@@ -580,14 +623,21 @@ class TokenLog:
 
     # --- work in -------------------------------------------------------------------------------
 
-    def enqueue_step(self, step: int, policy_version: int, groups: Sequence[GroupSpec]) -> bool:
-        """Queue n samples per group for `step`; False (and nothing changes) if the step exists."""
+    def enqueue_step(
+        self, step: int, policy_version: int, groups: Sequence[GroupSpec], min_version: int | None = None
+    ) -> bool:
+        """Queue n samples per group for `step`, trained from `policy_version`, whose tokens any
+        version in [`min_version`, `policy_version`] may generate (default: exactly that version);
+        False (and nothing changes) if the step exists."""
         if not groups:
             raise ValueError(f"step {step}: no groups to enqueue")
         ids = [g.group_id for g in groups]
         if len(set(ids)) != len(ids):
             raise ValueError(f"step {step}: duplicate group ids")
-        args: list[Any] = [step, policy_version]
+        min_version = policy_version if min_version is None else min_version
+        if not 0 <= min_version <= policy_version:
+            raise ValueError(f"step {step}: min_version {min_version} outside [0, {policy_version}]")
+        args: list[Any] = [step, policy_version, min_version]
         for g in groups:
             args += [
                 g.group_id,
@@ -602,14 +652,17 @@ class TokenLog:
 
     # --- the owner's side ----------------------------------------------------------------------
 
-    def claim(self, step: int, instance_id: str, policy_version: int, max_samples: int) -> list[Claim]:
-        """Lease up to `max_samples` queued samples of `step`, partially generated ones first.
+    def claim(self, step: int | Sequence[int], instance_id: str, policy_version: int, max_samples: int) -> list[Claim]:
+        """Lease up to `max_samples` queued samples of `step` (or of several steps, oldest first),
+        partially generated ones first within a step.
 
-        Nothing is claimed when the step's policy version differs from `policy_version`.
+        A step gives nothing to a `policy_version` outside its window (exactly its version when
+        strict; [min_version, version] with bounded staleness).
         """
         if max_samples < 1:
             return []
-        rows = self._run("claim", step, instance_id, policy_version, max_samples, secrets.token_hex(8))
+        steps = ",".join(str(s) for s in ([step] if isinstance(step, int) else step))
+        rows = self._run("claim", steps, instance_id, policy_version, max_samples, secrets.token_hex(8))
         return [
             Claim(
                 sample_id=sid.decode(),
@@ -641,7 +694,15 @@ class TokenLog:
             if f.finish_reason == "":
                 raise ValueError(f"sample {f.sample_id}: empty finish_reason (use None)")
             meta.append(
-                (f.sample_id, f.instance_id, f.epoch, -1 if f.offset is None else f.offset, k, f.finish_reason or "")
+                (
+                    f.sample_id,
+                    f.instance_id,
+                    f.epoch,
+                    -1 if f.offset is None else f.offset,
+                    k,
+                    f.finish_reason or "",
+                    -1 if f.policy_version is None else f.policy_version,
+                )
             )
             tokens.extend(f.token_ids)
             logprobs.extend(f.logprobs)
@@ -766,8 +827,9 @@ class TokenLog:
                 migrations=int(migrations),
                 policy_version=int(version),
                 meta=meta,
+                version_spans=_spans(spans),
             )
-            for index, (state, finish, attempts, migrations, records) in enumerate(samples)
+            for index, (state, finish, attempts, migrations, records, spans) in enumerate(samples)
             for token_ids, logprobs in [_records(records)]
         ]
 
@@ -775,7 +837,7 @@ class TokenLog:
         reply = self._run("status", step)
         if reply is None:
             raise KeyError(f"no step {step} in run {self.run_id!r}")
-        version, groups, done, dropped, queued, running, sdone, failed, tokens, dropped_ids = reply
+        version, groups, done, dropped, queued, running, sdone, failed, tokens, dropped_ids, min_version = reply
         return StepStatus(
             step=step,
             policy_version=int(version),
@@ -788,6 +850,7 @@ class TokenLog:
             done=sdone,
             failed=failed,
             tokens_logged=tokens,
+            min_version=int(min_version),
         )
 
     def stats(self) -> TokenLogStats:

@@ -63,7 +63,7 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +73,7 @@ from pydantic import Field, model_validator
 from infra.availability.capacity import CapacityClass
 from infra.rollout.direct_weights import DirectWeights
 from infra.rollout.flush_pipeline import FlushPipeline
-from infra.rollout.protocol import current_step
+from infra.rollout.protocol import StepWindow, current_window
 from infra.rollout.registry import InstanceInfo, InstanceRegistry
 from infra.rollout.settings import WorkerSettings, add_worker_flags, settings_from_flags
 from infra.rollout.tokenlog import Claim, Flush, TokenLog
@@ -176,6 +176,10 @@ class _Held:
     """Response tokens in the log."""
     order: int
     """Claim order (a tie-break for choosing samples to release)."""
+    claim: Claim
+    """The lease as claimed (to continue the sample on a new version: `RolloutWorker._reload`)."""
+    prefix: list[int] = field(default_factory=list)
+    """The logged response tokens (the claim's and those flushed since)."""
     tokens: list[int] = field(default_factory=list)
     """Generated, not yet flushed."""
     logprobs: list[float] = field(default_factory=list)
@@ -219,7 +223,7 @@ class RolloutWorker:
         self._stop = threading.Event()
         self._stop_reason: str | None = None
         self._hb_stop = threading.Event()
-        self._step: tuple[int, int] | None = None
+        self._step: StepWindow | None = None
         self._paused_step: int | None = None
         self._claim_after = 0.0
         self._next_reconcile = time.monotonic() + RECONCILE_S
@@ -396,12 +400,20 @@ class RolloutWorker:
 
     def _poll(self) -> None:
         """Read the current step, then control messages; load the step's version if due."""
-        step = current_step(self.client, self.config.run_id)
+        step = current_window(self.client, self.config.run_id)
         if step != self._step:
-            if step is not None and (self._step is None or step[0] != self._step[0]):
-                if self._paused_step != step[0]:
+            if step is not None and (
+                self._step is None or (step.step, step.first) != (self._step.step, self._step.first)
+            ):
+                if self._paused_step != step.first:
                     self._paused_step = None  # a new step ends a release_all pause for another
-                log.info("step %d (policy version %d)", *step)
+                log.info(
+                    "steps %d..%d (policy version %d, staleness %d)",
+                    step.first,
+                    step.step,
+                    step.version,
+                    step.staleness,
+                )
             self._step = step
             self._claim_after = 0.0
         for message in self.registry.poll_requests(self.config.instance_id):
@@ -423,7 +435,7 @@ class RolloutWorker:
         """Put the engine to sleep once `release_all` paused the current step and it is idle."""
         engine = self.engine
         assert engine is not None
-        paused = self._step is not None and self._paused_step == self._step[0]
+        paused = self._step is not None and self._paused_step == self._step.first
         if not paused or self._engine_asleep or self.held or engine.has_work():
             return
         engine.sleep()
@@ -438,19 +450,51 @@ class RolloutWorker:
             log.info("engine awake")
 
     def _maybe_load_weights(self) -> None:
-        """Load the current step's version when the engine holds another and no sample runs: the
-        one the trainer handed over (`DirectWeights`), else pulled once it is announced."""
+        """Load the version the engine should hold when it holds another: the one the trainer
+        handed over (`DirectWeights`), else pulled once it is announced. Strictly on-policy that
+        is the current step's version, loaded when no sample runs; with bounded staleness it is
+        the newest version published, loaded between flushes: the running samples continue on
+        it (`_reload`)."""
         engine = self.engine
         assert engine is not None
-        if self._step is None or self.held or self._stop.is_set():
+        if self._step is None or self._stop.is_set():
             return
-        version = self._step[1]
-        if engine.policy_version == version:
-            return
+        if self._step.staleness == 0:
+            version = self._step.version
+            if self.held or engine.policy_version == version:
+                return
+        else:
+            newest = (
+                self._direct_weights.version
+                if self._direct_weights is not None
+                else latest_version(self.client, self.config.run_id)
+            )
+            if newest is None or (engine.policy_version is not None and newest <= engine.policy_version):
+                return
+            version = newest
         if self._direct_weights is not None:
             self._load_direct(version)
         else:
             self._pull(version)
+
+    def _reload(self, state, version: int) -> None:
+        """Load `state` as `version`; samples in progress are flushed first and continue on the
+        new weights from their logged tokens (re-prefilled: partial rollout), keeping their leases."""
+        engine = self.engine
+        assert engine is not None
+        running: list[_Held] = []
+        if self.held:
+            self._flush(force=True, wait=True)  # every buffered token is logged under the old version
+            running = [h for h in self.held.values() if h.finish is None]
+            for held in running:
+                self._engine_release(held.sample_id)
+        self._wake()
+        engine.load_weights(state, version)
+        for held in running:
+            if self.held.get(held.sample_id) is held:
+                engine.add(replace(held.claim, generated_ids=list(held.prefix)).request())
+        self.stats.weight_loads += 1
+        self._claim_after = 0.0
 
     def _load_direct(self, version: int) -> None:
         """Load `version` from the trainer in this process once it is handed over."""
@@ -462,10 +506,7 @@ class RolloutWorker:
                 log.info("waiting for the trainer to hand over policy version %d", version)
                 self._missing_version = version
             return
-        self._wake()
-        engine.load_weights(state, version)
-        self.stats.weight_loads += 1
-        self._claim_after = 0.0
+        self._reload(state, version)
         log.info("loaded policy version %d from the trainer (in process)", version)
 
     def _pull(self, version: int) -> None:
@@ -485,10 +526,7 @@ class RolloutWorker:
         except PullError as exc:
             log.warning("pulling policy version %d failed (%s); retrying", version, exc)
             return
-        self._wake()
-        engine.load_weights(state, version)
-        self.stats.weight_loads += 1
-        self._claim_after = 0.0
+        self._reload(state, version)
         report = puller.last_report
         if report is not None:
             report_transfer(self.client, self.config.run_id, report)
@@ -505,19 +543,18 @@ class RolloutWorker:
     def _can_claim(self) -> bool:
         if self._stop.is_set() or self._step is None or self.engine is None:
             return False
-        step, version = self._step
-        return (
-            self._paused_step != step and self.engine.policy_version == version and len(self.held) < self.config.slots
-        )
+        window, held_version = self._step, self.engine.policy_version
+        in_window = held_version == window.version if window.staleness == 0 else held_version is not None
+        return self._paused_step != window.first and in_window and len(self.held) < self.config.slots
 
     def _maybe_claim(self) -> None:
         if not self._can_claim() or time.monotonic() < self._claim_after:
             return
         assert self._step is not None
         self._wake()
-        step, version = self._step
         free = self.config.slots - len(self.held)
-        claims = self.tokenlog.claim(step, self.config.instance_id, version, free)
+        version = self.engine.policy_version  # type: ignore[union-attr]
+        claims = self.tokenlog.claim(self._step.steps, self.config.instance_id, version, free)
         if len(claims) < free:  # the queue ran dry: look again at the next poll
             self._claim_after = time.monotonic() + self._poll_s
         for claim in claims:
@@ -543,7 +580,9 @@ class RolloutWorker:
             self.stats.failed += 1
             return
         self._claims += 1
-        self.held[claim.sample_id] = _Held(claim.sample_id, claim.epoch, len(claim.generated_ids), self._claims)
+        self.held[claim.sample_id] = _Held(
+            claim.sample_id, claim.epoch, len(claim.generated_ids), self._claims, claim, list(claim.generated_ids)
+        )
         self.stats.claimed += 1
         self.stats.resumed += bool(claim.generated_ids)
 
@@ -579,8 +618,12 @@ class RolloutWorker:
         if due:
             instance = self.config.instance_id
             batch = [(h, len(h.tokens), h.finish) for h in due]
+            # With bounded staleness each flush names the version that generated it (all of its
+            # tokens: a new version is loaded only after a forced flush); strictly on-policy the
+            # claim's fence already made it the step's version.
+            version = self.engine.policy_version if self._step is not None and self._step.staleness else None  # type: ignore[union-attr]
             flushes = [
-                Flush(h.sample_id, instance, h.epoch, h.tokens[:n], h.logprobs[:n], h.logged, finish)
+                Flush(h.sample_id, instance, h.epoch, h.tokens[:n], h.logprobs[:n], h.logged, finish, version)
                 for h, n, finish in batch
             ]
             self._flusher.submit(flushes, functools.partial(self._flushed, batch, time.monotonic()))
@@ -597,6 +640,7 @@ class RolloutWorker:
                 self._drop(held, "flush rejected")
                 continue
             held.logged += count
+            held.prefix += held.tokens[:count]
             del held.tokens[:count], held.logprobs[:count]
             if held.tokens:  # generated while the round trip was in flight
                 held.since = submitted
@@ -668,7 +712,7 @@ class RolloutWorker:
             log.info("releasing %d samples on request%s", len(targets), f" to {to}" if to else "")
             self._release(targets, to=to, route_s=float(message.get("route_s", 5.0)))
         elif op == "release_all":
-            step = message.get("step", self._step[0] if self._step else None)
+            step = message.get("step", self._step.first if self._step else None)
             self._paused_step = None if step is None else int(step)
             log.info("releasing all %d samples; not claiming for step %s", len(self.held), step)
             self._release(list(self.held.values()))
@@ -690,7 +734,7 @@ class RolloutWorker:
         """Report version, free slots (0 while not claiming) and running samples; a False reply
         (deregistered: evicted) stops the worker."""
         engine = self.engine
-        paused = self._stop.is_set() or (self._step is not None and self._paused_step == self._step[0])
+        paused = self._stop.is_set() or (self._step is not None and self._paused_step == self._step.first)
         running = len(self.held)
         free = 0 if paused else max(self.config.slots - running, 0)
         try:

@@ -108,6 +108,12 @@ class RunConfig(Section):
     @model_validator(mode="after")
     def _staleness_is_consistent(self) -> RunConfig:
         k = self.training.max_staleness
+        if k > 0 and not self.fabric.enabled:
+            raise ValueError(
+                f"training.max_staleness={k} lets rollout run ahead of the trainer on the fabric's instances, but "
+                "fabric.enabled is false (the in-process engine rolls out between training steps): set "
+                "fabric.enabled: true, or training.max_staleness: 0"
+            )
         if self.grpo.objective == "decoupled" and k == 0:
             raise ValueError(
                 "grpo.objective: decoupled corrects for samples of older policy versions, but training.max_staleness "

@@ -25,7 +25,7 @@ import secrets
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,7 +35,7 @@ from infra.providers.composite import CompositeProvider
 from infra.providers.interface import InstanceRecord, Provider
 from infra.providers.local import LocalProvider
 from infra.providers.pool import PoolSpec
-from infra.rollout.controller import RolloutController, StepReport, TakeOver, samples_of_group
+from infra.rollout.controller import AdmittedStep, RolloutController, StepReport, TakeOver, samples_of_group
 from infra.rollout.registry import InstanceRegistry
 from infra.rollout.settings import worker_flags
 from infra.rollout.tokenlog import GroupSpec, TokenLog
@@ -334,24 +334,37 @@ class RolloutFabric:
         run_seed: int,
         on_group: Callable[[list[Sample]], None] | None = None,
         prompt: PromptConfig = PromptConfig(),
+        staleness: int = 0,
+        ahead: Sequence[tuple[int, list[PromptRecord]]] = (),
     ) -> tuple[list[Sample], StepReport]:
         """Roll out one step on the instances; samples of delivered groups, sorted by id. Each
         complete group also goes to `on_group` (its samples in order) as soon as it is done.
-        Prompts are encoded as `prompt` says; its stop strings travel in each group's sampling."""
+        Prompts are encoded as `prompt` says; its stop strings travel in each group's sampling.
+        With bounded staleness (`staleness` K >= 1) the step takes tokens of versions >=
+        `version` - K, and the `ahead` steps (step, prompts) are admitted too: the instances
+        generate them while this one finishes and trains, each from versions >= its step - 1 - K."""
         self._step = step
         sampling = {"temperature": rollout.temperature, "top_p": rollout.top_p, "top_k": rollout.top_k}
         if prompt.stop:
             sampling["stop"] = list(prompt.stop)
-        groups = [
-            GroupSpec(
-                group,
-                encode_prompt(tokenizer, record.prompt, prompt),
-                rollout.group_size,
-                rollout.max_new_tokens,
-                seed=step_seed(run_seed, step),
-                sampling=sampling,
-            )
-            for group, record in enumerate(records)
+
+        def groups_of(step: int, records: list[PromptRecord]) -> list[GroupSpec]:
+            return [
+                GroupSpec(
+                    group,
+                    encode_prompt(tokenizer, record.prompt, prompt),
+                    rollout.group_size,
+                    rollout.max_new_tokens,
+                    seed=step_seed(run_seed, step),
+                    sampling=sampling,
+                )
+                for group, record in enumerate(records)
+            ]
+
+        groups = groups_of(step, records)
+        admitted = [
+            AdmittedStep(later, later - 1, max(0, later - 1 - staleness), groups_of(later, later_records))
+            for later, later_records in ahead
         ]
         collected: dict[int, list[Sample]] = {}
         lock = threading.Lock()
@@ -370,7 +383,16 @@ class RolloutFabric:
             try:
                 self._check_health()
                 self._wait_for_instances()
-                report = self.controller.run_step(step, version, groups, deliver, check=self._check_health)
+                report = self.controller.run_step(
+                    step,
+                    version,
+                    groups,
+                    deliver,
+                    check=self._check_health,
+                    min_version=max(0, version - staleness),
+                    ahead=admitted,
+                    staleness=staleness,
+                )
                 break
             except REDIS_ERRORS as error:  # Redis restarting: resume the step once it answers
                 log.warning(
@@ -381,7 +403,23 @@ class RolloutFabric:
                     self.config.redis_outage_timeout_s,
                 )
                 wait_for_redis(self.redis, self.redis_url, self.config.redis_outage_timeout_s, error)
+        if step > self.config.retain_steps:
+            self._through_outage(lambda: self.controller.retire(step - self.config.retain_steps))
         return [s for group in sorted(collected) for s in collected[group]], report
+
+    def groups_done(self, steps: Sequence[int]) -> dict[int, int]:
+        """Complete groups of each of `steps` that the token log holds (0 for one not admitted)."""
+
+        def count() -> dict[int, int]:
+            done = {}
+            for step in steps:
+                try:
+                    done[step] = self.log.step_status(step).groups_done
+                except KeyError:
+                    done[step] = 0
+            return done
+
+        return self._through_outage(count)
 
     def preemptions(self) -> int:
         return sum(1 for r in self.provider.instances() if r.reason in ("preempted", "preempted_silent"))

@@ -30,6 +30,13 @@ STEP_COLUMNS = (
     ("migrations", "migrations", "{:d}"),
     ("tokens_wasted", "tokens wasted", "{:d}"),
     ("cost_usd", "cost $", "{:.4f}"),
+    ("version_lag_mean", "version lag", "{:.2f}"),
+    ("version_lag_max", "max lag", "{:d}"),
+    ("version_lag_histogram", "lag histogram", "{}"),
+    ("is_weight_mean", "IS weight", "{:.3f}"),
+    ("is_truncated_fraction", "IS truncated", "{:.3f}"),
+    ("logprob_gap", "logprob gap", "{:.4f}"),
+    ("groups_generated_ahead", "groups ahead", "{:d}"),
 )
 
 
@@ -55,6 +62,8 @@ def format_value(key: str, value) -> str:
         return ""
     for column, _, fmt in STEP_COLUMNS:
         if column == key:
+            if isinstance(value, dict):  # a histogram: "lag:tokens ..."
+                return " ".join(f"{k}:{v}" for k, v in value.items())
             return fmt.format(int(value) if "d}" in fmt else value)
     return str(value)
 

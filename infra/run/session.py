@@ -46,7 +46,7 @@ from rl.models import load_policy, load_tokenizer
 from rl.prompt_source import PromptSource
 from rl.prompts import check_chat_template
 from rl.rewards import make_reward_fn
-from rl.rollout import build_requests, read_samples, samples_from_results, write_samples
+from rl.rollout import Sample, build_requests, read_samples, samples_from_results, write_samples
 from rl.scoring import score_samples
 from rl.stops import StopStrings
 from rl.streaming import StreamedStep
@@ -233,14 +233,27 @@ class TrainingSession:
         root.mkdir(parents=True, exist_ok=True)
         return StepPaths(root)
 
-    def _records(self):
-        """The prompts of the step in progress: the next ones after the data cursor."""
-        return self.prompts.take(self.cursor, self.config.rollout.prompts_per_step)
+    def _records(self, later: int = 0):
+        """The prompts of the step in progress (`later` steps after it: a step admitted ahead):
+        the next ones after the data cursor."""
+        per_step = self.config.rollout.prompts_per_step
+        return self.prompts.take(self.cursor + later * per_step, per_step)
+
+    def _ahead(self, step: int, last_step: int | None) -> list[tuple[int, list]]:
+        """The steps admitted while `step` rolls out and trains (bounded staleness): up to K after
+        it, none past `last_step`."""
+        k = self.config.training.max_staleness
+        last = step + k if last_step is None else min(step + k, last_step)
+        return [(later, self._records(later - step)) for later in range(step + 1, last + 1)]
 
     # -- the stages of one RL step ---------------------------------------------------------
-    def rollout(self, step: int, on_progress: Callable[[int, int], None] | None = None) -> dict:
+    def rollout(
+        self, step: int, on_progress: Callable[[int, int], None] | None = None, last_step: int | None = None
+    ) -> dict:
         """Generate the step's samples (in process, or on the fabric's instances), telling
-        `on_progress(groups_done, groups_total)` as groups complete (at most once a second)."""
+        `on_progress(groups_done, groups_total)` as groups complete (at most once a second). With
+        `training.max_staleness` K >= 1 the fabric admits the next K steps (up to `last_step`)
+        too, so their rollout runs while this step trains."""
         started = time.perf_counter()
         self.accounting.begin_step(step)
         fabric_stats = {}
@@ -284,6 +297,8 @@ class TrainingSession:
                     self.config.run.seed,
                     on_group=on_group,
                     prompt=self.config.prompt,
+                    staleness=self.config.training.max_staleness,
+                    ahead=self._ahead(step, last_step),
                 )
             progress.finish()
             self._step_usage[step] = (dict(report.instance_tokens), report.tokens_wasted)
@@ -306,6 +321,16 @@ class TrainingSession:
         write_samples(paths.rollout, samples)
         tokens = sum(len(s.response_ids) for s in samples)
         return {"path": str(paths.rollout), "tokens": tokens, "seconds": time.perf_counter() - started, **fabric_stats}
+
+    def generated_ahead(self, step: int, last_step: int | None = None) -> dict:
+        """Groups of the steps admitted after `step` that are complete now (bounded staleness:
+        what the instances generated while `step` scored, trained and published)."""
+        if self.fabric is None:
+            return {"groups_done": 0, "steps": []}
+        later = [s for s, _ in self._ahead(step, last_step)]
+        with self._stops_when_redis_is_gone():
+            done = self.fabric.groups_done(later)
+        return {"groups_done": sum(done.values()), "steps": later}
 
     def score(self, step: int, rollout_path: str) -> dict:
         samples = read_samples(Path(rollout_path))
@@ -340,6 +365,7 @@ class TrainingSession:
         )
         streamed = self._stream[1] if self._stream and self._stream[0] == step else None
         self._stream = None
+        lag = version_lag(samples, self.step, self.config.training.max_staleness)
         if streamed is not None and streamed.covers(samples):
             metrics = streamed.finish(samples, advantages)
             metrics.update(streamed_groups=streamed.groups, train_overlap_s=streamed.busy_s)
@@ -347,7 +373,9 @@ class TrainingSession:
             if streamed is not None:  # e.g. a retried rollout task: train the batch as a whole
                 streamed.abandon()
             metrics = self.trainer.train_step(batch)
+        metrics.update(lag)
         metrics["seconds"] = time.perf_counter() - started
+        check_logprob_gap(step, metrics, lag, self.config.training.max_logprob_gap)
         return metrics
 
     def publish(self, step: int) -> dict:
@@ -438,12 +466,13 @@ def _make_trainer(config: RunConfig, device: torch.device, pad_token_id: int) ->
     ranks own it (model None: this process holds no copy)."""
     model_config, trainer_config = config.model, config.trainer
     autocast = "bf16" if model_config.dtype == "bf16" else None
+    grpo = config.grpo.model_copy(update={"objective": config.objective})  # `auto` resolved by the staleness
     if trainer_config.backend == "torch":
         model = load_policy(model_config.path, model_config.gguf_file).to(device)
         trainer = Trainer(
             model,
             pad_token_id,
-            config.grpo,
+            grpo,
             config.optim,
             temperature=config.rollout.temperature,
             autocast_dtype=torch.bfloat16 if autocast else None,
@@ -457,12 +486,52 @@ def _make_trainer(config: RunConfig, device: torch.device, pad_token_id: int) ->
         autocast=autocast,
         pad_token_id=pad_token_id,
         temperature=config.rollout.temperature,
-        grpo=config.grpo,
+        grpo=grpo,
         optim=config.optim,
         trainer=trainer_config,
     )
     trainer = DistributedTrainer(spec, config.run.directory / "trainer" / "ranks.log", state_dtype=model_config.dtype)
     return None, trainer
+
+
+def version_lag(samples: list[Sample], trained_version: int, max_staleness: int) -> dict[str, Any]:
+    """How many versions behind `trained_version` the samples' tokens were generated: mean, max and
+    histogram (lag -> tokens). Raises if a token breaks the staleness bound (the token log refuses
+    such flushes, so this is the invariant's last check, not a policy)."""
+    histogram: dict[int, int] = {}
+    for sample in samples:
+        for version in sample.versions():
+            histogram[trained_version - version] = histogram.get(trained_version - version, 0) + 1
+    tokens = sum(histogram.values())
+    worst = max(histogram, default=0)
+    if worst > max_staleness or min(histogram, default=0) < 0:
+        raise RuntimeError(
+            f"tokens of versions {sorted(trained_version - lag for lag in histogram)} reached the training of "
+            f"version {trained_version}, outside training.max_staleness={max_staleness}"
+        )
+    return {
+        "version_lag_mean": sum(lag * n for lag, n in histogram.items()) / max(tokens, 1),
+        "version_lag_max": worst,
+        "version_lag_histogram": {str(lag): n for lag, n in sorted(histogram.items())},
+    }
+
+
+class LogprobGapExceeded(RuntimeError):
+    """The trainer's log-probs of the sampled tokens are far from the engines': they decoded other weights."""
+
+
+def check_logprob_gap(step: int, metrics: dict, lag: dict, limit: float | None) -> None:
+    """Fail the step when its mean trainer-vs-engine log-prob gap exceeds `limit`, naming the versions."""
+    gap = metrics.get("rollout_logprob_gap")
+    if limit is None or gap is None or gap <= limit:
+        return
+    versions = sorted(step - 1 - int(lag_) for lag_ in lag["version_lag_histogram"])
+    raise LogprobGapExceeded(
+        f"step {step}: the mean |trainer - engine| log-prob gap is {gap:.3f} per token, above "
+        f"training.max_logprob_gap={limit:g}: the trainer holds version {step - 1} and the samples say they "
+        f"were generated by versions {versions}; an engine decoded other weights (a version not delivered, "
+        f"or a different dtype or model). Check the instance logs, or raise training.max_logprob_gap"
+    )
 
 
 class _Progress:
