@@ -227,13 +227,15 @@ class OptimConfig(Section):
     warmup_steps: int = Field(0, ge=0)
     """Linear learning-rate warm-up in optimizer steps."""
     micro_batch_size: int = Field(64, ge=1)
-    """Sequences per forward/backward; gradients accumulate to one optimizer step per RL step."""
+    """Sequences per forward/backward; gradients accumulate over micro-batches to one optimizer update."""
     max_grad_norm: float = Field(1.0, gt=0)
     """Gradient clipping norm."""
     updates_per_step: int = Field(1, ge=1)
-    """PPO mini-batch updates per RL step (verl's mini-batches, TRL's `num_iterations`): the step's
-    samples are split into this many mini-batches, one optimizer update each; with more than one,
-    the proximal log-probs come from one forward before the first update and the clip acts."""
+    """Optimizer updates per RL step (PPO mini-batches): the step's samples are split into this many
+    mini-batches of whole groups, one optimizer update each. 1: the proximal log-probs are the
+    training forward's own (no extra forward) and the ratio is 1; more: one no-grad forward before
+    the first update gives them, and the clip acts. The learning-rate schedule and the policy
+    version advance once per RL step. `trainer.backend: deepspeed` supports only 1."""
 
 
 class TrainingConfig(Section):

@@ -1,13 +1,30 @@
 """The GRPO trainer: a long-lived owner of the policy, its frozen reference and the optimizer.
 
-`train_step(batch)` does one optimizer step on a batch of scored responses (one RL step):
-recompute the old log-probs with the current policy (optional), compute per-token log-probs
-with gradient in micro-batches, accumulate the GRPO loss so that the micro-batched gradient
-equals the full-batch one, clip, step. The same step can be streamed: `begin_step()`, then
-`accumulate(batch)` for each piece as it arrives (a complete group while the rollout's tail is
-still generating), then `finish_step()`; the gradient is the same as one `train_step` on the
-union of the pieces. It knows nothing of rollout or orchestration;
-it sees token ids, rollout log-probs and advantages. Checkpointing is `rl.checkpoint`.
+`train_step(batch)` is one RL step on a batch of scored responses. It knows nothing of rollout or
+orchestration; it sees token ids, the engine's log-probs of the sampled tokens (the behaviour
+policy's) and advantages. The loss is `rl.grpo.policy_loss` with `GRPOConfig.objective` (`grpo`,
+or `decoupled` for samples of older policy versions; `auto` counts as `grpo` here: the training
+session resolves it). Its proximal policy is the trainer's weights at the step's start:
+
+* `optim.updates_per_step: 1` (the default): one optimizer update. The proximal log-probs ARE the
+  training forward's log-probs, detached (same weights), so there is no extra forward pass and the
+  ratio is exactly 1. Per-token log-probs are computed with gradient in micro-batches and the loss
+  accumulated so that the micro-batched gradient equals the full-batch one, then clipped, stepped.
+* `U > 1`: the step's samples are split into U mini-batches (`mini_batches`: whole groups, i.e.
+  runs of samples with the same prompt, where the batch has at least U of them; deterministic),
+  one no-grad forward over the whole batch gives the proximal log-probs before the first update,
+  and each mini-batch is one optimizer update (micro-batched the same way, gradient clipped per
+  update), so from the second update on the ratio leaves 1 and the clip acts.
+
+The learning-rate schedule and `step` (the policy version) advance once per RL step either way.
+
+The same step can be streamed: `begin_step()`, then `accumulate(batch)` for each piece as it
+arrives (a complete group while the rollout's tail is still generating), then `finish_step()`.
+With U == 1 each piece's gradient is accumulated at once and the update equals one `train_step`
+on the union of the pieces. With U > 1 the mini-batches' updates cannot start before the whole
+step is known (the proximal forward comes first), so `accumulate` only collects the pieces and
+`finish_step` runs the U updates on their concatenation, in the order they were accumulated.
+Checkpointing is `rl.checkpoint`.
 
 The trainer runs on its model's device. With `autocast_dtype` (bf16), forward and backward passes
 run under torch's autocast in that dtype while the weights, gradients and AdamW state stay fp32
@@ -15,13 +32,14 @@ run under torch's autocast in that dtype while the weights, gradients and AdamW 
 
 Metrics never stall the device: `accumulate` keeps its running sums as tensors (token and
 sequence counts come from the batch's lists), and `finish_step` reads every metric, with the
-gradient norm, in one transfer to the host per optimizer step.
+gradient norm, in one transfer to the host per optimizer update.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Protocol
@@ -32,6 +50,9 @@ from torch import Tensor
 
 from rl.config import GRPOConfig, OptimConfig
 from rl.grpo import entropy_from_logits, policy_loss, token_logprobs
+
+LOSS_METRICS = ("loss", "policy_loss")
+"""The metrics of `policy_loss` aggregated like the loss; the others are means over tokens."""
 
 WEIGHTS_FILE = "model.safetensors"
 """The policy's weights in a checkpoint directory (loadable on their own)."""
@@ -73,10 +94,14 @@ class Accumulation:
     weight: float = 0.0
     """Divisor of the summed loss: `tokens` (token aggregation) or `sequences` (sequence)."""
     weighted: dict[str, Tensor] = field(default_factory=dict)
-    """Each loss metric times the weight of the micro-batch it was measured on."""
+    """``loss`` and ``policy_loss`` times the weight of the micro-batch they were measured on."""
     per_token: dict[str, Tensor] = field(default_factory=dict)
-    """``entropy`` and ``logprob_gap`` summed over response tokens."""
+    """The token-mean metrics (``kl``, ``clip_fraction``, ``ratio_mean``, ``is_weight_mean``,
+    ``is_truncated_fraction``) times the micro-batch's tokens, and ``entropy`` and
+    ``rollout_logprob_gap`` summed over response tokens: each divided by `tokens` at the end."""
     batches: int = 0
+    pieces: list[TrainBatch] = field(default_factory=list)
+    """With `optim.updates_per_step` > 1: the accumulated batches, trained by `finish_step`."""
 
     @staticmethod
     def add(sums: dict[str, Tensor], name: str, value: Tensor, scale: float = 1.0) -> None:
@@ -121,6 +146,47 @@ def _pack(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> 
 
 def _to(packed: _Packed, device: torch.device) -> _Packed:
     return _Packed(*(getattr(packed, f.name).to(device) for f in fields(packed)))
+
+
+def concat_batches(batches: Sequence[TrainBatch]) -> TrainBatch:
+    """One batch of the samples of `batches`, in order."""
+    return TrainBatch(
+        [p for b in batches for p in b.prompt_ids],
+        [r for b in batches for r in b.response_ids],
+        [lp for b in batches for lp in b.rollout_logprobs],
+        [a for b in batches for a in b.advantages],
+    )
+
+
+def mini_batches(batch: TrainBatch, count: int) -> list[range]:
+    """Split `batch` into min(`count`, len(batch)) consecutive, non-empty mini-batches.
+
+    A group is a run of consecutive samples with the same prompt (how the rollout and
+    `rl.streaming` order a step's samples). When the batch has at least as many groups as
+    mini-batches, every mini-batch is made of whole groups, cut at the group boundary nearest to
+    an equal share of samples; otherwise the samples are split into equal consecutive shares.
+    Deterministic: it depends only on the batch's prompts and their order.
+    """
+    if count < 1:
+        raise ValueError(f"count must be >= 1, got {count}")
+    size = len(batch)
+    count = min(count, size)
+    if count == 0:
+        return []
+    ends = [i for i in range(1, size) if batch.prompt_ids[i] != batch.prompt_ids[i - 1]] + [size]
+    if len(ends) < count:
+        cuts = [k * size // count for k in range(count + 1)]
+        return [range(a, b) for a, b in zip(cuts, cuts[1:])]
+    cuts, start = [0], 0
+    for k in range(1, count):
+        # A boundary after the previous cut that leaves one boundary for each remaining cut.
+        options = ends[start : len(ends) - (count - k)]
+        target = k * size / count
+        best = min(range(len(options)), key=lambda j: (abs(options[j] - target), j))
+        cuts.append(options[best])
+        start += best + 1
+    cuts.append(size)
+    return [range(a, b) for a, b in zip(cuts, cuts[1:])]
 
 
 class Trainer:
@@ -176,15 +242,20 @@ class Trainer:
         logits = self._response_logits(model, packed)
         return token_logprobs(logits, packed.targets, self.temperature), logits
 
+    @property
+    def objective(self) -> str:
+        """What `policy_loss` computes: `grpo.objective`, with `auto` counted as `grpo`."""
+        return "decoupled" if self.grpo.objective == "decoupled" else "grpo"
+
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
-        """One optimizer step on `batch`; returns averaged metrics."""
+        """One RL step on `batch` (`optim.updates_per_step` optimizer updates); returns averaged metrics."""
         if not len(batch):
             raise ValueError("empty TrainBatch")
         self.begin_step()
         self.accumulate(batch)
         return self.finish_step()
 
-    # -- streaming: one optimizer step over batches that arrive one by one --------------------
+    # -- streaming: one RL step over batches that arrive one by one ---------------------------
 
     def begin_step(self) -> None:
         """Start accumulating the gradient of a step whose batches arrive piecewise (e.g. one
@@ -198,21 +269,25 @@ class Trainer:
         return self._pending is not None
 
     def accumulate(self, batch: TrainBatch) -> None:
-        """Add `batch`'s loss gradient to the step in progress.
+        """Add `batch` to the step in progress.
 
-        Each micro-batch backpropagates its loss *summed* over its tokens (token aggregation) or
-        over its sequences (sequence aggregation); `finish_step` divides the gradient by the
-        step's total count. The result equals the gradient of the loss over the union of every
-        accumulated batch, whatever their number, sizes or order (up to float rounding).
+        With one update per step, its loss gradient is accumulated now: each micro-batch
+        backpropagates its loss *summed* over its tokens (token aggregation) or over its sequences
+        (sequence aggregation); `finish_step` divides the gradient by the step's total count. The
+        result equals the gradient of the loss over the union of every accumulated batch, whatever
+        their number, sizes or order (up to float rounding). With `optim.updates_per_step` > 1 the
+        batch is only kept: `finish_step` trains the step's mini-batches (see the module docstring).
         """
         acc = self._pending
         if acc is None:
             raise RuntimeError("accumulate() outside a step: call begin_step() first")
-        self.model.train()
-        size = self.optim_config.micro_batch_size
-        for start in range(0, len(batch), size):
-            self.accumulate_micro_batch(batch, range(start, min(start + size, len(batch))), acc)
         acc.batches += 1
+        if self.optim_config.updates_per_step > 1:
+            acc.pieces.append(batch)
+            return
+        self.model.train()
+        for chunk in self._micro_batches(range(len(batch))):
+            self.accumulate_micro_batch(batch, chunk, acc)
         self.model.eval()
 
     @property
@@ -220,31 +295,65 @@ class Trainer:
         """How many samples an `accumulate` call takes at full efficiency (one micro-batch)."""
         return self.optim_config.micro_batch_size
 
-    def accumulate_micro_batch(self, batch: TrainBatch, chunk: range, acc: Accumulation, scale: float = 1.0) -> bool:
-        """Backpropagate the summed loss of `batch[chunk]` (times `scale`) and add its metrics to
-        `acc` (unless `scale` is 0: a pass that only keeps collective operations in step, see
-        `rl.distributed.rank`). Returns False, doing nothing, when the chunk has no response token."""
+    def _micro_batches(self, rows: range) -> list[range]:
+        size = self.optim_config.micro_batch_size
+        return [range(start, min(start + size, rows.stop)) for start in range(rows.start, rows.stop, size)]
+
+    def _prepare(self, batch: TrainBatch, chunk: Sequence[int]) -> tuple[_Packed, Tensor, float, float] | None:
+        """`batch[chunk]` packed on the device, with its behaviour log-probs, tokens and sequences
+        (None when the chunk has no response token)."""
         prompts = [batch.prompt_ids[i] for i in chunk]
         responses = [batch.response_ids[i] for i in chunk]
         tokens = float(sum(len(r) for r in responses))
         if not tokens:
-            return False
+            return None
         sequences = float(sum(1 for r in responses if r))
         packed = _pack(prompts, responses, self.pad_token_id)
-        rollout_lp = torch.zeros_like(packed.response_mask)
+        behaviour_lp = torch.zeros_like(packed.response_mask)
         for row, i in enumerate(chunk):
-            rollout_lp[row, : len(batch.rollout_logprobs[i])] = torch.tensor(batch.rollout_logprobs[i])
-        packed, rollout_lp = _to(packed, self.device), rollout_lp.to(self.device)
+            behaviour_lp[row, : len(batch.rollout_logprobs[i])] = torch.tensor(batch.rollout_logprobs[i])
+        return _to(packed, self.device), behaviour_lp.to(self.device), tokens, sequences
+
+    def proximal_logprobs(self, batch: TrainBatch, chunk: Sequence[int]) -> Tensor | None:
+        """The current policy's log-probs of `batch[chunk]`'s response tokens, without gradient,
+        packed exactly as `accumulate_micro_batch` packs the chunk (None: no response token)."""
+        prepared = self._prepare(batch, chunk)
+        if prepared is None:
+            return None
+        with torch.no_grad():
+            return self._logprobs(self.model, prepared[0])[0]
+
+    def accumulate_micro_batch(
+        self,
+        batch: TrainBatch,
+        chunk: Sequence[int],
+        acc: Accumulation,
+        scale: float = 1.0,
+        proximal: Tensor | None = None,
+    ) -> bool:
+        """Backpropagate the summed loss of `batch[chunk]` (times `scale`) and add its metrics to
+        `acc` (unless `scale` is 0: a pass that only keeps collective operations in step, see
+        `rl.distributed.rank`). `proximal`: the chunk's `proximal_logprobs`, taken before this
+        step's first update; None means the current weights are the proximal policy (one update
+        per step), whose log-probs are this forward's, detached. Returns False, doing nothing,
+        when the chunk has no response token."""
+        prepared = self._prepare(batch, chunk)
+        if prepared is None:
+            return False
+        packed, behaviour_lp, tokens, sequences = prepared
         mask = packed.response_mask
         with torch.no_grad():
             ref_lp = self._logprobs(self.reference, packed)[0] if self.reference is not None else None
         logp, logits = self._logprobs(self.model, packed)
-        old_lp = logp.detach()  # one update per RL step: the proximal policy is the current one
+        proximal_lp = logp.detach() if proximal is None else proximal
         loss, metrics = policy_loss(
             logp,
-            old_lp,
+            proximal_lp,
             torch.tensor([batch.advantages[i] for i in chunk], device=self.device),
             mask,
+            behaviour_logp=behaviour_lp,
+            objective=self.objective,
+            tis_cap=self.grpo.tis_cap,
             clip_eps=self.grpo.clip_eps,
             clip_eps_high=self.grpo.clip_eps_high,
             kl_coef=self.grpo.kl_coef,
@@ -259,48 +368,94 @@ class Trainer:
         acc.sequences += sequences
         acc.weight += weight
         for key, value in metrics.items():
-            acc.add(acc.weighted, key, value, weight)
+            # The losses are means under the step's aggregation; the other metrics token means.
+            if key in LOSS_METRICS:
+                acc.add(acc.weighted, key, value, weight)
+            else:
+                acc.add(acc.per_token, key, value, tokens)
         with torch.no_grad():
             entropy = entropy_from_logits(logits.detach() / self.temperature)
             acc.add(acc.per_token, "entropy", (entropy * mask).sum())
-            acc.add(acc.per_token, "logprob_gap", ((old_lp - rollout_lp).abs() * mask).sum())
+            acc.add(acc.per_token, "rollout_logprob_gap", ((proximal_lp - behaviour_lp).abs() * mask).sum())
         return True
 
     def _backward(self, loss: Tensor) -> None:
         loss.backward()
 
     def finish_step(self) -> dict[str, float]:
-        """Normalise the accumulated gradient, clip, step; returns the step's averaged metrics."""
+        """Normalise the accumulated gradient, clip, step (U == 1), or train the collected pieces'
+        U mini-batches (U > 1); returns the step's averaged metrics."""
         acc = self._pending
         if acc is None:
             raise RuntimeError("finish_step() outside a step: call begin_step() first")
         self._pending = None
+        if self.optim_config.updates_per_step > 1:
+            return self._finish_mini_batches(acc.pieces)
         if acc.tokens == 0:
             self.optimizer.zero_grad(set_to_none=True)
             raise ValueError("the step has no response tokens to train on")
+        norm, values = self._update(acc, "")
+        self.scheduler.step()
+        self.step += 1
+        return self._step_metrics(acc, values, [norm])
+
+    def _update(self, acc: Accumulation, where: str) -> tuple[float, list[float]]:
+        """One optimizer update on the gradient accumulated for `acc`: divide, clip, step. Returns
+        the gradient norm and `acc`'s metric sums (weighted, then per-token), read in one transfer."""
         for parameter in self.model.parameters():
             if parameter.grad is not None:
                 parameter.grad.div_(acc.weight)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_config.max_grad_norm)
         sums = [*acc.weighted.values(), *acc.per_token.values(), grad_norm.detach().double()]
-        *values, norm = torch.stack(sums).tolist()  # the step's one read of the device
+        *values, norm = torch.stack(sums).tolist()  # the update's one read of the device
         if not math.isfinite(norm):
             self.optimizer.zero_grad(set_to_none=True)
-            raise FloatingPointError(f"non-finite gradient norm at step {self.step}; update skipped")
+            raise FloatingPointError(f"non-finite gradient norm at step {self.step}{where}; update skipped")
         self.optimizer.step()
-        self.scheduler.step()
-        self.step += 1
+        return norm, values
+
+    def _step_metrics(self, acc: Accumulation, values: list[float], norms: list[float]) -> dict[str, float]:
         self.model.eval()
         metrics = {key: value / acc.weight for key, value in zip(acc.weighted, values)}
-        per_token = {key: value / acc.tokens for key, value in zip(acc.per_token, values[len(acc.weighted) :])}
+        metrics.update((key, value / acc.tokens) for key, value in zip(acc.per_token, values[len(acc.weighted) :]))
         metrics.update(
-            rollout_logprob_gap=per_token["logprob_gap"],
-            grad_norm=norm,
-            entropy=per_token["entropy"],
+            grad_norm=sum(norms) / len(norms),
             lr=self.optimizer.param_groups[0]["lr"],
             response_tokens=acc.tokens,
         )
         return metrics
+
+    def _finish_mini_batches(self, pieces: list[TrainBatch]) -> dict[str, float]:
+        """U > 1: the proximal forward over the whole step, then one update per mini-batch."""
+        self.optimizer.zero_grad(set_to_none=True)
+        batch = concat_batches(pieces)
+        if not sum(len(r) for r in batch.response_ids):
+            raise ValueError("the step has no response tokens to train on")
+        plan = [self._micro_batches(rows) for rows in mini_batches(batch, self.optim_config.updates_per_step)]
+        self.model.train()  # the mode of the training forward, so the first update's ratio is exactly 1
+        proximal = [[self.proximal_logprobs(batch, chunk) for chunk in chunks] for chunks in plan]
+        total = Accumulation()
+        norms: list[float] = []
+        for index, (chunks, proximals) in enumerate(zip(plan, proximal)):
+            self.optimizer.zero_grad(set_to_none=True)
+            acc = Accumulation()
+            for chunk, proximal_lp in zip(chunks, proximals):
+                if proximal_lp is not None:
+                    self.accumulate_micro_batch(batch, chunk, acc, proximal=proximal_lp)
+            if not acc.tokens:
+                continue  # a mini-batch of empty responses: nothing to update on
+            where = f" (update {index + 1} of {len(plan)}; {len(norms)} applied)"
+            norm, values = self._update(acc, where)
+            norms.append(norm)
+            total.tokens += acc.tokens
+            total.sequences += acc.sequences
+            total.weight += acc.weight
+            for key, value in zip([*acc.weighted, *acc.per_token], values):
+                group = total.weighted if key in acc.weighted else total.per_token
+                group[key] = group.get(key, 0.0) + value
+        self.scheduler.step()
+        self.step += 1
+        return self._step_metrics(total, [*total.weighted.values(), *total.per_token.values()], norms)
 
     def abandon_step(self) -> None:
         """Drop an accumulated, unfinished step (the policy is unchanged)."""

@@ -37,6 +37,16 @@ class _StepTotals:
     weight: float = 0.0
 
 
+def check_supported(optim: OptimConfig) -> None:
+    """Raise ValueError (one line) for what the DeepSpeed trainer (`trainer.backend: deepspeed`)
+    does not do: more than one optimizer update per RL step (its ranks accumulate one per step)."""
+    if optim.updates_per_step > 1:
+        raise ValueError(
+            f"optim.updates_per_step={optim.updates_per_step} is not supported with trainer.backend: deepspeed "
+            "(its ranks take one update per RL step): set optim.updates_per_step: 1 or trainer.backend: torch"
+        )
+
+
 class DistributedTrainer:
     """A DeepSpeed trainer of `trainer.world_size` ranks (see the module docstring)."""
 
@@ -47,7 +57,10 @@ class DistributedTrainer:
         state_dtype: str | None = None,
         environment: dict[str, str] | None = None,
     ) -> None:
-        """`state_dtype`: dtype of `policy_state()` (the engines'); `environment`: extra variables of the ranks."""
+        """`state_dtype`: dtype of `policy_state()` (the engines'); `environment`: extra variables of the ranks.
+
+        Refuses `optim.updates_per_step` > 1 before starting any rank (see `check_supported`)."""
+        check_supported(spec.optim)
         self.spec = spec
         self.config: TrainerConfig = spec.trainer
         self.grpo: GRPOConfig = spec.grpo
@@ -129,13 +142,8 @@ class DistributedTrainer:
         weighted = _sum(reply["weighted"] for reply in replies)
         per_token = _sum(reply["per_token"] for reply in replies)
         metrics = {key: value / totals.weight for key, value in weighted.items()}
-        metrics.update(
-            rollout_logprob_gap=per_token["logprob_gap"] / totals.tokens,
-            grad_norm=norm,
-            entropy=per_token["entropy"] / totals.tokens,
-            lr=replies[0]["lr"],
-            response_tokens=totals.tokens,
-        )
+        metrics.update((key, value / totals.tokens) for key, value in per_token.items())
+        metrics.update(grad_norm=norm, lr=replies[0]["lr"], response_tokens=totals.tokens)
         return metrics
 
     def abandon_step(self) -> None:

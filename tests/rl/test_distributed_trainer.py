@@ -21,7 +21,7 @@ from rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rl.config import GRPOConfig, OptimConfig, TrainerConfig
 from rl.distributed.group import RankFailure
 from rl.distributed.protocol import TrainSpec
-from rl.distributed.trainer import DistributedTrainer
+from rl.distributed.trainer import DistributedTrainer, check_supported
 from rl.models import TinyLlamaShape, load_model
 from rl.trainer import CheckpointMismatch, TrainBatch, Trainer
 from tests.helpers import save_tiny_model
@@ -61,23 +61,30 @@ def pieces(batch: TrainBatch, cut: int) -> list[TrainBatch]:
     ]
 
 
-def ranks(model_dir: Path, tmp_path: Path, world_size: int = 2, zero_stage: int = 2) -> DistributedTrainer:
+def ranks(
+    model_dir: Path,
+    tmp_path: Path,
+    world_size: int = 2,
+    zero_stage: int = 2,
+    grpo: GRPOConfig = GRPO,
+    optim: OptimConfig = OPTIM,
+) -> DistributedTrainer:
     tokenizer = load_model(model_dir)[1]
     spec = TrainSpec(
         model_path=model_dir,
         device="cpu",
         pad_token_id=tokenizer.pad_token_id,
         temperature=1.0,
-        grpo=GRPO,
-        optim=OPTIM,
+        grpo=grpo,
+        optim=optim,
         trainer=TrainerConfig(backend="deepspeed", world_size=world_size, zero_stage=zero_stage, threads_per_rank=1),
     )
     return DistributedTrainer(spec, tmp_path / "ranks.log")
 
 
-def torch_trainer(model_dir: Path) -> Trainer:
+def torch_trainer(model_dir: Path, grpo: GRPOConfig = GRPO) -> Trainer:
     model, tokenizer = load_model(model_dir)
-    return Trainer(model, tokenizer.pad_token_id, GRPO, OPTIM)
+    return Trainer(model, tokenizer.pad_token_id, grpo, OPTIM)
 
 
 def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -110,6 +117,33 @@ def test_two_ranks_take_the_torch_trainers_step(model_dir, tmp_path, zero_stage)
             assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
     finally:
         distributed.close()
+
+
+def test_two_ranks_run_the_decoupled_objective_like_the_torch_trainer(model_dir, tmp_path):
+    grpo = GRPOConfig(kl_coef=0.05, objective="decoupled", tis_cap=1.2)
+    batch = random_batch(seed=0)
+    reference = torch_trainer(model_dir, grpo)
+    want = reference.train_step(batch)
+    assert 0 < want["is_truncated_fraction"] < 1 and want["is_weight_mean"] != 1.0
+    distributed = ranks(model_dir, tmp_path, grpo=grpo)
+    try:
+        got = distributed.train_step(batch)
+        assert max_difference(distributed.policy_state(), reference.policy_state()) <= 1e-5
+        for key in ("loss", "policy_loss", "is_weight_mean", "is_truncated_fraction", "rollout_logprob_gap"):
+            assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
+    finally:
+        distributed.close()
+
+
+def test_several_updates_per_step_are_refused_before_any_rank_starts(model_dir, tmp_path):
+    optim = OPTIM.model_copy(update={"updates_per_step": 2})
+    message = r"optim\.updates_per_step=2 is not supported with trainer\.backend: deepspeed"
+    with pytest.raises(ValueError, match=message):
+        check_supported(optim)
+    with pytest.raises(ValueError, match=message):
+        ranks(model_dir, tmp_path, optim=optim)
+    assert not (tmp_path / "ranks.log").exists()
+    check_supported(OPTIM)
 
 
 def test_a_resumed_trainer_continues_exactly_and_refuses_what_it_cannot_resume(model_dir, tmp_path):

@@ -121,7 +121,15 @@ def test_metrics_are_detached_0_dim_tensors() -> None:
         _, metrics = policy_loss(
             logp, logp.detach(), torch.ones(1, dtype=torch.float64), torch.ones(1, 2), ref_logp=ref_logp
         )
-        assert sorted(metrics) == ["clip_fraction", "kl", "loss", "policy_loss", "ratio_mean", "tis_weight_mean"]
+        assert sorted(metrics) == [
+            "clip_fraction",
+            "is_truncated_fraction",
+            "is_weight_mean",
+            "kl",
+            "loss",
+            "policy_loss",
+            "ratio_mean",
+        ]
         for name, value in metrics.items():
             assert isinstance(value, torch.Tensor) and value.dim() == 0, name
             assert not value.requires_grad and value.device == logp.device, name
@@ -222,16 +230,101 @@ def test_kl_reported_without_entering_loss_when_coef_zero() -> None:
     assert loss.item() == pytest.approx(-1.0)
 
 
-def test_truncated_importance_weights() -> None:
-    logp = _leaf([[-1.0, -1.0, -1.0]])
-    behaviour = torch.tensor([[-1.0 - math.log(2.0), -1.0 + math.log(2.0), -1.0]], dtype=torch.float64)
+# --- decoupled objective (AReaL) -----------------------------------------------------------
+
+
+def test_decoupled_weights_are_truncated_at_the_cap() -> None:
+    # Ratio 1 (logp == proximal), A = 1, so each token's term is -w with
+    # w = min(exp(proximal - behaviour), 1.5):
+    #   behaviour -1 - ln 2 -> exp(ln 2)  = 2   -> 1.5 (truncated)
+    #   behaviour -1 + ln 2 -> exp(-ln 2) = 0.5 -> 0.5
+    #   behaviour -1        -> 1                -> 1
+    #   behaviour -1 - ln 4 -> 4                -> 1.5 (truncated)
+    # loss = -(1.5 + 0.5 + 1 + 1.5) / 4 = -1.125; d loss / d logp_t = -w_t / 4.
+    logp = _leaf([[-1.0, -1.0, -1.0, -1.0]])
+    ln2, ln4 = math.log(2.0), math.log(4.0)
+    behaviour = torch.tensor([[-1.0 - ln2, -1.0 + ln2, -1.0, -1.0 - ln4]], dtype=torch.float64)
     adv = torch.tensor([1.0], dtype=torch.float64)
-    loss, metrics = policy_loss(logp, logp.detach(), adv, torch.ones(1, 3), behaviour_logp=behaviour, tis_cap=1.5)
-    weights = [1.5, 0.5, 1.0]  # min(2, 1.5), min(0.5, 1.5), min(1, 1.5)
-    assert loss.item() == pytest.approx(-sum(weights) / 3)
-    assert metrics["tis_weight_mean"] == pytest.approx(1.0)
+    loss, metrics = policy_loss(
+        logp, logp.detach(), adv, torch.ones(1, 4), behaviour_logp=behaviour, objective="decoupled", tis_cap=1.5
+    )
+    assert loss.item() == pytest.approx(-1.125)
+    assert metrics["is_weight_mean"] == pytest.approx(1.125)  # 4.5 / 4
+    assert metrics["is_truncated_fraction"] == pytest.approx(0.5)  # 2 of 4 tokens above 1.5
+    assert metrics["ratio_mean"] == pytest.approx(1.0)
     loss.backward()
-    _assert_values(logp.grad, [[-w / 3 for w in weights]])
+    _assert_values(logp.grad, [[-0.375, -0.125, -0.25, -0.375]])
+
+
+def test_decoupled_clips_the_ratio_to_the_proximal_policy_and_weights_by_proximal_over_behaviour() -> None:
+    # Token 1: ratio exp(logp - proximal) = 1.5 > 1.2 with A = 1: clipped branch, term -1.2 * w,
+    #          no gradient. Token 2: ratio 1.1, inside the band: term -1.1 * w, d/d logp = -1.1 * w.
+    # Both tokens: w = exp(proximal - behaviour) = exp(ln 1.25) = 1.25 (below the cap 2).
+    # loss = (-1.2 * 1.25 - 1.1 * 1.25) / 2 = (-1.5 - 1.375) / 2 = -1.4375
+    # grad = [0, -1.375 / 2] = [0, -0.6875]; ratio_mean (1.5 + 1.1) / 2 = 1.3; clip_fraction 1/2.
+    proximal = torch.tensor([[-1.0, -2.0]], dtype=torch.float64)
+    logp = _leaf([[-1.0 + math.log(1.5), -2.0 + math.log(1.1)]])
+    behaviour = proximal - math.log(1.25)
+    adv = torch.tensor([1.0], dtype=torch.float64)
+    loss, metrics = policy_loss(
+        logp, proximal, adv, torch.ones(1, 2), behaviour_logp=behaviour, objective="decoupled", clip_eps=0.2
+    )
+    assert loss.item() == pytest.approx(-1.4375)
+    assert metrics["policy_loss"] == pytest.approx(-1.4375)
+    assert metrics["ratio_mean"] == pytest.approx(1.3)
+    assert metrics["clip_fraction"] == pytest.approx(0.5)
+    assert metrics["is_weight_mean"] == pytest.approx(1.25)
+    assert metrics["is_truncated_fraction"] == 0.0
+    loss.backward()
+    _assert_values(logp.grad, [[0.0, -0.6875]])
+
+
+def test_grpo_ignores_the_behaviour_logprobs() -> None:
+    # The same tokens as above with w = 1: loss = (-1.2 - 1.1) / 2 = -1.15, grad [0, -1.1 / 2].
+    proximal = torch.tensor([[-1.0, -2.0]], dtype=torch.float64)
+    logp = _leaf([[-1.0 + math.log(1.5), -2.0 + math.log(1.1)]])
+    behaviour = proximal - math.log(1.25)
+    adv = torch.tensor([1.0], dtype=torch.float64)
+    loss, metrics = policy_loss(logp, proximal, adv, torch.ones(1, 2), behaviour_logp=behaviour, objective="grpo")
+    assert loss.item() == pytest.approx(-1.15)
+    assert metrics["is_weight_mean"] == 1.0 and metrics["is_truncated_fraction"] == 0.0
+    loss.backward()
+    _assert_values(logp.grad, [[0.0, -0.55]])
+
+
+def test_decoupled_sequence_aggregation_and_padding() -> None:
+    # Sequence 1: one valid token, w = exp(ln 2.5) = 2.5, capped at 3 -> 2.5; term -2.5 (A = 1).
+    # Sequence 2: two valid tokens, w = 1 each; terms -1, -1. Padding holds nan / inf behaviour.
+    # sequence aggregation: mean of per-sequence means = (-2.5 + -1) / 2 = -1.75
+    # token aggregation:    (-2.5 - 1 - 1) / 3 = -1.5; is_weight_mean (2.5 + 1 + 1) / 3 = 1.5.
+    mask = torch.tensor([[1, 0], [1, 1]])
+    nan, inf = float("nan"), float("inf")
+    behaviour = torch.tensor([[-1.0 - math.log(2.5), nan], [-1.0, -inf]], dtype=torch.float64)
+    proximal = torch.tensor([[-1.0, inf], [-1.0, -inf]], dtype=torch.float64)
+    behaviour[1, 1] = -1.0  # valid token: w = 1
+    proximal[1, 1] = -1.0
+    adv = torch.tensor([1.0, 1.0], dtype=torch.float64)
+    results = {}
+    for aggregation in ("sequence", "token"):
+        logp = _leaf([[-1.0, 0.0], [-1.0, -1.0]])
+        loss, metrics = policy_loss(
+            logp,
+            proximal,
+            adv,
+            mask,
+            behaviour_logp=behaviour,
+            objective="decoupled",
+            tis_cap=3.0,
+            aggregation=aggregation,
+        )
+        loss.backward()
+        results[aggregation] = (loss.item(), metrics, logp.grad)
+    assert results["sequence"][0] == pytest.approx(-1.75)
+    assert results["token"][0] == pytest.approx(-1.5)
+    assert results["token"][1]["is_weight_mean"] == pytest.approx(1.5)
+    # sequence: d/d logp = -w / (2 sequences * tokens of the sequence)
+    _assert_values(results["sequence"][2], [[-2.5 / 2, 0.0], [-1 / 4, -1 / 4]])
+    _assert_values(results["token"][2], [[-2.5 / 3, 0.0], [-1 / 3, -1 / 3]])
 
 
 def test_only_logp_receives_gradient() -> None:
@@ -249,15 +342,25 @@ def test_policy_loss_rejects_inconsistent_inputs() -> None:
     logp = torch.zeros(2, 3)
     adv = torch.zeros(2)
     mask = torch.ones(2, 3)
-    with pytest.raises(ValueError, match="old_logp"):
+    with pytest.raises(ValueError, match="proximal_logp"):
         policy_loss(logp, torch.zeros(2, 2), adv, mask)
+    with pytest.raises(ValueError, match="behaviour_logp has shape"):
+        policy_loss(logp, logp, adv, mask, behaviour_logp=torch.zeros(2, 2), objective="decoupled")
     with pytest.raises(ValueError, match="advantages"):
         policy_loss(logp, logp, torch.zeros(3), mask)
     with pytest.raises(ValueError, match="aggregation"):
         policy_loss(logp, logp, adv, mask, aggregation="batch")
     with pytest.raises(ValueError, match="ref_logp"):
         policy_loss(logp, logp, adv, mask, kl_coef=0.1)
-    with pytest.raises(ValueError, match="tis_cap"):
-        policy_loss(logp, logp, adv, mask, behaviour_logp=logp)
+    with pytest.raises(ValueError, match="unknown objective 'auto'"):
+        policy_loss(logp, logp, adv, mask, objective="auto")  # the caller resolves auto
+    with pytest.raises(ValueError, match="needs behaviour_logp"):
+        policy_loss(logp, logp, adv, mask, objective="decoupled")
+    with pytest.raises(ValueError, match="tis_cap must be > 0"):
+        policy_loss(logp, logp, adv, mask, behaviour_logp=logp, objective="decoupled", tis_cap=0.0)
+    with pytest.raises(ValueError, match="clip_eps"):
+        policy_loss(logp, logp, adv, mask, clip_eps=1.0)
+    with pytest.raises(ValueError, match="kl_coef must be"):
+        policy_loss(logp, logp, adv, mask, kl_coef=-1.0)
     with pytest.raises(ValueError, match="no token"):
         policy_loss(logp, logp, adv, torch.zeros(2, 3))

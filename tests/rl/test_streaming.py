@@ -44,9 +44,10 @@ def _step_data(tokenizer):
     return records, samples
 
 
-def _trainer(seed: int = 0):
+def _trainer(seed: int = 0, updates: int = 1):
     model, tokenizer = build_tiny_llama(SHAPE, seed=seed)
-    return Trainer(model, tokenizer.pad_token_id, GRPOConfig(), OptimConfig(lr=1e-3, micro_batch_size=3)), tokenizer
+    optim = OptimConfig(lr=1e-3, micro_batch_size=3, updates_per_step=updates)
+    return Trainer(model, tokenizer.pad_token_id, GRPOConfig(), optim), tokenizer
 
 
 def _stream(trainer, tokenizer, records):
@@ -54,8 +55,11 @@ def _stream(trainer, tokenizer, records):
     return StreamedStep(trainer, records, tokenizer, reward, reward, GRPOConfig())
 
 
-def test_groups_streamed_out_of_order_give_the_whole_step_update():
-    whole, tokenizer = _trainer()
+@pytest.mark.parametrize("updates", [1, 2])
+def test_groups_streamed_out_of_order_give_the_whole_step_update(updates):
+    """U = 1: each group's gradient is accumulated as it arrives; U = 2: groups are only scored as
+    they arrive and trained at `finish` in the step's order, so the update is the same too."""
+    whole, tokenizer = _trainer(updates=updates)
     records, samples = _step_data(tokenizer)
     reward = make_reward_fn("exact_match")
     scores = score_samples(samples, records, tokenizer, reward, reward, GROUP, GRPOConfig())
@@ -69,10 +73,12 @@ def test_groups_streamed_out_of_order_give_the_whole_step_update():
         )
     )
 
-    streamed, _ = _trainer()
+    streamed, _ = _trainer(updates=updates)
     stream = _stream(streamed, tokenizer, records)
     stream.add(samples[GROUP:])
     stream.add(samples[:GROUP])
+    accumulated = any(p.grad is not None for p in streamed.model.parameters())
+    assert accumulated == (updates == 1)
     assert stream.groups == 2 and stream.covers(samples) and stream.busy_s > 0
     stream.finish(samples, scores.advantages)
     assert streamed.step == whole.step == 1

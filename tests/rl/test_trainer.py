@@ -1,7 +1,10 @@
-"""Tests for rl/trainer.py: exact micro-batching, on-policy ratios, learning direction, reference, validation."""
+"""Tests for rl/trainer.py: exact micro-batching, the strict and mini-batch updates, the decoupled
+objective, on-policy ratios, learning direction, reference, validation."""
 
 from __future__ import annotations
 
+import copy
+import math
 import random
 import sys
 from pathlib import Path
@@ -14,7 +17,7 @@ from rl.config import GRPOConfig, OptimConfig
 from rl.engine import HFEngine
 from rl.generation import GenerationRequest, SamplingParams
 from rl.models import TinyLlamaShape, build_tiny_llama
-from rl.trainer import TrainBatch, Trainer
+from rl.trainer import TrainBatch, Trainer, concat_batches, mini_batches
 
 SHAPE = TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
 PAD, BOS, EOS = 0, 1, 2
@@ -32,8 +35,8 @@ def random_batch(size: int = 10, seed: int = 0, empty_response: bool = True) -> 
         prompts.append([BOS] + [rng.randrange(4, 100) for _ in range(rng.randint(2, 9))])
         length = 0 if (empty_response and i == 4) else rng.randint(1, 7)
         responses.append([rng.randrange(4, 100) for _ in range(length)])
-        # Not the model's log-probs: off-policy on purpose when recompute_logprobs is False.
-        logprobs.append([-4.6 + rng.uniform(-0.5, 0.5) for _ in range(length)])
+        # Not the model's log-probs: the decoupled objective's weights are far from 1 (truncated).
+        logprobs.append([-4.6 + rng.uniform(-1.5, 1.5) for _ in range(length)])
         advantages.append(rng.uniform(-1.5, 1.5))
     return TrainBatch(prompts, responses, logprobs, advantages)
 
@@ -52,8 +55,8 @@ def params(model) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("aggregation", ["token", "sequence"])
-@pytest.mark.parametrize("recompute", [True, False])
-def test_micro_batching_gives_the_full_batch_update(aggregation, recompute):
+@pytest.mark.parametrize(("objective", "updates"), [("grpo", 1), ("decoupled", 1), ("grpo", 2)])
+def test_micro_batching_gives_the_full_batch_update(aggregation, objective, updates):
     batch = random_batch()
     results = []
     for micro in (3, 64):
@@ -61,12 +64,12 @@ def test_micro_batching_gives_the_full_batch_update(aggregation, recompute):
         trainer = Trainer(
             model,
             PAD,
-            GRPOConfig(aggregation=aggregation),
+            GRPOConfig(aggregation=aggregation, objective=objective),
             # lr 1e-4: Adam's first step moves every weight by about lr * sign(grad); a wrong
             # micro-batch weighting shows in the gradients (compared tightly below) and, for
             # any sign it flips, as a 2e-4 parameter difference. Gradients of ~1e-8 (near Adam's
             # eps) may legitimately differ in their last digits and move by < 1e-5.
-            OptimConfig(lr=1e-4, micro_batch_size=micro, recompute_logprobs=recompute, max_grad_norm=1e9),
+            OptimConfig(lr=1e-4, micro_batch_size=micro, updates_per_step=updates, max_grad_norm=1e9),
         )
         metrics = trainer.train_step(batch)
         grads = {k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None}
@@ -79,8 +82,12 @@ def test_micro_batching_gives_the_full_batch_update(aggregation, recompute):
         torch.testing.assert_close(p3[name], p64[name], rtol=0, atol=1e-5, msg=name)
     for key in ("loss", "policy_loss", "grad_norm", "entropy", "rollout_logprob_gap", "response_tokens"):
         assert m3[key] == pytest.approx(m64[key], rel=1e-4, abs=1e-6), key
-    if not recompute:
-        assert m64["clip_fraction"] > 0  # the off-policy log-probs made the clip matter
+    for key in ("is_weight_mean", "is_truncated_fraction", "ratio_mean", "clip_fraction"):
+        assert m3[key] == pytest.approx(m64[key], rel=1e-5, abs=1e-6), key
+    if objective == "decoupled":
+        assert m64["is_truncated_fraction"] > 0  # the fake behaviour log-probs made the cap matter
+    else:
+        assert m64["is_weight_mean"] == 1.0 and m64["is_truncated_fraction"] == 0.0
 
 
 def _subset(batch: TrainBatch, rows: list[int]) -> TrainBatch:
@@ -158,7 +165,7 @@ def test_metrics_are_read_once_per_step_not_per_micro_batch(aggregation, host_re
     assert len(host_reads) == 5, "one mask check per micro-batch"
     host_reads.clear()
     metrics = trainer.finish_step()
-    assert host_reads == [("tolist", "trainer.py", "finish_step")]
+    assert host_reads == [("tolist", "trainer.py", "_update")]  # one per optimizer update
     assert all(type(value) is float for value in metrics.values())
     assert sorted(metrics) == sorted(
         [
@@ -167,7 +174,8 @@ def test_metrics_are_read_once_per_step_not_per_micro_batch(aggregation, host_re
             "kl",
             "clip_fraction",
             "ratio_mean",
-            "tis_weight_mean",
+            "is_weight_mean",
+            "is_truncated_fraction",
             "rollout_logprob_gap",
             "grad_norm",
             "entropy",
@@ -200,7 +208,7 @@ def test_streaming_protocol_errors_and_abandon():
 
 @pytest.mark.parametrize("aggregation", ["token", "sequence"])
 def test_aggregation_weights_match_a_direct_computation(aggregation):
-    """The trainer's loss equals the hand-computed GRPO loss (recompute: ratio 1, loss = -A mean)."""
+    """The trainer's loss equals the hand-computed GRPO loss (one update: ratio 1, loss = -A mean)."""
     batch = random_batch()
     trainer = Trainer(tiny_model(), PAD, GRPOConfig(aggregation=aggregation), OptimConfig(micro_batch_size=3))
     metrics = trainer.train_step(batch)
@@ -212,7 +220,7 @@ def test_aggregation_weights_match_a_direct_computation(aggregation):
     assert metrics["loss"] == pytest.approx(expected, rel=1e-5, abs=1e-6)
 
 
-def test_on_policy_with_recompute_has_unit_ratio_and_no_clipping():
+def test_one_update_per_step_has_unit_ratio_and_no_clipping():
     trainer = Trainer(tiny_model(), PAD, GRPOConfig(clip_eps=0.01), OptimConfig(lr=1e-3, micro_batch_size=4))
     for seed in range(2):
         metrics = trainer.train_step(random_batch(seed=seed))
@@ -298,10 +306,12 @@ def test_kl_creates_a_frozen_reference():
     assert all(p.data_ptr() != q.data_ptr() for p, q in zip(reference.parameters(), model.parameters()))
 
 
-def test_warmup_schedule():
-    trainer = Trainer(tiny_model(), PAD, GRPOConfig(), OptimConfig(lr=1e-3, warmup_steps=3))
+@pytest.mark.parametrize("updates", [1, 3])
+def test_warmup_schedule_and_version_advance_once_per_rl_step(updates):
+    trainer = Trainer(tiny_model(), PAD, GRPOConfig(), OptimConfig(lr=1e-3, warmup_steps=3, updates_per_step=updates))
     lrs = [trainer.train_step(random_batch(seed=s))["lr"] for s in range(5)]
     assert lrs == pytest.approx([2e-3 / 4, 3e-3 / 4, 1e-3, 1e-3, 1e-3])
+    assert trainer.step == 5
 
 
 def test_bad_batches_raise_value_error():
@@ -350,3 +360,212 @@ def test_positive_advantage_raises_the_response_logprob_under_bf16():
         trainer.train_step(batch)
     after = sequence_logprob(model, prompt, good), sequence_logprob(model, prompt, bad)
     assert after[0] > before[0] + 0.5 and after[1] < before[1] - 0.5
+
+
+# -- the strict update, several updates per step, the decoupled objective ---------------------
+
+
+def _previous_update(model, batch: TrainBatch, optim: OptimConfig, clip_eps: float = 0.2) -> None:
+    """One RL step with the previous trainer's math, written out here: a no-grad forward for the
+    old log-probs, a training forward, the clipped surrogate on their ratio (1), the token mean
+    over the batch, gradient clipping and one AdamW step."""
+    width = max(len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids))
+    ids = torch.full((len(batch), width), PAD)
+    attention = torch.zeros((len(batch), width), dtype=torch.long)
+    for i, (p, r) in enumerate(zip(batch.prompt_ids, batch.response_ids)):
+        ids[i, : len(p) + len(r)] = torch.tensor(p + r)
+        attention[i, : len(p) + len(r)] = 1
+    positions = (attention.cumsum(1) - 1).clamp(min=0)
+
+    def response_logprobs() -> list[torch.Tensor]:
+        logits = model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=False).logits
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        return [
+            torch.stack([logp[i, len(p) - 1 + j, tok] for j, tok in enumerate(r)])
+            for i, (p, r) in enumerate(zip(batch.prompt_ids, batch.response_ids))
+            if r
+        ]
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay)
+    model.eval()
+    with torch.no_grad():
+        old = response_logprobs()
+    model.train()
+    new = response_logprobs()
+    advantages = [a for a, r in zip(batch.advantages, batch.response_ids) if r]
+    terms = []
+    for logp, old_logp, a in zip(new, old, advantages):
+        ratio = torch.exp(logp - old_logp)
+        terms.append(-torch.minimum(ratio * a, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * a))
+    loss = torch.cat(terms).sum() / sum(len(t) for t in terms)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), optim.max_grad_norm)
+    optimizer.step()
+
+
+def test_one_update_per_step_is_the_previous_codes_update():
+    """Strict mode (`grpo`, U = 1) is exactly the update of the trainer that recomputed old log-probs."""
+    batch = random_batch(size=8)
+    model = tiny_model()
+    reference = copy.deepcopy(model)
+    # lr 1e-4: Adam's first step moves each weight by about lr (so a wrong weighting or a sign
+    # shows as ~1e-4), and a gradient near Adam's eps (1e-8) that differs in its last float digits
+    # (the loss is summed in another order) moves by up to ~lr * 2e-3, far below 1e-6.
+    # max_grad_norm 1: the norm clipping acts too.
+    optim = OptimConfig(lr=1e-4, micro_batch_size=64)
+    metrics = Trainer(model, PAD, GRPOConfig(), optim).train_step(batch)
+    _previous_update(reference, batch, optim)
+    want, got = params(reference), params(model)
+    start = params(tiny_model())
+    assert max((got[k] - start[k]).abs().max().item() for k in got) > 5e-5
+    for name, parameter in model.named_parameters():
+        expected = dict(reference.named_parameters())[name].grad
+        torch.testing.assert_close(parameter.grad, expected, rtol=1e-4, atol=1e-8, msg=name)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=0, atol=1e-6, msg=name)
+    assert metrics["ratio_mean"] == 1.0 and metrics["clip_fraction"] == 0.0
+
+
+def _two_groups() -> TrainBatch:
+    """Two groups of three responses (a group: consecutive samples of one prompt)."""
+    rng = random.Random(5)
+    prompts, responses, logprobs, advantages = [], [], [], []
+    for prompt in ([BOS, 20, 21, 14, 22], [BOS, 30, 31, 15]):
+        for a in (1.0, -0.5, -0.5):
+            response = [rng.randrange(4, 100) for _ in range(5)]
+            prompts.append(prompt)
+            responses.append(response)
+            logprobs.append([-4.0] * 5)
+            advantages.append(a)
+    return TrainBatch(prompts, responses, logprobs, advantages)
+
+
+def test_mini_batches_are_whole_groups_when_the_batch_allows():
+    batch = _two_groups()
+    assert mini_batches(batch, 1) == [range(0, 6)]
+    assert mini_batches(batch, 2) == [range(0, 3), range(3, 6)]
+    assert mini_batches(batch, 3) == [range(0, 2), range(2, 4), range(4, 6)]  # 2 groups < 3: equal shares
+    assert mini_batches(batch, 9) == [range(i, i + 1) for i in range(6)]
+    uneven = concat_batches([_subset(batch, [0, 1, 2]), _subset(batch, [3]), _subset(batch, [0, 1])])
+    assert mini_batches(uneven, 2) == [range(0, 3), range(3, 6)]  # boundaries at 3, 4: 3 is nearest to 3
+    with pytest.raises(ValueError, match="count"):
+        mini_batches(batch, 0)
+
+
+def test_with_several_updates_the_clip_acts_from_the_second_update():
+    """U = 2: the second mini-batch's ratio to the step-start policy has left [1 - eps, 1 + eps]
+    after the first update, and the clipped surrogate's update differs from an unclipped one."""
+    batch = _two_groups()
+    optim = OptimConfig(lr=3e-2, micro_batch_size=2, updates_per_step=2, max_grad_norm=1e9)
+    results = {}
+    for name, grpo in (
+        ("clipped", GRPOConfig(clip_eps=0.05)),
+        ("unclipped", GRPOConfig(clip_eps=0.999, clip_eps_high=1e6)),  # a band no ratio leaves
+    ):
+        model = tiny_model()
+        metrics = Trainer(model, PAD, grpo, optim).train_step(batch)
+        grads = {k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None}
+        results[name] = (params(model), grads, metrics)
+    (p_clip, g_clip, m_clip), (p_free, g_free, m_free) = results["clipped"], results["unclipped"]
+    assert m_free["clip_fraction"] == 0.0
+    assert m_clip["clip_fraction"] > 0.1  # of all tokens; the first mini-batch's ratio is exactly 1
+    assert abs(m_free["ratio_mean"] - 1.0) > 0.01  # the second mini-batch moved with the first update
+    # The last update's gradient (the second mini-batch's) and the parameters: clipped tokens
+    # contribute no gradient. (Identical if policy_loss dropped the clip.)
+    grad_gap = max((g_clip[k] - g_free[k]).abs().max().item() for k in g_clip)
+    param_gap = max((p_clip[k] - p_free[k]).abs().max().item() for k in p_clip)
+    assert grad_gap > 1e-3, grad_gap
+    assert param_gap > 1e-3, param_gap
+
+
+def test_the_first_of_several_updates_is_the_strict_update():
+    """U = 2 on one group only (then two equal shares): the first update's ratio is exactly 1, so
+    after it the policy equals a U = 1 step on the first mini-batch."""
+    batch = _subset(_two_groups(), [0, 1, 2, 3])
+    first = _subset(batch, [0, 1, 2])  # mini_batches: the first group, then the second's sample
+    assert mini_batches(batch, 2) == [range(0, 3), range(3, 4)]
+    optim = OptimConfig(lr=1e-2, micro_batch_size=2, max_grad_norm=1e9)
+    strict = tiny_model()
+    Trainer(strict, PAD, GRPOConfig(), optim).train_step(first)
+    several = tiny_model()
+    trainer = Trainer(several, PAD, GRPOConfig(), optim.model_copy(update={"updates_per_step": 2}))
+    seen = []
+    original = trainer._update
+
+    def spy(acc, where):
+        result = original(acc, where)
+        seen.append(params(several))
+        return result
+
+    trainer._update = spy
+    trainer.train_step(batch)
+    assert len(seen) == 2 and trainer.step == 1
+    for name, value in params(strict).items():
+        torch.testing.assert_close(seen[0][name], value, rtol=0, atol=1e-7, msg=name)
+
+
+def test_accumulated_pieces_with_several_updates_equal_train_step():
+    batch = _two_groups()
+    optim = OptimConfig(lr=1e-2, micro_batch_size=2, updates_per_step=2)
+    whole, pieces = tiny_model(), tiny_model()
+    m1 = Trainer(whole, PAD, GRPOConfig(), optim).train_step(batch)
+    trainer = Trainer(pieces, PAD, GRPOConfig(), optim)
+    trainer.begin_step()
+    trainer.accumulate(_subset(batch, [0, 1, 2]))
+    trainer.accumulate(_subset(batch, [3, 4, 5]))
+    assert all(p.grad is None for p in pieces.parameters())  # nothing trained before finish_step
+    m2 = trainer.finish_step()
+    for name, value in params(whole).items():
+        torch.testing.assert_close(params(pieces)[name], value, rtol=0, atol=0, msg=name)
+    assert m1 == m2
+
+
+def _model_token_logprobs(model, prompt: list[int], response: list[int]) -> list[float]:
+    ids = torch.tensor([prompt + response])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=ids).logits[0].float(), dim=-1)
+    return [float(logp[len(prompt) - 1 + j, tok]) for j, tok in enumerate(response)]
+
+
+def test_decoupled_applies_the_truncated_importance_weight():
+    """Behaviour log-probs set to the model's minus ln w per sequence: w = 0.5, 3 (truncated to the
+    cap 2) and 1.5. With one update the ratio is 1, so the decoupled gradient is the grpo gradient
+    with each advantage times its sequence's w."""
+    base = _two_groups()
+    batch = _subset(base, [0, 1, 3])
+    model = tiny_model()
+    weights, capped = [0.5, 3.0, 1.5], [0.5, 2.0, 1.5]
+    behaviour = [
+        [lp - math.log(w) for lp in _model_token_logprobs(model, p, r)]
+        for p, r, w in zip(batch.prompt_ids, batch.response_ids, weights)
+    ]
+    decoupled_batch = TrainBatch(batch.prompt_ids, batch.response_ids, behaviour, batch.advantages)
+    scaled = TrainBatch(
+        batch.prompt_ids, batch.response_ids, behaviour, [a * w for a, w in zip(batch.advantages, capped)]
+    )
+    optim = OptimConfig(lr=1e-3, micro_batch_size=2, max_grad_norm=1e9)
+    grads = {}
+    for name, grpo, data in (
+        ("decoupled", GRPOConfig(objective="decoupled", tis_cap=2.0), decoupled_batch),
+        ("scaled", GRPOConfig(objective="grpo"), scaled),
+    ):
+        policy = copy.deepcopy(model)
+        metrics = Trainer(policy, PAD, grpo, optim).train_step(data)
+        grads[name] = {k: p.grad.detach().clone() for k, p in policy.named_parameters() if p.grad is not None}
+        if name == "decoupled":
+            # 5 tokens per sequence: mean w = (0.5 + 2 + 1.5) / 3; one sequence of three truncated;
+            # |proximal - behaviour| = ln w per token: (ln 2 + ln 3 + ln 1.5) / 3.
+            assert metrics["is_weight_mean"] == pytest.approx(4.0 / 3, abs=1e-5)
+            assert metrics["is_truncated_fraction"] == pytest.approx(1 / 3, abs=1e-6)
+            gap = (math.log(2.0) + math.log(3.0) + math.log(1.5)) / 3
+            assert metrics["rollout_logprob_gap"] == pytest.approx(gap, abs=1e-5)
+            assert metrics["ratio_mean"] == 1.0
+    for name in grads["decoupled"]:
+        torch.testing.assert_close(grads["decoupled"][name], grads["scaled"][name], rtol=1e-4, atol=1e-7, msg=name)
+
+
+def test_auto_objective_is_grpo_in_the_trainer():
+    trainer = Trainer(tiny_model(), PAD, GRPOConfig(objective="auto"), OptimConfig())
+    assert trainer.objective == "grpo"
+    metrics = trainer.train_step(random_batch())
+    assert metrics["is_weight_mean"] == 1.0 and metrics["is_truncated_fraction"] == 0.0
