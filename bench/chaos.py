@@ -15,11 +15,14 @@ them. Prefect runs in this process (`prefect_test_harness`, as the stack's serve
 driver talks to it instead of starting an ephemeral server of its own.
 
 The baseline is the uninterrupted run: every step's samples are generated again in process from
-the policy the step sampled from (step 1: the base model; step k: checkpoint k-1, all kept) and
-compared token by token. It ends with ONE JSON line:
+the policies that generated them (step 1: the base model; step k: checkpoint k-1, all kept) and
+compared token by token. With bounded staleness (`--staleness K`, the rollout of a step running
+while the K steps before it train) a response continues on each newer version as it is published:
+its tokens are regenerated span by span, each from the checkpoint of the version the token log
+recorded for it, and every token's version is checked against the bound. It ends with ONE JSON line:
 `{"steps", "faults": {"worker", "driver", "redis", "peer"}, "samples_lost", "samples_duplicated",
 "responses_identical_fraction", "token_match_rate", "orphans_left", "open_ledger_instances",
-"minutes", ...}`: lost = samples missing from a step's trained file, duplicated = sample ids
+"minutes", "staleness", "max_version_lag", ...}`: lost = samples missing from a step's trained file, duplicated = sample ids
 trained twice in a step or steps the ledger holds more than once, identical = fraction of samples
 whose response equals the uninterrupted one, orphans = processes any driver started still alive
 20 s after the end, open instances = ledger instances of the run with no termination.
@@ -131,6 +134,7 @@ class Chaos:
             "data": {"family": "chain"},
             "rollout": {"prompts_per_step": PROMPTS, "group_size": GROUP, "max_new_tokens": self.args.max_new_tokens},
             "eval": {"size": 4, "every": 10_000},
+            "training": {"max_staleness": self.args.staleness},
             "ledger": {"trainer": {"machine_type": "n2-standard-8", "price_per_hour": 0.4}},
             "fabric": {
                 "enabled": True,
@@ -196,7 +200,8 @@ class Chaos:
         if run_id is None or driver is None or driver.poll() is not None:
             return None
         try:
-            current = self.client.hget(current_step_key(run_id), "step")
+            newest, first = self.client.hmget(current_step_key(run_id), "step", "first")
+            current = first or newest  # the step rolling out (later ones may be admitted ahead)
             alive = InstanceRegistry(self.client, run_id).alive()
         except redis.RedisError:
             return None
@@ -296,8 +301,35 @@ def _alive(pid: int, started: str) -> bool:
     return pid in table and table[pid][1] == started
 
 
+def regenerate(engine, load_version, requests: list, schedules: dict[str, list[tuple[int, int]]]) -> dict[str, list]:
+    """Each request's response generated in process as the run generated it: span by span, each
+    span's tokens from the policy version that generated them (`schedules`: sample id -> (first
+    token, version) spans; one span from token 0 when strictly on-policy)."""
+    from dataclasses import replace
+
+    done: dict[str, list[int]] = {r.sample_id: [] for r in requests}
+    live = {r.sample_id for r in requests}
+    for span in range(max(len(spans) for spans in schedules.values())):
+        due: dict[int, list] = {}
+        for request in requests:
+            spans = schedules[request.sample_id]
+            if request.sample_id not in live or span >= len(spans):
+                continue
+            budget = spans[span + 1][0] if span + 1 < len(spans) else request.max_new_tokens
+            continued = replace(request, generated_ids=done[request.sample_id], max_new_tokens=budget)
+            due.setdefault(spans[span][1], []).append(continued)
+        for version in sorted(due):
+            load_version(version)
+            for request, result in zip(due[version], engine.generate(due[version])):
+                done[request.sample_id] = list(result.token_ids)  # the prefix and what followed
+                if result.finish_reason != "length" or span + 1 >= len(schedules[request.sample_id]):
+                    live.discard(request.sample_id)
+    return done
+
+
 def compare_with_uninterrupted(run_dir: Path, base: Path, config_path: Path, steps: int) -> dict:
-    """Lost, duplicated and identical samples of every step, against in-process generation."""
+    """Lost, duplicated and identical samples of every step, against in-process generation from the
+    versions that generated them; the largest version lag of a trained token."""
     from safetensors.torch import load_file
 
     from infra.run.config import load_config
@@ -309,16 +341,27 @@ def compare_with_uninterrupted(run_dir: Path, base: Path, config_path: Path, ste
     config = load_config(config_path)
     model, tokenizer = load_model(base)
     engine = HFEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    base_state = {k: v.clone() for k, v in model.state_dict().items()}
+
+    def load_version(version: int) -> None:
+        if engine.policy_version == version:
+            return
+        path = run_dir / "checkpoints" / f"step_{version:06d}" / "model.safetensors"
+        engine.load_weights(base_state if version == 0 else load_file(path), version)
+
     prompts = PromptSource(config.data)
-    lost = duplicated = identical = total = matching = positions = 0
+    lost = duplicated = identical = total = matching = positions = worst_lag = 0
     for step in range(1, steps + 1):
-        if step > 1:
-            state = load_file(run_dir / "checkpoints" / f"step_{step - 1:06d}" / "model.safetensors")
-            engine.load_weights(state, step - 1)
         records = prompts.take((step - 1) * PROMPTS, PROMPTS)
         requests = build_requests(tokenizer, records, step, config.rollout, config.run.seed, config.prompt)
-        expected = {r.sample_id: res.token_ids for r, res in zip(requests, engine.generate(requests))}
         samples = read_samples(run_dir / "steps" / f"{step:06d}" / "rollout.jsonl")
+        schedules = {r.sample_id: [(0, step - 1)] for r in requests}
+        for sample in samples:
+            versions = sample.versions()
+            spans = [(i, v) for i, v in enumerate(versions) if i == 0 or versions[i - 1] != v]
+            schedules[sample.sample_id] = spans or [(0, step - 1)]
+            worst_lag = max([worst_lag, *((step - 1) - v for v in versions)])
+        expected = regenerate(engine, load_version, requests, schedules)
         ids = Counter(s.sample_id for s in samples)
         duplicated += sum(n - 1 for n in ids.values())
         lost += len(set(expected) - set(ids))
@@ -333,6 +376,7 @@ def compare_with_uninterrupted(run_dir: Path, base: Path, config_path: Path, ste
         "samples_duplicated": duplicated,
         "responses_identical_fraction": identical / max(total, 1),
         "token_match_rate": matching / max(positions, 1),
+        "max_version_lag": worst_lag,
     }
 
 
@@ -362,6 +406,7 @@ def main() -> None:
     parser.add_argument("--upload-cap-mb-s", type=float, default=0.1, help="Each weight server's upload cap.")
     parser.add_argument("--max-attempts", type=int, default=20, help="Drivers run before giving up.")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--staleness", type=int, default=0, help="training.max_staleness (K) of the run.")
     parser.add_argument("--keep", type=Path, help="Work in this directory and keep it (default: a temporary one).")
     args = parser.parse_args()
 
@@ -417,6 +462,8 @@ def main() -> None:
         "orphans_left": len(orphans),
         "open_ledger_instances": open_instances,
         "minutes": round(minutes, 2),
+        "staleness": args.staleness,
+        "max_version_lag": identity.get("max_version_lag"),
         "driver_attempts": chaos.attempts,
         "driver_exit_codes": chaos.exit_codes,
         "worker_signals": dict(chaos.signals),
