@@ -32,7 +32,15 @@ Last line JSON: {"paper_rows": [{"spot", "sim_tok_s", "paper_tok_s", "rel_err", 
 "cost_efficiency_gain", "vs_paper_choices", "vs_restart", "traces": [...]}: the ratios are
 `rlboost` against `ondemand` (throughput, tokens per dollar - 1), against `paper` and against
 `restart` (throughput), on the SkyNomad trace; `traces` has the same figures per trace and price
-date, plus `rlboost_no_steal` and `ondemand_equal_cost`.
+date, plus `rlboost_no_steal` and `ondemand_equal_cost`. The asynchronous figures (bounded
+staleness, `infra.sim.runner`): `async_throughput_ratio`, `async_cost_efficiency_gain` and
+`async_fraction_of_bound` of the best `rlboost_async_k{1,2}` (its K: `async_k`) against
+`ondemand`, `ondemand_async_ratio` (the best `ondemand_async_k{1,2}`: asynchrony without spot)
+and `bound_throughput_ratio` (the trace's work-conservation bound over `ondemand`), at the top
+level for the SkyNomad trace at 2025-10-10 prices and in each entry of `traces` (with the bound's
+terms and every variant's `fraction_of_bound`).
+
+`--cpu-steps 0` runs the paper-scale part alone (minutes; the CPU check's real runs take longer).
 """
 
 from __future__ import annotations
@@ -52,7 +60,15 @@ from rich.console import Console  # noqa: E402
 
 from infra.sim.availability import spot_schedule  # noqa: E402
 from infra.sim.report import plot, table  # noqa: E402
-from infra.sim.runner import Comparison, compare, equal_cost_spec, measure, throughput_between  # noqa: E402
+from infra.sim.runner import (  # noqa: E402
+    ASYNC_K,
+    Comparison,
+    bounded,
+    compare,
+    equal_cost_spec,
+    measure,
+    throughput_between,
+)
 from infra.sim.scenario import Scenario, load_scenario, prices_per_hour  # noqa: E402
 from infra.sim.simulator import Simulation  # noqa: E402
 
@@ -204,6 +220,43 @@ def cpu_check(steps: int, warmup: int, calibration_steps: int) -> dict:
     return figures
 
 
+def async_figures(comparison: Comparison) -> dict:
+    """The asynchronous variants against `ondemand` (the best K <= 2 by throughput, the smaller K
+    on a tie), the reserved cluster alone made asynchronous, and the work-conservation bound."""
+    m, bound = comparison.metrics, comparison.bound
+    assert bound is not None
+    best_k = max(ASYNC_K, key=lambda k: (m[f"rlboost_async_k{k}"].tokens_per_s, -k))
+    best = m[f"rlboost_async_k{best_k}"]
+    alone = max((m[f"ondemand_async_k{k}"] for k in ASYNC_K), key=lambda x: x.tokens_per_s)
+    return {
+        "async_throughput_ratio": round(best.throughput_ratio, 3),
+        "async_cost_efficiency_gain": round(best.cost_efficiency_gain, 3),
+        "async_fraction_of_bound": round(best.fraction_of_bound or 0.0, 3),
+        "async_k": best_k,
+        "ondemand_async_ratio": round(alone.throughput_ratio, 3),
+        "ondemand_async_k": alone.max_staleness,
+        "bound_throughput_ratio": round(bound.tokens_per_s / m["ondemand"].tokens_per_s, 3),
+        "bound": {
+            "tok_s": round(bound.tokens_per_s),
+            "step_s": round(bound.step_s, 1),
+            "limit": bound.limit,
+            "reserved_gpus": bound.reserved_gpus,
+            "mean_spot_gpus": round(bound.mean_spot_gpus, 2),
+            "rollout_gpu_s": round(bound.rollout_gpu_s_spot),
+            "train_gpu_s": round(bound.train_gpu_s),
+        },
+        "fraction_of_bound": {name: round(x.fraction_of_bound or 0.0, 3) for name, x in m.items()},
+        "async_by_k": {
+            k: {
+                "throughput_ratio": round(m[f"rlboost_async_k{k}"].throughput_ratio, 3),
+                "cost_efficiency_gain": round(m[f"rlboost_async_k{k}"].cost_efficiency_gain, 3),
+                "ondemand_async_ratio": round(m[f"ondemand_async_k{k}"].throughput_ratio, 3),
+            }
+            for k in ASYNC_K
+        },
+    }
+
+
 def figures(comparison: Comparison, label: str, prices_at: str | None) -> dict:
     m = comparison.metrics
     rl = m["rlboost"]
@@ -223,6 +276,7 @@ def figures(comparison: Comparison, label: str, prices_at: str | None) -> dict:
         "restart_waste_fraction": round(m["restart"].waste_fraction, 4),
         "mean_spot_instances": round(rl.mean_spot_instances, 2),
         "preemptions": rl.preemptions,
+        **async_figures(comparison),
     }
 
 
@@ -240,9 +294,10 @@ def repriced(comparison: Comparison, prices_at: str) -> Comparison:
     for name, result in results.items():
         metrics[name] = measure(result, scenario.run.measure_from_step, metrics.get("ondemand"))
     spec = equal_cost_spec(scenario, reserved, metrics["rlboost"], spot)
-    results[spec.name] = Simulation(scenario, spec, spot_schedule(scenario), (reserved, spot)).run()
+    schedule = spot_schedule(scenario)
+    results[spec.name] = Simulation(scenario, spec, schedule, (reserved, spot)).run()
     metrics[spec.name] = measure(results[spec.name], scenario.run.measure_from_step, metrics["ondemand"])
-    return Comparison(scenario, results, metrics)
+    return bounded(scenario, results, metrics, schedule)
 
 
 def main() -> None:
@@ -301,6 +356,17 @@ def main() -> None:
                 "cost_efficiency_gain": headline["cost_efficiency_gain"],
                 "vs_paper_choices": headline["vs_paper_choices"],
                 "vs_restart": headline["vs_restart"],
+                **{
+                    key: headline[key]
+                    for key in (
+                        "async_throughput_ratio",
+                        "async_cost_efficiency_gain",
+                        "async_fraction_of_bound",
+                        "async_k",
+                        "ondemand_async_ratio",
+                        "bound_throughput_ratio",
+                    )
+                },
                 "traces": traces,
             }
         )

@@ -13,7 +13,14 @@ from infra.sim.runner import Comparison
 
 def table(comparison: Comparison) -> Table:
     scenario = comparison.scenario
-    out = Table(title=f"{scenario.name}: {scenario.availability.trace or scenario.availability.source}")
+    title = f"{scenario.name}: {scenario.availability.trace or scenario.availability.source}"
+    bound = comparison.bound
+    if bound is not None:
+        title += (
+            f"; bound {bound.tokens_per_s:,.0f} tok/s (step {bound.step_s:.0f} s, {bound.limit}-bound; "
+            f"{bound.reserved_gpus} reserved + {bound.mean_spot_gpus:.1f} spot GPUs)"
+        )
+    out = Table(title=title)
     for column in (
         "variant",
         "GPUs res.",
@@ -23,6 +30,7 @@ def table(comparison: Comparison) -> Table:
         "x on-demand",
         "$/M tok",
         "tok/$ gain",
+        "of bound",
         "wasted",
         "trainer idle",
         "spot idle",
@@ -39,6 +47,7 @@ def table(comparison: Comparison) -> Table:
             f"{m.throughput_ratio:.2f}",
             f"{m.usd_per_m_tokens:.3f}",
             f"{m.cost_efficiency_gain:+.0%}",
+            "-" if m.fraction_of_bound is None else f"{m.fraction_of_bound:.1%}",
             f"{m.waste_fraction:.1%}",
             f"{m.trainer_idle_fraction:.1%}",
             f"{m.spot_idle_fraction:.1%}",
@@ -52,6 +61,7 @@ def as_dict(comparison: Comparison) -> dict:
     return {
         "scenario": comparison.scenario.name,
         "metrics": {name: asdict(m) for name, m in comparison.metrics.items()},
+        "bound": asdict(comparison.bound) if comparison.bound is not None else None,
         "t_local": {
             name: [(round(s.started_at), s.t_local_s) for s in result.steps]
             for name, result in comparison.results.items()

@@ -1,6 +1,7 @@
 """The variants of one scenario side by side: same trace, same seed, same response lengths.
 
-* `ondemand`: the reserved cluster alone (the baseline; it never releases: no spot instance);
+* `ondemand`: the reserved cluster alone (the baseline, veRL's loop: strictly on-policy, old
+  log-probs recomputed by a separate forward; it never releases: no spot instance);
 * `rlboost` (this project): spot instances, token-level migration, steal, swarm weight pull;
 * `rlboost_no_steal`: the same without steal (what steal adds or costs);
 * `paper` (the RLBoost paper's choices where they differ): group-min truncation on preemption,
@@ -8,7 +9,17 @@
   local generation budget per step, `infra.sim.artifact_offload`);
 * `restart`: spot instances without a token log: a sample that leaves an instance starts over;
 * `ondemand_equal_cost`: a larger reserved cluster costing what `rlboost` spent per hour (whole
-  engines of the reserved kind, priced per GPU like the reserved cluster).
+  engines of the reserved kind, priced per GPU like the reserved cluster), run as the baseline;
+* `rlboost_async_k1`, `rlboost_async_k2`: `rlboost` with bounded staleness K = 1, 2 (rollout of
+  the next K steps goes on while the trainer trains, `training.max_staleness`);
+* `ondemand_async_k1`, `ondemand_async_k2`: this project on the reserved cluster alone with
+  K = 1, 2: what asynchrony gives without spot (the next steps fill the engines' slots during a
+  step's tail).
+
+This project's variants train without the old-log-prob forward (`VariantSpec.recompute_logprobs`);
+`rlboost`, `rlboost_no_steal` and `restart` run the scenario's `training.max_staleness` (0 by
+default). `WorkBound` is what no schedule can beat on the trace; each variant's
+`fraction_of_bound` is how close it gets.
 
 `Metrics` are measured from step `run.measure_from_step` on: trained tokens per second of wall
 time, dollars (reserved cluster for the whole window, each spot instance from request to end),
@@ -18,18 +29,42 @@ ratios against `ondemand`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 
+from infra.availability.traces import TraceSchedule
 from infra.sim.availability import spot_schedule
+from infra.sim.hardware import DecodeModel
 from infra.sim.scenario import Scenario, Variant, prices_per_hour
-from infra.sim.simulator import RunResult, Simulation, VariantSpec
+from infra.sim.simulator import (
+    RunResult,
+    Simulation,
+    VariantSpec,
+    cluster_train_seconds,
+    decode_model,
+    response_lengths,
+)
+
+ASYNC_K = (1, 2)
+"""The staleness bounds of the asynchronous variants."""
 
 SPECS: dict[str, VariantSpec] = {
-    "ondemand": VariantSpec("ondemand", use_spot=False),
+    "ondemand": VariantSpec("ondemand", use_spot=False, max_staleness=0, recompute_logprobs=True),
     "rlboost": VariantSpec("rlboost", use_spot=True, migration="token", steal=True, swarm=True),
     "rlboost_no_steal": VariantSpec("rlboost_no_steal", use_spot=True, migration="token", steal=False, swarm=True),
-    "paper": VariantSpec("paper", use_spot=True, migration="group_min", steal=False, swarm=False, offload="artifact"),
+    "paper": VariantSpec(
+        "paper",
+        use_spot=True,
+        migration="group_min",
+        steal=False,
+        swarm=False,
+        offload="artifact",
+        max_staleness=0,
+        recompute_logprobs=True,
+    ),
     "restart": VariantSpec("restart", use_spot=True, migration="restart", steal=False, swarm=True),
+    **{f"rlboost_async_k{k}": VariantSpec(f"rlboost_async_k{k}", use_spot=True, max_staleness=k) for k in ASYNC_K},
+    **{f"ondemand_async_k{k}": VariantSpec(f"ondemand_async_k{k}", use_spot=False, max_staleness=k) for k in ASYNC_K},
 }
 
 
@@ -59,6 +94,97 @@ class Metrics:
     """Time-averaged spot instances registered."""
     preemptions: int
     reserved_gpus: int
+    max_staleness: int = 0
+    fraction_of_bound: float | None = None
+    """Trained tokens/s over the scenario's work-conservation bound (`WorkBound`)."""
+
+
+@dataclass(frozen=True)
+class WorkBound:
+    """The best throughput any schedule could reach on a scenario's trace (work conservation):
+    the reserved GPUs' seconds plus the spot GPUs' seconds the trace makes available on average,
+    against one step's rollout and training work, each at its best. Rollout costs, per response
+    of L tokens after a prompt of P on an engine of `g` GPUs, ``g * (L * (a / slots + c) + b * (L
+    * P + L**2 / 2) + prefill(P))`` GPU-seconds: every decode step of a full engine, the sample's
+    share of it (the `hardware` roofline), no re-prefill; training costs the reserved cluster
+    `cluster_train_seconds` (this project's trainer: no old-log-prob forward) and runs on the
+    reserved GPUs only. With `R_r`, `R_s` the rollout GPU-seconds on reserved or spot engines,
+    `T` the training GPU-seconds, `G_r` and `G_s` the GPUs: the step takes at least ``t* =
+    max(T / G_r, min(R_s / G_s, (R_r + T) / (G_r + G_s R_r / R_s)))``, the reserved GPUs
+    training and generating what the spot GPUs cannot. Nothing else is charged (boot, weight
+    pulls, claim delays, the tail of a step, the orchestration), so no variant can beat it."""
+
+    tokens_per_step: float
+    rollout_gpu_s_reserved: float
+    """One step's rollout on reserved engines, GPU-seconds."""
+    rollout_gpu_s_spot: float
+    """The same on spot engines."""
+    train_gpu_s: float
+    reserved_gpus: int
+    mean_spot_gpus: float
+    """Spot GPUs the trace makes available, time-averaged over the window (boots included)."""
+    step_s: float
+    tokens_per_s: float
+    limit: str
+    """What binds: `training` (the trainer is never idle), `spot` (every spot GPU generates
+    and the reserved GPUs only train) or `all` (every GPU busy)."""
+
+
+def rollout_gpu_seconds(scenario: Scenario, decode: DecodeModel, lengths: Iterable[int]) -> float:
+    """GPU-seconds of generating responses of `lengths` on engines like `decode`, at their best
+    (full engines, one prefill of each prompt)."""
+    w = scenario.workload
+    prompt = w.prompt_tokens
+    slots = decode.slots(prompt + min(w.mean_response_tokens, w.max_response_tokens))
+    a, c = decode.seconds_per_step_base, decode.seconds_per_step_per_running
+    b = decode.seconds_per_step_per_context_token
+    total, count = 0.0, 0
+    for n in lengths:
+        total += n * (a / slots + c) + b * (n * prompt + n * n / 2)
+        count += 1
+    return decode.gpus * (total + count * decode.prefill_seconds(prompt))
+
+
+def mean_capacity(schedule: TraceSchedule, pool: int, start_s: float, end_s: float) -> float:
+    """Spot instances the schedule allows, time-averaged over `[start_s, end_s]`."""
+    if end_s <= start_s or pool == 0:
+        return 0.0
+    t, capacity, area = start_s, min(pool, schedule.capacity_at(start_s)), 0.0
+    for change in schedule.events_between(start_s, end_s):
+        area += capacity * (change.t - t)
+        t, capacity = change.t, min(pool, change.capacity)
+    area += capacity * (end_s - t)
+    return area / (end_s - start_s)
+
+
+def work_bound(
+    scenario: Scenario, steps: Iterable[int], schedule: TraceSchedule, window: tuple[float, float]
+) -> WorkBound:
+    """`WorkBound` of `scenario` for the mean work of `steps`, with the spot capacity `schedule`
+    allows over `window` (wall seconds)."""
+    w, reserved, spot = scenario.workload, scenario.reserved, scenario.spot
+    reserved_engine = decode_model(scenario, "reserved", reserved.engine_gpus, reserved.max_running)
+    spot_engine = decode_model(scenario, "spot", spot.gpus, spot.max_running)
+    prompt = w.prompt_tokens if scenario.training.count_prompt_tokens else 0
+    tokens = r_r = r_s = 0.0
+    count = 0
+    for step in steps:
+        lengths = response_lengths(scenario, step)
+        tokens += sum(lengths) + prompt * len(lengths)
+        r_r += rollout_gpu_seconds(scenario, reserved_engine, lengths)
+        r_s += rollout_gpu_seconds(scenario, spot_engine, lengths)
+        count += 1
+    if count == 0:
+        raise ValueError("the bound needs at least one step")
+    tokens, r_r, r_s = tokens / count, r_r / count, r_s / count
+    g_r = reserved.gpus
+    g_s = mean_capacity(schedule, spot.max_instances, *window) * spot.gpus
+    train = cluster_train_seconds(scenario, tokens, g_r, recompute_logprobs=False) * g_r
+    shared = (r_r + train) / (g_r + g_s * r_r / r_s) if g_s > 0 else (r_r + train) / g_r
+    spot_alone = r_s / g_s if g_s > 0 else math.inf
+    step_s = max(train / g_r, min(shared, spot_alone))
+    limit = "training" if step_s == train / g_r else ("all" if shared <= spot_alone else "spot")
+    return WorkBound(tokens, r_r, r_s, train, g_r, g_s, step_s, tokens / step_s, limit)
 
 
 @dataclass(frozen=True)
@@ -66,6 +192,7 @@ class Comparison:
     scenario: Scenario
     results: dict[str, RunResult]
     metrics: dict[str, Metrics]
+    bound: WorkBound | None = None
 
 
 def _window(result: RunResult, from_step: int) -> tuple[float, float]:
@@ -108,6 +235,7 @@ def measure(result: RunResult, from_step: int, baseline: Metrics | None) -> Metr
         mean_spot_instances=spot_mean,
         preemptions=result.preemptions,
         reserved_gpus=result.reserved_gpus,
+        max_staleness=result.max_staleness,
     )
 
 
@@ -135,7 +263,12 @@ def equal_cost_spec(
     engines = math.floor((reserved_price + max(0.0, extra)) / per_gpu / reserved.engine_gpus + 1e-9)
     gpus = max(reserved.engine_gpus, engines * reserved.engine_gpus)
     return VariantSpec(
-        "ondemand_equal_cost", use_spot=False, reserved_gpus=gpus, reserved_price_per_hour=gpus * per_gpu
+        "ondemand_equal_cost",
+        use_spot=False,
+        reserved_gpus=gpus,
+        reserved_price_per_hour=gpus * per_gpu,
+        max_staleness=0,
+        recompute_logprobs=True,
     )
 
 
@@ -155,4 +288,22 @@ def compare(scenario: Scenario) -> Comparison:
         result = Simulation(scenario, spec, schedule, (reserved_price, spot_price)).run()
         results[name] = result
         metrics[name] = measure(result, from_step, metrics.get("ondemand"))
-    return Comparison(scenario, results, metrics)
+    return bounded(scenario, results, metrics, schedule)
+
+
+def bounded(
+    scenario: Scenario, results: dict[str, RunResult], metrics: dict[str, Metrics], schedule: TraceSchedule
+) -> Comparison:
+    """The comparison with its `WorkBound` (the mean work of every step any variant measured,
+    the spot capacity over the union of their windows) and each variant's fraction of it."""
+    from_step = scenario.run.measure_from_step
+    windows = [_window(r, from_step) for r in results.values()]
+    last = max(len(r.steps) for r in results.values())
+    bound = work_bound(
+        scenario,
+        range(min(from_step, last - 1), last),
+        schedule,
+        (min(lo for lo, _ in windows), max(hi for _, hi in windows)),
+    )
+    metrics = {name: replace(m, fraction_of_bound=m.tokens_per_s / bound.tokens_per_s) for name, m in metrics.items()}
+    return Comparison(scenario, results, metrics, bound)

@@ -25,8 +25,30 @@ from rl.config import Section
 
 NOTICE_S = {"gcp": 30.0, "azure": 30.0, "aws": 120.0}
 """Preemption notice per cloud (GCP and Azure 30 s, AWS 120 s)."""
-Variant = Literal["ondemand", "rlboost", "rlboost_no_steal", "paper", "restart", "ondemand_equal_cost"]
-VARIANTS: tuple[Variant, ...] = ("ondemand", "rlboost", "rlboost_no_steal", "paper", "restart", "ondemand_equal_cost")
+Variant = Literal[
+    "ondemand",
+    "rlboost",
+    "rlboost_no_steal",
+    "paper",
+    "restart",
+    "ondemand_equal_cost",
+    "rlboost_async_k1",
+    "rlboost_async_k2",
+    "ondemand_async_k1",
+    "ondemand_async_k2",
+]
+VARIANTS: tuple[Variant, ...] = (
+    "ondemand",
+    "rlboost",
+    "rlboost_no_steal",
+    "paper",
+    "restart",
+    "ondemand_equal_cost",
+    "rlboost_async_k1",
+    "rlboost_async_k2",
+    "ondemand_async_k1",
+    "ondemand_async_k2",
+)
 
 
 class ModelSection(Section):
@@ -96,6 +118,18 @@ class TrainingSection(Section):
     """FLOPs per parameter per trained token over all passes of an update: 6 (forward and
     backward) + 2 (old log-probs); add 2 for a reference forward (a KL loss) and 2 for the
     recomputed forward of gradient checkpointing."""
+    old_logprob_flops_per_param: float = Field(2.0, ge=0)
+    """The share of `flops_per_param` that is the separate no-grad forward recomputing the old
+    log-probs (2: one forward). veRL and the RLBoost artifact run it (the `ondemand`, `paper` and
+    `ondemand_equal_cost` variants); this project's trainer does not (one update per RL step:
+    the proximal log-probs are the training forward's), so its variants train at
+    `flops_per_param` minus this. A measured profile times the runtime's own trainer instead."""
+    max_staleness: int = Field(0, ge=0)
+    """K of bounded staleness, for this project's variants without a K of their own (`rlboost`,
+    `rlboost_no_steal`, `restart`): the prompts of step s are admitted while steps s-1 .. s-K
+    still train, every token of step s comes from a version >= s-1-K (a response in progress
+    continues on each newer version after a re-prefill of its tokens) and none is discarded.
+    0: strictly on-policy (rollout, then training, then the next rollout)."""
     while_generating: bool = False
     """The trainer trains complete groups while the reserved engines still generate (a CPU run's
     co-located engine is a thread of the training process and `fabric.stream_training` feeds the
@@ -349,6 +383,29 @@ def _problems(scenario: Scenario) -> list[tuple[tuple[str, ...], str]]:
             found.append(((section, "gpu"), f"unknown GPU type {name!r} (known: {known}). Fix: use one of those"))
     if scenario.measured is None:  # a measured profile has no GPU memory to check
         found += _memory_problems(scenario)
+    training = scenario.training
+    if training.old_logprob_flops_per_param >= training.flops_per_param:
+        found.append(
+            (
+                ("training", "old_logprob_flops_per_param"),
+                f"{training.old_logprob_flops_per_param:g} is not a share of training.flops_per_param "
+                f"({training.flops_per_param:g}): without the old-log-prob forward nothing would be left to train. "
+                "Fix: lower it (2: one forward) or raise training.flops_per_param",
+            )
+        )
+    if (
+        training.max_staleness
+        and scenario.run.max_steps is not None
+        and training.max_staleness >= scenario.run.max_steps
+    ):
+        found.append(
+            (
+                ("training", "max_staleness"),
+                f"{training.max_staleness} lets rollout run {training.max_staleness} steps ahead, but the run trains only "
+                f"run.max_steps={scenario.run.max_steps}. Fix: lower training.max_staleness below run.max_steps "
+                "(1 or 2 suffice) or raise run.max_steps",
+            )
+        )
     if scenario.reserved.gpus % scenario.reserved.engine_gpus:
         found.append(
             (

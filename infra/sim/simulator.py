@@ -86,6 +86,13 @@ class VariantSpec:
     reserved_gpus: int | None = None
     """None: the scenario's; the equal-cost variant buys more."""
     reserved_price_per_hour: float | None = None
+    max_staleness: int | None = None
+    """K of bounded staleness (`training.max_staleness`); None: the scenario's. The baselines
+    (veRL alone, the artifact) run 0: strictly on-policy."""
+    recompute_logprobs: bool = False
+    """The trainer runs a separate no-grad forward to recompute the old log-probs (veRL, the
+    artifact: `training.old_logprob_flops_per_param` of its FLOPs); this project's does not (one
+    update per RL step: the proximal log-probs are the training forward's)."""
 
 
 @dataclass
@@ -102,6 +109,27 @@ class Sample:
     epoch: int = 0
     base: float = 0.0
     start_progress: float = 0.0
+    step: int = 0
+    done: bool = False
+    first_version: int | None = None
+    """Policy version of the engine that generated its first token (every later one is newer)."""
+
+
+@dataclass
+class StepState:
+    """One admitted step: its samples and their progress. With bounded staleness (`K >= 1`) up
+    to `K + 1` are open at once: the step being trained and the `K` admitted after it."""
+
+    step: int
+    samples: list[Sample]
+    groups: dict[int, list[int]]
+    """Group -> [group, samples not done]."""
+    group_samples: list[list[Sample]]
+    admitted_at: float
+    done: int = 0
+    ready_groups: list[int] = field(default_factory=list)
+    """Complete groups not yet trained, in completion order."""
+    all_done_at: float | None = None
 
 
 @dataclass
@@ -150,6 +178,11 @@ class StepRecord:
     """From the step's start to its last sample done."""
     train_s: float
     """Seconds the reserved cluster spent training the step's groups."""
+    admitted_at: float | None = None
+    """When its prompts were admitted (the step's start when strictly on-policy; up to `K`
+    steps earlier with bounded staleness)."""
+    oldest_version: int | None = None
+    """Oldest policy version any of its tokens came from (`>= step - K`)."""
 
 
 @dataclass
@@ -173,6 +206,53 @@ class RunResult:
     samples_total: int
     preemptions: int
     silent_kills: int
+    open_samples: int = 0
+    """Samples of steps admitted but not trained when the run ended (bounded staleness), left
+    out of `samples_done` and `samples_total`."""
+    open_tokens: float = 0.0
+    """Logged tokens of those samples: generated, neither trained nor wasted."""
+    max_staleness: int = 0
+
+
+def decode_model(scenario: Scenario, section: Literal["reserved", "spot"], gpus: int, max_running: int) -> DecodeModel:
+    """One engine of `section`'s kind: the GPU roofline, or the scenario's measured profile."""
+    d, measured = scenario.decode, scenario.measured
+    model = scenario.model.shape()
+    args = (scenario.gpu(section), model, gpus, d.eta, d.memory_utilization, max_running, d.prefill_mfu)
+    if measured is None:
+        return DecodeModel(*args, d.allreduce_latency_us * 1e-6, d.allreduce_efficiency)
+    return MeasuredDecode(
+        *args,
+        step_s=measured.decode_step_s,
+        per_context_token_s=measured.decode_s_per_context_token,
+        prefill_per_token_s=measured.prefill_s_per_token,
+        slowdown=measured.slowdown,
+    )
+
+
+def response_lengths(scenario: Scenario, step: int) -> list[int]:
+    """The response lengths of `step`'s samples, group by group (drawn once per step and seed:
+    the same in every variant)."""
+    w = scenario.workload
+    rng = random.Random(f"{scenario.seed}/lengths/{step}")
+    sigma2 = math.log(1 + w.response_cv**2)
+    mu = math.log(w.mean_response_tokens) - sigma2 / 2
+    return [
+        max(1, min(w.max_response_tokens, round(rng.lognormvariate(mu, math.sqrt(sigma2)))))
+        for _ in range(w.prompts_per_step * w.samples_per_prompt)
+    ]
+
+
+def cluster_train_seconds(scenario: Scenario, tokens: float, gpus: int, recompute_logprobs: bool) -> float:
+    """Time for the reserved cluster of `gpus` GPUs to train on `tokens` tokens: the measured
+    profile's time per token (it times the runtime's own trainer, which does not recompute), or
+    the FLOPs model, less the old-log-prob forward where the trainer does not run it."""
+    measured = scenario.measured
+    if measured is not None:
+        return tokens * measured.train_s_per_token * measured.slowdown
+    training = scenario.training
+    flops = training.flops_per_param - (0.0 if recompute_logprobs else training.old_logprob_flops_per_param)
+    return train_seconds(tokens, scenario.model.shape(), scenario.gpu("reserved"), gpus, flops, training.mfu)
 
 
 class Simulation:
@@ -215,8 +295,25 @@ class Simulation:
         self.preemptions = 0
         self.silent_kills = 0
         self.step = -1
+        """The step being trained (the trainer's cycle): version `step` is the newest published."""
         self.finished = False
         self.claim_pending = False
+        self.k = variant.max_staleness if variant.max_staleness is not None else scenario.training.max_staleness
+        self.open: dict[int, StepState] = {}
+        """Admitted steps not yet trained, by step."""
+        self.admitted = -1
+        self.by_id: dict[str, Sample] = {}
+        self.queue: list[tuple[float, int, str]] = []
+        """The token log's queue over every open step: (priority, enqueue seq, sample id)."""
+        self.routed: list[tuple[str, float, str]] = []
+        """Stolen samples waiting for their receiver: (receiver, until, sample id)."""
+        self.unfinished = 0
+        """Samples of open steps not done: with none, the rollout fleet has no work."""
+        self.idle_since: float | None = None
+        self.cycle_idle = 0.0
+        self.training = False
+        """The reserved GPUs train the current step before `T_local` because its rollout is
+        done (bounded staleness: they may hold samples of later steps, which they release)."""
 
     # --- setup -----------------------------------------------------------------------------------
 
@@ -225,26 +322,10 @@ class Simulation:
         return ArtifactOffload(section.initial_s, section.budgets_s, section.floor_s)
 
     def _decode(self, section: Literal["reserved", "spot"], gpus: int, max_running: int) -> DecodeModel:
-        d, measured = self.s.decode, self.s.measured
-        args = (self.s.gpu(section), self.model, gpus, d.eta, d.memory_utilization, max_running, d.prefill_mfu)
-        if measured is None:
-            return DecodeModel(*args, d.allreduce_latency_us * 1e-6, d.allreduce_efficiency)
-        return MeasuredDecode(
-            *args,
-            step_s=measured.decode_step_s,
-            per_context_token_s=measured.decode_s_per_context_token,
-            prefill_per_token_s=measured.prefill_s_per_token,
-            slowdown=measured.slowdown,
-        )
+        return decode_model(self.s, section, gpus, max_running)
 
     def _train_seconds(self, tokens: float) -> float:
-        measured = self.s.measured
-        if measured is not None:
-            return tokens * measured.train_s_per_token * measured.slowdown
-        training = self.s.training
-        return train_seconds(
-            tokens, self.model, self.s.gpu("reserved"), self.reserved_gpus, training.flops_per_param, training.mfu
-        )
+        return cluster_train_seconds(self.s, tokens, self.reserved_gpus, self.v.recompute_logprobs)
 
     def run(self) -> RunResult:
         if self.v.use_spot and self.s.spot.max_instances > 0:
@@ -260,6 +341,8 @@ class Simulation:
                 self._advance(engine, end)
                 engine.ended_at = end
         spot = [e for e in self.engines if e.capacity_class == "spot"]
+        open_samples = [sample for state in self.open.values() for sample in state.samples]
+        done = [sample for sample in open_samples if sample.done]
         return RunResult(
             variant=self.v.name,
             steps=self.steps,
@@ -271,11 +354,14 @@ class Simulation:
             spot_price_per_hour=self.spot_price,
             generated_tokens=self.generated,
             wasted_tokens=self.wasted,
-            trained_response_tokens=self.trained_response,
-            samples_done=self.samples_done,
-            samples_total=self.samples_total,
+            trained_response_tokens=self.trained_response - sum(sample.target for sample in done),
+            samples_done=self.samples_done - len(done),
+            samples_total=self.samples_total - len(open_samples),
             preemptions=self.preemptions,
             silent_kills=self.silent_kills,
+            open_samples=len(open_samples),
+            open_tokens=sum(sample.logged for sample in open_samples),
+            max_staleness=self.k,
         )
 
     # --- engines: decode by the roofline ---------------------------------------------------------
@@ -320,6 +406,8 @@ class Simulation:
         now = self.loop.now
         self._advance(engine, now)
         sample.owner, sample.epoch = engine, sample.epoch + 1
+        if sample.first_version is None:
+            sample.first_version = engine.policy_version
         sample.base, sample.start_progress = sample.logged, engine.progress
         engine.running[sample.sample_id] = sample
         engine.context0 += self.s.workload.prompt_tokens + sample.base - engine.progress
@@ -358,16 +446,21 @@ class Simulation:
         for sample in finished:
             self._remove(engine, sample)
             sample.logged = sample.target
+            sample.done = True
             self.trained_response += sample.target
             self.samples_done += 1
-            self.done += 1
-            group = self.groups[sample.group]
+            state = self.open[sample.step]
+            state.done += 1
+            self.unfinished -= 1
+            group = state.groups[sample.group]
             group[1] -= 1
             if group[1] == 0:
-                self.ready_groups.append(sample.group)
+                state.ready_groups.append(sample.group)
+            if state.done == len(state.samples):
+                state.all_done_at = self.loop.now
         self._reschedule(engine)
-        if self.done == len(self.samples):
-            self.all_done_at = self.loop.now
+        if finished and self.unfinished == 0:
+            self.idle_since = self.loop.now
         self._soon_claim()
         self._train_next()
 
@@ -420,34 +513,21 @@ class Simulation:
     # --- steps -----------------------------------------------------------------------------------
 
     def _start_step(self) -> None:
+        """Start the trainer's next step: version `step` is published (every engine loads it) and
+        the prompts of step `step + K` are admitted (strictly on-policy, `K = 0`: the step's own)."""
         self.step += 1
         version = self.step
-        w = self.s.workload
-        rng = random.Random(f"{self.s.seed}/lengths/{self.step}")
-        sigma2 = math.log(1 + w.response_cv**2)
-        mu = math.log(w.mean_response_tokens) - sigma2 / 2
-        self.samples = []
-        for g in range(w.prompts_per_step):
-            for i in range(w.samples_per_prompt):
-                target = max(1, min(w.max_response_tokens, round(rng.lognormvariate(mu, math.sqrt(sigma2)))))
-                self.samples.append(Sample(f"{self.step}/{g}/{i}", g, len(self.samples), target))
-        self.by_id = {s.sample_id: s for s in self.samples}
-        self.samples_total += len(self.samples)
-        self.groups = {g: [g, w.samples_per_prompt] for g in range(w.prompts_per_step)}
-        self.group_samples = [
-            self.samples[g * w.samples_per_prompt : (g + 1) * w.samples_per_prompt] for g in range(w.prompts_per_step)
-        ]
-        self.queue: list[tuple[float, int, str]] = []
-        self.routed: list[tuple[str, float, str]] = []
-        """Stolen samples waiting for their receiver: (receiver, until, sample id)."""
-        for sample in self.samples:
-            self._enqueue(sample)
-        self.done = 0
-        self.ready_groups: list[int] = []
         self.started_at = self.loop.now
-        self.all_done_at: float | None = None
+        self.cycle_idle = 0.0
+        last = self.step + self.k
+        if self.s.run.max_steps is not None:
+            last = min(last, self.s.run.max_steps - 1)
+        while self.admitted < last:
+            self._admit(self.admitted + 1)
+        self.cur = self.open[self.step]
         self.released_at: float | None = None
         self.released = False
+        self.training = False
         self.told: set[str] = set()
         self.release_t_local: float | None = None
         self.release_num_spot = 0
@@ -458,11 +538,50 @@ class Simulation:
         self.version = version
         for engine in self.engines:
             if engine.capacity_class == "reserved":
+                self._hold(engine, self.s.network.local_sync_s)
                 engine.policy_version = None
                 self.loop.after(self.s.network.local_sync_s, lambda e=engine: self._loaded(e, version))
         pullers = [e for e in self.engines if e.capacity_class == "spot" and e.generating_alive]
         self._pull(pullers, peers=0)
         self._soon_claim()
+
+    def _admit(self, step: int) -> None:
+        """Admit `step`'s prompts: its samples join the token log's queue behind the older steps'."""
+        self.admitted = step
+        w = self.s.workload
+        per_step = w.prompts_per_step * w.samples_per_prompt
+        samples: list[Sample] = []
+        for target in response_lengths(self.s, step):
+            g, i = divmod(len(samples), w.samples_per_prompt)
+            samples.append(Sample(f"{step}/{g}/{i}", g, step * per_step + len(samples), target, step=step))
+        state = StepState(
+            step=step,
+            samples=samples,
+            groups={g: [g, w.samples_per_prompt] for g in range(w.prompts_per_step)},
+            group_samples=[
+                samples[g * w.samples_per_prompt : (g + 1) * w.samples_per_prompt] for g in range(w.prompts_per_step)
+            ],
+            admitted_at=self.loop.now,
+        )
+        self.open[step] = state
+        self.by_id.update((sample.sample_id, sample) for sample in samples)
+        self.samples_total += len(samples)
+        self.unfinished += len(samples)
+        if self.idle_since is not None:
+            self.cycle_idle += self.loop.now - max(self.idle_since, self.started_at)
+            self.idle_since = None
+        for sample in samples:
+            self._enqueue(sample)
+
+    def _hold(self, engine: Engine, seconds: float) -> None:
+        """A new version reaches an engine that is generating (bounded staleness): its samples
+        pause for the pull or load (`seconds`), then continue on the new weights once their
+        tokens are prefilled again (`_loaded`)."""
+        if not engine.running:
+            return
+        self._advance(engine, self.loop.now)
+        engine.stall_until = max(engine.stall_until, self.loop.now) + seconds
+        self._reschedule(engine)
 
     def _pull(self, pullers: list[Engine], peers: int) -> None:
         if not pullers:
@@ -473,12 +592,20 @@ class Simulation:
         )
         version = self.version
         for engine in pullers:
+            self._hold(engine, seconds)
             engine.policy_version = None
             self.loop.after(seconds, lambda e=engine: self._loaded(e, version))
 
     def _loaded(self, engine: Engine, version: int) -> None:
         if version == self.version and engine.generating_alive:
             engine.policy_version = version
+            if engine.running:  # partial rollout: the running samples' tokens are prefilled again
+                now = self.loop.now
+                self._advance(engine, now)
+                prompt = self.s.workload.prompt_tokens
+                tokens = sum(prompt + self._generated(engine, sample) for sample in engine.running.values())
+                engine.stall_until = max(engine.stall_until, now) + engine.decode.prefill_seconds(tokens)
+                self._reschedule(engine)
             self._soon_claim()
 
     def _train_next(self) -> None:
@@ -489,19 +616,28 @@ class Simulation:
             if now < self.trainer_until - EPS:
                 return
             self.trainer_until = None
-        if not (self.released or self.done == len(self.samples) or self.s.training.while_generating):
+        cur = self.cur
+        rollout_done = cur.done == len(cur.samples)
+        if not (self.released or rollout_done or self.s.training.while_generating):
             return
         if self.v.offload == "artifact" and not self.released and self._spot_registered():
             return  # the artifact's fixed budget: its trainer starts once the budget is over
-        if not self.ready_groups:
-            if self.done == len(self.samples) and self.trained_at is None:
+        if rollout_done and self.k and not (self.released or self.training or self.s.training.while_generating):
+            # the step's rollout is done before `T_local`: the reserved GPUs train it now, and
+            # release the samples of later steps they hold (as at `T_local`)
+            self.training = True
+            for engine in self.engines:
+                if engine.capacity_class == "reserved" and engine.running:
+                    self._evict_all(engine, "flushed", preempted=False)
+        if not cur.ready_groups:
+            if rollout_done and self.trained_at is None:
                 self.trained_at = now
                 self.loop.after(self.s.training.step_overhead_s, self._end_step)
             return
         groups = self._next_micro_batch()
         if not groups:
             return
-        seconds = self._train_seconds(sum(self._trained_tokens(s) for g in groups for s in self.group_samples[g]))
+        seconds = self._train_seconds(sum(self._trained_tokens(s) for g in groups for s in cur.group_samples[g]))
         self.trainer_until = now + seconds
         self.trainer_busy.append((now, now + seconds))
         self.loop.at(now + seconds, self._train_next)
@@ -509,16 +645,16 @@ class Simulation:
     def _next_micro_batch(self) -> list[int]:
         """The complete groups to train next: the oldest one, or with `training.micro_batch_samples`
         the oldest ones once they fill a micro-batch (whatever is left once the rollout is done)."""
-        size = self.s.training.micro_batch_samples
+        size, cur = self.s.training.micro_batch_samples, self.cur
         if size is None:
-            return [self.ready_groups.pop(0)]
-        ready = sum(len(self.group_samples[g]) for g in self.ready_groups)
-        if ready < size and self.done < len(self.samples):
+            return [cur.ready_groups.pop(0)]
+        ready = sum(len(cur.group_samples[g]) for g in cur.ready_groups)
+        if ready < size and cur.done < len(cur.samples):
             return []
         groups, samples = [], 0
-        while self.ready_groups and samples < size:
-            groups.append(self.ready_groups.pop(0))
-            samples += len(self.group_samples[groups[-1]])
+        while cur.ready_groups and samples < size:
+            groups.append(cur.ready_groups.pop(0))
+            samples += len(cur.group_samples[groups[-1]])
         return groups
 
     def _trained_tokens(self, sample: Sample) -> float:
@@ -529,10 +665,16 @@ class Simulation:
         orchestrator's overhead after it is not the controller's), update `T_local`, start the next."""
         end = self.trained_at
         assert end is not None
-        all_done_at = self.all_done_at if self.all_done_at is not None else end
-        rollout_idle = max(0.0, end - all_done_at)
+        cur = self.cur
+        all_done_at = cur.all_done_at if cur.all_done_at is not None else end
+        # the rollout fleet's idle time: no sample of any open step left to generate (strictly
+        # on-policy, from the step's last sample done to its end)
+        idle = self.cycle_idle
+        if self.idle_since is not None:
+            idle += end - max(self.idle_since, self.started_at)
+        rollout_idle = max(0.0, idle)
         trainer_idle = 0.0
-        trained = sum(self._trained_tokens(s) for s in self.samples)
+        trained = sum(self._trained_tokens(s) for s in cur.samples)
         if self.released_at is not None:
             busy = sum(max(0.0, min(b, end) - max(a, self.released_at)) for a, b in self.trainer_busy)
             trainer_idle = max(0.0, end - self.released_at - busy)
@@ -555,10 +697,15 @@ class Simulation:
                 num_spot=self.release_num_spot,
                 trainer_idle_s=trainer_idle,
                 rollout_idle_s=rollout_idle,
-                rollout_s=all_done_at - self.started_at,
+                rollout_s=all_done_at - cur.admitted_at,
                 train_s=sum(b - a for a, b in self.trainer_busy),
+                admitted_at=cur.admitted_at,
+                oldest_version=min((s.first_version for s in cur.samples if s.first_version is not None), default=None),
             )
         )
+        del self.open[self.step]
+        for sample in cur.samples:
+            del self.by_id[sample.sample_id]
         max_steps = self.s.run.max_steps
         if self.loop.now >= self.s.run.duration_s or (max_steps is not None and len(self.steps) >= max_steps):
             self.finished = True
@@ -613,10 +760,10 @@ class Simulation:
             step=self.step,
             policy_version=self.version,
             started_at=self.started_at,
-            total_samples=len(self.samples),
-            done=self.done,
-            groups_total=len(self.groups),
-            groups_done=sum(1 for g in self.groups.values() if g[1] == 0),
+            total_samples=sum(len(state.samples) for state in self.open.values()),
+            done=sum(state.done for state in self.open.values()),
+            groups_total=sum(len(state.groups) for state in self.open.values()),
+            groups_done=sum(1 for state in self.open.values() for g in state.groups.values() if g[1] == 0),
         )
         partial = sum(1 for _, _, sid in self.queue if self.by_id[sid].logged > 0)
         queued = len(self.queue) if claiming else len(self.queue) + len(self.routed)
@@ -655,7 +802,7 @@ class Simulation:
         self.released = released
         if self.v.steal:
             snapshot = self._snapshot() if dead or released else snapshot
-            for decision in steal(snapshot, self.config.steal, reserved_released=released):
+            for decision in steal(snapshot, self.config.steal, reserved_released=released or self.training):
                 engine = by_id[decision.from_instance]
                 for sid in decision.sample_ids:
                     self._release(engine, engine.running[sid], "flushed", to=decision.to_instance)
@@ -684,7 +831,7 @@ class Simulation:
         if not self.queue:
             return
         snapshot = self._snapshot(claiming=True)
-        for decision in dispatch(snapshot, reserved_released=self.released):
+        for decision in dispatch(snapshot, reserved_released=self.released or self.training):
             engine = by_id[decision.instance_id]
             for _ in range(decision.count):
                 _, _, sid = heapq.heappop(self.queue)
@@ -702,7 +849,7 @@ class Simulation:
                 engine.generating_alive
                 and engine.policy_version == self.version
                 and now >= engine.claim_after
-                and not (self.released and engine.capacity_class == "reserved")
+                and not ((self.released or self.training) and engine.capacity_class == "reserved")
                 and len(engine.running) < engine.slots
             )
             if can:

@@ -67,4 +67,6 @@ def test_the_paper_variant_trains_only_once_its_fixed_budget_is_over():
         assert step.rollout_s < step.t_local_s <= step.ended_at - step.started_at
     assert paper.steps[1].t_local_s == 400 > paper.steps[2].t_local_s  # the jump to its budget for 3, then the rule
     assert all(step.ended_at - step.started_at < 400 for step in ours.steps)
-    assert paper.steps[0].train_s == pytest.approx(ours.steps[0].train_s)
+    # the same groups, trained by the artifact's veRL with its old-log-prob forward (8 FLOPs per
+    # parameter per token) and by this project's trainer without it (6)
+    assert paper.steps[0].train_s * 6 / 8 == pytest.approx(ours.steps[0].train_s)

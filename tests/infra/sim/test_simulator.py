@@ -45,7 +45,11 @@ def comparison():
 def test_every_sample_is_generated_once_and_every_token_is_trained_or_wasted(comparison):
     for name, result in comparison.results.items():
         assert result.samples_done == result.samples_total > 0, name
-        assert result.generated_tokens == pytest.approx(result.trained_response_tokens + result.wasted_tokens), name
+        # with bounded staleness the steps admitted but not trained at the end hold the rest
+        assert (result.open_samples > 0) == (result.max_staleness > 0), name
+        assert result.generated_tokens == pytest.approx(
+            result.trained_response_tokens + result.wasted_tokens + result.open_tokens
+        ), name
         assert result.wasted_tokens >= 0, name
         assert sum(s.trained_tokens for s in result.steps) == pytest.approx(
             result.trained_response_tokens + 64 * result.samples_total
