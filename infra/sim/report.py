@@ -36,7 +36,11 @@ def table(comparison: Comparison) -> Table:
         "spot idle",
         "preempt.",
     ):
-        out.add_column(column, justify="left" if column == "variant" else "right")
+        if column == "variant":  # never cut a variant's name: the figures' headers wrap first
+            width = max(len(name) for name in comparison.metrics)
+            out.add_column(column, justify="left", no_wrap=True, min_width=width)
+        else:
+            out.add_column(column, justify="right", min_width=len(column) if column == "x on-demand" else None)
     for m in comparison.metrics.values():
         out.add_row(
             m.variant,
