@@ -119,6 +119,11 @@ class RunConfig(Section):
                 "grpo.objective: decoupled corrects for samples of older policy versions, but training.max_staleness "
                 "is 0 (every sample is on-policy): set training.max_staleness >= 1, or grpo.objective: auto"
             )
+        if self.trainer.backend == "deepspeed" and self.optim.updates_per_step > 1:
+            raise ValueError(
+                f"optim.updates_per_step={self.optim.updates_per_step} runs several updates per RL step, which "
+                "the DeepSpeed trainer does not: set trainer.backend: torch, or optim.updates_per_step: 1"
+            )
         if k > 0 and self.fabric.enabled and k + 1 > self.fabric.retain_steps:
             raise ValueError(
                 f"training.max_staleness={k} keeps up to {k + 1} steps open in the token log, more than "
