@@ -236,8 +236,12 @@ def async_figures(comparison: Comparison) -> dict:
         "ondemand_async_ratio": round(alone.throughput_ratio, 3),
         "ondemand_async_k": alone.max_staleness,
         "bound_throughput_ratio": round(bound.tokens_per_s / m["ondemand"].tokens_per_s, 3),
+        "async_fraction_of_unbanked_bound": round(best.tokens_per_s / bound.tokens_per_s_unbanked, 3),
+        "async_train_fraction": round(best.train_fraction, 3),
+        "async_spot_idle_fraction": round(best.spot_idle_fraction, 3),
         "bound": {
             "tok_s": round(bound.tokens_per_s),
+            "unbanked_tok_s": round(bound.tokens_per_s_unbanked),
             "step_s": round(bound.step_s, 1),
             "limit": bound.limit,
             "reserved_gpus": bound.reserved_gpus,

@@ -94,6 +94,8 @@ class Metrics:
     """Time-averaged spot instances registered."""
     preemptions: int
     reserved_gpus: int
+    train_fraction: float = 0.0
+    """Time the reserved cluster spent training, over the wall time (1: training-bound)."""
     max_staleness: int = 0
     fraction_of_bound: float | None = None
     """Trained tokens/s over the scenario's work-conservation bound (`WorkBound`)."""
@@ -128,6 +130,10 @@ class WorkBound:
     limit: str
     """What binds: `training` (the trainer is never idle), `spot` (every spot GPU generates
     and the reserved GPUs only train) or `all` (every GPU busy)."""
+    tokens_per_s_unbanked: float = 0.0
+    """The same bound when work cannot move between periods of different spot capacity: the
+    time average of the bound at each capacity the trace holds (a schedule whose rollout runs
+    at most K steps ahead of the trainer cannot bank a long surplus for a later shortage)."""
 
 
 def rollout_gpu_seconds(scenario: Scenario, decode: DecodeModel, lengths: Iterable[int]) -> float:
@@ -145,16 +151,25 @@ def rollout_gpu_seconds(scenario: Scenario, decode: DecodeModel, lengths: Iterab
     return decode.gpus * (total + count * decode.prefill_seconds(prompt))
 
 
+def capacity_durations(schedule: TraceSchedule, pool: int, start_s: float, end_s: float) -> dict[int, float]:
+    """Seconds of `[start_s, end_s]` the schedule spends at each capacity (at most `pool`)."""
+    if pool == 0:
+        return {0: max(0.0, end_s - start_s)}
+    durations: dict[int, float] = {}
+    t, capacity = start_s, min(pool, schedule.capacity_at(start_s))
+    for change in schedule.events_between(start_s, end_s):
+        durations[capacity] = durations.get(capacity, 0.0) + change.t - t
+        t, capacity = change.t, min(pool, change.capacity)
+    durations[capacity] = durations.get(capacity, 0.0) + end_s - t
+    return durations
+
+
 def mean_capacity(schedule: TraceSchedule, pool: int, start_s: float, end_s: float) -> float:
     """Spot instances the schedule allows, time-averaged over `[start_s, end_s]`."""
     if end_s <= start_s or pool == 0:
         return 0.0
-    t, capacity, area = start_s, min(pool, schedule.capacity_at(start_s)), 0.0
-    for change in schedule.events_between(start_s, end_s):
-        area += capacity * (change.t - t)
-        t, capacity = change.t, min(pool, change.capacity)
-    area += capacity * (end_s - t)
-    return area / (end_s - start_s)
+    durations = capacity_durations(schedule, pool, start_s, end_s)
+    return sum(capacity * seconds for capacity, seconds in durations.items()) / (end_s - start_s)
 
 
 def work_bound(
@@ -178,13 +193,23 @@ def work_bound(
         raise ValueError("the bound needs at least one step")
     tokens, r_r, r_s = tokens / count, r_r / count, r_s / count
     g_r = reserved.gpus
-    g_s = mean_capacity(schedule, spot.max_instances, *window) * spot.gpus
     train = cluster_train_seconds(scenario, tokens, g_r, recompute_logprobs=False) * g_r
-    shared = (r_r + train) / (g_r + g_s * r_r / r_s) if g_s > 0 else (r_r + train) / g_r
-    spot_alone = r_s / g_s if g_s > 0 else math.inf
-    step_s = max(train / g_r, min(shared, spot_alone))
-    limit = "training" if step_s == train / g_r else ("all" if shared <= spot_alone else "spot")
-    return WorkBound(tokens, r_r, r_s, train, g_r, g_s, step_s, tokens / step_s, limit)
+
+    def step_seconds(g_s: float) -> tuple[float, str]:
+        shared = (r_r + train) / (g_r + g_s * r_r / r_s) if g_s > 0 else (r_r + train) / g_r
+        spot_alone = r_s / g_s if g_s > 0 else math.inf
+        step_s = max(train / g_r, min(shared, spot_alone))
+        return step_s, "training" if step_s == train / g_r else ("all" if shared <= spot_alone else "spot")
+
+    g_s = mean_capacity(schedule, spot.max_instances, *window) * spot.gpus
+    step_s, limit = step_seconds(g_s)
+    start, end = window
+    unbanked = 0.0
+    if end > start:
+        for capacity, seconds in capacity_durations(schedule, spot.max_instances, start, end).items():
+            unbanked += seconds * tokens / step_seconds(capacity * spot.gpus)[0]
+        unbanked /= end - start
+    return WorkBound(tokens, r_r, r_s, train, g_r, g_s, step_s, tokens / step_s, limit, unbanked)
 
 
 @dataclass(frozen=True)
@@ -235,6 +260,7 @@ def measure(result: RunResult, from_step: int, baseline: Metrics | None) -> Metr
         mean_spot_instances=spot_mean,
         preemptions=result.preemptions,
         reserved_gpus=result.reserved_gpus,
+        train_fraction=sum(s.train_s for s in measured) / wall,
         max_staleness=result.max_staleness,
     )
 

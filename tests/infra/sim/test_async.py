@@ -136,6 +136,11 @@ def test_the_bound_adds_spot_gpus_as_the_trace_offers_them():
     assert none.mean_spot_gpus == 0
     assert none.step_s == pytest.approx((none.rollout_gpu_s_reserved + none.train_gpu_s) / none.reserved_gpus)
     assert with_spot.tokens_per_s > none.tokens_per_s
+    # capacity that never changes leaves nothing to bank; a trace's changes can only lower it
+    assert with_spot.tokens_per_s_unbanked == pytest.approx(with_spot.tokens_per_s)
+    trace = small()
+    varying = work_bound(trace, range(5), spot_schedule(trace), (0.0, 900.0))
+    assert 0 < varying.tokens_per_s_unbanked <= varying.tokens_per_s
 
 
 def test_asynchrony_helps_with_and_without_spot(comparison):
