@@ -237,6 +237,7 @@ def scenario_data(config, measured: dict, steps: int, cores: int, with_spot: boo
             "while_generating": config.fabric.stream_training,
             "micro_batch_samples": config.optim.micro_batch_size,
             "step_overhead_s": measured.get("step_overhead_s", 0.0),
+            "max_staleness": config.training.max_staleness,  # the run's bounded staleness (0: on-policy)
         },
         "reserved": {"gpus": 1, "engine_gpus": 1, "max_running": measured["slots"], "price_per_hour": 3.67},
         "spot": {
