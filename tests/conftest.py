@@ -79,3 +79,17 @@ def gce(clock):
 
     with serving(FakeGce(clock=clock)) as fake:
         yield fake
+
+
+@pytest.fixture(scope="session")
+def pretrained_tiny_model(tmp_path_factory):
+    """The demo's base model, pretrained once per session by the demo's recipe
+    (deployments/configs/demo.yaml `pretrain`: to 50% held-out greedy accuracy, 300 steps for its
+    seed; 40-100 s on 2 cores). Its directory: read it, don't write to it."""
+    from infra.run.config import load_config
+    from rl.pretrain import pretrain
+
+    path = tmp_path_factory.mktemp("pretrained") / "base-model"
+    config = load_config(None, {"pretrain.output": str(path), "model.path": str(path)})
+    pretrain(config.pretrain, config.model)
+    return path
