@@ -26,7 +26,8 @@ test fails on a new host. (Over the demo's 250 steps the gain is 44-64 points at
 
 Durations (the same host and load, `--durations`): the session fixture (pretraining, 98 s) and
 the Prefect harness 178 s, once; the K = 0 case 169 s, K = 2 125 s, the flipped case 182 s; the
-file 11 min 13 s. On a quiet 2-core host a demo step takes 1.2-2 s instead of the 3-5 s here.
+file 11 min 13 s. With the host's load down to 2 (its 2 cores busy with this alone), the fixture
+and the harness took 62 s and the K = 2 case 66 s (committed runtime): the three cases about 5 min.
 """
 
 from __future__ import annotations
