@@ -11,7 +11,10 @@ import re
 import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import (
+    ArtifactFilter,
+    ArtifactFilterKey,
     FlowRunFilter,
+    FlowRunFilterId,
     FlowRunFilterParentFlowRunId,
     TaskRunFilter,
     TaskRunFilterFlowRunId,
@@ -95,15 +98,16 @@ def test_two_steps_then_resume(prefect_harness, base_model, tmp_path):
         assert s.trainer_usd == pytest.approx((s.ended_at - s.started_at).total_seconds() * 3.67 / 3600, abs=1e-8)
     assert 0 < summary["trainer_usd"] <= costs.trainer_usd  # billed to the summary; the session ran on after it
 
-    async def artifacts():
-        async with get_client() as client:
-            return await client.read_artifacts()
+    async def artifacts(**filters):
+        async with get_client() as client:  # filtered: the session's other runs made many more
+            return await client.read_artifacts(**filters)
 
-    found = asyncio.run(artifacts())
-    keys = {a.key for a in found if a.key}
-    assert {"flow-test-summary", "flow-test-steps", "flow-test-progress", "flow-test-rollout"} <= keys
+    wanted = ["flow-test-summary", "flow-test-steps", "flow-test-progress", "flow-test-rollout"]
+    found = asyncio.run(artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=wanted))))
+    assert set(wanted) <= {a.key for a in found}
+    step_runs = FlowRunFilter(id=FlowRunFilterId(any_=[r.id for r in runs]))
     per_step_tables = [
-        a for a in found if a.type == "table" and a.key is None and a.flow_run_id in {r.id for r in runs}
+        a for a in asyncio.run(artifacts(flow_run_filter=step_runs)) if a.type == "table" and a.key is None
     ]
     assert len(per_step_tables) == 2
 
