@@ -88,7 +88,9 @@ def test_a_strict_worker_claims_only_with_the_steps_version(redis_url):
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     try:
-        wait_for(lambda: worker.heartbeat() and engine.policy_version == 0, "the worker running")
+        # The registry's view, not worker.heartbeat(): called before the worker registers, that
+        # answers False and stops the worker as evicted.
+        wait_for(lambda: worker.registry.alive() and engine.policy_version == 0, "the worker running")
         assert log.step_status(2).running == 0  # version 0 is not step 2's
         weights.offer(1, {})
         wait_for(lambda: log.step_status(2).complete, "the step")
