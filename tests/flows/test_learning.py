@@ -9,26 +9,23 @@ the evaluation only before the first step and after the last (256 held-out probl
 the demo: one evaluation takes 0.7 s, and fewer problems would double its noise), the run in
 tmp_path.
 
-Measured on a 2-core AMD EPYC host shared with other work (load average 4-8), gain = held-out
-accuracy after minus before, in points, after 40 steps (base 23.4% for seed 0, 27.7% for seed 1,
-24.6% for seed 2; a run is deterministic for its seed on one host: K = 0 seed 0 gave +32.0 and
-K = 2 seed 0 +24.6 each time it ran):
+Measured on a 2-core AMD EPYC host (2026-12-02), gain = held-out accuracy after minus before, in
+points, after 40 steps at the demo's learning rate, 2.5e-4 (base 23.4% for seed 0, 27.7% for
+seed 1, 24.6% for seed 2). A K = 0 run is deterministic for its seed on one host; a K = 2 run is
+not (which version generates which token depends on timing: seed 0 gave +25.0 and +25.4):
 
-    K = 0, seeds 0, 1, 2:         +32.0, +30.5, +33.6   (150-205 s per run under that load)
-    K = 2, seeds 0, 1, 2:         +24.6, +11.7,  +0.0   (150-170 s)
-    K = 0 seed 0, advantage flipped:  -23.4             (the policy unlearns: 0% after 40 steps)
+    K = 0, seeds 0, 1:   +25.0, +28.9   (about 1.5 min per run)
+    K = 2, seeds 0, 1:   +25.4, +27.7   (every trained token two versions old from step 3 on)
+    K = 2, seed 2:       +29.7
+    K = 0 seed 0, advantage flipped:  -23.4   (the policy unlearns: 0% after 40 steps)
 
-The margin, +10 points, is a third of the worst K = 0 gain and 33 points above the flipped run.
-At K = 2 (every trained token two versions old from step 3 on) 40 steps learn less and depend on
-the seed (+0.0 for seed 2), and another host's float kernels change the trajectory as another
-seed does: so K = 2 is held to `STALE_FLOOR_POINTS` (-8), which a run that does not unlearn
-reaches on every seed measured and the flipped collapse (-23) does not. That K = 2 learns as
-reliably as K = 0 is not shown yet (an open problem of issue 24). (Over the demo's 250 steps the gain is 44-64 points at K = 0.)
+The margin, +10 points, is 40% of the worst learning gain, and the flipped run unlearns. At the
+demo's former learning rate, 5e-4, K = 0 gained +32.0/+30.5/+33.6 on seeds 0/1/2 but K = 2
++24.6/+11.7/+0.0: two versions of delay tip a step size at the edge of stability over (the
+training reward climbs, then collapses; docs/staleness.md), which is why the demo runs at 2.5e-4.
 
-Durations (the same host and load, `--durations`): the session fixture (pretraining, 98 s) and
-the Prefect harness 178 s, once; the K = 0 case 169 s, K = 2 125 s, the flipped case 182 s; the
-file 11 min 13 s. With the host's load down to 2 (its 2 cores busy with this alone), the fixture
-and the harness took 62 s and the K = 2 case 66 s (committed runtime): the three cases about 5 min.
+Durations (`--durations`, 2026-12-02, the host otherwise idle): the session fixture (pretraining)
+and the Prefect harness 66 s, once; each case 94-97 s; the file 6 min 1 s.
 """
 
 from __future__ import annotations
@@ -46,8 +43,6 @@ pytestmark = pytest.mark.integration
 STEPS = 40
 MARGIN_POINTS = 10.0
 """Held-out accuracy gain (points) every learning run must reach and the flipped run must not."""
-STALE_FLOOR_POINTS = -8.0
-"""What the K = 2 run must reach: it does not unlearn (see the module docstring)."""
 
 
 def _train(model: Path, tmp_path: Path, k: int, name: str, seed: int = 0) -> tuple[dict, list[dict]]:
@@ -81,8 +76,7 @@ def _gain(summary: dict) -> str:
 @pytest.mark.parametrize("k", [0, 2])
 def test_grpo_raises_held_out_accuracy(prefect_harness, pretrained_tiny_model, tmp_path, k):
     summary, metrics = _train(pretrained_tiny_model, tmp_path, k, f"learns-k{k}")
-    want = MARGIN_POINTS if k == 0 else STALE_FLOOR_POINTS
-    assert summary["gain_points"] >= want, f"K={k}: {_gain(summary)}, want >= {want:+.0f}"
+    assert summary["gain_points"] >= MARGIN_POINTS, f"K={k}: {_gain(summary)}, want >= {MARGIN_POINTS:+.0f}"
     if k > 0:  # the run was stale: tokens trained by versions after the one that generated them
         lags = [row.get("version_lag_mean") for row in metrics]
         assert all(isinstance(lag, (int, float)) for lag in lags), f"steps without version_lag_mean: {lags}"
