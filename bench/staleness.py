@@ -18,10 +18,13 @@ decoupled objective) and `is_truncated_fraction` (the share of tokens whose weig
 `grpo.tis_cap`); a metric that no step of any run of a K wrote is reported as null (the strict
 on-policy loop, K = 0, may write none of them).
 
-Measured with `--steps 60` (2-core AMD EPYC, load average about 2; the demo's base model, 23.4% and
-27.7% held-out for seeds 0 and 1; per seed, K = 0: 59.8%, 70.3%; K = 1: 54.3%, 64.5%; K = 2: 41.4%,
-36.3%):
-{"k": [0, 1, 2], "final_acc": [0.6504, 0.5938, 0.3887], "minutes": [1.91, 1.99, 1.9], "mean_lag": [0.0, 0.9833, 1.9383], "is_weight_mean": [1.0, 0.9982, 0.9815], "truncated_fraction": [0.0, 0.0025, 0.0139]}
+Measured with `--steps 60` (2026-12-02, 2-core AMD EPYC with AVX-512, nothing else running; the
+demo's base model, 23.4% and 27.7% held-out for seeds 0 and 1; the demo's learning rate 2.5e-4;
+per seed, K = 0: 58.6%, 61.7%; K = 1: 57.8%, 66.4%; K = 2: 60.2%, 64.5%):
+{"k": [0, 1, 2], "final_acc": [0.6016, 0.6211, 0.623], "minutes": [2.35, 2.39, 2.37], "mean_lag": [0.0, 0.9833, 1.9484], "is_weight_mean": [1.0, 1.0001, 0.9998], "truncated_fraction": [0.0, 0.0001, 0.0015]}
+At the demo's former 5e-4 the same bench gave final_acc [0.6504, 0.5938, 0.3887]: K = 2 collapsed
+(docs/staleness.md, "Learning rate"). The minutes are equal across K because the demo's trainer is
+not the bottleneck on CPU (a step's rollout and training are both about a second).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, Field, NonNegativeInt, PositiveInt, ValidationError
 
@@ -37,18 +37,7 @@ Variant = Literal[
     "ondemand_async_k1",
     "ondemand_async_k2",
 ]
-VARIANTS: tuple[Variant, ...] = (
-    "ondemand",
-    "rlboost",
-    "rlboost_no_steal",
-    "paper",
-    "restart",
-    "ondemand_equal_cost",
-    "rlboost_async_k1",
-    "rlboost_async_k2",
-    "ondemand_async_k1",
-    "ondemand_async_k2",
-)
+VARIANTS: tuple[Variant, ...] = get_args(Variant)
 
 
 class ModelSection(Section):

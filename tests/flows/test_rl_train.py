@@ -22,19 +22,16 @@ from prefect.client.schemas.filters import (
 
 from flows.rl_train import rl_train
 from infra.ledger import Ledger
-from rl.models import TinyLlamaShape, build_tiny_llama, save_model
+from rl.models import TinyLlamaShape
+from tests.helpers import save_tiny_model
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def base_model(tmp_path_factory):
-    path = tmp_path_factory.mktemp("model") / "base"
-    model, tokenizer = build_tiny_llama(
-        TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128), seed=0
-    )
-    save_model(model, tokenizer, path)
-    return path
+    shape = TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
+    return save_tiny_model(tmp_path_factory.mktemp("model") / "base", shape)
 
 
 def _overrides(base_model, tmp_path, steps):
