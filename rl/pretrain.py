@@ -9,7 +9,7 @@ With `corpus_error_rate > 0` a fraction of the training solutions carry one wron
 mistakes in real pretraining text. The model still learns the right answer as its most likely
 output (greedy accuracy, which the threshold measures), but it also learns to sample the
 mistakes at temperature 1: the gap that RL with a verifiable reward closes. This is the demo's
-setting; it is a property of the data, not of the RL algorithm, and the README says so.
+setting; it is a property of the data, not of the RL algorithm, and docs/demo.md says so.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Two families:
   the digits it depends on, the tiny model learns the carries in a few hundred supervised steps on
   any CPU; written naturally (``"123+45="`` -> ``"168"``) its held-out accuracy sat near zero for
   3,000 to more than 7,500 steps and then jumped, at a step that depended on the CPU's float
-  kernels (`bench/pretrain.py` measures it; the README has the figures).
+  kernels (`bench/pretrain.py` measures it; docs/demo.md has the figures).
 * ``chain``: a sum of 3-4 operands worked as a running chain, so responses are several times
   longer (useful where mid-response preemption must be common). Prompt ``"12+345+67="``,
   solution ``"357+67=424"``: each step writes the running sum, then the next operand; the last
@@ -59,7 +59,7 @@ WORDS_ITEMS = ("apples", "pencils", "marbles", "cookies", "stickers", "books", "
 WORDS_MAX = 20
 """Largest number a ``words`` problem starts from or adds (the difficulty knob). With 20 the base
 SmolLM2-135M-Instruct is right on 31% greedily, 7.8% at temperature 1 (`bench/words_baseline.py`;
-README "Your own model and data")."""
+docs/your-model.md)."""
 WORDS_SUFFIX = " End your answer with '#### <number>'."
 """What every ``words`` prompt asks for: GSM8K's answer convention (`rl.rewards.GSM8K_FORMAT`)."""
 _WORDS_KINDS = ("buys", "gives")

@@ -109,7 +109,7 @@ def up(
         )
         console.print(
             "Its traffic is plain HTTP: put a TLS proxy in front of it before VMs use it across networks "
-            "(README: Encryption and authentication).",
+            "(docs/security.md: Encryption and authentication).",
             highlight=False,
             soft_wrap=True,
         )

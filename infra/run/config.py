@@ -216,7 +216,7 @@ def parse_config(text: str, source: str = "<string>", overrides: dict[str, Any] 
             field = ".".join(map(str, loc)) or "(top level)"
             reason = item["msg"]
             if item["type"] == "extra_forbidden":
-                reason = "unknown key (check the spelling; see the configuration reference in README.md)"
+                reason = "unknown key (check the spelling; see the configuration reference in docs/configuration.md)"
             elif "input" in item and not isinstance(item["input"], dict):
                 reason += f" (got {item['input']!r})"
             problems.append(f"{where}: {field}: {reason}")
@@ -275,7 +275,7 @@ def _reference_section(path: str, model: type[BaseModel], lines: list[str]) -> N
 
 
 def reference_markdown() -> str:
-    """The configuration reference (README.md embeds it; a test keeps the two in sync)."""
+    """The configuration reference (docs/configuration.md embeds it; a test keeps the two in sync)."""
     lines: list[str] = []
     for section, info in RunConfig.model_fields.items():
         _reference_section(section, info.annotation, lines)

@@ -143,7 +143,7 @@ def check_cloud_transport(config: RunConfig, api_url: str | None = None) -> None
         raise PreflightError(
             f"fabric.redis_url: {who}, and the run's Redis is plain redis://, so the token log and its password "
             "would cross the network unencrypted: give the TLS port of the server as a rediss:// URL with "
-            f"fabric.redis_ca_file (README: Encryption and authentication), {opt_out}"
+            f"fabric.redis_ca_file (docs/security.md: Encryption and authentication), {opt_out}"
         )
     api_url = api_url or fabric.cloud.bootstrap.prefect_api_url or current_api_url()
     if api_url is None:

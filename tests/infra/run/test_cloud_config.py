@@ -125,9 +125,8 @@ def test_local_pools_are_unchanged():
     assert (pool.provider, pool.zones, pool.min_size, pool.gcp, pool.azure) == ("local", (), 0, None, None)
 
 
-def test_the_readme_cloud_pools_example_is_valid():
-    readme = (REPO_ROOT / "README.md").read_text()
-    section = readme.split("## Cloud pools", 1)[1]
-    example = section.split("```yaml\n", 1)[1].split("```", 1)[0]
-    pools = parse_config(example, "README.md").fabric.pools
+def test_the_docs_cloud_pools_example_is_valid():
+    page = (REPO_ROOT / "docs" / "cloud-pools.md").read_text()
+    example = page.split("```yaml\n", 1)[1].split("```", 1)[0]
+    pools = parse_config(example, "docs/cloud-pools.md").fabric.pools
     assert [p.provider for p in pools] == ["local", "gcp", "azure"]
