@@ -10,7 +10,7 @@ export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 
-.PHONY: setup vllm-setup demo test test-full bench-learning clean
+.PHONY: setup vllm-setup demo test test-unit test-full bench-learning clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,11 @@ test: $(TEST_STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q -ra
+
+# The edit loop: the unit tests alone (no Redis, Prefect or worker processes; about a minute on 2
+# cores). `make test` stays the whole suite.
+test-unit: $(TEST_STAMP)
+	$(BIN)/python -m pytest -q -m "not integration"
 
 # The PostgreSQL tests run against $(DATABASE_URL) when that server accepts a connection (trust auth,
 # or a password in the URL); the browser test needs Debian's chromium, installed here when missing
