@@ -39,7 +39,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -59,18 +58,13 @@ import yaml  # noqa: E402
 
 from infra.keyspace import controller_prefix, current_step_key, weights_prefix  # noqa: E402
 from infra.rollout.registry import InstanceRegistry  # noqa: E402
+from infra.services.ports import free_port  # noqa: E402
 from infra.services.redis_embedded import EmbeddedRedis  # noqa: E402
 
 KINDS = ("worker", "driver", "redis", "peer")
 WORKER_SIGNALS = (signal.SIGTERM, signal.SIGKILL, signal.SIGSTOP)
 REAP_TIMEOUT_S = 2.0
 PROMPTS, GROUP = 4, 4
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _processes() -> dict[int, tuple[int, str, str]]:
@@ -105,7 +99,7 @@ class Chaos:
     def __init__(self, args: argparse.Namespace, work: Path) -> None:
         self.args, self.work = args, work
         self.rng = random.Random(args.seed)
-        self.redis = EmbeddedRedis(appendfsync="everysec", directory=work / "redis", port=_free_port())
+        self.redis = EmbeddedRedis(appendfsync="everysec", directory=work / "redis", port=free_port())
         self.redis.start()
         self.client = redis.Redis.from_url(self.redis.url, socket_timeout=2.0)
         self.run_dir = work / "runs" / "chaos"

@@ -58,6 +58,7 @@ from pathlib import Path
 import redis
 import torch
 
+from infra.services.ports import free_port  # noqa: E402
 from infra.services.redis_embedded import EmbeddedRedis
 from infra.weights.bandwidth import UploadCap
 from infra.weights.config import WeightsConfig
@@ -104,12 +105,6 @@ def llama_state_dict(
     state_dict["model.norm.weight"] = torch.ones(hidden)
     state_dict["lm_head.weight"] = embed  # tied: transferred as its own copy
     return state_dict
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _wait_for_port(port: int, timeout: float = 60) -> None:
@@ -311,7 +306,7 @@ def main() -> None:
 
     began = time.monotonic()
     load_before = os.getloadavg()[0]
-    moto_port = _free_port()
+    moto_port = free_port()
     moto = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(moto_port)],
         stdout=subprocess.DEVNULL,

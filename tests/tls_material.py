@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from infra.services.ports import free_port
 from infra.services.redis_embedded import find_redis_server
 
 
@@ -86,12 +87,6 @@ def issue(ca: Issuer, directory: Path, name: str, hosts: tuple[str, ...] = ("127
         .sign(ca_key, hashes.SHA256())
     )
     return _write(directory, name, cert, key)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,6 @@ import queue
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -45,6 +44,7 @@ from pydantic import SecretStr, model_validator
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from infra.services.ports import free_port
 from rl.config import Section
 
 AppendFsync = Literal["always", "everysec", "no"]
@@ -181,12 +181,6 @@ def persistence_config(appendfsync: AppendFsync | None) -> str:
     return f'save ""\nappendonly yes\nappendfsync {appendfsync}\n'
 
 
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
-        return probe.getsockname()[1]
-
-
 def _die_with_parent() -> None:
     """Child-side (preexec_fn): SIGTERM this process when the thread that forked it dies (Linux only)."""
     _PRCTL(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
@@ -317,7 +311,7 @@ class EmbeddedRedis:
     def _launch(self, binary: str) -> bool:
         """Start redis-server on a fresh free port; True once it answers PING as configured."""
         assert self._dir is not None
-        self.port = self._fixed_port or _free_port(self.host)
+        self.port = self._fixed_port or free_port(self.host)
         config = self._dir / "redis.conf"
         config.write_text(
             f"port {self.port}\nbind {self.host}\nrequirepass {self.password}\n"

@@ -48,6 +48,7 @@ from pydantic import BaseModel
 
 from infra.fleet.prefect_local import UnknownPool
 from infra.run.config import load_config
+from infra.services.ports import free_port
 from infra.services.redis_embedded import REDIS_URL_ENV, AppendFsync, find_redis_server, persistence_config
 from infra.stack.processes import ServiceProcess, log_tail, start_detached, stop
 
@@ -212,17 +213,6 @@ def prefect_auth_file(state_dir: Path) -> Path:
     return path
 
 
-def _free_port(preferred: int | None = None) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        try:
-            probe.bind(("127.0.0.1", preferred or 0))
-        except OSError:
-            if preferred is None:
-                raise
-            return _free_port()
-        return probe.getsockname()[1]
-
-
 def _port_is_free(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         try:
@@ -329,7 +319,7 @@ class _Starter:
         directory.mkdir(parents=True, exist_ok=True)
         password = secrets.token_urlsafe(24)
         for _ in range(3):  # another process may take the free port first
-            port = _free_port()
+            port = free_port()
             config = directory / "redis.conf"
             config.write_text(
                 f"port {port}\nbind 127.0.0.1\nrequirepass {password}\n{persistence_config(appendfsync)}"
@@ -482,7 +472,7 @@ def up(
         raise StackInputError(f"zombie_after_s must exceed the 30 s flow-run heartbeat, got {zombie_after_s:g}")
     if port is not None and not _port_is_free(port):
         raise StackInputError(f"port {port} on 127.0.0.1 is in use; pick another --port or omit it to use a free one")
-    port = port or _free_port(DEFAULT_PORT)
+    port = port or free_port(preferred=DEFAULT_PORT)
     url = database_url(state_dir, database)
     local = "127.0.0.1" if host in WILDCARD_HOSTS or is_loopback(host) else host
     state = StackState(

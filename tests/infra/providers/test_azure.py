@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import logging
-import socket
 
 import pytest
 from azure.core.credentials import AccessToken
@@ -19,6 +18,7 @@ from infra.providers.pool import PoolSpec
 from infra.providers.prices_live import AzureRetailPrices, azure_hourly_price
 from infra.providers.startup import WorkerBootstrap
 from infra.providers.zonal import LABEL_POOL, LABEL_RUN, LABEL_STEP, OperationPolling
+from infra.services.ports import free_port
 from tests.fakes.arm import FakeArm
 from tests.fakes.prices import FakeRetailPrices, azure_item
 from tests.fakes.support import serving
@@ -84,9 +84,7 @@ def retail():
 
 
 def closed_port_url() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{s.getsockname()[1]}/api/retail/prices"
+    return f"http://127.0.0.1:{free_port()}/api/retail/prices"
 
 
 def make_provider(arm: FakeArm, clock: Clock, *, prices_url: str | None = None, **kwargs: object) -> AzureProvider:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import re
-import socket
 
 import pytest
 from google.api_core.client_options import ClientOptions
@@ -19,6 +18,7 @@ from infra.providers.pool import PoolSpec
 from infra.providers.prices_live import offline_price
 from infra.providers.startup import LOCK_ENV, WHEEL_ENV, WorkerBootstrap
 from infra.providers.zonal import LABEL_POOL, LABEL_RUN, LABEL_STEP
+from infra.services.ports import free_port
 from tests.fakes.gce import FakeGce
 from tests.fakes.prices import FakeBillingCatalog, gcp_sku
 from tests.fakes.support import serving
@@ -56,9 +56,7 @@ def catalog():
 
 
 def closed_port_url() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{s.getsockname()[1]}"
+    return f"http://127.0.0.1:{free_port()}"
 
 
 def make_provider(gce: FakeGce, clock: Clock, *, billing_url: str | None = None, **kwargs: object) -> GcpProvider:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,6 +27,7 @@ from infra.rollout.tokenlog import TokenLog
 from infra.run.fabric import RolloutFabric
 from infra.run.fabric_config import FabricConfig
 from infra.run.redis_outage import public_url
+from infra.services.ports import free_port
 from infra.services.redis_embedded import EmbeddedRedis
 from rl.config import DataConfig, RolloutConfig
 from rl.engine import HFEngine
@@ -41,12 +41,6 @@ pytestmark = pytest.mark.integration
 SHAPE = TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
 POOL = {"name": "reserved", "capacity_class": "reserved", "size": 2, "machine_type": "cpu", "price_per_hour": 1.0}
 WORKER = {"slots": 2, "flush_tokens": 2, "flush_ms": 20, "heartbeat_s": 0.2, "ttl_s": 5.0}
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _done(log: TokenLog) -> int:
@@ -63,7 +57,7 @@ def _step_through(tmp_path, name: str, appendfsync: str, interrupt: Callable[[To
     every sample once and the tokens an uninterrupted in-process engine generates."""
     save_tiny_model(tmp_path / "base", SHAPE)
     model, tokenizer = load_model(tmp_path / "base")
-    server = EmbeddedRedis(appendfsync=appendfsync, directory=tmp_path / "redis", port=_free_port())
+    server = EmbeddedRedis(appendfsync=appendfsync, directory=tmp_path / "redis", port=free_port())
     server.start()
     config = FabricConfig.model_validate(
         {

@@ -3,12 +3,11 @@ its password when it does not within the timeout (a manual clock)."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import redis
 
 from infra.run.redis_outage import RedisUnreachable, public_url, wait_for_redis
+from infra.services.ports import free_port
 from tests.helpers import Clock
 
 
@@ -22,9 +21,7 @@ def test_a_redis_that_answers_ends_the_wait(redis_client, redis_url):
 
 
 def test_a_redis_that_stays_away_is_named_after_the_timeout():
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # a port nothing listens on
     url = f"redis://:s3cret@127.0.0.1:{port}/0"
     clock = Clock(0.0)
     client = redis.Redis.from_url(url)

@@ -9,6 +9,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from infra.services.ports import free_port
 from infra.services.redis_embedded import EmbeddedRedis, RedisSettings, RedisUnavailable, find_redis_server
 
 pytestmark = pytest.mark.integration
@@ -58,9 +59,7 @@ def test_serve_starts_embedded_only_without_url():
 
 
 def test_unreachable_url_names_host_port_not_password():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     url = f"redis://:hunter2secret@127.0.0.1:{port}/0"
     settings = RedisSettings(url=url, connect_timeout_s=0.5)
     with pytest.raises(RedisUnavailable) as info:

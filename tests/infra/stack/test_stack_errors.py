@@ -11,15 +11,10 @@ from typer.testing import CliRunner
 from infra.cli.app import app
 from infra.fleet.prefect_local import InstanceRunSpec, PrefectLocalProvider
 from infra.rollout.settings import WorkerSettings
+from infra.services.ports import free_port
 from infra.services.prefect_api import PrefectApiUnreachable, check_api
 
 runner = CliRunner()
-
-
-def _closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_up_with_a_pool_prefect_yaml_cannot_run_fails_before_starting_anything(tmp_path):
@@ -65,7 +60,7 @@ def test_down_with_no_stack_says_there_is_nothing_to_stop(tmp_path):
 
 
 def test_unreachable_prefect_api_names_the_url_and_the_fix():
-    url = f"http://127.0.0.1:{_closed_port()}/api"
+    url = f"http://127.0.0.1:{free_port()}/api"
     with pytest.raises(PrefectApiUnreachable) as caught:
         check_api(url, purpose="the test")
     message = str(caught.value)
@@ -74,7 +69,7 @@ def test_unreachable_prefect_api_names_the_url_and_the_fix():
 
 
 def test_prefect_instances_without_a_reachable_api_fail_before_starting_anything(tmp_path):
-    url = f"http://127.0.0.1:{_closed_port()}/api"
+    url = f"http://127.0.0.1:{free_port()}/api"
     spec = InstanceRunSpec(run_id="r", redis_url="redis://127.0.0.1:1/0", model="m", worker=WorkerSettings())
     with pytest.raises(PrefectApiUnreachable, match=r"for fabric.instances: prefect: .*rlboost up"):
         PrefectLocalProvider(spec, api_url=url, log_dir=tmp_path)

@@ -9,7 +9,6 @@ import json
 import os
 import select
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,6 +20,7 @@ from urllib.parse import urlsplit
 import pytest
 import torch
 
+from infra.services.ports import free_port
 from infra.weights.auth import authorization
 from infra.weights.config import WeightsConfig
 from infra.weights.holders import HolderRegistry, weights_channel
@@ -45,12 +45,6 @@ def _state_dict(megabytes: float, seed: int = 0) -> dict[str, torch.Tensor]:
     torch.manual_seed(seed)
     rows = max(1, int(megabytes * 2**20 / (256 * 4) / 4))
     return {f"layer{i}.weight": torch.randn(rows, 256) for i in range(4)}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _status(url: str, path: str) -> int:
@@ -180,7 +174,7 @@ def test_peer_only_when_the_store_is_unreachable(redis_client, run):
     unreachable = {
         "key": "testing",
         "secret": "testing",
-        "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{_free_port()}", "region_name": "us-west-2"},
+        "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{free_port()}", "region_name": "us-west-2"},
         "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1},
         "retries": 1,
     }

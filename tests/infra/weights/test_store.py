@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import socket
 import uuid
 
 import pytest
 import torch
 
+from infra.services.ports import free_port
 from infra.weights.config import WeightsConfig
 from infra.weights.manifest import MANIFEST_FILE, encode, fingerprint
 from infra.weights.publisher import WeightPublisher
@@ -19,18 +19,12 @@ pytestmark = pytest.mark.integration
 BUCKET = "rlboost-weights"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def s3_options():
     """fsspec options of a private moto S3 server on a free port, with one bucket."""
     from moto.server import ThreadedMotoServer
 
-    port = _free_port()
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     options = {
