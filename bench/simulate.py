@@ -1,5 +1,5 @@
 """Simulator benchmark: the RLBoost paper's throughput table, then real spot traces, each with all
-variants side by side (`infra.sim`, docs/ARCHITECTURE.md §11).
+variants side by side (`infra.sim`, docs/internals.md §11).
 
     .venv/bin/python bench/simulate.py [--steps 14] [--warmup 4] [--plot docs/sim_skynomad.png] [--cpu-steps 24]
 

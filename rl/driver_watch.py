@@ -1,4 +1,4 @@
-"""Processes that end with the driver that started them (docs/ARCHITECTURE.md §2, §9): rollout
+"""Processes that end with the driver that started them (docs/internals.md §2, §9): rollout
 workers, their engines' child processes and the DeepSpeed trainer ranks.
 
 The driver (the training process, or whoever owns a `LocalProvider`) puts its pid in its children's

@@ -1,4 +1,4 @@
-"""Training on complete groups while the rollout's tail is still generating (docs/ARCHITECTURE.md §4).
+"""Training on complete groups while the rollout's tail is still generating (docs/internals.md §4).
 
 GRPO's advantages are normalised within a group, so a group can be scored and its loss gradient
 accumulated as soon as its n responses are done, long before the slowest group of the step. A

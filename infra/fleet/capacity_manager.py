@@ -1,4 +1,4 @@
-"""The capacity manager: keeps each pool of a `Provider` at its planned size (docs/ARCHITECTURE.md §3).
+"""The capacity manager: keeps each pool of a `Provider` at its planned size (docs/internals.md §3).
 
 Each `reconcile()`:
 

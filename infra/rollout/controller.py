@@ -1,4 +1,4 @@
-"""The rollout controller runtime (docs/ARCHITECTURE.md §4-5): drives one RL step's rollout on Redis.
+"""The rollout controller runtime (docs/internals.md §4-5): drives one RL step's rollout on Redis.
 
 `RolloutController.run_step` enqueues a step's groups in the token log (idempotently), makes the
 step current for the workers (`infra.rollout.worker`), then polls until every group is complete or

@@ -1,4 +1,4 @@
-"""Pipelined token-log flushes (docs/ARCHITECTURE.md §4: "flush every k tokens or t ms, pipelined").
+"""Pipelined token-log flushes (docs/internals.md §4: "flush every k tokens or t ms, pipelined").
 
 A rollout worker collects the flushes due after an engine step and `submit`s them as one batch;
 the `TokenLog.log` round trip runs on the pipeline's thread while the worker runs the next engine

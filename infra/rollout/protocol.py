@@ -1,4 +1,4 @@
-"""The current-step protocol between the controller and the rollout workers (docs/ARCHITECTURE.md §4).
+"""The current-step protocol between the controller and the rollout workers (docs/internals.md §4).
 
 ``current_step_key(run_id)`` (``rlb:{<run_id>}:current_step``, `infra.keyspace`) is a hash with
 fields ``step``, ``version``, ``first`` and ``staleness``: the newest step whose samples instances

@@ -2,11 +2,12 @@
 control messages the controller sends them.
 
 This module owns the registry's Redis state. An instance `register`s, then `heartbeat`s well
-within `ttl_s`; each heartbeat refreshes a liveness key that expires after `ttl_s` and records
-(on the server's clock) the instance's policy version, free slots and running samples. An
-instance whose liveness key expired is `lapsed`: the controller reaps its samples
-(`TokenLog.reap`) and deregisters it; a deregistered instance's heartbeat returns False, which
-tells it to stop. Control messages (``{"op": "release", "count": 3}``, ``{"op": "release_all"}``,
+within `ttl_s`; each heartbeat refreshes a liveness key that expires after `ttl_s` (what `alive`
+reads: the fabric waits for a first live instance) and records (on the server's clock) the
+instance's policy version, free slots and running samples. Reaping does not read the liveness
+key: the controller's reaper (`policies.reaper`) declares dead an instance whose last heartbeat
+is older than `controller.reap_timeout_s`, reaps its samples (`TokenLog.reap`) and deregisters
+it; a deregistered instance's heartbeat returns False, which tells it to stop. Control messages (``{"op": "release", "count": 3}``, ``{"op": "release_all"}``,
 ``{"op": "drain"}``) go through a FIFO list per instance.
 
 Key layout (``P = "rlb:{<run_id>}:reg:"``): ``P members`` (set of instance ids), ``P i:<id>``
@@ -183,11 +184,8 @@ class InstanceRegistry:
         return snapshots
 
     def alive(self) -> list[InstanceSnapshot]:
+        """Registered instances whose liveness key has not expired."""
         return [s for s in self.all() if s.alive]
-
-    def lapsed(self) -> list[str]:
-        """Registered instances whose liveness key expired (for the reaper)."""
-        return [s.info.instance_id for s in self.all() if not s.alive]
 
     def request(self, instance_id: str, command: dict[str, Any]) -> bool:
         """Queue a control message for an instance; False if it is not registered."""

@@ -29,7 +29,8 @@ class WorkerSettings(Section):
     heartbeat_s: float = Field(0.5, gt=0)
     """Seconds between heartbeats."""
     ttl_s: float = Field(2.0, gt=0)
-    """Heartbeat lifetime: an instance silent this long is reaped."""
+    """Lifetime of the instance's liveness key in the registry, refreshed by each heartbeat (the
+    fabric waits for a live instance by it). Reaping is `controller.reap_timeout_s`'s."""
     restart_from_scratch: bool = False
     """Baseline for benchmarks: instances never resume a sample from its logged tokens (they
     discard them on release, `infra.rollout.worker.WorkerConfig.restart_from_scratch`)."""

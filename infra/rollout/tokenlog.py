@@ -1,4 +1,4 @@
-"""The durable token log (docs/ARCHITECTURE.md §4): samples, leases, logged tokens, the per-step queue and
+"""The durable token log (docs/internals.md §4): samples, leases, logged tokens, the per-step queue and
 completed-group streaming, all in Redis.
 
 This module owns the Redis state of rollout work and every transition of it. A **sample** is one

@@ -1,4 +1,4 @@
-"""The rollout worker: one rollout instance's loop of claim -> generate -> flush (docs/ARCHITECTURE.md §3-4).
+"""The rollout worker: one rollout instance's loop of claim -> generate -> flush (docs/internals.md §3-4).
 
 A `RolloutWorker` owns a `GenerationEngine` (HF or vLLM, `rl.engine_spec`; wrapped in `rl.stops.StopStrings`
 so the stop strings in a group's sampling end its samples) and runs it against the run's token log:
@@ -510,7 +510,7 @@ class RolloutWorker:
         log.info("loaded policy version %d from the trainer (in process)", version)
 
     def _pull(self, version: int) -> None:
-        """Pull `version` once it is announced (docs/ARCHITECTURE.md §6), from peers that hold it
+        """Pull `version` once it is announced (docs/internals.md §6), from peers that hold it
         or the trainer, else the store; a failed pull is retried at the next poll."""
         engine = self.engine
         assert engine is not None

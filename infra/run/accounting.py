@@ -1,6 +1,6 @@
 """Recording what a training run costs while it runs: the bridge from the fabric to the ledger.
 
-`RunAccounting` writes into the cost ledger (`infra.ledger`, docs/ARCHITECTURE.md §7):
+`RunAccounting` writes into the cost ledger (`infra.ledger`, docs/internals.md §7):
 
 * at the start, the run and a price quote for every pool;
 * the trainer's machine (`infra.ledger.config.TrainerMachine`, when configured) as instance

@@ -1,4 +1,4 @@
-"""The co-located reserved instance of a run (docs/ARCHITECTURE.md §2, §5): rollout inside the
+"""The co-located reserved instance of a run (docs/internals.md §2, §5): rollout inside the
 training process, on the trainer's device.
 
 A pool with `colocated: true` (reserved, local, size 1) gets no process of its own. The fabric

@@ -1,4 +1,4 @@
-"""One run directory, one driver (docs/ARCHITECTURE.md §9).
+"""One run directory, one driver (docs/internals.md §9).
 
 A training session holds an exclusive `fcntl.flock` on `<run>/driver.lock` for its life; the file
 says who holds it (`pid <pid> host <host>`). A second driver for the same run directory is refused

@@ -1,4 +1,4 @@
-"""The rollout fabric of one run (docs/ARCHITECTURE.md §3-5): Redis, the instance pools running rollout
+"""The rollout fabric of one run (docs/internals.md §3-5): Redis, the instance pools running rollout
 workers, weight publication, and the controller that rolls out each step over the token log.
 
 `RolloutFabric` is what the training session uses instead of its in-process engine when

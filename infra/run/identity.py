@@ -1,4 +1,4 @@
-"""Who a run is across its drivers (docs/ARCHITECTURE.md §9): `<run>/identity.json`.
+"""Who a run is across its drivers (docs/internals.md §9): `<run>/identity.json`.
 
 The first driver of a run directory makes the run's id (`<run.name>-<8 hex>`) and writes it, with
 attempt 1, atomically (a temporary file, fsynced, renamed). Every later driver of the same

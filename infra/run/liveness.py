@@ -1,5 +1,5 @@
 """Whether the run that launched a cloud VM is alive, from durable state only: the pure verdict of
-the VM sweep (`infra.run.sweep`; docs/ARCHITECTURE.md §9, "No VM outlives its run").
+the VM sweep (`infra.run.sweep`; docs/internals.md §9, "No VM outlives its run").
 
 A run is alive while its ledger row has no `ended_at` and its driver's last heartbeat
 (`runs.heartbeat_at`, else `started_at`) is younger than `stale_after_s`. A driver beats every

@@ -1,4 +1,4 @@
-"""What a run does when its Redis stops answering (docs/ARCHITECTURE.md §9).
+"""What a run does when its Redis stops answering (docs/internals.md §9).
 
 The token log lives in Redis, so a Redis that goes away (killed, restarted, a network cut) stops
 the step, but not at once: the fabric waits up to `fabric.redis_outage_timeout_s` for it to answer

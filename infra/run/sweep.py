@@ -1,4 +1,4 @@
-"""The VM sweep (docs/ARCHITECTURE.md §9, "No VM outlives its run"): find this project's VMs by their
+"""The VM sweep (docs/internals.md §9, "No VM outlives its run"): find this project's VMs by their
 `rlboost-run` label in the scopes of a run's cloud pools, judge whether their run is alive
 (`infra.run.liveness`, from the ledger), delete those whose run is not, and record each deleted VM
 in the ledger (`swept_instances`).

@@ -1,4 +1,4 @@
-"""The paper-scale simulator (docs/ARCHITECTURE.md §11): RL steps on a reserved cluster plus spot
+"""The paper-scale simulator (docs/internals.md §11): RL steps on a reserved cluster plus spot
 instances, driven by the runtime's own policies (`infra.rollout.policies`) over real spot traces.
 
 Modules, one job each: `scenario` (the YAML scenario and its validation), `hardware` (the

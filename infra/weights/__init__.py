@@ -1,4 +1,4 @@
-"""Pull-based weight transfer (docs/ARCHITECTURE.md §6): the trainer publishes each policy version once; every
+"""Pull-based weight transfer (docs/internals.md §6): the trainer publishes each policy version once; every
 instance pulls it when it is ready, from peers that already hold it, falling back to the store.
 
 Trainer::

@@ -1,4 +1,4 @@
-"""`WeightsConfig`: the settings of pull-based weight transfer (docs/ARCHITECTURE.md §6), shared by the trainer
+"""`WeightsConfig`: the settings of pull-based weight transfer (docs/internals.md §6), shared by the trainer
 (`WeightPublisher`) and every rollout instance (`WeightPuller`).
 
 Both sides read the secret from the same environment variable. The chunk layout travels in each

@@ -1,4 +1,4 @@
-"""Pure controller policies (docs/ARCHITECTURE.md §5): each reads a `ClusterSnapshot` or a few measured
+"""Pure controller policies (docs/internals.md §5): each reads a `ClusterSnapshot` or a few measured
 numbers plus a clock value, and returns frozen decisions. No I/O: the Redis runtime and the
 simulator drive the same objects.
 

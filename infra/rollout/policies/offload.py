@@ -1,7 +1,7 @@
 """Adaptive rollout offload: the per-step time budget `T_local` during which reserved instances
 also generate, before they release their unfinished samples to spot instances and train.
 
-Update rule per step (docs/ARCHITECTURE.md §5): ``T_local += (trainer_idle - rollout_idle) / damping``,
+Update rule per step (docs/internals.md §5): ``T_local += (trainer_idle - rollout_idle) / damping``,
 clamped to ``[floor, ceiling]``, where
 
 * ``trainer_idle`` is the time the trainer waited for complete groups between the release at
