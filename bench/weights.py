@@ -58,7 +58,7 @@ from pathlib import Path
 import redis
 import torch
 
-from infra.services.ports import free_port  # noqa: E402
+from infra.services.ports import free_port
 from infra.services.redis_embedded import EmbeddedRedis
 from infra.weights.bandwidth import UploadCap
 from infra.weights.config import WeightsConfig

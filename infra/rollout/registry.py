@@ -7,8 +7,9 @@ reads: the fabric waits for a first live instance) and records (on the server's 
 instance's policy version, free slots and running samples. Reaping does not read the liveness
 key: the controller's reaper (`policies.reaper`) declares dead an instance whose last heartbeat
 is older than `controller.reap_timeout_s`, reaps its samples (`TokenLog.reap`) and deregisters
-it; a deregistered instance's heartbeat returns False, which tells it to stop. Control messages (``{"op": "release", "count": 3}``, ``{"op": "release_all"}``,
-``{"op": "drain"}``) go through a FIFO list per instance.
+it; a deregistered instance's heartbeat returns False, which tells it to stop. Control messages
+(``{"op": "release", "count": 3}``, ``{"op": "release_all"}``, ``{"op": "drain"}``) go through a
+FIFO list per instance.
 
 Key layout (``P = "rlb:{<run_id>}:reg:"``): ``P members`` (set of instance ids), ``P i:<id>``
 (hash: info and last heartbeat), ``P alive:<id>`` (liveness key with TTL), ``P ctl:<id>``

@@ -31,7 +31,6 @@ import ipaddress
 import json
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import time
@@ -48,7 +47,7 @@ from pydantic import BaseModel
 
 from infra.fleet.prefect_local import UnknownPool
 from infra.run.config import load_config
-from infra.services.ports import free_port
+from infra.services.ports import free_port, port_is_free
 from infra.services.redis_embedded import REDIS_URL_ENV, AppendFsync, find_redis_server, persistence_config
 from infra.stack.processes import ServiceProcess, log_tail, start_detached, stop
 
@@ -211,15 +210,6 @@ def prefect_auth_file(state_dir: Path) -> Path:
     with os.fdopen(descriptor, "w") as out:
         out.write(f"{AUTH_USER}:{secrets.token_urlsafe(32)}\n")
     return path
-
-
-def _port_is_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
 
 
 def database_url(state_dir: Path, given: str | None) -> str:
@@ -470,7 +460,7 @@ def up(
     check_pools(config_path, deployments)
     if zombie_after_s is not None and zombie_after_s <= 30:
         raise StackInputError(f"zombie_after_s must exceed the 30 s flow-run heartbeat, got {zombie_after_s:g}")
-    if port is not None and not _port_is_free(port):
+    if port is not None and not port_is_free(port):
         raise StackInputError(f"port {port} on 127.0.0.1 is in use; pick another --port or omit it to use a free one")
     port = port or free_port(preferred=DEFAULT_PORT)
     url = database_url(state_dir, database)
