@@ -1,8 +1,9 @@
 """A run against a measured baseline: `compare(report, baseline) -> BaselineComparison`.
 
 The only comparison with on-demand the ledger makes is against another run it recorded: a
-*reserved-only* run of the same configuration (the same model, data, steps and trainer; no spot
-instances), named by its ledger run id. Both runs' figures are measured; nothing is re-priced.
+*reserved-only* run that the user made with the same model, data, steps and trainer, named by its
+ledger run id. Both runs' figures are measured; nothing is re-priced. The ledger does not record a
+run's configuration, so only the absence of spot instances is checked, not the workload.
 
 - `cost_efficiency` = the baseline's $ per million trained tokens / the run's: trained tokens per
   dollar of the run relative to the baseline (1.3: 30 % more tokens per dollar).

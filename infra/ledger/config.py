@@ -55,8 +55,9 @@ class LedgerConfig(Section):
     """The trainer's machine (None: a colocated reserved pool is it, or it is not recorded, and
     the report says so)."""
     baseline_run_id: str | None = None
-    """Ledger run id of a measured reserved-only run of the same configuration: the run summary
-    compares this run's $ per million trained tokens and trained tokens/s with it."""
+    """Ledger run id of a measured reserved-only run (yours, with the same model, data and steps;
+    not checked): the run summary compares this run's $ per million trained tokens and trained
+    tokens/s with it."""
 
     def resolved_url(self) -> str:
         """The URL the run records to (see `resolve_ledger_url`)."""
