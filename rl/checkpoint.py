@@ -1,24 +1,17 @@
-"""Atomic training checkpoints: policy weights, optimizer, scheduler, RNG states, step, data cursor.
+"""Atomic training checkpoints: policy weights, the trainer's state, RNG states, step, user state.
 
-Layout under a checkpoint root::
+Layout under a root: `step_NNNNNN/model.safetensors` (the policy, loadable on its own),
+`step_NNNNNN/trainer.pt` (the trainer's state, RNG states, user state such as the data cursor),
+`step_NNNNNN/deepspeed/` (the DeepSpeed ranks' optimizer shards) and `latest`, naming the newest
+complete one. What a trainer writes is its own (`PolicyTrainer.save_state`); this module owns the
+atomicity, the RNG and the user state.
 
-    step_000020/model.safetensors   policy weights (loadable on their own)
-    step_000020/trainer.pt          the trainer's state + RNG states + step + user state
-    step_000020/deepspeed/          the DeepSpeed trainer's sharded optimizer state (one file per rank)
-    latest                          text file naming the newest complete checkpoint
-
-What the trainer writes is its own (`Trainer.save_state`: the torch trainer's optimizer and
-scheduler go in `trainer.pt`; `rl.distributed`'s ranks write `deepspeed/`); this module owns the
-atomicity, the RNG and the user state (data cursor, history).
-
-A checkpoint is written into a temporary directory, fsynced, renamed into place, and only then
-named by `latest` (itself replaced atomically), so a crash at any moment leaves the previous
-checkpoint intact and never exposes a partial one. A checkpoint damaged afterwards (a truncated
-`trainer.pt` or `model.safetensors`: a disk that filled, a copy cut short) is skipped by
-`latest_checkpoint` with a warning naming the file, for the previous complete one; with none left it
-refuses (`CorruptCheckpoint`, naming the file). A checkpoint that does not fit on the disk is
-removed and reported as `OutOfSpace`, naming the path, the free space and the checkpoint that stays
-valid.
+`save_checkpoint` writes into a temporary directory, fsyncs, renames it into place and only then
+replaces `latest` atomically: a crash never exposes a partial checkpoint (the `keep` newest stay).
+`latest_checkpoint` skips a damaged one (`damage`) for the previous complete one, else raises
+`CorruptCheckpoint`; one that does not fit is removed and raised as `OutOfSpace`;
+`load_checkpoint` restores a trainer and the RNG. Detail: docs/internals.md §9 ("A full disk is
+named", "No resume from a damaged checkpoint").
 """
 
 from __future__ import annotations

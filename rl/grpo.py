@@ -1,34 +1,18 @@
 """The GRPO objective as pure tensor functions: advantages, per-token log-probs, KL, entropy, loss.
 
-What is implemented:
+`group_advantages`: group-normalised outcome rewards ``(r - mean_g) / (std_g + eps)`` (population
+std), or ``r - mean_g`` with ``normalize_std=False`` (Dr. GRPO). `policy_loss`: PPO's clipped
+surrogate on ``exp(logp - proximal_logp)``, the proximal policy being the trainer's weights at the RL
+step's start (``clip_eps_high``: DAPO's clip-higher); at one update per step the ratio is 1 and the
+clip never acts. ``objective="decoupled"`` (AReaL, for stale samples) weights each token by the
+constant ``min(exp(proximal_logp - behaviour_logp), tis_cap)``, truncating at the cap where AReaL
+drops the token; ``"grpo"`` weights 1. `kl_k3` is added to the loss, not the reward. Aggregation:
+``token`` (DAPO: valid tokens' sum / count) or ``sequence`` (GRPO: mean of per-sequence means).
 
-1. Advantages are group-normalised outcome rewards (DeepSeekMath's GRPO, Shao et al., 2024):
-   every token of a response gets ``(r - mean_g) / (std_g + eps)`` of its group of n responses
-   to the same prompt (`group_advantages`; population std, ``unbiased=False``), or ``r - mean_g``
-   with ``normalize_std=False`` (Dr. GRPO's mean-only centring).
-2. The policy term is PPO's clipped surrogate on the ratio ``exp(logp - proximal_logp)`` to the
-   *proximal* policy: the trainer's weights at the start of the RL step. The upper bound may be
-   wider than the lower one (``clip_eps_high``, DAPO's clip-higher). With one optimizer update per
-   RL step (`optim.updates_per_step: 1`) the ratio is exactly 1 at that update, the clip never
-   acts, and the gradient is the plain policy gradient ``-A * grad logp`` per token; with U > 1
-   mini-batch updates the clip bounds how far the later updates move from the proximal policy.
-3. ``objective="decoupled"`` is AReaL's decoupled PPO objective (Fu et al., 2025) for samples that
-   an older policy version generated (bounded staleness): each token's clipped term is multiplied
-   by the importance weight ``w = min(exp(proximal_logp - behaviour_logp), tis_cap)``, a constant
-   (no gradient), where ``behaviour_logp`` is the engine's log-prob of the sampled token. It
-   differs from AReaL's code in one point: a weight above the cap is truncated to the cap
-   (truncated importance sampling), where AReaL drops the token (weight 0).
-   ``objective="grpo"`` is the same loss with ``w = 1``.
-4. The KL penalty to a frozen reference policy uses the k3 estimator
-   ``exp(ref - logp) - (ref - logp) - 1`` per token and is added to the loss (not to the reward).
-5. Aggregation is token-level (DAPO: the sum over all valid tokens / their count; the default) or
-   sequence-level (original GRPO: the mean over sequences of per-sequence token means).
-
-What it simplifies, on purpose: there is no value model and no GAE (the group baseline replaces
-the critic); rewards are outcome rewards only (one scalar per response, no process rewards); there
-is no entropy bonus (`entropy_from_logits` is for monitoring) and no length penalty; no dual clip;
-the importance weight is per token (no sequence-level weight); the proximal policy is always the
-trainer's weights at the step's start (never an approximation from the behaviour log-probs).
+Simplifies, on purpose: no value model or GAE (the group baseline is the critic); outcome rewards
+only; no entropy bonus (`entropy_from_logits` monitors) and no length penalty; no dual clip; a
+per-token importance weight; the proximal policy is exact, never approximated from behaviour
+log-probs. Detail: docs/how-it-works.md ("The learning algorithm"), docs/staleness.md.
 """
 
 from __future__ import annotations

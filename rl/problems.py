@@ -1,27 +1,18 @@
-"""Procedurally generated arithmetic problems with a held-out evaluation split.
+"""Procedurally generated arithmetic problems with a held-out evaluation split (`FAMILIES`).
 
-Two families:
+* ``add``: 2-3 digit addition in fixed width (operands 3 digits, sum 4): ``"123+045="`` ->
+  ``"0168"``; the rewards compare numbers, so ``"168"`` is right too. Fixed width lets the tiny
+  model learn the carries in a few hundred supervised steps on any CPU (why, with the figures:
+  docs/demo.md, "Why the problems are written in fixed width"; `bench/pretrain.py`).
+* ``chain``: 3-4 operands summed as a running chain, for longer responses (more mid-response
+  preemptions): ``"12+345+67="`` -> ``"357+67=424"``; the last number is the answer.
+* ``words``: one-step English word problems for instruct models (SmolLM2), answered GSM8K-style:
+  ``"Sam has 7 apples and buys 5 more. ... End your answer with '#### <number>'."`` ->
+  ``"Sam has 7 + 5 = 12 apples.\\n#### 12"``.
 
-* ``add``: 2-3 digit addition in fixed-width notation: operands written with 3 digits, the sum
-  with 4. Prompt ``"123+045="``, solution ``"0168"`` (answer ``"168"``; the rewards compare
-  numbers, so ``"0168"`` and ``"168"`` are both right). With every digit at a fixed distance from
-  the digits it depends on, the tiny model learns the carries in a few hundred supervised steps on
-  any CPU; written naturally (``"123+45="`` -> ``"168"``) its held-out accuracy sat near zero for
-  3,000 to more than 7,500 steps and then jumped, at a step that depended on the CPU's float
-  kernels (`bench/pretrain.py` measures it; docs/demo.md has the figures).
-* ``chain``: a sum of 3-4 operands worked as a running chain, so responses are several times
-  longer (useful where mid-response preemption must be common). Prompt ``"12+345+67="``,
-  solution ``"357+67=424"``: each step writes the running sum, then the next operand; the last
-  number is the answer.
-
-* ``words``: a one-step word problem in plain English for instruct models (e.g. SmolLM2-135M),
-  adding or taking away small numbers, asking for GSM8K's answer convention: ``"Sam has 7 apples
-  and buys 5 more. How many apples does Sam have now? End your answer with '#### <number>'."``,
-  solution ``"Sam has 7 + 5 = 12 apples.\\n#### 12"``, answer ``"12"``.
-
-The split is by problem, not by draw: a problem whose operands hash into the held-out bucket is
-never produced by a training stream, so evaluation measures generalisation. Everything is a pure
-function of its seed.
+`problem_stream` and `eval_set` split by problem, not by draw: one whose operands hash into the
+held-out bucket never appears in a training stream, so evaluation measures generalisation.
+Everything is a pure function of its seed.
 """
 
 from __future__ import annotations

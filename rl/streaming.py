@@ -1,23 +1,14 @@
 """Training on complete groups while the rollout's tail is still generating (docs/internals.md §4).
 
-GRPO's advantages are normalised within a group, so a group can be scored and its loss gradient
-accumulated as soon as its n responses are done, long before the slowest group of the step. A
-`StreamedStep` is the trainer side of that: the rollout hands it each complete group (`add`, from
-any one thread at a time), it scores the group and, as soon as complete groups fill a micro-batch
-(`optim.micro_batch_size` samples; one per rank for `rl.distributed`'s trainer), calls
-`accumulate` on them; when the rollout is
-over, `finish` checks that it saw exactly the step's groups with the advantages the step's scoring
-computed, and takes the optimizer step. The update equals one `Trainer.train_step` on the whole
-step's batch (see `Trainer.accumulate`); only the float summation order differs.
-
-With `optim.updates_per_step` > 1 the step's updates need the whole step first (the proximal
-forward precedes the first update, and the mini-batches are cut from the whole batch): `add` then
-only scores each group as it completes, and `finish` hands the trainer every sample in the step's
-own order, so the update equals `Trainer.train_step` on the step's batch exactly; only the scoring
-overlaps the rollout's tail.
-
-What it does not change: one RL step (one policy version) per step, and groups dropped by the
-rollout (a failed sample) are simply never added.
+GRPO normalises advantages within a group, so a group can be scored and its gradient accumulated
+as soon as its n responses are done. `StreamedStep` is the trainer's side of that: `add` takes each
+complete group (from one thread at a time) and scores it; once complete groups fill a micro-batch
+(`optim.micro_batch_size` samples; one per rank for `rl.distributed`) it calls `accumulate`.
+`finish` checks it saw exactly the step's groups with the step's own advantages, then takes the
+optimizer step: the update equals one `Trainer.train_step` on the whole batch up to float summation
+order; `abandon` drops it. With `optim.updates_per_step` > 1 the updates need the whole step (the
+proximal forward comes first), so `add` only scores and `finish` hands every sample over in the
+step's order. One RL step is one policy version; groups the rollout dropped are never added.
 """
 
 from __future__ import annotations

