@@ -66,7 +66,7 @@ from dataclasses import asdict, dataclass, fields, replace
 import redis
 from pydantic import Field
 
-from infra.keyspace import controller_prefix, current_step_key, owned_key, queue_key, records_key, sample_key
+from infra.keyspace import controller_prefix, current_step_key, glob_escape
 from infra.rollout.policies import (
     ClusterSnapshot,
     InstanceView,
@@ -82,7 +82,7 @@ from infra.rollout.policies import (
 )
 from infra.rollout.protocol import set_current_step
 from infra.rollout.registry import InstanceRegistry
-from infra.rollout.tokenlog import RECORD, GroupSpec, SampleRecord, StepStatus, TokenLog, TokenLogStats, _glob_escape
+from infra.rollout.tokenlog import GroupSpec, SampleRecord, StepStatus, TokenLog, TokenLogStats
 from rl.config import Section
 from rl.rollout import Sample
 
@@ -363,7 +363,7 @@ class RolloutController:
         resumed = TakeOver(
             step=next_step,
             samples_done=done,
-            samples_partial=int(self.redis.zcount(queue_key(self.run_id, next_step), "-inf", "(0")),
+            samples_partial=log.queued_partial(next_step),
             reaped_samples=reaped_samples,
             later_steps_deleted=tuple(later),
         )
@@ -380,7 +380,7 @@ class RolloutController:
         start = len(self._key("step:"))
         return {
             int(key[start:])
-            for key in self.redis.scan_iter(match=_glob_escape(self._prefix) + "step:*", count=1000)
+            for key in self.redis.scan_iter(match=glob_escape(self._prefix) + "step:*", count=1000)
             if key[start:].isdigit()
         }
 
@@ -391,25 +391,13 @@ class RolloutController:
         seconds, micros = self.redis.time()
         server_now = seconds + micros / 1e6
         instances = self.registry.all()
-        pipe = self.redis.pipeline(transaction=False)
-        for instance in instances:
-            pipe.smembers(owned_key(self.run_id, instance.info.instance_id))
-        pipe.zcount(queue_key(self.run_id, status.step), "-inf", "(0")  # scores < 0: logged tokens
-        *owned, queued_partial = pipe.execute()
-        mine = f"{status.step}/"
-        running = [sorted(s for s in (m.decode() for m in members) if s.startswith(mine)) for members in owned]
-        pipe = self.redis.pipeline(transaction=False)
-        for sid in (s for sids in running for s in sids):
-            pipe.hget(sample_key(self.run_id, sid), "max_new")
-            pipe.strlen(records_key(self.run_id, sid))
-        replies = iter(pipe.execute())
+        leases = log.step_leases(status.step, [i.info.instance_id for i in instances])
         views, observed = [], {}
-        for instance, sids in zip(instances, running):
+        for instance in instances:
             samples = []
-            for sid in sids:
-                budget, nbytes = next(replies), next(replies)
-                samples.append(RunningSample(sid, nbytes // RECORD.itemsize, int(budget or 0)))
-                observed[sid] = (instance.info.instance_id, nbytes // RECORD.itemsize)
+            for lease in leases.running[instance.info.instance_id]:
+                samples.append(RunningSample(lease.sample_id, lease.logged, lease.budget))
+                observed[lease.sample_id] = (instance.info.instance_id, lease.logged)
             heard = instance.last_heartbeat or instance.registered_at
             views.append(
                 InstanceView(
@@ -434,7 +422,7 @@ class RolloutController:
             groups_total=status.groups_total,
             groups_done=status.groups_done,
         )
-        return ClusterSnapshot(now, step, tuple(views), QueueView(status.queued, queued_partial))
+        return ClusterSnapshot(now, step, tuple(views), QueueView(status.queued, leases.queued_partial))
 
     def _reap(self, log: TokenLog, snapshot: ClusterSnapshot) -> ClusterSnapshot:
         """Reap and deregister silent instances; the snapshot with them marked dead."""
@@ -546,13 +534,8 @@ class RolloutController:
 
     def _credit_final(self, log: TokenLog, step: int, records: Sequence[SampleRecord]) -> None:
         """Credit a settled group's last flushes to the samples' final owners."""
-        pipe = self.redis.pipeline(transaction=False)
-        for record in records:
-            pipe.hget(sample_key(self.run_id, record.sample_id), "owner")
-        owners = pipe.execute()
-        self._credit(
-            step, {r.sample_id: ((owner or b"").decode(), len(r.token_ids)) for r, owner in zip(records, owners)}
-        )
+        owners = log.sample_owners([r.sample_id for r in records])
+        self._credit(step, {r.sample_id: (owner, len(r.token_ids)) for r, owner in zip(records, owners)})
 
     # --- the end of a step ---------------------------------------------------------------------
 

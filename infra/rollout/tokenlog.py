@@ -1,76 +1,70 @@
-"""The durable token log (docs/internals.md §4): samples, leases, logged tokens, the per-step queue and
-completed-group streaming, all in Redis.
+"""The durable token log (docs/internals.md §4): samples, leases, logged tokens, the per-step queues
+and completed-group streaming, all in Redis.
 
-This module owns the Redis state of rollout work and every transition of it. A **sample** is one
-response to one prompt (id ``"<step>/<group>/<index>"``, as in `rl.rollout`); a **group** is the
-n samples of a prompt. A sample is ``queued -> running -> done`` and may go back to ``queued``
-(release, reap) any number of times, keeping its logged tokens; ``failed`` is terminal.
-
-Every transition that depends on ownership is one Lua script, fenced by the sample's **lease
-epoch**: a claim bumps the epoch and hands it to the new owner, a release or reap bumps it again,
-and an append, finish, release or fail whose (owner, epoch) is not current is rejected. So a
-zombie (an owner whose lease was revoked) can never write into a migrated sample.
-
-Flushes are exactly-once under the client's automatic retries when they carry `offset` (the
-number of response tokens the caller believes are already logged): a redelivered flush that was
-applied is recognised and acknowledged, a stale one rejected. Claims carry a nonce, so a
-redelivered claim returns the samples it already took instead of taking more.
-
-A flush costs the server two commands per sample: the lease check (HMGET) and one APPEND of the
-sample's (token, logprob) records, whose reply (the new length) is then checked against the offset
-and the budget; a flush that does not fit is undone inside the same script, so no one ever sees it.
-
-Failure policy: a sample whose owner has been reaped (declared dead) `max_reaps` times is marked
-``failed`` (it may be what crashes instances); voluntary releases never fail a sample. An owner
-may also `fail` a sample it cannot generate. A group with a failed sample is **dropped**: it never
-streams to the trainer and is reported in `StepStatus.dropped_group_ids`.
-
-Key layout (``P = "rlb:{<run_id>}:"``; the hash tag keeps a run in one cluster slot):
-
-===========================  ==========================================================
-``P stats``                  hash: rejected_appends, wasted_tokens, migrations,
-                             failed_samples, reaped_samples
-``P step:<step>``            hash: version (trained from), minv (oldest version it accepts),
-                             groups, groups_done, groups_dropped, seq
-``P groups:<step>``          list of group ids, in enqueue order
-``P g:<step>/<group>``       hash: n, done, failed, prompt (packed u32), max_new, seed,
-                             sampling (JSON), meta (JSON)
-``P s:<sample>``             hash: state, owner, epoch, attempts, migrations, reaps, finish,
-                             step, group, max_new, minv, lastv (version of the last
-                             span); to, to_until while in ``qr``
-``P s:<sample>:r``           string: the generated tokens, one 8-byte record each (token id u32 LE,
-                             logprob f32 LE), APPENDed
-``P s:<sample>:v``           string: version spans, 8 bytes each (first token u32 LE, version
-                             u32 LE), one per change of the generating version
-``P q:<step>``               zset of queued samples; score = seq - logged_tokens * 2^32
-                             (more logged tokens first, then enqueue order)
-``P qr:<step>``              zset of queued samples routed to one instance (a steal's
-                             receiver, the sample's ``to``) until ``to_until`` (server ms);
-                             same scores; claimed before ``q``, by anyone once expired
-``P done:<step>``            stream of completed group ids (field ``g``)
-``P dropped:<step>``         set of dropped group ids
-``P own:<instance>``         set of the samples the instance is running
-``P claimreq:<instance>``    hash: nonce and sample ids of the instance's last claim
-===========================  ==========================================================
+This module owns the token log's Redis keys (their table: docs/internals.md §4) and every transition
+of them. A sample (``"<step>/<group>/<index>"``) is ``queued -> running -> done``, goes back to
+``queued`` on a release or a reap (keeping its logged tokens), or ends ``failed`` (its group is then
+dropped). Every ownership-dependent transition is one Lua script in ``lua/``, fenced by the sample's
+lease epoch, so a zombie never writes into a migrated sample; flushes carry offsets and claims a
+nonce, so a retried call applies once. Everyone else reads the log through `TokenLog`'s methods,
+never through its keys.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import sys
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from importlib import resources
 from typing import Any, NamedTuple
 
 import numpy as np
 import redis
 
-from infra.keyspace import done_key, owned_key, run_prefix, stats_key
+from infra.keyspace import glob_escape, run_prefix
 from rl.generation import GenerationRequest, SamplingParams
 
 STATES = ("queued", "running", "done", "failed")
+
+# --- keys read outside the Lua scripts (``P`` = `infra.keyspace.run_prefix`; all: docs/internals.md §4)
+
+
+def _sample_key(prefix: str, sample_id: str) -> str:
+    """``P s:<sample>``: hash of one sample's state, owner, epoch, budget, ..."""
+    return f"{prefix}s:{sample_id}"
+
+
+def _records_key(prefix: str, sample_id: str) -> str:
+    """``P s:<sample>:r``: the sample's (token, logprob) records."""
+    return f"{prefix}s:{sample_id}:r"
+
+
+def _queue_key(prefix: str, step: int) -> str:
+    """``P q:<step>``: zset of the step's queued samples (score < 0: with logged tokens)."""
+    return f"{prefix}q:{step}"
+
+
+def _owned_key(prefix: str, instance_id: str) -> str:
+    """``P own:<instance>``: set of the samples the instance is running."""
+    return f"{prefix}own:{instance_id}"
+
+
+def _done_key(prefix: str, step: int) -> str:
+    """``P done:<step>``: stream of the step's completed group ids."""
+    return f"{prefix}done:{step}"
+
+
+def _stats_key(prefix: str) -> str:
+    """``P stats``: hash of the token log's counters."""
+    return prefix + "stats"
+
+
+_STEP_KEY = r"(?:(?:step|groups|q|qr|done|dropped):{step}|(?:g|s):{step}/.*)"
+"""What follows ``P`` in a key of step ``{step}`` (`TokenLog.step_keys`)."""
 
 if array("I").itemsize != 4 or array("f").itemsize != 4:
     raise ImportError("the token log needs 4-byte array('I') and array('f')")
@@ -92,11 +86,6 @@ def _records(data: bytes | None) -> tuple[list[int], list[float]]:
     """Token ids and logprobs of a sample's packed records."""
     records = np.frombuffer(data or b"", dtype=RECORD)
     return records["token"].tolist(), records["logprob"].tolist()
-
-
-def _glob_escape(text: str) -> str:
-    """`text` as a literal inside a Redis MATCH pattern."""
-    return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
 
 
 def _unpack(typecode: str, data: bytes | None) -> list:
@@ -253,346 +242,48 @@ class TokenLogStats:
     reaped_samples: int
 
 
-# --- Lua -----------------------------------------------------------------------------------------
-# Every script gets KEYS[1] = the run's stats key (routes a cluster client to the run's slot) and
-# ARGV[1] = the run's key prefix.
+class RunningLease(NamedTuple):
+    """A running sample as `TokenLog.step_leases` reads it."""
 
-_PRELUDE = """
-local P = ARGV[1]
-local STATS = KEYS[1]
+    sample_id: str
+    logged: int
+    """Response tokens logged."""
+    budget: int
+    """Its response budget (max_new_tokens); 0 if the sample is gone."""
 
--- a sample of (step, group) became `field` ('done' or 'failed'): complete or drop the group
-local function settle(step, group, field)
-  local gk = P .. 'g:' .. step .. '/' .. group
-  redis.call('HINCRBY', gk, field, 1)
-  local g = redis.call('HMGET', gk, 'n', 'done', 'failed')
-  local done, failed = tonumber(g[2]), tonumber(g[3])
-  if done + failed == tonumber(g[1]) then
-    if failed == 0 then
-      redis.call('XADD', P .. 'done:' .. step, '*', 'g', group)
-      redis.call('HINCRBY', P .. 'step:' .. step, 'groups_done', 1)
-    else
-      redis.call('SADD', P .. 'dropped:' .. step, group)
-      redis.call('HINCRBY', P .. 'step:' .. step, 'groups_dropped', 1)
-    end
-  end
-end
 
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
+@dataclass(frozen=True)
+class StepLeases:
+    """One step's leases (`TokenLog.step_leases`)."""
 
--- revoke the lease of a running sample and queue it again, keeping or discarding its tokens;
--- with `to`, in the step's routed queue: only `to` may claim it until `until_ms`
-local function requeue(sid, sk, step, keep, to, until_ms)
-  redis.call('HINCRBY', sk, 'epoch', 1)
-  redis.call('HSET', sk, 'state', 'queued', 'owner', '')
-  local ntok = redis.call('STRLEN', sk .. ':r') / 8
-  if not keep and ntok > 0 then
-    redis.call('HINCRBY', STATS, 'wasted_tokens', ntok)
-    redis.call('DEL', sk .. ':r', sk .. ':v')
-    redis.call('HSET', sk, 'lastv', '')
-    ntok = 0
-  end
-  local seq = redis.call('HINCRBY', P .. 'step:' .. step, 'seq', 1)
-  if to and to ~= '' then
-    redis.call('HSET', sk, 'to', to, 'to_until', until_ms)
-    redis.call('ZADD', P .. 'qr:' .. step, seq - ntok * 4294967296, sid)
-  else
-    redis.call('ZADD', P .. 'q:' .. step, seq - ntok * 4294967296, sid)
-  end
-end
+    running: dict[str, list[RunningLease]]
+    """Each instance asked about: its running samples of the step, by sample id."""
+    queued_partial: int
+    """The step's queued samples that have logged tokens."""
 
-local function fail(sk, step, group, reason)
-  redis.call('HINCRBY', sk, 'epoch', 1)
-  redis.call('HSET', sk, 'state', 'failed', 'finish', reason)
-  redis.call('HINCRBY', STATS, 'failed_samples', 1)
-  settle(step, group, 'failed')
-end
-"""
 
-# ARGV: P, step, version, min version, then per group: id, n, prompt, max_new, seed, sampling, meta
-_ENQUEUE = """
-local step = ARGV[2]
-local stk = P .. 'step:' .. step
-if redis.call('EXISTS', stk) == 1 then return 0 end
-local seq, groups = 0, 0
-for i = 5, #ARGV, 7 do
-  local gid, n, max_new = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 3]
-  redis.call('HSET', P .. 'g:' .. step .. '/' .. gid, 'n', n, 'done', 0, 'failed', 0,
-    'prompt', ARGV[i + 2], 'max_new', max_new, 'seed', ARGV[i + 4], 'sampling', ARGV[i + 5],
-    'meta', ARGV[i + 6])
-  redis.call('RPUSH', P .. 'groups:' .. step, gid)
-  for j = 0, n - 1 do
-    local sid = step .. '/' .. gid .. '/' .. j
-    redis.call('HSET', P .. 's:' .. sid, 'state', 'queued', 'owner', '', 'epoch', 0,
-      'attempts', 0, 'migrations', 0, 'reaps', 0, 'finish', '', 'step', step, 'group', gid,
-      'max_new', max_new, 'minv', ARGV[4], 'lastv', '')
-    seq = seq + 1
-    redis.call('ZADD', P .. 'q:' .. step, seq, sid)
-  end
-  groups = groups + 1
-end
-redis.call('HSET', stk, 'version', ARGV[3], 'minv', ARGV[4], 'groups', groups, 'groups_done', 0,
-  'groups_dropped', 0, 'seq', seq)
-return 1
-"""
+# --- Lua: one file per script in lua/, each run after lua/prelude.lua (docs/internals.md §4) -------
 
-# ARGV: P, steps (comma-separated, oldest first), instance, version, max_samples, nonce. A step
-# whose version window [minv, version] holds the instance's version gives its samples routed to the
-# instance (and routed ones whose wait is over) first, then its shared queue's; then the next step.
-_CLAIM = """
-local inst = ARGV[3]
-local ck = P .. 'claimreq:' .. inst
-local last = redis.call('HMGET', ck, 'nonce', 'sids')
-local sids
-local function lease(sid)
-  local sk = P .. 's:' .. sid
-  if redis.call('HINCRBY', sk, 'attempts', 1) > 1 then
-    redis.call('HINCRBY', sk, 'migrations', 1)
-    redis.call('HINCRBY', STATS, 'migrations', 1)
-  end
-  redis.call('HINCRBY', sk, 'epoch', 1)
-  redis.call('HSET', sk, 'state', 'running', 'owner', inst)
-  redis.call('SADD', P .. 'own:' .. inst, sid)
-  sids[#sids + 1] = sid
-end
-if last[1] == ARGV[6] then
-  sids = cjson.decode(last[2])
-else
-  sids = {}
-  local want, version = tonumber(ARGV[5]), tonumber(ARGV[4])
-  for step in string.gmatch(ARGV[2], '[^,]+') do
-    if #sids >= want then break end
-    local w = redis.call('HMGET', P .. 'step:' .. step, 'version', 'minv')
-    if w[1] and tonumber(w[2] or w[1]) <= version and version <= tonumber(w[1]) then
-      local qr = P .. 'qr:' .. step
-      local routed = redis.call('ZRANGE', qr, 0, -1)
-      local now = #routed > 0 and now_ms() or 0
-      for _, sid in ipairs(routed) do
-        if #sids >= want then break end
-        local sk = P .. 's:' .. sid
-        local r = redis.call('HMGET', sk, 'to', 'to_until')
-        if r[1] == inst or now >= tonumber(r[2] or 0) then
-          redis.call('ZREM', qr, sid)
-          redis.call('HDEL', sk, 'to', 'to_until')
-          lease(sid)
-        end
-      end
-      if #sids < want then
-        local popped = redis.call('ZPOPMIN', P .. 'q:' .. step, want - #sids)
-        for j = 1, #popped, 2 do lease(popped[j]) end
-      end
-    end
-  end
-  redis.call('HSET', ck, 'nonce', ARGV[6], 'sids', cjson.encode(sids))
-end
-local out = {}
-for _, sid in ipairs(sids) do
-  local sk = P .. 's:' .. sid
-  local h = redis.call('HMGET', sk, 'state', 'owner', 'epoch', 'step', 'group')
-  if h[1] == 'running' and h[2] == inst then
-    local g = redis.call('HMGET', P .. 'g:' .. h[4] .. '/' .. h[5],
-      'prompt', 'max_new', 'seed', 'sampling')
-    out[#out + 1] = {sid, h[3], g[1], redis.call('GET', sk .. ':r') or '', g[2], g[3], g[4]}
-  end
-end
-return out
-"""
+_SCRIPT_NAMES = (
+    "enqueue",
+    "claim",
+    "log",
+    "release",
+    "fail",
+    "release_all",
+    "disown",
+    "status",
+    "read_group",
+    "delete_step",
+)
 
-# ARGV: P, JSON [[sample, instance, epoch, offset (-1 = none), token count, finish reason
-# ('' = none), policy version (-1 = none)], ...], every flush's records (8 bytes each) concatenated.
-# A flush whose version is below the sample's window (`minv`) is rejected; an accepted one whose
-# version differs from the sample's last opens a version span (u32 offset, u32 version) in :v.
-_LOG = """
-local recs = ARGV[3]
-local out, rejected, pos = {}, 0, 1
-for _, m in ipairs(cjson.decode(ARGV[2])) do
-  local sid, inst, epoch, offset, k, fin, ver = m[1], m[2], m[3], m[4], m[5], m[6], m[7]
-  local rec = string.sub(recs, pos, pos + 8 * k - 1)
-  pos = pos + 8 * k
-  local sk = P .. 's:' .. sid
-  local rk = sk .. ':r'
-  local h = redis.call('HMGET', sk, 'state', 'owner', 'epoch', 'max_new', 'minv', 'lastv')
-  local ok = 0
-  if h[2] == inst and tonumber(h[3]) == epoch and (ver < 0 or ver >= tonumber(h[5] or 0)) then
-    if h[1] == 'running' then
-      -- Append first (APPEND returns the new length), then check; undo what does not fit.
-      local len = redis.call('APPEND', rk, rec)
-      local have = len / 8 - k
-      if (offset < 0 or offset == have) and len / 8 <= tonumber(h[4]) then
-        if ver >= 0 and k > 0 and h[6] ~= tostring(ver) then
-          redis.call('APPEND', sk .. ':v', struct.pack('<I4I4', have, ver))
-          redis.call('HSET', sk, 'lastv', ver)
-        end
-        if fin ~= '' then
-          redis.call('HSET', sk, 'state', 'done', 'finish', fin)
-          redis.call('SREM', P .. 'own:' .. inst, sid)
-          local g = redis.call('HMGET', sk, 'step', 'group')
-          settle(g[1], g[2], 'done')
-        end
-        ok = 1
-      else
-        if k > 0 then
-          if have == 0 then redis.call('DEL', rk)
-          else redis.call('SET', rk, redis.call('GETRANGE', rk, 0, 8 * have - 1)) end
-        end
-        if offset >= 0 and offset + k == have and fin == ''
-            and redis.call('GETRANGE', rk, offset * 8, -1) == rec then
-          ok = 1  -- a redelivery of a flush that was already applied
-        end
-      end
-    elseif h[1] == 'done' and offset >= 0 and offset + k == redis.call('STRLEN', rk) / 8
-        and fin == redis.call('HGET', sk, 'finish') and redis.call('GETRANGE', rk, offset * 8, -1) == rec then
-      ok = 1  -- a redelivery of the finishing flush
-    end
-  end
-  if ok == 0 then rejected = rejected + 1 end
-  out[#out + 1] = ok
-end
-if rejected > 0 then redis.call('HINCRBY', STATS, 'rejected_appends', rejected) end
-return out
-"""
 
-# ARGV: P, sample, instance, epoch, keep tokens ('1'/'0'), route to ('' = the shared queue),
-# route ms
-_RELEASE = """
-local sid, inst, to = ARGV[2], ARGV[3], ARGV[6]
-local sk = P .. 's:' .. sid
-local h = redis.call('HMGET', sk, 'state', 'owner', 'epoch', 'step')
-if h[1] ~= 'running' or h[2] ~= inst or h[3] ~= ARGV[4] then return 0 end
-redis.call('SREM', P .. 'own:' .. inst, sid)
-requeue(sid, sk, h[4], ARGV[5] == '1', to, to ~= '' and now_ms() + tonumber(ARGV[7]) or 0)
-return 1
-"""
+def _lua(name: str) -> str:
+    return (resources.files("infra.rollout") / "lua" / f"{name}.lua").read_text(encoding="utf-8")
 
-# ARGV: P, sample, instance, epoch, reason
-_FAIL = """
-local sid, inst = ARGV[2], ARGV[3]
-local sk = P .. 's:' .. sid
-local h = redis.call('HMGET', sk, 'state', 'owner', 'epoch', 'step', 'group')
-if h[1] ~= 'running' or h[2] ~= inst or h[3] ~= ARGV[4] then return 0 end
-redis.call('SREM', P .. 'own:' .. inst, sid)
-fail(sk, h[4], h[5], ARGV[5])
-return 1
-"""
 
-# ARGV: P, instance, reap ('1'/'0'), max reaps
-_RELEASE_ALL = """
-local inst, reap = ARGV[2], ARGV[3] == '1'
-local own = P .. 'own:' .. inst
-local count = 0
-local sids = redis.call('SMEMBERS', own)
-table.sort(sids)  -- requeue in a deterministic order
-for _, sid in ipairs(sids) do
-  local sk = P .. 's:' .. sid
-  local h = redis.call('HMGET', sk, 'state', 'owner', 'step', 'group')
-  if h[1] == 'running' and h[2] == inst then
-    if reap and redis.call('HINCRBY', sk, 'reaps', 1) >= tonumber(ARGV[4]) then
-      fail(sk, h[3], h[4], 'max_reaps')
-    else
-      requeue(sid, sk, h[3], true)
-    end
-    count = count + 1
-  end
-end
-redis.call('DEL', own, P .. 'claimreq:' .. inst)
-if reap and count > 0 then redis.call('HINCRBY', STATS, 'reaped_samples', count) end
-return count
-"""
-
-# ARGV: P, instance, sample ids the instance holds...
-_DISOWN = """
-local inst = ARGV[2]
-local own = P .. 'own:' .. inst
-local keep = {}
-for i = 3, #ARGV do keep[ARGV[i]] = true end
-local count = 0
-local sids = redis.call('SMEMBERS', own)
-table.sort(sids)
-for _, sid in ipairs(sids) do
-  if not keep[sid] then
-    local sk = P .. 's:' .. sid
-    local h = redis.call('HMGET', sk, 'state', 'owner', 'step')
-    if h[1] == 'running' and h[2] == inst then
-      requeue(sid, sk, h[3], true)
-      count = count + 1
-    end
-    redis.call('SREM', own, sid)
-  end
-end
-return count
-"""
-
-# ARGV: P, step
-_STATUS = """
-local step = ARGV[2]
-local s = redis.call('HMGET', P .. 'step:' .. step, 'version', 'groups', 'groups_done',
-  'groups_dropped', 'minv')
-if not s[1] then return false end
-local counts = {queued = 0, running = 0, done = 0, failed = 0}
-local tokens = 0
-for _, gid in ipairs(redis.call('LRANGE', P .. 'groups:' .. step, 0, -1)) do
-  local n = tonumber(redis.call('HGET', P .. 'g:' .. step .. '/' .. gid, 'n'))
-  for j = 0, n - 1 do
-    local sk = P .. 's:' .. step .. '/' .. gid .. '/' .. j
-    local state = redis.call('HGET', sk, 'state')
-    counts[state] = counts[state] + 1
-    tokens = tokens + redis.call('STRLEN', sk .. ':r') / 8
-  end
-end
-return {s[1], s[2], s[3], s[4], counts.queued, counts.running, counts.done, counts.failed,
-  tokens, redis.call('SMEMBERS', P .. 'dropped:' .. step), s[5] or s[1]}
-"""
-
-# ARGV: P, step, group
-_READ_GROUP = """
-local base = ARGV[2] .. '/' .. ARGV[3]
-local g = redis.call('HMGET', P .. 'g:' .. base, 'n', 'prompt', 'meta')
-if not g[1] then return false end
-local out = {redis.call('HGET', P .. 'step:' .. ARGV[2], 'version'), g[2], g[3]}
-for j = 0, tonumber(g[1]) - 1 do
-  local sk = P .. 's:' .. base .. '/' .. j
-  local h = redis.call('HMGET', sk, 'state', 'finish', 'attempts', 'migrations')
-  out[#out + 1] = {h[1], h[2], h[3], h[4], redis.call('GET', sk .. ':r') or '',
-    redis.call('GET', sk .. ':v') or ''}
-end
-return out
-"""
-
-# ARGV: P, step
-_DELETE_STEP = """
-local step = ARGV[2]
-if redis.call('EXISTS', P .. 'step:' .. step) == 0 then return 0 end
-for _, gid in ipairs(redis.call('LRANGE', P .. 'groups:' .. step, 0, -1)) do
-  local gk = P .. 'g:' .. step .. '/' .. gid
-  for j = 0, tonumber(redis.call('HGET', gk, 'n')) - 1 do
-    local sid = step .. '/' .. gid .. '/' .. j
-    local sk = P .. 's:' .. sid
-    local h = redis.call('HMGET', sk, 'state', 'owner')
-    if h[1] == 'running' then redis.call('SREM', P .. 'own:' .. h[2], sid) end
-    redis.call('DEL', sk, sk .. ':r', sk .. ':v')
-  end
-  redis.call('DEL', gk)
-end
-redis.call('DEL', P .. 'step:' .. step, P .. 'groups:' .. step, P .. 'q:' .. step,
-  P .. 'qr:' .. step, P .. 'done:' .. step, P .. 'dropped:' .. step)
-return 1
-"""
-
-_SCRIPTS = {
-    "enqueue": _ENQUEUE,
-    "claim": _CLAIM,
-    "log": _LOG,
-    "release": _RELEASE,
-    "fail": _FAIL,
-    "release_all": _RELEASE_ALL,
-    "disown": _DISOWN,
-    "status": _STATUS,
-    "read_group": _READ_GROUP,
-    "delete_step": _DELETE_STEP,
-}
+_PRELUDE = _lua("prelude")
+_SCRIPTS = {name: _lua(name) for name in _SCRIPT_NAMES}
 
 
 def _text(value: bytes | None) -> str:
@@ -614,12 +305,12 @@ class TokenLog:
         self.run_id = run_id
         self.max_reaps = max_reaps
         self.prefix = run_prefix(run_id)
-        self._stats_key = stats_key(run_id)
+        self._stats = _stats_key(self.prefix)
         self._scripts = {name: client.register_script(_PRELUDE + body) for name, body in _SCRIPTS.items()}
         self._cursors: dict[int, bytes] = {}
 
     def _run(self, script: str, *args: Any) -> Any:
-        return self._scripts[script](keys=[self._stats_key], args=[self.prefix, *args])
+        return self._scripts[script](keys=[self._stats], args=[self.prefix, *args])
 
     # --- work in -------------------------------------------------------------------------------
 
@@ -785,11 +476,50 @@ class TokenLog:
 
     def owners(self) -> set[str]:
         """Every instance that runs at least one sample of this run (a SCAN of ``own:*``)."""
-        start = len(owned_key(self.run_id, ""))
+        start = len(_owned_key(self.prefix, ""))
         return {
             key[start:].decode() if isinstance(key, bytes) else key[start:]
-            for key in self.client.scan_iter(match=f"{_glob_escape(self.prefix)}own:*", count=1000)
+            for key in self.client.scan_iter(match=f"{glob_escape(self.prefix)}own:*", count=1000)
         }
+
+    def step_leases(self, step: int, instance_ids: Sequence[str]) -> StepLeases:
+        """Each instance's running samples of `step` (logged tokens, budget) and how many of the
+        step's queued samples have logged tokens: two round trips, however many instances."""
+        pipe = self.client.pipeline(transaction=False)
+        for instance_id in instance_ids:
+            pipe.smembers(_owned_key(self.prefix, instance_id))
+        pipe.zcount(_queue_key(self.prefix, step), "-inf", "(0")  # scores < 0: logged tokens
+        *owned, queued_partial = pipe.execute()
+        mine = f"{step}/"
+        running = [sorted(s for s in (m.decode() for m in members) if s.startswith(mine)) for members in owned]
+        pipe = self.client.pipeline(transaction=False)
+        for sid in (s for sids in running for s in sids):
+            pipe.hget(_sample_key(self.prefix, sid), "max_new")
+            pipe.strlen(_records_key(self.prefix, sid))
+        replies = iter(pipe.execute())
+        leases: dict[str, list[RunningLease]] = {}
+        for instance_id, sids in zip(instance_ids, running):
+            leases[instance_id] = []
+            for sid in sids:
+                budget, nbytes = next(replies), next(replies)
+                leases[instance_id].append(RunningLease(sid, nbytes // RECORD.itemsize, int(budget or 0)))
+        return StepLeases(leases, int(queued_partial))
+
+    def queued_partial(self, step: int) -> int:
+        """The step's queued samples that have logged tokens."""
+        return int(self.client.zcount(_queue_key(self.prefix, step), "-inf", "(0"))
+
+    def running(self, instance_id: str) -> set[str]:
+        """The samples, of any step, the token log has the instance running."""
+        return {m.decode() for m in self.client.smembers(_owned_key(self.prefix, instance_id))}
+
+    def sample_owners(self, sample_ids: Sequence[str]) -> list[str]:
+        """Each sample's owner ('' once released, or for an unknown sample), in one round trip;
+        a done sample keeps the owner whose flush finished it."""
+        pipe = self.client.pipeline(transaction=False)
+        for sid in sample_ids:
+            pipe.hget(_sample_key(self.prefix, sid), "owner")
+        return [(owner or b"").decode() for owner in pipe.execute()]
 
     # --- the trainer's side --------------------------------------------------------------------
 
@@ -797,13 +527,17 @@ class TokenLog:
         """Groups of `step` completed since the last call on this object (from the start for a
         new object), waiting up to `timeout_s` for one when there are none. Never pops: a
         restarted trainer replays them. The client's socket_timeout must exceed `timeout_s`."""
-        key = done_key(self.run_id, step)
+        key = _done_key(self.prefix, step)
         block = max(1, int(timeout_s * 1000)) if timeout_s > 0 else None
         reply = self.client.xread({key: self._cursors.get(step, b"0")}, block=block)
         entries = reply[0][1] if reply else []
         if entries:
             self._cursors[step] = entries[-1][0]
         return [int(fields[b"g"]) for _, fields in entries]
+
+    def completions(self, step: int) -> int:
+        """Entries of the step's completed-group stream: each complete group once."""
+        return int(self.client.xlen(_done_key(self.prefix, step)))
 
     def read_group(self, step: int, group_id: int) -> list[SampleRecord]:
         """Every sample of a group, by index (a consistent snapshot)."""
@@ -854,10 +588,16 @@ class TokenLog:
         )
 
     def stats(self) -> TokenLogStats:
-        values = self.client.hgetall(self._stats_key)
+        values = self.client.hgetall(self._stats)
         return TokenLogStats(**{f.name: int(values.get(f.name.encode(), 0)) for f in fields(TokenLogStats)})
 
     def delete_step(self, step: int) -> bool:
         """Free a trained step's keys (its samples' leases end); False if there was no step."""
         self._cursors.pop(step, None)
         return bool(self._run("delete_step", step))
+
+    def step_keys(self, step: int) -> list[str]:
+        """The keys of `step` still in Redis, sorted (a SCAN; none once `delete_step` freed them)."""
+        own = re.compile(re.escape(self.prefix) + _STEP_KEY.format(step=step))
+        keys = (k.decode() for k in self.client.scan_iter(match=f"{glob_escape(self.prefix)}*:{step}*", count=1000))
+        return sorted(k for k in keys if own.fullmatch(k))

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-from infra.keyspace import owned_key, sample_key
 from infra.rollout.controller import ControllerConfig, RolloutController
 from infra.rollout.policies import StealConfig
 from infra.rollout.protocol import set_current_step
@@ -100,7 +99,7 @@ def test_stolen_samples_land_on_the_chosen_receiver_exactly_once(redis_client, r
     procs = {"a": spawn(tmp_path, redis_url, run_id, "a", slots=4, step_s=VICTIM_STEP_S, poll_ms=20)}
     registry = InstanceRegistry(redis_client, run_id)
     try:
-        wait_for(lambda: redis_client.scard(owned_key(run_id, "a")) == 4, "a to claim all four", timeout_s=60)
+        wait_for(lambda: len(log.running("a")) == 4, "a to claim all four", timeout_s=60)
         # b, still busy with its one sample when c has finished the rest, is never a receiver again
         procs["b"] = spawn(tmp_path, redis_url, run_id, "b", slots=1, step_s=0.02, poll_ms=400)
         procs["c"] = spawn(tmp_path, redis_url, run_id, "c", slots=8, step_s=0.005, poll_ms=10)
@@ -117,7 +116,7 @@ def test_stolen_samples_land_on_the_chosen_receiver_exactly_once(redis_client, r
             routed = {sid: m["to"] for m in sent["a"] if m["op"] == "release" for sid in m["sample_ids"]}
 
             def owner(sid: str) -> str:
-                return (redis_client.hget(sample_key(run_id, sid), "owner") or b"").decode()
+                return log.sample_owners([sid])[0]
 
             wait_for(lambda: all(owner(s) == to for s, to in routed.items()), "the receivers to claim", timeout_s=30)
             procs["a"].send_signal(signal.SIGTERM)  # a preemption: its other two go to the shared queue
@@ -140,4 +139,4 @@ def test_stolen_samples_land_on_the_chosen_receiver_exactly_once(redis_client, r
     for sid, receiver in routed.items():
         assert owner(sid) == receiver, f"{sid} was stolen for {receiver}"
         assert (records[sid].attempts, records[sid].migrations) == (2, 1), "claimed once after the steal"
-    assert redis_client.xlen(f"rlb:{{{run_id}}}:done:0") == 1, "the group completed once"
+    assert log.completions(0) == 1, "the group completed once"

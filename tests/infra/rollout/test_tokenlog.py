@@ -167,7 +167,7 @@ def test_disown_requeues_what_the_log_has_as_running_there_but_the_instance_does
     assert resumed[a.sample_id].generated_ids == [10, 11]
 
 
-def test_a_routed_release_waits_for_its_receiver_then_falls_back_to_anyone(log, redis_client, run_id):
+def test_a_routed_release_waits_for_its_receiver_then_falls_back_to_anyone(log):
     log.enqueue_step(0, 0, groups(1, 3))
     held = {c.sample_id: c for c in log.claim(0, "a", 0, 3)}
     for sid, claim in held.items():
@@ -189,7 +189,7 @@ def test_a_routed_release_waits_for_its_receiver_then_falls_back_to_anyone(log, 
         log.release("0/0/2", "c", taken[0].epoch, to="", route_s=1)
     log.release("0/0/2", "c", taken[0].epoch, to="b", route_s=60)
     assert log.delete_step(0)
-    assert not redis_client.exists(f"rlb:{{{run_id}}}:qr:0")
+    assert log.step_keys(0) == []  # the routed queue too
 
 
 def test_reaped_zombie_cannot_touch_migrated_sample(log):
@@ -279,7 +279,29 @@ def test_state_survives_a_new_tokenlog_and_client(log, redis_url, run_id):
         assert fresh.finish(c.sample_id, "b", c.epoch, [2], lp([2]), "stop")
     assert log.next_completed_groups(4) == [0]
     assert fresh.delete_step(4) and not fresh.delete_step(4)
-    assert not redis.Redis.from_url(redis_url).keys(f"rlb:{{{run_id}}}:*:4*")
+    assert fresh.step_keys(4) == []
+
+
+def test_what_others_read_comes_from_methods_not_keys(log):
+    log.enqueue_step(0, 0, groups(1, 3, max_new=6))
+    log.enqueue_step(1, 0, groups(1, 1))
+    held = {c.sample_id: c for c in log.claim([0, 1], "a", 0, 8)}
+    assert log.running("a") == {"0/0/0", "0/0/1", "0/0/2", "1/0/0"}
+    assert log.append("0/0/0", "a", held["0/0/0"].epoch, [5, 6], lp([5, 6]))
+    assert log.append("0/0/1", "a", held["0/0/1"].epoch, [7], lp([7]))
+    assert log.release("0/0/1", "a", held["0/0/1"].epoch)  # queued with one logged token
+    leases = log.step_leases(0, ["a", "nobody"])
+    assert leases.running == {"a": [("0/0/0", 2, 6), ("0/0/2", 0, 6)], "nobody": []}
+    assert leases.queued_partial == 1 == log.queued_partial(0) and log.queued_partial(1) == 0
+    assert log.sample_owners(["0/0/0", "0/0/1", "9/9/9"]) == ["a", "", ""]
+    (again,) = log.claim(0, "b", 0, 1)
+    for claim, owner in [(held["0/0/0"], "a"), (held["0/0/2"], "a"), (held["1/0/0"], "a"), (again, "b")]:
+        assert log.finish(claim.sample_id, owner, claim.epoch, [1], lp([1]), "stop")
+    assert log.completions(0) == 1 == log.completions(1) and log.running("a") == set()
+    assert log.sample_owners(["0/0/1"]) == ["b"], "a done sample keeps its last owner"
+    kinds = {key.removeprefix(log.prefix).split(":")[0] for key in log.step_keys(0)}
+    assert kinds == {"step", "groups", "g", "s", "done"} and "s:1/0/0" not in str(log.step_keys(0))
+    assert log.delete_step(0) and log.step_keys(0) == [] and log.step_keys(1)
 
 
 def test_rejects_decoding_client_and_bad_run_id(redis_url, redis_client):

@@ -1,0 +1,51 @@
+-- ARGV: P, JSON [[sample, instance, epoch, offset (-1 = none), token count, finish reason
+-- ('' = none), policy version (-1 = none)], ...], every flush's records (8 bytes each) concatenated.
+-- A flush whose version is below the sample's window (`minv`) is rejected; an accepted one whose
+-- version differs from the sample's last opens a version span (u32 offset, u32 version) in :v.
+local recs = ARGV[3]
+local out, rejected, pos = {}, 0, 1
+for _, m in ipairs(cjson.decode(ARGV[2])) do
+  local sid, inst, epoch, offset, k, fin, ver = m[1], m[2], m[3], m[4], m[5], m[6], m[7]
+  local rec = string.sub(recs, pos, pos + 8 * k - 1)
+  pos = pos + 8 * k
+  local sk = P .. 's:' .. sid
+  local rk = sk .. ':r'
+  local h = redis.call('HMGET', sk, 'state', 'owner', 'epoch', 'max_new', 'minv', 'lastv')
+  local ok = 0
+  if h[2] == inst and tonumber(h[3]) == epoch and (ver < 0 or ver >= tonumber(h[5] or 0)) then
+    if h[1] == 'running' then
+      -- Append first (APPEND returns the new length), then check; undo what does not fit.
+      local len = redis.call('APPEND', rk, rec)
+      local have = len / 8 - k
+      if (offset < 0 or offset == have) and len / 8 <= tonumber(h[4]) then
+        if ver >= 0 and k > 0 and h[6] ~= tostring(ver) then
+          redis.call('APPEND', sk .. ':v', struct.pack('<I4I4', have, ver))
+          redis.call('HSET', sk, 'lastv', ver)
+        end
+        if fin ~= '' then
+          redis.call('HSET', sk, 'state', 'done', 'finish', fin)
+          redis.call('SREM', P .. 'own:' .. inst, sid)
+          local g = redis.call('HMGET', sk, 'step', 'group')
+          settle(g[1], g[2], 'done')
+        end
+        ok = 1
+      else
+        if k > 0 then
+          if have == 0 then redis.call('DEL', rk)
+          else redis.call('SET', rk, redis.call('GETRANGE', rk, 0, 8 * have - 1)) end
+        end
+        if offset >= 0 and offset + k == have and fin == ''
+            and redis.call('GETRANGE', rk, offset * 8, -1) == rec then
+          ok = 1  -- a redelivery of a flush that was already applied
+        end
+      end
+    elseif h[1] == 'done' and offset >= 0 and offset + k == redis.call('STRLEN', rk) / 8
+        and fin == redis.call('HGET', sk, 'finish') and redis.call('GETRANGE', rk, offset * 8, -1) == rec then
+      ok = 1  -- a redelivery of the finishing flush
+    end
+  end
+  if ok == 0 then rejected = rejected + 1 end
+  out[#out + 1] = ok
+end
+if rejected > 0 then redis.call('HINCRBY', STATS, 'rejected_appends', rejected) end
+return out
