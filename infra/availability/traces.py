@@ -1,25 +1,18 @@
 """Spot availability traces: parsing recorded traces, synthetic Poisson timelines, replay schedules.
 
-This module owns the *capacity timeline* of a spot pool: how many instances a pool may hold at
-each moment, and when instances are preempted. Everything here is pure (no clock, no I/O beyond
-reading a trace file once); local pools and the simulator drive it with their own clocks.
+This module owns the *capacity timeline* of a spot pool: how many instances it may hold at each
+moment, and when instances are preempted. Everything is pure (no clock; a trace file is read
+once); local pools and the simulator drive it with their own clocks.
 
-- `AvailabilityTrace`: a step function *trace time -> capacity* (instances available), stored as
-  an initial capacity plus signed change events. A negative event is a preemption of that many
-  instances. Recorded traces load through `load_trace("bamboo/g4dn")` etc. from the directory
-  `traces_dir()`: the copy shipped with the package (`infra/data/traces/`, each file with its
-  origin and licence), or `$RLBOOST_TRACES_DIR`. A file `NAME` may be stored as `NAME.gz`.
-- `PoissonLifetimes`: the same kind of timeline, synthetic: every slot alternates exponential
-  lifetimes and exponential gaps (calibrate it from `summarize(trace)`).
-- `TraceSchedule`: replays a trace for a pool of `max_size` instances in wall time, compressed by
-  `time_compression` (trace seconds per wall second) from a start `offset_s`, looping.
-
-Supported formats (`load_trace` references):
-- `bamboo/g4dn`, `bamboo/p3`: Bamboo CSV events `t_ms,add|remove,node_id` (no header).
-- `bamboo/gcloud/<name>`: Bamboo GCP pool logs `YYYY-MM-DD, HH:MM:SS, N` (unsorted lines).
-- `skynomad/h100/<zone>`: SkyNomad H100 probe counts, one 10-minute round per row and zone.
-- `spotserve/<segment>`: SpotServe JSON lines `[t_ms, "add"|"remove"|"DONE", {"nodes": [...]}]`.
-A malformed row raises `TraceError` naming the file and line.
+- `AvailabilityTrace`: a step function *trace time -> capacity*, an initial capacity plus signed
+  change events (a negative one preempts that many instances); `summarize` describes one.
+- `load_trace(ref)`: `bamboo/g4dn`, `bamboo/p3`, `bamboo/gcloud/<name>`, `skynomad/h100/<zone>`,
+  `spotserve/<segment>` (each loader's docstring gives its format), from `traces_dir()`: the copy
+  shipped in `infra/data/traces/` (origins and licences in its README) or `$RLBOOST_TRACES_DIR`; a
+  file `NAME` may be stored as `NAME.gz`. A malformed row raises `TraceError` naming file and line.
+- `PoissonLifetimes`: a synthetic timeline, exponential lifetimes and gaps per slot.
+- `TraceSchedule`: replays a trace for a pool of `max_size` in wall time, compressed by
+  `time_compression` from `offset_s`, looping. Where they are used: docs/internals.md §3 and §11.
 """
 
 from __future__ import annotations

@@ -1,19 +1,17 @@
 """The capacity manager: keeps each pool of a `Provider` at its planned size (docs/internals.md §3).
 
-Each `reconcile()`:
+Each `reconcile()`: (1) refreshes the provider, so preemptions and losses in the cloud become
+records and events; (2) plans a target per pool with the pure policy
+`infra.rollout.policies.capacity.plan_capacity`, from the current quotes, the pools' `min_size` /
+`size` and `max_price_per_hour`, the hourly budget, and each pool's recent history (`PoolHistory`:
+the fraction of requested instances that started, preemptions per instance-hour), which ranks
+pools but never empties one (a pool whose zones are out of capacity is retried as their back-offs
+expire, inside the provider); (3) launches each pool's shortfall (the provider fails over between
+zones) and terminates its excess, newest first, returning a `ReconcileReport`.
 
-1. refreshes the provider, so preemptions and losses in the cloud become records and events;
-2. plans a target per pool with the pure policy `infra.rollout.policies.capacity.plan_capacity`, from the
-   current quotes, the pools' `min_size`/`size` and `max_price_per_hour`, the hourly budget, and
-   the recent history of each pool (the fraction of requested instances that started, preemptions
-   per instance-hour), which ranks pools but never empties one: a pool whose zones are out of
-   capacity is retried as its zones' back-offs expire, inside the provider;
-3. launches each pool's shortfall (the provider fails over between zones) and terminates its
-   excess, newest first.
-
-The clock is injected; `run()` repeats `reconcile()` until stopped. Pool targets of the local
-provider are kept by its own `tick()`; this manager drives providers whose `launch` starts instances
-now (the cloud providers). Instance lifecycles are the provider's records (`list()`, `on_change`).
+The clock is injected; `run()` repeats `reconcile()` until stopped. It drives providers whose
+`launch` starts instances now (the cloud providers); local pools are kept at size by
+`LocalProvider.tick()`. Instance lifecycles are the provider's records (`list()`, `on_change`).
 """
 
 from __future__ import annotations

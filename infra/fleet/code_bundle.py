@@ -1,19 +1,18 @@
 """The run's own code for its cloud VMs: one wheel, a lock of its dependencies, both in the store.
 
-- `build_wheel` builds the project's wheel from the source checkout this code runs from
-  (`pip wheel --no-deps --no-build-isolation`: offline, with the setuptools of this environment),
-  in a copy of the files that go into it, and caches it by their content under
-  `~/.cache/rlboost/wheels/<digest>/` (`RLBOOST_WHEEL_CACHE`): a re-run or a second pool of the
-  same code reuses it.
-- `lock_requirements` pins the wheel's requirements (with the extras a pool needs), and theirs,
-  to the versions installed in this environment: the VM runs the dependencies the training run
-  runs. The lock comes from this environment's metadata, not from a resolver (`uv pip compile`
-  would need the index and could pick versions the run never ran with). Local build labels are
-  dropped (`torch==2.13.0`, not `2.13.0+cpu`: a GPU VM gets the index's build for its platform);
-  a requirement not installed here (e.g. the CUDA `vllm` of a GPU pool, on a CPU trainer) stays as
-  the wheel declares it, and the lock says so.
+- `build_wheel` builds the project's wheel from the source checkout this code runs from (`pip wheel
+  --no-deps --no-build-isolation`: offline, with this environment's setuptools), in a copy of the
+  files that go into it, cached by their content under `~/.cache/rlboost/wheels/<digest>/`
+  (`RLBOOST_WHEEL_CACHE`), so a re-run or a second pool of the same code reuses it.
+- `lock_requirements` pins the wheel's requirements (with a pool's extras), and theirs, to the
+  versions installed here: the VM runs what the training run runs. It reads this environment's
+  metadata, not a resolver (`uv pip compile` would need the index and could pick versions the run
+  never ran with); local labels are dropped (`torch==2.13.0`, not `+cpu`: a GPU VM gets its
+  platform's build), and a requirement not installed here (a GPU pool's `vllm` on a CPU trainer)
+  stays as the wheel declares it, the lock saying so.
 - `upload` puts a file under `<store>/code/<sha256>/<name>` (content-addressed: an existing copy
   of the same size is kept) and returns the `BootFile` a VM fetches and verifies.
+How a VM uses them: docs/cloud-pools.md ("What happens during a run"), docs/internals.md §3.
 """
 
 from __future__ import annotations

@@ -2,20 +2,17 @@
 
 Every instance that runs as a Prefect flow run (a local `fabric.instances: prefect` instance, a
 cloud VM) gets one run of its pool's deployment, created *before* the instance starts, in a work
-queue of its own (`<run id>-<instance id>`) that only that instance's worker polls
+queue of its own (`<run id>-<instance id>`) that only its worker polls
 (`python -m infra.stack.prefect_worker --run-once`). `InstanceRuns` owns that bookkeeping:
-
-- `create` (for a cloud VM: `before_boot`, just before the VM is created) checks the pool's deployment and work pool (`UnknownPool` names the fix) and creates the
-  run, whose parameters say everything the instance needs except secrets: the Redis URL and the
-  weights secret travel in the instances' environment, or in a Prefect Secret block named by the
-  `environment_block` parameter (cloud VMs: `publish_environment`, removed again by
-  `remove_environment`), never in parameters the UI shows;
-- `settle` (an instance ended) cancels its run if no worker ever picked it up and deletes its queue;
-- `check_boots` raises `BootFailure` when a VM's boot script reported its run Failed (the boot
-  log's `rlboost boot failed on ...` line is the run's message) or its engine could not start
-  (no CUDA on a GPU VM): every VM of the pool would fail the same way;
-- `drain` asks live instances to finish (their runs end Completed) and cancels the runs nobody
-  picked up, until every run is final or the time is up.
+`create` (a VM's `before_boot`) checks the pool's deployment and work pool (`UnknownPool` names the
+fix) and creates the run, whose parameters carry no secret: the Redis URL and the weights secret
+travel in the environment, or in the Prefect Secret block its `environment_block` parameter names
+(`publish_environment` / `remove_environment`); `settle` cancels the run of an instance that ended
+before a worker picked it up and deletes its queue; `check_boots` raises `BootFailure` when a VM's
+boot script set its run Failed or its engine could not start (every VM of the pool would fail
+alike); `drain` asks live instances to finish (their runs end Completed) and cancels runs nobody
+picked up, until every run is final or the time is up. Detail: docs/internals.md §3,
+docs/prefect.md, docs/cloud-pools.md.
 """
 
 from __future__ import annotations

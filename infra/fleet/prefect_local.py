@@ -1,25 +1,17 @@
 """Local pools whose instances are Prefect flow runs: a Prefect worker process group per instance.
 
-`PrefectLocalProvider` is the local provider (`infra.providers.local.LocalProvider`, which it
-owns and drives: the same pool targets, availability schedules and real signals) with a different
-instance: when the local provider starts an instance, this provider first creates a flow run of the
-pool's `rollout-instance/<pool>` deployment in a work queue of its own (`infra.fleet.instance_runs`), then the instance's process
-group runs a Prefect process worker for the pool on that queue (`python -m infra.stack.prefect_worker
---run-once --stop-with-parent`), which picks up exactly that run and exits when it ends. So every
-instance shows in the Prefect UI as a `rollout-instance` run on its work pool, and:
-
-- a preemption notice (SIGTERM to the group) reaches the worker and the flow run's process (the
-  work pool's base job template keeps it in the worker's process group): the instance drains, its
-  run ends **Crashed** with the reason, and the worker exits after it; after the notice period the
-  group gets SIGKILL;
-- a silent preemption (SIGKILL) leaves the run Running until the heartbeat automation
-  (`deployments/automations/`) marks it Crashed;
-- an instance that is gone before its worker picked up its run gets that run Cancelled;
-- `shutdown()` first drains every instance through its control list (the runs end **Completed**),
-  then stops what is left; an instance whose training process died stops by itself.
-
-The Redis URL reaches the instances through their environment (`RLBOOST_REDIS_URL`), not through
-run parameters or command lines, so the password never shows in the UI nor in `ps`.
+`PrefectLocalProvider` owns and drives an `infra.providers.local.LocalProvider` (the same pool
+targets, availability schedules and real signals) with a different instance: before the local
+provider starts one, it creates a flow run of the pool's `rollout-instance/<pool>` deployment in a
+work queue of its own (`infra.fleet.instance_runs`), and the instance's process group runs a Prefect
+process worker on that queue (`python -m infra.stack.prefect_worker --run-once --stop-with-parent`)
+that picks up exactly that run and exits when it ends. So every instance shows in the Prefect UI as
+a `rollout-instance` run on its work pool: a preemption notice (SIGTERM to the group, which holds
+the flow run's process too) drains it and ends its run **Crashed**; a silent SIGKILL leaves it
+Running until the heartbeat automation (`deployments/automations/`) marks it Crashed; a run whose
+instance was gone before it started is Cancelled; `shutdown()` drains every instance (runs end
+**Completed**), then stops what is left. The Redis URL reaches instances in their environment
+(`RLBOOST_REDIS_URL`), never in run parameters or command lines. Detail: docs/prefect.md.
 """
 
 from __future__ import annotations

@@ -1,26 +1,15 @@
 """The ledger's write API: `Ledger(url)` records runs, steps, instances, usage, weight transfers
 and price quotes, builds a run's `CostReport` and compares a run with a measured baseline run.
 
-Every write is one transaction and an idempotent upsert keyed by what it records, so calling it
-again (a retry, a resumed controller after a crash) never duplicates anything:
-
-| method | key | on a repeat |
-|---|---|---|
-| `start_run` | run | keeps the first `started_at`; updates `name` |
-| `finish_run` | run | sets `ended_at` |
-| `heartbeat` | run | sets `heartbeat_at` (and with `reopen`, clears `ended_at`: the run runs again) |
-| `record_swept` | (provider, instance, zone) | replaces the record |
-| `resume_run` | run | closes the dead attempt's open instances at the last heartbeat; clears `ended_at` |
-| `record_step` | (run, step) | given values replace stored ones; None keeps them |
-| `record_instance` | (run, instance) | same, and `state` never goes back (a stale replay is harmless) |
-| `record_usage` | (run, step, instance) | replaces the totals (pass totals, not increments) |
-| `record_transfer` | (run, instance, version, source) | replaces bytes and cost |
-| `record_quote` | (run, pool, quoted_at) | replaces the price |
-
-Times are epoch seconds (the provider clock of `InstanceRecord`) or timezone-aware datetimes.
-Rows refer to each other: record the run before its steps and instances, and a step and an
-instance before their usage; otherwise `LedgerWriteError` says what is missing. A database that
-cannot be reached raises `LedgerUnavailable` (URL without password, and the fix).
+Every write is one transaction and an idempotent upsert keyed by what it records (a run; (run,
+step); (run, instance); (run, step, instance) for usage, which takes totals, not increments; ...),
+so calling it again (a retry, a resumed controller after a crash) never duplicates anything; an
+instance's `state` never goes back, and `resume_run` closes a dead attempt's open instances at its
+last heartbeat. Times are epoch seconds (the provider clock of `InstanceRecord`) or timezone-aware
+datetimes. Rows refer to each other: record the run before its steps and instances, and a step and
+an instance before their usage, else `LedgerWriteError` says what is missing; an unreachable
+database raises `LedgerUnavailable` (URL without password, and the fix). Every method's key and
+what a repeat does: docs/cost-ledger.md ("In code").
 """
 
 from __future__ import annotations

@@ -1,32 +1,18 @@
 """What a run cost: pure computations from a run's ledger rows (`RunRecords`) to a `CostReport`.
 
-Definitions (USD; an instance's *price* is its recorded `price_per_hour`, else the catalog's price
-for its class at its launch):
-
-- **Spend** of an instance: its billed seconds (launch to termination; one still running is billed
-  up to `as_of`, default the run's end, else its driver's last heartbeat: a run whose driver died
-  stops costing there) times its price. `total_usd` = all instances' spend plus
-  the egress cost of weight transfers.
-- **Step cost**: the instance-seconds recorded for the step (usage rows) times each instance's
-  price, plus the egress of transfers attributed to the step. `unattributed_usd` = total minus the
-  step costs: boots, weight loads, idle time between steps and preemption notices.
-- **$ per million tokens**: total (or step) cost per million tokens generated (wasted included)
-  and per million tokens trained (the steps' `tokens_trained`).
-- **Trainer**: the instances of role `trainer` (the trainer's machine, `infra.ledger.config.
-  TrainerMachine`, or the co-located instance that runs on it); `trainer_usd` is their spend and
-  `trainer_recorded` says whether the run recorded one (a run without it leaves the trainer's
-  machine out of every figure).
-- **Throughput**: `trained_tokens_per_s` = tokens trained per second of the steps' wall time
-  (`step_seconds`, the sum of the ended steps' durations).
-- **Preemptions**: instances that ended `preempted` or `preempted_silent`; a step counts those
-  whose notice (or end) fell within it. **Evictions**: instances the controller reaped.
+`build_report` prices every instance (its recorded `price_per_hour`, else the catalog's for its
+class at its launch) and computes its spend (billed seconds up to `as_of`: default the run's end,
+else its driver's last heartbeat, so a run whose driver died stops costing there), each step's cost
+from the usage rows plus transfer egress (the rest is `unattributed_usd`), $ per million generated
+and trained tokens, the trainer's share (role `trainer`; `trainer_recorded`), trained tokens per
+second of step time, preemptions and evictions. `CostReport.as_dict()` is the whole report as
+JSON-ready data, `summary()` the flat run totals; a price neither the ledger nor the catalog gives
+raises `PriceNotFound` naming the instance. Each figure's definition: docs/cost-ledger.md ("In
+code").
 
 There is no on-demand figure here: re-pricing the same instance-seconds at on-demand prices says
-nothing about what an on-demand run would cost (it would take a different time). Comparing with
-on-demand is `infra.ledger.comparison`'s job, against a measured baseline run.
-
-A price the ledger lacks and the catalog cannot give raises `PriceNotFound` naming the instance.
-`CostReport.as_dict()` is the whole report as JSON-ready data; `summary()` the flat run totals.
+nothing about what an on-demand run would cost (it would take a different time); comparing with
+on-demand is `infra.ledger.comparison`'s job, against a measured baseline run (docs/internals.md §7).
 """
 
 from __future__ import annotations

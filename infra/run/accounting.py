@@ -1,32 +1,18 @@
 """Recording what a training run costs while it runs: the bridge from the fabric to the ledger.
 
-`RunAccounting` writes into the cost ledger (`infra.ledger`, docs/internals.md §7):
-
-* at the start, the run and a price quote for every pool;
-* the trainer's machine (`infra.ledger.config.TrainerMachine`, when configured) as instance
-  `trainer` of role `trainer`, up from the start to `finish()`: each step gets the seconds it spent
-  in the step, like any instance. A co-located pool's instance runs on the trainer's machine, so
-  it is recorded with role `trainer` instead (the configuration refuses both);
-* per RL step, when it starts and ends and how many response tokens it trained on; the weight
-  pulls this attempt's instances reported (bytes per source: trainer, peer or store; local egress is free); every
-  instance the provider has run so far, with its lifecycle (launch, notice, termination and its
-  reason: preempted, silently preempted, scaled down, finished, crashed); and each instance's
-  share of the step: the seconds it was up inside the step and the tokens it generated (the
-  controller credits every logged token to the instance that generated it);
-* while it runs, a heartbeat every `heartbeat_s` (`Ledger.heartbeat`): a driver killed by any
-  signal leaves its run billed up to its last heartbeat, not growing with the clock;
-* at the end, the run's end time; `summary()` is the ledger's cost report as one flat dict, and
-  `baseline_summary(id)` its comparison with a measured reserved-only run (`ledger.baseline_run_id`).
-
-Tokens wasted in a step (unflushed tails lost to a SIGKILL, dropped groups) are a step total in
-the controller's report, not per instance: they are attributed to the instances that stopped
-during the step (preempted or crashed), split evenly, else to the instance that generated most.
-
-Every write is idempotent per (run, step, instance), so recording a step again after a crash
-replaces what was there. A re-run of a crashed run is the same ledger run (`infra.run.identity`),
-whose session first closes the dead attempt's open instances at its last heartbeat
-(`Ledger.resume_run`, before anything beats again); this attempt's instances, its trainer's machine
-included, carry the attempt's prefix, so they never overwrite the dead attempt's rows.
+`RunAccounting` writes into the cost ledger (`infra.ledger`, docs/internals.md §7): at the start
+the run and a price quote per pool, and the trainer's machine (`TrainerMachine`) as instance
+`trainer` of role `trainer`, up until `finish()` (a co-located pool's instance runs on that machine,
+so it takes role `trainer` instead; the configuration refuses both); per step (`begin_step`,
+`end_step`) its times and trained tokens, every instance the provider has run with its lifecycle,
+each instance's seconds and generated tokens inside the step, and the weight pulls this attempt's
+instances reported; a heartbeat every `heartbeat_s`, so a killed driver's run is billed only up to
+its last beat; at the end the run's end. `summary()` is the cost report as one flat dict,
+`baseline_summary(id)` its comparison with a measured reserved-only run. A step's wasted tokens
+are split evenly over the instances that stopped in it, else given to the one that generated most.
+Writes are idempotent per (run, step, instance), so a step recorded again replaces its rows; a
+re-run's instances carry the attempt's prefix, never overwriting the dead attempt's (the session
+closes those with `Ledger.resume_run` first). Detail: docs/cost-ledger.md ("In code").
 """
 
 from __future__ import annotations
