@@ -3,7 +3,7 @@
 Every key of run `R` starts with ``rlb:{R}:`` (`run_prefix`), a Redis Cluster hash tag: a run's keys
 share one slot, so multi-key scripts work on a cluster. Below it (each key: docs/ARCHITECTURE.md):
 
-    rlb:{R}:                    the token log (`infra.rollout.tokenlog`: its table of keys)
+    rlb:{R}:                    the token log (`infra.rollout.tokenlog`; its keys: docs/internals.md §4)
     rlb:{R}:current_step        the current-step protocol (`infra.rollout.protocol`)
     rlb:{R}:reg:                the instance registry (`infra.rollout.registry`)
     rlb:{R}:ctl:                the controller's own state (`infra.rollout.controller`)
