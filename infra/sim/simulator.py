@@ -10,10 +10,12 @@ engines are told `release_all` once, and `resume` when the last spot instance is
 the step's trained tokens per second, exactly as `RolloutController._finish` does. (The `paper`
 variant runs the RLBoost artifact's own rule instead, `infra.sim.artifact_offload`: a model of
 the paper's system, whose trainer waits out its local budget even when the rollout is done.)
-Workers claim what `dispatch(snapshot, reserved_released=...)` hands them, a claim delay after a
-slot frees, in the token log's order (`priority`: partial samples first, then FIFO). A steal's samples are routed
-to the decision's receiver, as the token log routes them: only it claims them, until
-`StealConfig.route_s` has passed (then they join the queue).
+Workers claim what `infra.sim.claiming.dispatch(snapshot, reserved_released=...)` hands them (the
+simulator's model of concurrent claims), a claim delay after a slot frees, in the token log's order
+(`ClaimQueue`, by `infra.rollout.policies.claims.claim_key`: oldest step first, then more logged
+tokens, then FIFO by enqueue seq). A steal's samples are routed to the decision's receiver, as the
+token log routes them: only it claims them, until `StealConfig.route_s` has passed (then anyone
+may, before the step's shared queue).
 
 What it models: per-sample decode on each engine by the roofline of `infra.sim.hardware`,
 integrated exactly between events (every running sample of an engine gains one token per decode
@@ -56,13 +58,12 @@ from infra.rollout.policies import (
     RunningSample,
     StepTiming,
     StepView,
-    dispatch,
-    priority,
     reap,
     steal,
 )
 from infra.sim.artifact_offload import ArtifactOffload
 from infra.sim.availability import capacity_changes
+from infra.sim.claiming import ClaimQueue, dispatch
 from infra.sim.events import EventLoop
 from infra.sim.hardware import DecodeModel, MeasuredDecode, pull_seconds, train_seconds
 from infra.sim.scenario import Scenario
@@ -100,6 +101,7 @@ class Sample:
     sample_id: str
     group: int
     seq: int
+    """Its enqueue seq in the step's queue (the token log's: a new one at every requeue)."""
     target: int
     """Response length it has when done (drawn once per step and seed)."""
     logged: float = 0.0
@@ -303,8 +305,8 @@ class Simulation:
         """Admitted steps not yet trained, by step."""
         self.admitted = -1
         self.by_id: dict[str, Sample] = {}
-        self.queue: list[tuple[float, int, str]] = []
-        """The token log's queue over every open step: (priority, enqueue seq, sample id)."""
+        self.queue = ClaimQueue()
+        """The token log's queues over every open step, in its claim order."""
         self.routed: list[tuple[str, float, str]] = []
         """Stolen samples waiting for their receiver: (receiver, until, sample id)."""
         self.unfinished = 0
@@ -482,6 +484,7 @@ class Simulation:
             kept = generated
         self.wasted += generated - kept
         sample.logged = kept
+        sample.seq = self.queue.next_seq(sample.step)
         if to is None:
             self._enqueue(sample)
         else:
@@ -489,8 +492,8 @@ class Simulation:
             self.routed.append((to, until, sample.sample_id))
             self.loop.at(until, self._soon_claim)
 
-    def _enqueue(self, sample: Sample) -> None:
-        heapq.heappush(self.queue, (priority(int(sample.logged), sample.seq), sample.seq, sample.sample_id))
+    def _enqueue(self, sample: Sample, routed: bool = False) -> None:
+        self.queue.push(sample.sample_id, sample.step, sample.seq, int(sample.logged), routed=routed)
 
     def _evict_all(self, engine: Engine, how: Literal["flushed", "silent"], preempted: bool) -> None:
         """Release every sample of `engine`; on a preemption in `group_min` mode, truncate each
@@ -506,8 +509,7 @@ class Simulation:
                 cut = shortest[sample.group]
                 self.wasted += sample.logged - cut
                 sample.logged = cut
-            self.queue = [(priority(int(self.by_id[sid].logged), seq), seq, sid) for _, seq, sid in self.queue]
-            heapq.heapify(self.queue)
+            self.queue.rescore(lambda sid: int(self.by_id[sid].logged))
         self._reschedule(engine)
 
     # --- steps -----------------------------------------------------------------------------------
@@ -549,11 +551,10 @@ class Simulation:
         """Admit `step`'s prompts: its samples join the token log's queue behind the older steps'."""
         self.admitted = step
         w = self.s.workload
-        per_step = w.prompts_per_step * w.samples_per_prompt
         samples: list[Sample] = []
         for target in response_lengths(self.s, step):
             g, i = divmod(len(samples), w.samples_per_prompt)
-            samples.append(Sample(f"{step}/{g}/{i}", g, step * per_step + len(samples), target, step=step))
+            samples.append(Sample(f"{step}/{g}/{i}", g, self.queue.next_seq(step), target, step=step))
         state = StepState(
             step=step,
             samples=samples,
@@ -704,6 +705,7 @@ class Simulation:
             )
         )
         del self.open[self.step]
+        self.queue.forget_step(self.step)
         for sample in cur.samples:
             del self.by_id[sample.sample_id]
         max_steps = self.s.run.max_steps
@@ -765,7 +767,7 @@ class Simulation:
             groups_total=sum(len(state.groups) for state in self.open.values()),
             groups_done=sum(1 for state in self.open.values() for g in state.groups.values() if g[1] == 0),
         )
-        partial = sum(1 for _, _, sid in self.queue if self.by_id[sid].logged > 0)
+        partial = sum(1 for sid in self.queue if self.by_id[sid].logged > 0)
         queued = len(self.queue) if claiming else len(self.queue) + len(self.routed)
         partial += 0 if claiming else len(self.routed)
         return ClusterSnapshot(self.loop.now, step, self._views(claiming), QueueView(queued, partial))
@@ -834,8 +836,7 @@ class Simulation:
         for decision in dispatch(snapshot, reserved_released=self.released or self.training):
             engine = by_id[decision.instance_id]
             for _ in range(decision.count):
-                _, _, sid = heapq.heappop(self.queue)
-                self._claim(engine, self.by_id[sid])
+                self._claim(engine, self.by_id[self.queue.pop()])
             self._reschedule(engine)
 
     def _claim_routed(self, by_id: dict[str, Engine]) -> None:
@@ -856,7 +857,7 @@ class Simulation:
                 self._claim(engine, self.by_id[sid])
                 self._reschedule(engine)
             elif now >= until - EPS:
-                self._enqueue(self.by_id[sid])
+                self._enqueue(self.by_id[sid], routed=True)
             else:
                 waiting.append((to, until, sid))
         self.routed = waiting

@@ -2,9 +2,10 @@
 numbers plus a clock value, and returns frozen decisions. No I/O: the Redis runtime and the
 simulator drive the same objects.
 
-Modules: `snapshot` (state types), `dispatch` (late binding), `steal` (token-level load
-balancing), `reaper` (heartbeat eviction), `offload` (adaptive `T_local`), `capacity` (spot pool
-targets).
+Modules: `snapshot` (state types), `claims` (who may claim, and the token log's claim order),
+`steal` (token-level load balancing), `reaper` (heartbeat eviction), `offload` (adaptive
+`T_local`), `capacity` (spot pool targets). The simulator's model of many workers claiming at
+once (`dispatch`) is the simulator's: `infra.sim.claiming`.
 """
 
 from infra.rollout.policies.capacity import (
@@ -14,7 +15,7 @@ from infra.rollout.policies.capacity import (
     effective_throughput,
     plan_capacity,
 )
-from infra.rollout.policies.dispatch import DispatchDecision, active, dispatch, eligible, priority
+from infra.rollout.policies.claims import active, claim_key, claim_score, eligible
 from infra.rollout.policies.offload import OffloadController, StepTiming
 from infra.rollout.policies.reaper import ReapDecision, ReaperConfig, reap
 from infra.rollout.policies.snapshot import (
@@ -32,7 +33,6 @@ __all__ = [
     "CapacityConfig",
     "CapacityTarget",
     "ClusterSnapshot",
-    "DispatchDecision",
     "InstanceView",
     "OffloadController",
     "PoolOffer",
@@ -45,11 +45,11 @@ __all__ = [
     "StepTiming",
     "StepView",
     "active",
-    "dispatch",
+    "claim_key",
+    "claim_score",
     "effective_throughput",
     "eligible",
     "plan_capacity",
-    "priority",
     "reap",
     "steal",
 ]

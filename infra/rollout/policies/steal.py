@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from infra.rollout.policies.dispatch import active
+from infra.rollout.policies.claims import active
 from infra.rollout.policies.snapshot import ClusterSnapshot, InstanceView, RunningSample
 
 
@@ -63,8 +63,8 @@ def _stealable(instance: InstanceView, config: StealConfig) -> list[RunningSampl
 def steal(snapshot: ClusterSnapshot, config: StealConfig, *, reserved_released: bool) -> tuple[StealDecision, ...]:
     """Steal decisions for this snapshot; none while any sample is queued.
 
-    Receivers are the instances dispatch would serve (free slots, alive, not draining, on the
-    step's version). Victims are active instances outside their cooldown. One sample at a time
+    Receivers are the instances that may claim (`claims.eligible`: free slots, alive, not
+    draining, on the step's version). Victims are active instances outside their cooldown. One sample at a time
     moves from the most loaded victim to the least loaded receiver (ties by `instance_id`) while
     their running counts differ by at least `min_gap`; an instance is never both victim and
     receiver. The total stolen never exceeds the receivers' free slots. One decision per

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra.sim import simulator
+from infra.sim import claiming, simulator
 from infra.sim.availability import spot_schedule
 from infra.sim.runner import compare
 from infra.sim.scenario import Scenario, parse_scenario, prices_per_hour
@@ -94,20 +94,22 @@ def test_the_offload_controllers_config_drives_t_local():
     assert next(t for t in later if t is not None) == 12
 
 
-def test_reap_steal_and_dispatch_are_the_runtime_policies(monkeypatch):
-    calls: dict[str, int] = {"reap": 0, "steal": 0, "dispatch": 0}
-    for name in calls:
-        real = getattr(simulator, name)
+def test_the_runtime_policies_decide_and_the_token_logs_order_claims(monkeypatch):
+    """reap and steal are the runtime's; dispatch (the simulator's model of concurrent claims)
+    shares the queue out, which pops in `claim_key` order (the token log's, test_claim_order.py)."""
+    calls: dict[str, int] = {"reap": 0, "steal": 0, "dispatch": 0, "claim_key": 0}
+    for module, name in [(simulator, "reap"), (simulator, "steal"), (simulator, "dispatch"), (claiming, "claim_key")]:
+        real = getattr(module, name)
 
         def counted(*args, _real=real, _name=name, **kwargs):
             decisions = _real(*args, **kwargs)
             calls[_name] += len(decisions)
             return decisions
 
-        monkeypatch.setattr(simulator, name, counted)
+        monkeypatch.setattr(module, name, counted)
     result = run(small(spot={"silent_fraction": 1.0}))
     assert result.silent_kills > 0
-    assert calls["reap"] > 0 and calls["steal"] > 0 and calls["dispatch"] > 0
+    assert all(count > 0 for count in calls.values()), calls
 
 
 MEASURED = {

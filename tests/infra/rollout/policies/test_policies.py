@@ -12,7 +12,6 @@ from infra.rollout.policies import (
     CapacityConfig,
     CapacityTarget,
     ClusterSnapshot,
-    DispatchDecision,
     InstanceView,
     OffloadController,
     PoolOffer,
@@ -23,14 +22,15 @@ from infra.rollout.policies import (
     StepTiming,
     StepView,
     active,
-    dispatch,
+    claim_key,
+    claim_score,
     effective_throughput,
     eligible,
     plan_capacity,
-    priority,
     reap,
     steal,
 )
+from infra.sim.claiming import DispatchDecision, dispatch
 
 NOW = 100.0
 
@@ -82,14 +82,35 @@ def test_snapshot_helpers():
     assert not s.can_generate(inst("v", version=2)) and not s.can_generate(inst("n", version=None))
 
 
-# --- dispatch -------------------------------------------------------------------------------
+# --- claims: the token log's order; the simulator's dispatch (infra.sim.claiming) -----------
 
 
-def test_priority_partial_first_then_fifo():
-    order = sorted([(0, 5), (10, 9), (0, 1), (3, 2)], key=lambda t: priority(*t))
-    assert order == [(3, 2), (10, 9), (0, 1), (0, 5)]
+def test_claim_score_is_the_lua_score_more_logged_tokens_first_then_fifo():
+    samples = [(5, 0), (9, 10), (1, 0), (2, 3), (7, 3), (3, 10)]  # (enqueue seq, logged tokens)
+    order = sorted(samples, key=lambda t: claim_score(*t))
+    assert order == [(3, 10), (9, 10), (2, 3), (7, 3), (1, 0), (5, 0)]
+    assert claim_score(7, 3) == 7 - 3 * 4294967296  # tokenlog.py's Lua: seq - ntok * 4294967296
+    # the extremes stay exact in a float64 (a Redis sorted set's score) and keep the order
+    low, high = claim_score(2**32 - 1, 2**21 - 1), claim_score(0, 2**21 - 1)
+    assert float(low) == low and float(high) == high and high < low < claim_score(0, 2**21 - 2)
+
+
+@pytest.mark.parametrize(("seq", "tokens"), [(-1, 0), (2**32, 0), (0, -1), (0, 2**21)])
+def test_claim_score_rejects_what_the_lua_score_cannot_order(seq, tokens):
     with pytest.raises(ValueError):
-        priority(0, 2**50)
+        claim_score(seq, tokens)
+
+
+def test_claim_key_oldest_step_then_routed_then_score():
+    keys = {
+        "step1 partial": claim_key(1, False, 1, 50),
+        "step0 fresh": claim_key(0, False, 1, 0),
+        "step0 partial": claim_key(0, False, 9, 5),
+        "step0 routed fresh": claim_key(0, True, 12, 0),
+    }
+    assert sorted(keys, key=keys.__getitem__) == ["step0 routed fresh", "step0 partial", "step0 fresh", "step1 partial"]
+    with pytest.raises(ValueError):
+        claim_key(-1, False, 1, 0)
 
 
 def test_dispatch_nothing_without_instances_or_with_all_dead():
