@@ -1,27 +1,18 @@
 """Cloud list prices of GPU machine types: the GCP price history and a bundled Azure table.
 
 This module owns *what one instance-hour of a machine type costs* in a region, at a date, in a
-capacity class. Two sources feed one `Catalog`:
+capacity class; `default_catalog()` loads both sources into one `Catalog`, whose `price(...)` answers:
+- **GCP**: `gcp-spot-prices-cyclenerd/gcp_gpu_spot_price_changes.csv` (shipped gzipped) in
+  `infra.availability.traces.traces_dir()`: change points per (machine type, region), each price
+  holding until the pair's next row (a `REMOVED` row: off the list then; before its first row: no
+  price). GPU machine types only (a2, a3, g2, g4).
+- **Azure**: `infra/pricing/data/azure_gpu_prices.csv`, list prices as of its header's date, any date.
 
-- **GCP**: `<traces>/gcp-spot-prices-cyclenerd/gcp_gpu_spot_price_changes.csv` (shipped
-  gzip-compressed), in the traces directory that `infra.availability.traces.traces_dir()` finds (the copy
-  installed with the package, or `$RLBOOST_TRACES_DIR`). Its rows are change points per (machine type, region): a price holds
-  from its `effective_from_utc` until the next row of the same pair, so each pair is a step
-  function of time. A `REMOVED` row means the pair left the price list then (it may come back);
-  a date before a pair's first row has no price. GPU machine types only (a2, a3, g2, g4).
-- **Azure**: `infra/pricing/data/azure_gpu_prices.csv`, a few GPU VM sizes per region. These are
-  list prices as of the date stated in the file's header; they are used for any date.
-
-Capacity classes: `spot` reads the spot price; `ondemand` and `reserved` read the on-demand list
-price (the catalog knows no committed-use discounts). `region` may be a zone (`us-central1-a` ->
-`us-central1`, `eastus2-1` -> `eastus2`) or None for the cloud's `REFERENCE_REGIONS` entry.
-Provider `local` (a local pool standing for a cloud machine type) is priced by the cloud that
-lists the machine type.
-
-    price("gcp", "a2-highgpu-1g", "us-central1", "spot", at=datetime(2025, 6, 1, tzinfo=UTC))
-
-A miss raises `PriceNotFound`, whose message names the machine type, region and class, says where
-prices come from and how to fix the configuration.
+`spot` reads the spot price; `ondemand` and `reserved` the on-demand list price (no committed-use
+discounts). `region` may be a zone (`us-central1-a`, `eastus2-1`) or None (`REFERENCE_REGIONS`);
+provider `local` is priced by the cloud that lists the machine type. A miss raises `PriceNotFound`
+naming machine type, region and class, where prices come from and the fix. Live prices:
+`infra.providers.prices_live`; how the ledger uses them: docs/internals.md §7.
 """
 
 from __future__ import annotations

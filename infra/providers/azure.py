@@ -1,21 +1,18 @@
 """Azure pools: Spot VMs through `azure-mgmt-compute`, credentials through `azure-identity`.
 
 `AzureProvider` implements `ZonalCloudProvider`'s per-cloud calls:
-
-- create: `virtual_machines.begin_create_or_update` of a VM with `priority=Spot`,
-  `eviction_policy=Delete` and `billing_profile.max_price` (the pool's `max_price_per_hour`, or -1:
-  up to the pay-as-you-go price) for spot pools, the image, a NIC created with the VM on the pool's
-  subnet, the run/pool/step tags and the boot script of `infra.providers.startup` as custom data;
-  the long-running operation is polled by the SDK's poller. Allocation failures make the location
-  back off (the failed VM is deleted), quota failures its whole region;
+- create: `virtual_machines.begin_create_or_update` (polled by the SDK's poller) of a VM with, for
+  spot pools, `priority=Spot`, `eviction_policy=Delete` and `billing_profile.max_price` (the pool's
+  `max_price_per_hour`, or -1: up to the pay-as-you-go price), the image, a NIC created with it on
+  the pool's subnet, the run/pool/step tags and `infra.providers.startup`'s boot script as custom
+  data. Allocation failures make the location back off (the VM is deleted), quota failures its region;
 - observe: `virtual_machines.list` of the resource group, kept to the run's and pool's tags; a spot
-  VM that vanishes (or starts deleting) without being asked to was evicted (Azure deletes evicted
-  VMs of this eviction policy);
+  VM that vanishes (or starts deleting) unasked was evicted; `labelled` lists every run's VMs (sweep);
 - prices: the Azure Retail Prices API, else the offline price (`infra.providers.prices_live`).
-
 Zones are `<location>-<zone>` (`eastus-1`) or a bare `<location>`. Credentials come from
-`DefaultAzureCredential` unless injected and are never logged. Over plain http (a local test
-endpoint) pass `authentication_policy=SansIOHTTPPolicy()`: the SDK sends bearer tokens over https only.
+`DefaultAzureCredential` unless injected, never logged; over plain http (a local test endpoint)
+pass `authentication_policy=SansIOHTTPPolicy()` (the SDK sends bearer tokens over https only).
+Bring-up: docs/cloud-pools.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,18 @@
 """Google Cloud pools: Compute Engine Spot VMs through `google-cloud-compute` (REST transport).
 
 `GcpProvider` implements `ZonalCloudProvider`'s per-cloud calls:
-
 - create: `instances.insert_unary` of a VM with `scheduling.provisioning_model=SPOT` (spot pools),
   `instance_termination_action=DELETE`, the pool's GPUs, a boot disk from its image, its service
-  account, the run/pool/step labels and the boot script of `infra.providers.startup`; then the zone
-  operation is waited on with a `ZoneOperationsClient` built with the same client options (polled
-  here, never through `.result()`, which would poll Google itself). `ZONE_RESOURCE_POOL_EXHAUSTED`
-  makes the zone back off, `QUOTA_EXCEEDED` its whole region;
-- observe: `instances.list` filtered on the run and pool labels, per zone; a lost VM is preempted
-  when the zone has a `compute.instances.preempted` operation for it;
+  account, the run/pool/step labels and `infra.providers.startup`'s boot script; the zone operation
+  is polled here (a `ZoneOperationsClient` of the same client options; `.result()` would poll Google
+  itself). `ZONE_RESOURCE_POOL_EXHAUSTED` backs the zone off, `QUOTA_EXCEEDED` its whole region;
+- observe: `instances.list` filtered on the run and pool labels, per zone; a lost VM was preempted
+  when its zone has a `compute.instances.preempted` operation for it; `labelled` serves the sweep;
 - prices: the Cloud Billing Catalog for the machine type's shape (`machineTypes.get`), else the
   offline price (`infra.providers.prices_live`).
-
-Credentials come from google.auth's default discovery unless injected; they are never logged.
-Errors are translated: credentials and permissions -> `CredentialsError`; unknown project,
-machine type, image -> `PoolConfigError`; capacity, quota, throttling -> zone back-off.
+Credentials come from google.auth's default discovery unless injected, never logged. Errors: bad
+credentials or permissions -> `CredentialsError`; unknown project, machine type, image ->
+`PoolConfigError`; capacity, quota, throttling -> back-off. Bring-up: docs/cloud-pools.md.
 """
 
 from __future__ import annotations

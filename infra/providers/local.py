@@ -1,26 +1,18 @@
 """Local pools whose instances are real process groups, preempted with real signals.
 
 `LocalProvider` owns the processes it starts: each instance is a new session (process group)
-running `command_factory(pool, instance_id)`, with `RLBOOST_INSTANCE_ID`, `RLBOOST_POOL` and
-`RLBOOST_CAPACITY_CLASS` in its environment, and the owner's `environment` (secrets such as the
-Redis URL go there: a command line is visible to every local user) and this process's pid
-(`RLBOOST_DRIVER_PID`: a rollout worker whose owner died stops by itself,
-`rl.driver_watch`). `tick()` (called by its owner, or every `interval_s` by the
-helper thread of `start()`) applies each pool's availability schedule:
-
-- it reaps exited instances (exit 0: `finished`, else `crashed`, unless the provider stopped them)
-  and, like lost capacity, replaces them while the pool is below its target. An instance that
-  crashes within `START_WINDOW_S` of its launch failed to start: its pool's next launch waits
-  (`RESTART_BACKOFF_S`, doubling), and after `MAX_START_FAILURES` in a row the pool gives up and
-  `failure` holds a `PoolStartFailure` naming the pool, the exit status and the last lines of the
-  instance's log (the fabric fails the step with it at once);
-- it SIGKILLs every stopping instance whose notice period has run out;
-- it keeps each pool at `min(target, capacity now)` running instances: it preempts the excess
-  (SIGTERM to the group, SIGKILL after the pool's notice; with probability
-  `silent_kill_fraction` a SIGKILL at once) and launches replacements when capacity returns.
-
-Every instance's lifecycle is recorded (`list()`, `describe()`). `shutdown()` stops everything;
-a finalizer also kills every remaining group if the provider is dropped or the interpreter exits.
+running `command_factory(pool, instance_id)` with `RLBOOST_INSTANCE_ID`, `RLBOOST_POOL`,
+`RLBOOST_CAPACITY_CLASS`, the owner's `environment` (secrets such as the Redis URL go there, never
+on a command line) and this process's pid (`RLBOOST_DRIVER_PID`: a worker whose owner died stops by
+itself, `rl.driver_watch`). `tick()` (by its owner, or every `interval_s` from `start()`'s thread)
+applies each pool's availability schedule: it reaps exited instances (exit 0 `finished`, else
+`crashed`) and replaces them while the pool is below target; one that crashes within
+`START_WINDOW_S` of its launch failed to start, and its pool backs off (`RESTART_BACKOFF_S`,
+doubling) until, after `MAX_START_FAILURES` in a row, `failure` holds a `PoolStartFailure` (pool,
+exit status, the log's last lines); it SIGKILLs stopping instances whose notice ran out and keeps
+each pool at `min(target, capacity now)`: the excess gets SIGTERM, then SIGKILL after the notice
+(or, `silent_kill_fraction` of the time, SIGKILL at once). Lifecycles: `instances()`, `describe()`.
+`shutdown()` stops everything; a finalizer kills what is left. Detail: docs/internals.md §3.
 """
 
 from __future__ import annotations

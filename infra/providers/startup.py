@@ -1,36 +1,18 @@
 """The boot script of a cloud instance (GCE `startup-script`, Azure custom data).
 
-`render_startup_script` writes a bash script that, in order:
-
-1. checks the GPU with `nvidia-smi` when the pool's engine runs on CUDA (first: it fails fast);
-2. fetches the files of the instance's `BootPlan` (the run's own wheel and its dependency lock,
-   and whatever else a run ships, e.g. a CA certificate) into `<install_dir>/boot/`, each checked
-   against its sha256: a mismatch fails the boot;
-3. finds a Python >= 3.11 (`bootstrap.python`; else `uv python install 3.11` where the image has
-   uv; else the boot fails), and, with `install: wheel`, installs exactly the run's wheel into
-   `<install_dir>/venv` (created with `--system-site-packages`, so an image's preinstalled torch of
-   the locked version is reused; an existing venv, e.g. baked into the image, is reused): first the
-   lock (`pip install -r`, pinned versions from the package index or the image's mirror), then the
-   wheel itself with `--no-deps`, never the project by name from an index. `install: image` uses the
-   project baked into `<install_dir>/venv` as it is;
-4. runs, under the preemption watcher of its cloud (`python -m infra.watchers gce|azure`), a Prefect
-   process worker for the instance's pool that polls only the instance's own work queue
-   (`<run id>-<instance id>`, where the run's `rollout-instance/<pool>` flow run for this instance
-   waits: `infra.fleet.instance_runs`) and exits when that one run ends
-   (`python -m infra.stack.prefect_worker --run-once`). The watcher turns the cloud's preemption
-   notice into SIGTERM for the worker, which passes it to the flow run and waits for it to drain.
-
-Every step that fails writes one line `rlboost boot failed on <instance>: <why>` to the boot log
-(the serial console on GCE, boot diagnostics on Azure) and, when the plan names the instance's flow
-run (`RLBOOST_FLOW_RUN_ID`), sets that run Failed with the same message through the Prefect API
-(with `PREFECT_API_KEY` or `PREFECT_API_AUTH_STRING` when the image's environment has them), so the
-run's UI and the training run see why the VM never served. Every value is shell-quoted; the script
-carries no credentials: the VM reaches Prefect and the store with its image's configuration and its
-service account / managed identity, and the run's secrets come from a Prefect Secret block named in
-the flow run's parameters.
-
-A run adds a file for its VMs by adding a `BootFile` to the plan (`infra.fleet.cloud_boot`): it is
-fetched, verified, and its local path exported in the variable the `BootFile` names.
+`render_startup_script` writes a bash script that, in order: (1) runs `nvidia-smi` when the pool's
+engine runs on CUDA (first, to fail fast); (2) fetches the files of the instance's `BootPlan` (the
+run's wheel and dependency lock, and e.g. a CA) into `<install_dir>/boot/`, each checked against its
+sha256; (3) finds Python >= 3.11 (`bootstrap.python`, else `uv python install 3.11` where the image
+has uv) and, with `install: wheel`, installs into `<install_dir>/venv` (`--system-site-packages`;
+an existing venv is reused) the lock, then exactly the run's wheel `--no-deps`, never the project
+by name from an index (`install: image` runs the baked-in venv as it is); (4) runs, under its
+cloud's preemption watcher (`python -m infra.watchers gce|azure`), a Prefect worker that polls only
+the instance's work queue and exits when its one run ends (`infra.fleet.instance_runs`). A failing
+step writes `rlboost boot failed on <instance>: <why>` to the boot log and sets the instance's flow
+run (`RLBOOST_FLOW_RUN_ID`) Failed through the Prefect API. Values are shell-quoted and the script
+carries no credentials (secrets come from the flow run's Secret block). A run adds a file with a
+`BootFile` in the plan (`infra.fleet.cloud_boot`). Detail: docs/cloud-pools.md, docs/internals.md §3.
 """
 
 from __future__ import annotations

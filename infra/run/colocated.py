@@ -1,21 +1,16 @@
 """The co-located reserved instance of a run (docs/internals.md §2, §5): rollout inside the
 training process, on the trainer's device.
 
-A pool with `colocated: true` (reserved, local, size 1) gets no process of its own. The fabric
-makes a `ColocatedInstance`: the pool's engine (`rl.engine_factory.build_engine` with the pool's
-`engine_spec` of the run's engine; device `auto` is the trainer's device) driven by an ordinary
-`RolloutWorker` on a thread, with its own Redis client. It registers as a reserved instance of its
-pool, so the controller's reap, offload and steal policies treat it as any other; it takes each
-version from the trainer in memory (`infra.rollout.direct_weights`: no pull, no transfer
-reported); at `T_local` it hands its unfinished samples to the spot instances and puts its engine
-to sleep until the next step (`GenerationEngine.sleep`: on a GPU its memory goes to the trainer).
-
-If the controller evicts it (its heartbeats lapsed: a starved process), it registers again with
-the same engine, as a replacement process would. `check()` raises `ColocatedInstanceError`, naming
-the pool, once the thread has ended before `close()` (its engine failed), so a step fails instead
-of waiting on it. Its
-`record()` is the instance's `InstanceRecord` for the ledger; `WithColocated` lists those records
-beside a provider's own, since the provider never launches these instances.
+A pool with `colocated: true` (reserved, local, size 1) gets no process of its own: the fabric makes
+a `ColocatedInstance`, the pool's engine (`rl.engine_factory.build_engine` with the pool's
+`engine_spec`; device `auto` is the trainer's) driven by an ordinary `RolloutWorker` on a thread
+with its own Redis client. It registers as a reserved instance of its pool, so reap, offload and
+steal treat it as any other; `offer` hands it each version in memory (`infra.rollout.direct_weights`:
+no pull, no transfer reported); at `T_local` it hands its samples back and its engine sleeps. An
+eviction (its heartbeats lapsed) registers it again with the same engine; `check()` raises
+`ColocatedInstanceError`, naming the pool, once its thread ended before `close()` (its engine
+failed), so the step fails instead of waiting. `record()` is its `InstanceRecord` for the ledger,
+and `WithColocated` lists those beside a provider's own, which never launches them.
 """
 
 from __future__ import annotations

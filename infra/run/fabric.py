@@ -3,17 +3,16 @@ workers, weight publication, and the controller that rolls out each step over th
 
 `RolloutFabric` is what the training session uses instead of its in-process engine when
 `fabric.enabled` is set. It starts an embedded Redis unless a URL is configured, starts a
-`colocated` reserved pool's instance in this process (`infra.run.colocated`: the weights go to it in
-memory), launches the other local pools (reserved and spot; spot pools preempted by trace or Poisson schedules),
-keeps its cloud pools (`provider: gcp|azure`) at target through a `CloudFleet`, publishes each
-policy version for the workers to load, and returns every step's samples in the same
-`rl.rollout.Sample` form as the in-process path.
+`colocated` reserved pool's instance in this process (`infra.run.colocated`: weights in memory),
+launches the other local pools (spot ones preempted by trace or Poisson schedules), keeps its cloud
+pools (`provider: gcp|azure`) at target through a `CloudFleet`, `publish`es each policy version for
+the workers, and `rollout` returns every step's samples as `rl.rollout.Sample`s, as in process.
 
-A cloud VM is a Prefect worker for its pool that runs one `rollout-instance/<pool>` flow run,
-created before the VM (`infra.fleet.instance_runs`); the run's secrets reach it through a Prefect Secret
-block and the base model through a copy under the weight store (`infra.weights.model_source`). So cloud
-pools need a Prefect server the VMs reach (`rlboost up`, or `cloud.bootstrap.prefect_api_url`), a
-Redis they reach (`fabric.redis_url`), and a weight store they read (`weights.store_url`).
+A cloud VM is a Prefect worker running one `rollout-instance/<pool>` flow run created before it
+(`infra.fleet.instance_runs`); secrets reach it through a Prefect Secret block, the base model as a
+copy under the weight store (`infra.weights.model_source`). So cloud pools need a Prefect server
+(`rlboost up`, or `cloud.bootstrap.prefect_api_url`), a Redis (`fabric.redis_url`) and a weight
+store (`weights.store_url`) that the VMs reach (docs/cloud-pools.md).
 """
 
 from __future__ import annotations

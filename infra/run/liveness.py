@@ -2,21 +2,16 @@
 the VM sweep (`infra.run.sweep`; docs/internals.md §9, "No VM outlives its run").
 
 A run is alive while its ledger row has no `ended_at` and its driver's last heartbeat
-(`runs.heartbeat_at`, else `started_at`) is younger than `stale_after_s`. A driver beats every
-`interval_s` while it runs; one killed by any signal stops beating, so its run stops being alive
-`stale_after_s` later. The driver lock (`infra.run.driver_lock`) makes that heartbeat one driver's:
-a second driver of the same run directory, and so of the same run id, is refused before it sweeps
-or beats. A VM's run is named by its `rlboost-run` label, the `label_value` of the run id; several
-run ids with the same label are alive if any one is.
+(`runs.heartbeat_at`, else `started_at`) is younger than `stale_after_s`: a driver killed by any
+signal stops beating, so its run stops being alive `stale_after_s` later. The driver lock
+(`infra.run.driver_lock`) makes that heartbeat one driver's. A VM's run is named by its
+`rlboost-run` label (`label_value` of the run id); several run ids with one label are alive if any is.
 
-The verdicts:
-
-- `adopt`: the VM belongs to the run that sweeps (a resumed run with its crashed session's id): its
-  provider adopts it on its next reconcile, nothing is deleted;
-- `keep`: its run is alive, or unknown to this ledger (and `delete_unknown` is off, or it is younger
-  than `stale_after_s`: a run may be starting);
-- `delete`: its run ended, or its driver is gone (heartbeat stale), or it is unknown and old with
-  `delete_unknown`.
+`judge` returns a `Verdict`: `adopt` (the VM belongs to the run that sweeps, a resumed run: its
+provider takes it back, nothing is deleted), `keep` (its run is alive, or unknown to this ledger
+and `delete_unknown` is off or the VM is younger than `stale_after_s`) or `delete` (its run ended,
+its heartbeat is stale, or it is unknown and old with `delete_unknown`). The table, with the
+settings: docs/cloud-pools.md ("Sweeping VMs").
 """
 
 from __future__ import annotations

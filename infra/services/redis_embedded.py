@@ -1,20 +1,17 @@
 """Where the run's Redis is: a configured server, or an embedded `redis-server` for one block.
 
 This module owns
-
 * `RedisSettings`, the run's Redis connection settings (URL, password, TLS), and `client()`,
   which connects and checks the server with one PING, failing with `RedisUnavailable` whose
   message names host:port (never the password) and how to fix it;
 * `EmbeddedRedis`, a context manager that runs a private `redis-server` on a free loopback port
-  with a random password and no persistence (or an append-only file: `appendfsync`), and stops
-  it on exit and when this process dies (by any signal: a parent-death signal, Linux);
+  with a random password (kept in a config file in a private temporary directory, never in the
+  process list) and no persistence (or an append-only file: `appendfsync`), and stops it on exit
+  and when this process dies (by any signal: a parent-death signal, Linux; docs/internals.md §9);
 * `RedisSettings.serve()`, which combines the two: the configured server as is, or an embedded one;
 * `REDIS_URL_ENV`, the environment variable that names the run's Redis to the processes that
   join it (the fabric, the stack's workers, the Prefect-backed instances), and `REDIS_CA_FILE_ENV`,
-  the one that names the CA file of a rediss:// Redis to them.
-
-The embedded server's password is written to a config file in a private temporary directory, so
-it never shows in the process list.
+  the one that names the CA file of a rediss:// Redis to them (docs/security.md).
 """
 
 from __future__ import annotations
