@@ -1,22 +1,18 @@
 """The `rollout-instance` flow: one rollout worker as a Prefect flow run on its pool.
 
 The flow runs `infra.rollout.worker.RolloutWorker` until it is stopped and ends in a state that says how:
-
 - a `drain` control message (the end of training) or an eviction: **Completed** (returns 0);
-- SIGTERM or SIGINT (a preemption notice, delivered by the instance's provider or the cloud's
-  watcher): the worker stops claiming, flushes and hands back its samples, and the flow ends
-  **Crashed** with a message naming the signal, so the UI shows the preemption;
+- SIGTERM or SIGINT (a preemption notice, from the instance's provider or the cloud's watcher): the
+  worker stops claiming, flushes and hands back its samples, and the run ends **Crashed** with a
+  message naming the signal, so the UI shows the preemption;
 - a worker error: **Failed** (`rollout instance <id> cannot start: ...` when its engine never
   loaded, e.g. a GPU VM without a working driver: the training run stops on that).
-
-A preemption without notice (SIGKILL) leaves the run Running with nobody to report it; the
-heartbeat automation in `deployments/automations/` marks it Crashed.
-
-The Redis URL (it carries the password) may come from the `RLBOOST_REDIS_URL` environment
-variable instead of a parameter, so that it stays out of the flow run's parameters in the UI. A
-cloud VM has no such environment: its run names a Prefect Secret block (`environment_block`) whose
-value maps variable names to values (the Redis URL, the weights secret); the flow sets those the
-environment lacks before the worker starts.
+A preemption without notice (SIGKILL) leaves the run Running; the heartbeat automation in
+`deployments/automations/` marks it Crashed. The Redis URL (it carries the password) may come from
+`RLBOOST_REDIS_URL` instead of a parameter, so the UI never shows it; a cloud VM has no such
+environment: its run names a Prefect Secret block (`environment_block`) mapping variable names to
+values (the Redis URL, the weights secret), and the flow sets those the environment lacks before
+the worker starts. Detail: docs/prefect.md, docs/cloud-pools.md.
 """
 
 from __future__ import annotations

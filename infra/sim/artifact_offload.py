@@ -1,28 +1,18 @@
 """The RLBoost artifact's own offload rule, for the simulator's `paper` variant: a model of the
 paper's system, re-expressed from its published source (github.com/Terra-Flux/PolyRL, branch
-`artifact`: rollout-manager/src/balance.rs and handlers.rs, docs/CALIBRATION.md). It is not one
-of this project's policies (those live in `infra.rollout.policies` and drive every other variant).
+`artifact`: rollout-manager/src/balance.rs and handlers.rs). It is not one of this project's
+policies (those live in `infra.rollout.policies` and drive every other variant).
 
-What the artifact's rollout manager does, step by step:
-
-* **A fixed local budget.** It submits the step's requests, sleeps `gen_s` seconds while the
-  reserved (local) engines generate beside the spot ones, and only then aborts the local requests
-  (their partial responses go to the spot instances) and lets the trainer train: even when every
-  sample was done before `gen_s` (this project's reserved cluster trains as soon as the rollout
-  is done).
-* **The bubble rule.** After each step the trainer reports its step time, its bubble (seconds it
-  waited for streamed responses after the local budget), its throughput and the spot instance
-  count. The rollout side's bubble is the step time minus the time to the last response. `gen_s`
-  moves by a third of the difference: down when the rollout side waited longer (never below 5 s),
-  up otherwise. Whole seconds throughout, as the artifact's integers.
-* **Remembered budgets per spot count.** When the count changes, it jumps to the budget it holds
-  for the new count: at first the artifact's offline-profiled budgets for Qwen3-8B (190, 160, 105
-  and 70 s for 1-4 instances). It folds the last count's peak into that memory (weight
-  `COUNT_CHANGE_WEIGHT`). While the count is steady, the budget of the last step whose throughput
-  grew is the peak, folded in (weight `STALL_WEIGHT`) whenever throughput stops growing.
-
-A step without spot instances teaches it nothing (the artifact cannot run one at all: its
-reserved cluster always hands off).
+`ArtifactOffload` has `OffloadController`'s interface (`t_local`, `should_release`, `update`):
+- a fixed local budget `gen_s`: the reserved engines generate beside the spot ones until it is
+  spent, even when every sample was done earlier, and only then does the trainer train;
+- after each step `gen_s` moves by a third of the bubble difference (trainer's against rollout's),
+  never below `floor_s`, in whole seconds as the artifact's integers;
+- on a change of the spot count it jumps to the budget remembered for the new count (at first the
+  artifact's profiled Qwen3-8B budgets), folding the last count's peak in (`COUNT_CHANGE_WEIGHT`);
+  while the count is steady the peak is folded in (`STALL_WEIGHT`) whenever throughput stops growing;
+- a step without spot instances teaches it nothing (the artifact cannot run one).
+The artifact's rule, sourced: docs/CALIBRATION.md; its place in the simulator: docs/internals.md §11.
 """
 
 from __future__ import annotations

@@ -1,29 +1,18 @@
 """The speed model of GPUs at paper scale, from public figures (docs/CALIBRATION.md).
 
-* **Decode** is memory-bound: one decode step of an engine reads its weights and the KV cache of
-  every running sample, ``(weight_bytes + kv_bytes_per_token * context_tokens) / (gpus * eta *
-  hbm_bandwidth)``; an engine of several GPUs in tensor parallel also all-reduces the activations
-  twice per layer, ``2 * layers * (latency + running * hidden * bytes * 2(g-1)/g / bus_bandwidth)``
-  (in `seconds_per_step_base` and `seconds_per_step_per_running`). So a step costs ``a + c * running + b * context``: its time grows with
-  the batch and with the contexts. Every running sample gains one token per step. With `n`
-  samples each gaining `p` tokens from a total context `c0`, the time to gain `dp` more is the
-  integral of ``a + c * n + b * (c0 + n * p)``: ``(a + c * n + b * (c0 + n * p)) * dp + b * n *
-  dp**2 / 2`` (`DecodeModel.seconds_to_advance`), and its inverse (`tokens_in`) is the root of
-  that quadratic: the simulator integrates the roofline exactly between events instead of
-  ticking per token.
-* **Concurrency** is bounded by the KV cache: the memory left after the weights holds
-  `kv_capacity_tokens`; an engine runs at most that many tokens of context over the mean context
-  of a sample (prompt + mean response), and at most `max_running` samples.
-* **Prefill** (a fresh prompt, or a migrated sample's prompt plus logged tokens) is compute-bound:
-  2 FLOPs per parameter per token at `prefill_mfu` of the GPU's dense bf16 peak.
-* **Training** costs `train_flops_per_param` FLOPs per parameter per trained token (forward,
-  backward, old-logprob and reference forwards) at `train_mfu`.
-* **A measured profile** (`MeasuredDecode`, a scenario's `measured` section) replaces all of
-  the above with speeds timed on the machine itself: a decode step's fixed and per-context-token
-  time, prefill and training time per token, stretched by `slowdown` when the processes that
-  run at once outnumber the cores.
-* **Weight transfer** is the fluid bound of distributing `W` bytes to `n` pullers from a source of
-  upload `u_s`, with pullers of download `d` and upload `u` (`pull_seconds`).
+* **Decode** (`DecodeModel`) is memory-bound: a step reads the weights and every running sample's KV
+  cache at `eta` of the HBM bandwidth, plus a tensor-parallel engine's two all-reduces per layer
+  (latency, and each sample's share of the link), so it costs ``a + c * running + b * context``
+  (`seconds_per_step_base`, `_per_running`, `_per_context_token`). `n` samples holding `c0`
+  context tokens in all gain `dp` tokens each in ``(a + c*n + b*c0) * dp + b * n * dp**2 / 2``
+  (`seconds_to_advance`); `tokens_in` is its inverse, the quadratic's root: the simulator integrates
+  the roofline exactly between events instead of ticking per token.
+* **Concurrency** (`slots`): the KV cache left after the weights over a sample's mean context, at
+  most `max_running`. **Prefill**: 2 FLOPs per parameter per token at `prefill_mfu`.
+* **Training** (`train_seconds`): FLOPs per parameter per trained token at a measured MFU.
+* **Measured** (`MeasuredDecode`, a scenario's `measured` section): speeds timed on a machine
+  instead, stretched by `slowdown` when busy processes outnumber the cores. **Weight transfer**
+  (`pull_seconds`): the fluid bound of `n` pullers served from a source. Detail: docs/simulator.md.
 """
 
 from __future__ import annotations

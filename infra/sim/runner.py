@@ -1,29 +1,18 @@
 """The variants of one scenario side by side: same trace, same seed, same response lengths.
 
-* `ondemand`: the reserved cluster alone (the baseline, veRL's loop: strictly on-policy, old
-  log-probs recomputed by a separate forward; it never releases: no spot instance);
-* `rlboost` (this project): spot instances, token-level migration, steal, swarm weight pull;
-* `rlboost_no_steal`: the same without steal (what steal adds or costs);
-* `paper` (the RLBoost paper's choices where they differ): group-min truncation on preemption,
-  weights only from the trainer's senders, no steal, and the artifact's own offload rule (a fixed
-  local generation budget per step, `infra.sim.artifact_offload`);
-* `restart`: spot instances without a token log: a sample that leaves an instance starts over;
-* `ondemand_equal_cost`: a larger reserved cluster costing what `rlboost` spent per hour (whole
-  engines of the reserved kind, priced per GPU like the reserved cluster), run as the baseline;
-* `rlboost_async_k1`, `rlboost_async_k2`: `rlboost` with bounded staleness K = 1, 2 (rollout of
-  the next K steps goes on while the trainer trains, `training.max_staleness`);
-* `ondemand_async_k1`, `ondemand_async_k2`: this project on the reserved cluster alone with
-  K = 1, 2: what asynchrony gives without spot (the next steps fill the engines' slots during a
-  step's tail).
-
-This project's variants train without the old-log-prob forward (`VariantSpec.recompute_logprobs`);
-`rlboost`, `rlboost_no_steal` and `restart` run the scenario's `training.max_staleness` (0 by
-default). `WorkBound` is what no schedule can beat on the trace; each variant's
-`fraction_of_bound` is how close it gets.
-
-`Metrics` are measured from step `run.measure_from_step` on: trained tokens per second of wall
-time, dollars (reserved cluster for the whole window, each spot instance from request to end),
-ratios against `ondemand`.
+`SPECS`: `ondemand` (the reserved cluster alone, veRL's loop: on-policy, old log-probs recomputed,
+no spot), `rlboost` (this project: spot instances, token-level migration, steal, swarm weight pull),
+`rlboost_no_steal`, `paper` (the paper's choices: group-min truncation on preemption, weights from
+the trainer's senders only, no steal, the artifact's offload rule, `infra.sim.artifact_offload`),
+`restart` (no token log: a sample that leaves an instance starts over), `rlboost_async_k1`/`_k2`
+(`rlboost` at bounded staleness K) and `ondemand_async_k1`/`_k2` (asynchrony without spot);
+`equal_cost_spec` adds `ondemand_equal_cost`, a reserved cluster grown in whole engines to what
+`rlboost` spent per hour. This project's variants skip the old-log-prob forward
+(`VariantSpec.recompute_logprobs`); `rlboost`, `rlboost_no_steal` and `restart` run the scenario's
+`training.max_staleness`. `compare` runs them; `measure` gives `Metrics` from `run.measure_from_step`
+on (trained tokens/s; dollars: the reserved cluster for the whole window, each spot instance from
+request to end; ratios against `ondemand`); `work_bound` is what no schedule beats
+(`fraction_of_bound`). Detail: docs/internals.md §11, docs/simulator.md ("Variants").
 """
 
 from __future__ import annotations

@@ -1,19 +1,17 @@
-"""`python -m infra.stack.prefect_worker --pool P [--work-queue Q] --name N`: a Prefect process worker whose
-flow runs outlive its stop signal.
+"""`python -m infra.stack.prefect_worker --pool P [--work-queue Q] --name N`: a Prefect process worker
+whose flow runs outlive its stop signal.
 
 It is Prefect's process worker (`prefect.workers.process.ProcessWorker`), started differently from
 `prefect worker start` in how it stops. The CLI's worker answers SIGTERM by stopping at once and
-killing the processes of the flow runs it started. Here those processes share the worker's process
-group (the work pools' base job template), so a stop signal to the group — a preemption notice to
-a rollout instance, `rlboost down` — reaches them too, and they need a moment to end properly: a
-rollout instance drains and reports Crashed, a training run stops its rollout instances and
-reports Crashed. So on SIGTERM or SIGINT this worker takes no new flow run, waits until the
-processes of the ones it runs have exited, then exits. A SIGKILL to the group ends it all at once.
-
-`--run-once` (a local rollout instance): run the one flow run waiting in the queue, exit when it
-ends. `--stop-with-parent`: when the process that started this one dies (the training run that
-launched the instance, killed without cleaning up), stop as if the group got SIGTERM, so no
-instance outlives its controller.
+killing its flow runs' processes. Here those processes share the worker's process group (the work
+pools' base job template), so a stop signal to the group (a preemption notice, `rlboost down`)
+reaches them too, and they need a moment to end properly: a rollout instance drains and reports
+Crashed, a training run stops its rollout instances and reports Crashed. So on SIGTERM or SIGINT
+this worker takes no new flow run, waits until its runs' processes have exited, then exits; a
+SIGKILL to the group ends it all at once. `--run-once` (a rollout instance): run the one flow run
+waiting in the queue, exit when it ends. `--stop-with-parent`: when the process that started this
+one dies (a training run killed without cleaning up), stop as if the group got SIGTERM, so no
+instance outlives its controller (docs/internals.md §2, §9).
 """
 
 from __future__ import annotations

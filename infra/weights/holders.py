@@ -1,24 +1,18 @@
 """`HolderRegistry`: the run's weight-transfer state in Redis.
 
 This module owns
-
-* `latest`: the newest announced version (key ``rlb:{<run_id>}:latest_version``, announced on the
-  pub/sub channel ``rlb:{<run_id>}:weights``); `announce` only ever moves it forward (one Lua
-  script: SET if greater, then PUBLISH); `latest_version` reads it without a registry;
-* manifest digests: the sha256 of each published version's manifest, written by the trainer
-  before it announces the version; a puller checks the manifest it fetched from any source
-  against it, and every chunk against the manifest;
-* holders: which peer URLs serve which version;
-* pull leases: which versions instances are pulling right now, so that store retention keeps them.
-
-Holder and lease entries expire `ttl_s` after their last refresh (on the Redis server's clock).
-The registry refreshes its own entries from a daemon thread every `ttl_s / 3`, so a killed process
-stops being offered as a holder (and stops protecting a version) within `ttl_s`; `close` removes
-them at once.
-
-Key layout (``P = "rlb:{<run_id>}:w:"``): ``P manifests`` (hash: version -> manifest sha256),
+* `latest`: the newest announced version (``rlb:{<run_id>}:latest_version``, announced on the
+  pub/sub channel ``rlb:{<run_id>}:weights``); `announce` only moves it forward (one Lua script:
+  SET if greater, then PUBLISH); `latest_version` reads it without a registry;
+* manifest digests: each published version's manifest sha256, written before the version is
+  announced; a puller checks the manifest it fetched anywhere against it, every chunk against that;
+* holders: which peer URLs serve which version; pull leases: which versions instances are pulling
+  now, so that store retention keeps them. Both expire `ttl_s` after their last refresh (Redis's
+  clock); a daemon thread refreshes this registry's own every `ttl_s / 3`, so a killed process stops
+  being offered (and protecting a version) within `ttl_s`; `close` removes them at once.
+Keys (``P = "rlb:{<run_id>}:w:"``): ``P manifests`` (hash: version -> manifest sha256),
 ``P holders:<version>`` (sorted set: URL scored by expiry, ms), ``P leases`` (sorted set:
-``<version>:<owner>`` scored by expiry, ms).
+``<version>:<owner>`` scored by expiry, ms). Detail: docs/internals.md §6.
 """
 
 from __future__ import annotations

@@ -2,25 +2,17 @@
 
     python -m infra.weights.instance --redis-url URL --instance-id ID [--run-dir DIR]
 
-It reads one JSON command per line on stdin and answers each with one JSON line on stdout:
-
-    {"op": "open", "run_id": "r", "config": {<WeightsConfig fields>}}
-        -> {"op": "opened", "url": <its peer server or null>}
-           (a fresh `WeightPuller` for that run and config, replacing the current one)
-    {"op": "pull", "run_id": "r", "version": 3, "config": {<WeightsConfig fields>}}
-        -> {"op": "pulled", "version": 3, "url": ..., "ready_at": <unix s>, "report": <PullReport>}
-        or {"op": "error", "version": 3, "error": "<PullError: ...>"}
-           (opens a puller first unless the current one has that run and config)
-    {"op": "fingerprint", "version": 3}
-        -> {"op": "fingerprint", "version": 3, "fingerprint": <manifest.fingerprint of it>}
-           (of a version the current puller holds; kept out of "pull" so that checking the
-           weights costs no CPU while other instances are still pulling)
-    {"op": "drop"}
-        -> {"op": "dropped"}   (closes the puller: stops serving, leaves the registry)
-
-End of input closes the puller and exits. The integration tests use this for peers that are real
-processes (killed with SIGKILL), and bench/weights.py for its instances; a rollout worker embeds
-`WeightPuller` directly.
+One JSON command per line on stdin, one JSON answer per line on stdout:
+- ``{"op": "open", "run_id", "config": {<WeightsConfig>}}`` -> ``{"op": "opened", "url"}``: a fresh
+  `WeightPuller` for that run and config (its peer server's URL, or null);
+- ``{"op": "pull", "run_id", "version", "config"}`` -> ``{"op": "pulled", "version", "url",
+  "ready_at", "report": <PullReport>}`` or ``{"op": "error", "version", "error"}`` (opens a puller
+  first unless the current one has that run and config);
+- ``{"op": "fingerprint", "version"}`` -> ``{"op": "fingerprint", "version", "fingerprint"}``, of a
+  held version (apart from "pull", so checking weights costs no CPU while others still pull);
+- ``{"op": "drop"}`` -> ``{"op": "dropped"}``: closes the puller (stops serving, leaves the registry).
+End of input closes the puller and exits. The integration tests use it for peers that are real
+processes (killed with SIGKILL), bench/weights.py for its instances; rollout workers embed `WeightPuller`.
 """
 
 from __future__ import annotations

@@ -1,23 +1,18 @@
 """`PeerServer`: serves complete versions held in memory to other instances over HTTP.
 
-A starlette app on uvicorn, in a background thread, on a free port of `host`. The trainer runs
-one (the first seed of every version) and so does every instance that serves what it pulled.
-Routes mirror the store's layout, so a source is just a base URL:
+A starlette app on uvicorn in a background thread, on a free port of `host` (HTTPS with `tls`): the
+trainer runs one, and so does every instance that serves what it pulled. Routes mirror the store:
 
-    GET /weights/v<version>/manifest.json         the manifest (not rate-limited, no slot)
+    GET /weights/v<version>/manifest.json            the manifest (not rate-limited, no slot)
     GET /weights/v<version>/chunk-00000.safetensors  one chunk's bytes
 
-Only complete versions are ever `offer`ed (an `EncodedVersion` is all of a version), so a server
-never serves part of one; `withdraw` stops serving a version (404 from then on; uploads already
-under way finish from the bytes they hold).
-
-Every request must carry a valid `infra.weights.auth` signature; one without, or with a wrong or
-stale one, gets 401 with an empty body, whatever the path. Chunk uploads take one of
-`max_uploads` slots (`infra.weights.admission`: a waiting request is admitted earliest puller first,
-from the `X-RLB-Pull-Started` / `X-RLB-Progress` request headers, and refused with 503 after
-`queue_timeout_s`). An optional `upload_cap_bytes_s` limits the server's total upload rate
-(`infra.weights.bandwidth`), to emulate a NIC on one machine. An upload stops as soon as its client
-disconnects.
+Only complete versions are `offer`ed (an `EncodedVersion`), never part of one; `withdraw` stops
+serving a version (404 from then on; uploads under way finish from the bytes they hold). A request
+without a valid `infra.weights.auth` signature gets 401 with an empty body, whatever the path. A
+chunk upload takes one of `max_uploads` slots (`infra.weights.admission`: earliest puller first, by
+the `X-RLB-Pull-Started` / `X-RLB-Progress` headers; 503 after `queue_timeout_s`) and stops when its
+client disconnects; `upload_cap_bytes_s` caps the total upload rate (`infra.weights.bandwidth`: a
+NIC emulated on one machine). Detail: docs/internals.md §6.
 """
 
 from __future__ import annotations

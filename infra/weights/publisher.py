@@ -1,31 +1,18 @@
 """`WeightPublisher`: the trainer side of weight transfer. Publishes each version once.
 
     publisher = WeightPublisher(config, redis_client, run_id, run_dir=run_dir)
-    publisher.publish(version, model.state_dict())   # returns after a host copy of the weights
-    ...                                              # the trainer keeps training meanwhile
+    publisher.publish(version, model.state_dict())   # returns after a host copy (engines' dtype)
     publisher.close()                                # finishes pending work, stops serving
 
-`publish(version, state_dict)` copies the tensors to host memory, in the engines' dtype when one is
-given (the trainer may update its parameters right after) and hands the copy to a background thread, which, in order:
-
-1. encodes it (`infra.weights.manifest`: safetensors chunks of `chunk_mb`, sha256 each) and
-   records the manifest's sha256 in Redis;
-2. if `serve_from_trainer`: serves it from memory (`PeerServer`, the first seed), registers the
-   trainer as its holder and announces `latest = version` (Redis key + PUBLISH, only forward);
-   the newest `keep_in_memory` versions stay served;
-3. queues it for the store.
-
-A second background thread uploads to the store (`WeightStore.write`: chunks, then the manifest),
-always the newest encoded version (one superseded before its upload started is not uploaded), then
-applies retention (`infra.weights.retention`: the `keep_versions` newest complete versions and any
-version being pulled stay). Without `serve_from_trainer`, `latest` is announced only once the
-version is in the store.
-
-The trainer never waits on the network: `publish` blocks only while two snapshots are already
-waiting to be encoded. A store failure is logged (`last_upload_error`): peers still serve the
-version. Anything that makes a version unreachable (encoding or Redis failing, or the store
-failing when the trainer does not serve) is raised, as `PublishError`, by the next `publish` or
-`flush`, and by every one after: the publisher stops there; close it and start a new one.
+`publish` copies the tensors to host memory (the trainer may update them right after) for a thread
+that encodes them (`infra.weights.manifest`: chunks of `chunk_mb`, sha256 each), records the
+manifest's sha256 in Redis and, with `serve_from_trainer`, serves the version from memory
+(`PeerServer`, the first seed; the newest `keep_in_memory` stay served), holds it and announces
+`latest` (only forward), then queues it for the store. A second thread uploads the newest encoded
+version (chunks, then the manifest) and applies retention (`infra.weights.retention`); without
+`serve_from_trainer`, `latest` is announced once it is stored. `publish` blocks only while two
+snapshots wait. A store failure is logged (`last_upload_error`); anything that makes a version
+unreachable is a `PublishError` from the next `publish` or `flush` on. Detail: docs/internals.md §6.
 """
 
 from __future__ import annotations

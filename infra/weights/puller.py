@@ -2,35 +2,17 @@
 
     puller = WeightPuller(config, redis_client, run_id, instance_id, run_dir=run_dir)
     state_dict = puller.pull(version)      # blocks until the whole version is here and verified
-    engine.load_weights(state_dict)
-    ...
     puller.close()
 
-`pull(version)`:
-
-1. leases the version in Redis (store retention will not delete it meanwhile);
-2. fetches its manifest from any holder or the store and checks it against the sha256 the
-   trainer recorded in Redis (`HolderRegistry.manifest_sha256`);
-3. downloads the chunks `parallel_fetches` at a time, striped over every live holder of the
-   version (the trainer and instances that already have it, re-read from Redis every 0.1 s so new
-   holders join in mid-pull), at most `max_uploads_per_peer + 2` requests per holder (two more
-   than its upload slots: while this puller is first in the holder's order, see
-   `infra.weights.admission`, a slot freed by one of its chunks goes straight to its next request,
-   and one more is still waiting when the other slot frees up before it has asked again);
-4. verifies each chunk's size and sha256. A source that fails (connection error or reset, HTTP
-   error, a corrupt chunk, or a transfer slower than `chunk_timeout_s`) is dropped for the rest of
-   the pull and the chunk goes to another holder; a chunk that no holder can provide comes from the
-   store (which, if it fails, is tried again a second later). A 503 (the holder is busy) only sends
-   the request again. If nothing at all can be tried, every source gets another chance after a
-   second, until `pull_timeout_s`;
-5. once every chunk is verified, keeps the version in memory (the newest `keep_in_memory`), serves
-   it from its `PeerServer` and registers as a holder (if `serve_from_peers`), and returns the
-   decoded state dict.
-
-A pull either returns the complete version or raises `PullError`, keeping nothing of it: an
-instance never loads or serves a partial version. Versions only move forward: pulling one older
-than the newest held raises ValueError; pulling a held one returns it again. One pull at a time.
-`last_report` (a `PullReport`) says where the bytes came from and what failed.
+`pull(version)` leases the version (store retention keeps it), checks the manifest it fetched from
+any source against the sha256 the trainer recorded (`HolderRegistry.manifest_sha256`), downloads
+the chunks striped over every live holder and the trainer (`parallel_fetches` at a time, at most
+`max_uploads_per_peer + 2` per holder), verifies each chunk, drops a failing or slow source for
+another or the store, and then serves the version itself (`serve_from_peers`). It returns the
+complete version or raises `PullError`, keeping nothing: an instance never loads or serves part of
+one. Versions only move forward (an older one than the newest held is a ValueError; a held one is
+returned again); one pull at a time; `last_report` (a `PullReport`) says where the bytes came from
+and what failed. The pull step by step, and why the `+ 2`: docs/internals.md §6.
 """
 
 from __future__ import annotations
