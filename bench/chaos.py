@@ -1,34 +1,17 @@
 """Chaos: a multi-step `rlboost train` on the fabric under random faults of every kind, and what it
-kept. Faults, at random gaps (`--mean-gap-s`), each kind at least once (round robin first):
+kept.
 
-* **worker**: a rollout worker process gets SIGTERM (its preemption notice), SIGKILL, or SIGSTOP
-  (frozen for twice the reap timeout, then SIGCONT: a zombie the token log must fence off);
-* **driver**: the `rlboost train` process is SIGKILLed in the middle of a step and the same command
-  is run again at once (the re-run is the same run: `infra.run.identity`);
-* **redis**: the token log's redis-server (append-only file, `appendfsync everysec`) is SIGKILLed
-  and started again on the same port and directory a second later;
-* **peer**: while an instance is pulling the step's policy version (its pull lease is in Redis), an
-  instance that already holds that version (a peer weight server) is SIGKILLed.
+    .venv/bin/python bench/chaos.py [--steps 10 --mean-gap-s 4 --seed 0 --staleness K --keep DIR]
 
-Peer pulls are slowed to about two seconds (`weights.upload_cap_mb_s`) so that faults land inside
-them. Prefect runs in this process (`prefect_test_harness`, as the stack's server would), so each
-driver talks to it instead of starting an ephemeral server of its own.
-
-The baseline is the uninterrupted run: every step's samples are generated again in process from
-the policies that generated them (step 1: the base model; step k: checkpoint k-1, all kept) and
-compared token by token. With bounded staleness (`--staleness K`, the rollout of a step running
-while the K steps before it train) a response continues on each newer version as it is published:
-its tokens are regenerated span by span, each from the checkpoint of the version the token log
-recorded for it, and every token's version is checked against the bound. It ends with ONE JSON line:
-`{"steps", "faults": {"worker", "driver", "redis", "peer"}, "samples_lost", "samples_duplicated",
-"responses_identical_fraction", "token_match_rate", "orphans_left", "open_ledger_instances",
-"minutes", "staleness", "max_version_lag", ...}`: lost = samples missing from a step's trained file, duplicated = sample ids
-trained twice in a step or steps the ledger holds more than once, identical = fraction of samples
-whose response equals the uninterrupted one, orphans = processes any driver started still alive
-20 s after the end, open instances = ledger instances of the run with no termination.
-
-Usage: `.venv/bin/python bench/chaos.py [--steps 10 --mean-gap-s 4 --seed 0 --keep DIR]` (about four
-minutes on a 2-core machine; more steps for a longer run).
+Faults at random gaps, each kind at least once: a rollout worker SIGTERMed, SIGKILLed or
+SIGSTOPped (a zombie); the driver SIGKILLed mid-step and run again at once; the token log's
+redis-server SIGKILLed and restarted on its append-only file; a peer weight server SIGKILLed while
+an instance pulls from it. Then every step's samples are generated again in process from the
+checkpoints of the versions that generated them and compared token by token. About four minutes
+on a 2-core machine. Ends with ONE JSON line: {"steps", "faults": {"worker", "driver", "redis",
+"peer"}, "samples_lost", "samples_duplicated", "responses_identical_fraction", "token_match_rate",
+"orphans_left", "open_ledger_instances", "minutes", "staleness", "max_version_lag", ...}. Method,
+what each key counts, and results: docs/benchmarks.md ("How each benchmark measures").
 """
 
 from __future__ import annotations

@@ -1,24 +1,17 @@
 """Co-located vs separate reserved rollout: demo-config RL steps with the reserved instance inside
 the training process (`colocated: true`) against the same steps with it as a worker process.
 
-Both runs use deployments/configs/demo.yaml with the same overrides and the same spot pool, so the
-same Poisson preemption schedule (its seed), each on its own session in this process opened from
-the same base model (with the same seeds they sample the same tokens); evaluation and checkpoints
-are off, and the steps are run by calling the `TrainingSession` methods directly (as `rl-step`
-does, without Prefect). Once both runs' instances have all registered, their steps are timed
-interleaved, the order alternating every step (rollout, scoring, training, publication,
-accounting), so load that comes and goes on a shared machine falls on both alike; the first
-`--warmup` steps are not counted.
-
-`reserved_busy_fraction` is the co-located engine's time in engine steps (`WorkerStats.generating_s`)
-over the measured steps' wall time; `t_local_s` is the co-located run's `T_local` after its last step.
-
     .venv/bin/python bench/colocated.py [--steps 16] [--warmup 1] [--set key=value ...]
 
-Prints the per-step times and ends with one JSON line:
+Both runs share the demo configuration, spot pool and seeds, each in its own session of this
+process, their steps timed interleaved with the order alternating every step, so load that comes
+and goes on a shared machine falls on both alike. Needs the pretrained base model (`rlboost
+pretrain`). Prints the per-step times and ends with one JSON line:
 `{"colocated_step_s": .., "separate_step_s": .., "ratio": .., "reserved_busy_fraction": .., "t_local_s": ..}`
-(median step seconds, robust to other load on a shared machine; ratio = colocated / separate). Needs the
-pretrained base model (`rlboost pretrain`).
+(median step seconds; ratio = colocated / separate; `reserved_busy_fraction`: the co-located
+engine's time in engine steps, `WorkerStats.generating_s`, over the measured steps' wall time;
+`t_local_s`: the co-located run's `T_local` after its last step). Method and results:
+docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -1,42 +1,17 @@
 """The CPU check of `bench/simulate.py` (issue 15 item 4): calibrate the simulator on this machine,
 predict the demo configuration's steps, then run the same configuration for real and compare.
+No command of its own: `bench/simulate.py --cpu-steps N` runs it (`--cpu-steps 0` skips it).
 
-1. **Calibrate**, in two parts.
-   - *The components alone* (in this process, right before and right after the real run, the two
-     profiles averaged: other users load the machine and its load changes within seconds): on
-     the demo's base model and one step's real prompts, the HF engine the workers run (1 torch
-     thread, as a worker has) times its decode steps over batches of 1 to `slots` samples (a
-     least-squares line of step time against the tokens of context: fixed + per-context-token
-     seconds), its prefill per prompt token, and the response lengths it draws (mean and
-     coefficient of variation); the torch trainer (the trainer's thread count) times GRPO updates
-     on those samples, per trained token; and a fresh worker process's start-up to a loaded model
-     is timed as the spot instance's boot.
-   - *The components in the fabric* (`fabric_profile`): a calibration run of the same
-     configuration with its spot pool removed (the trainer and its co-located engine alone,
-     `rlboost train`), whose steps give the speeds the runtime reaches on this machine beside its
-     own threads, its Redis and its Prefect server: the trainer's seconds per trained token (the
-     streamed accumulation, `train_overlap_s`), the step's serial tail after the rollout (Prefect's
-     task runs, scoring, the optimizer step, publishing, the ledger: `step_s - rollout_s`), and
-     the co-located engine's generation time against what the components-alone profile predicts
-     for that run, a factor that scales the engine's decode and prefill times. Measured there, the
-     tiny model's in-fabric training is 1.5-2x its time alone and the tail 0.14-0.17 s against
-     0.09-0.13 s for its parts timed alone: a profile of the components alone misses them.
-2. **Predict** (after the run, from that profile): `deployments/configs/demo.yaml` as a scenario
-   with the `measured` profile: one co-located reserved engine and two spot workers of `slots`
-   samples, the pools' Poisson schedule (the same `PoissonLifetimes` the local pool replays),
-   notice, silent-kill fraction, reap timeout and `T_local` settings, the trainer's micro-batch
-   (`optim.micro_batch_size`: the demo's 256 is the whole step, so streamed training starts once
-   every group is complete) and the in-fabric tail as the step's serial overhead. On 2 cores the
-   spot workers (1 thread each, alive a mean share of the schedule) come on top of what the
-   calibration run had: every measured time stretches by the mean busy processes over the cores,
-   relative to the calibration run's.
-3. **Run**: `rlboost train` on the same configuration for `--cpu-steps` steps (no evaluation but
-   the last step's, no checkpoint but the last), and read each step's `step_s`, `rollout_s` and
-   tokens. Both sides are compared over the steps after the first `--cpu-warmup` (the spot pool's
-   first workers start) and before the last (it evaluates).
-
-What the prediction leaves out is reported, not fitted: core sharing as it changes within a step
-(one mean factor), and the spot workers' per-version pull beyond its bandwidth.
+1. **Calibrate**: `calibrate` times the components alone (right before and right after the real
+   run, `mean_profile` averaging the two): the workers' HF engine's decode steps (a least-squares
+   line, fixed + per-context-token seconds), prefill and response lengths, the torch trainer per
+   trained token, a worker's start-up; `fabric_profile` then brings them to the speeds the runtime
+   reaches in its own fabric, from a calibration run without the spot pool (`reserved_only`).
+2. **Predict**: `scenario_data` makes the demo configuration a scenario with that `measured`
+   profile, every time stretched by `busy_processes` over the cores.
+3. **Run**: `real_run`, `rlboost train` on the same configuration, read step by step.
+What the prediction leaves out is reported, not fitted. The method in full: docs/benchmarks.md
+("How each benchmark measures"); the figures: docs/simulator.md ("Against this machine").
 """
 
 from __future__ import annotations

@@ -1,46 +1,18 @@
 """Migration benchmark: token-level resume against restart-from-scratch, under the same spot
 preemptions, side by side in one run.
 
-    .venv/bin/python bench/migration.py [--steps 3] [--prompts 16] [--group-size 8] \
-        [--max-new-tokens 192] [--slots 4] [--spot 3] [--mean-interval 3] [--silent-fraction 0.3]
+    .venv/bin/python bench/migration.py [--steps 3] [--prompts 16] [--group-size 8] [--max-new-tokens 192]
+        [--slots 4] [--spot 3] [--mean-interval 3] [--silent-fraction 0.3] [--steal] [--seed 0]
 
-Two rollout fabrics run the same workload (the same prompts, seeds and sampling: responses are
-token-for-token the same in both, since sampling noise is keyed by sample and position):
-
-* **resume** (the system): a preempted or reaped sample keeps its logged tokens and continues on
-  another instance from them (re-prefill);
-* **restart** (the baseline many systems use): workers run with ``--restart-from-scratch``
-  (`infra.rollout.worker.WorkerConfig.restart_from_scratch`): a released sample loses its logged tokens
-  (`TokenLog.release(keep_tokens=False)`), and a reaped one loses them when it is claimed again.
-
-Each fabric has a reserved pool (never preempted) and a spot pool whose availability is one
-deterministic schedule (`TraceSchedule` over a fixed list of capacity drops drawn once from
-`--seed`; a lost slot comes back after `--gap` seconds, and its replacement then boots). A drop
-preempts a running instance: SIGTERM (the worker flushes, releases and exits; SIGKILL after
-`--notice`), or with probability `--silent-fraction` a silent SIGKILL (the controller reaps the
-instance after `--reap-timeout`). The spot provider's clock runs only during a step, and every
-step starts at the next multiple of `--period` (the schedule loops), so both modes see the same
-preemptions at the same times relative to each step's start (a longer step sees later drops of
-the schedule too). Every step starts with the full cluster registered; the modes alternate which
-goes first. Stealing is off by default (in the baseline a steal would discard work); `--steal`
-turns it on for both.
-
-What "wasted" counts (`StepReport`, summed over steps): `tokens_wasted` = tokens that were logged
-and then discarded (the baseline's releases and re-claims) plus the tokens of dropped groups;
-`tokens_generated` = tokens logged for the step's samples plus the discarded ones. Not counted,
-because nothing outside the dead process knows it: the unflushed tail a SIGKILLed worker had
-generated but not logged yet (at most `--flush-tokens` tokens per sample it held; a SIGTERMed
-worker flushes it first). The report gives an upper bound of it, `reaped samples x flush_tokens`,
-and `*_waste_max`, the waste fraction with that bound added (both modes lose these tails alike).
-Re-prefill compute on resume and instance boot time show in step time, not in tokens.
-
-The model is a random-init tiny Llama whose `<eos>` is suppressed (`--keep-eos` keeps it: then
-~1% per token), so every response runs to `--max-new-tokens` and preemptions hit responses
-mid-way. Workers use 1 torch thread. Target: resume wastes at most 1% of generated tokens.
-
-Last line JSON: {"resume_waste": .., "restart_waste": .., "resume_step_s": .., "restart_step_s":
-.., "preemptions": .., ...} (`preemptions`: those of the resume mode; `restart_preemptions`: the
-baseline's, more if its steps last longer).
+Two rollout fabrics run the same workload (token-for-token the same responses) under one
+deterministic preemption schedule (SIGTERM, or a silent SIGKILL): *resume* (the system: a
+preempted or reaped sample continues elsewhere from its logged tokens) and *restart*
+(`--restart-from-scratch` workers: it loses them). It measures the tokens each mode wastes and its
+step time; target: resume wastes at most 1% of the generated tokens. Last line JSON:
+{"resume_waste", "restart_waste", "resume_step_s", "restart_step_s", "preemptions" (the resume
+mode's), "restart_preemptions", "silent_kills", "migrations", "restart_reclaims", "waste_ratio",
+"step_time_ratio", "resume_waste_max", "restart_waste_max", "resume_tokens", "restart_tokens",
+"identical_responses", "steps", "total_s"}. Method and what "wasted" counts: docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,15 @@
 """Prefect's overhead per RL step: the `rl-step` subflow with its tasks and artifact against the same
 step run by calling the `TrainingSession` methods directly.
 
-The variants run in one process, interleaved step by step (their order rotates), on the demo
-configuration with in-process rollout (`fabric.enabled=false`, so the comparison isolates
-Prefect), each on its own session opened from the same base model: with the same seeds the
-sessions compute exactly the same steps. Evaluation and checkpoints are off. The first `--warmup`
-steps are not counted; results are medians of the per-step differences (robust to other load on a
-shared machine). Prefect talks to `PREFECT_API_URL` if set, else to an ephemeral local server, as
-`rlboost demo` does.
+    .venv/bin/python bench/orchestration.py [--steps 12 --warmup 2]   # needs `rlboost pretrain`
 
-A third variant, `rl-step` with flow-run heartbeats off, shows what Prefect 3.9's per-flow-run
-heartbeat thread costs a subflow: it sleeps in 1 s slices and is joined when the subflow ends.
-
-Prints the per-step times and ends with one JSON line:
-`{"overhead_s_per_step": .., "fraction": .., "overhead_s_per_step_without_step_heartbeats": .., ...}`
-(fraction = overhead / direct step time). Usage: `.venv/bin/python bench/orchestration.py
-[--steps 12 --warmup 2]` (needs the pretrained base model: `rlboost pretrain`).
+The variants run interleaved in one process on the demo configuration with in-process rollout
+(so only Prefect differs), computing the same steps; results are medians of the per-step
+differences. A third variant, `rl-step` with flow-run heartbeats off, shows what the heartbeat
+thread costs a subflow. Prints the per-step times and ends with one JSON line:
+`{"overhead_s_per_step": .., "fraction": .., "overhead_s_per_step_without_step_heartbeats": ..,
+"direct_step_s": .., "prefect_step_s": .., "steps_measured": ..}` (fraction = overhead / direct
+step time). Method: docs/benchmarks.md; figures: docs/prefect.md ("Prefect's cost per step").
 """
 
 from __future__ import annotations

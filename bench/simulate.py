@@ -1,46 +1,18 @@
-"""Simulator benchmark: the RLBoost paper's throughput table, then real spot traces, each with all
-variants side by side (`infra.sim`, docs/internals.md §11).
+"""Simulator benchmark: a CPU check, the RLBoost paper's throughput table, then real spot traces,
+each with all variants side by side (`infra.sim`, docs/internals.md §11).
 
     .venv/bin/python bench/simulate.py [--steps 14] [--warmup 4] [--plot docs/sim_skynomad.png] [--cpu-steps 24]
 
-1. **Paper table**, measured as the artifact measured it: row 0 is `deployments/sim/paper.yaml`
-   without spot instances (`ondemand`: veRL alone), `--steps` steps measured from step
-   `--warmup` on; rows 1-4 come from one run of `paper.yaml` under the artifact's schedule (one
-   instance added every 1800 s), each row the throughput of the steps inside the 30 minutes with
-   that many instances. The paper's system is the `paper` variant (the artifact's own offload
-   rule, no steal, trainer-side senders). Each row's relative error is against the artifact's
-   ~10k / 12k / 14k / 16k / 18k tokens/s, which count prompt + response tokens per second of step
-   time (veRL's `perf/throughput_all_gpus`, docs/CALIBRATION.md); the simulator's trained tokens
-   count the same. The speeds are public figures (the scenario's defaults), the workload and the
-   engines the artifact's launch scripts, never fitted to this table.
-2. **Real traces**: `deployments/sim/skynomad.yaml` (SkyNomad GCP H100 probes, us-central1-b,
-   GCP prices of 2025-10-10, 30 s notice), the same run re-priced at the catalog's 2026-07-20
-   prices, Bamboo's p3 add/remove events (AWS's 120 s notice) and a SpotServe segment (looped),
-   each applied to the same H100 pool.
-
-3. **CPU check** (first, so that its calibration and its real run are as close together as they
-   can be; `bench/cpu_profile.py`): the demo's engine and trainer timed alone on this machine,
-   then a calibration run of the demo configuration with its spot pool removed (`--cpu-calibration-steps`)
-   that brings them to the speeds the runtime reaches in its own fabric, the demo configuration
-   simulated with that profile and then run for real for `--cpu-steps` steps (needs `rlboost
-   pretrain` first; `--cpu-steps 0` skips it). `cpu_rel_err` is the simulated mean step time
-   against the real one's, minus 1, over the steps after the first `--cpu-warmup`; `cpu_check`
-   has the details.
-
+1. **CPU check** (`bench/cpu_profile.py`; needs `rlboost pretrain`; `--cpu-steps 0` skips it).
+2. **Paper table**, measured as the artifact measured it (`deployments/sim/paper.yaml`: veRL alone,
+   then one instance added every 1800 s, one row per 30-minute window), against its ~10k-18k tok/s.
+3. **Real traces**: SkyNomad (`deployments/sim/skynomad.yaml`, two price dates), Bamboo p3, SpotServe.
 Last line JSON: {"paper_rows": [{"spot", "sim_tok_s", "paper_tok_s", "rel_err", "rlboost_tok_s",
 "rlboost_no_steal_tok_s"}], "paper_max_rel_err", "cpu_rel_err", "cpu_check", "throughput_ratio",
-"cost_efficiency_gain", "vs_paper_choices", "vs_restart", "traces": [...]}: the ratios are
-`rlboost` against `ondemand` (throughput, tokens per dollar - 1), against `paper` and against
-`restart` (throughput), on the SkyNomad trace; `traces` has the same figures per trace and price
-date, plus `rlboost_no_steal` and `ondemand_equal_cost`. The asynchronous figures (bounded
-staleness, `infra.sim.runner`): `async_throughput_ratio`, `async_cost_efficiency_gain` and
-`async_fraction_of_bound` of the best `rlboost_async_k{1,2}` (its K: `async_k`) against
-`ondemand`, `ondemand_async_ratio` (the best `ondemand_async_k{1,2}`: asynchrony without spot)
-and `bound_throughput_ratio` (the trace's work-conservation bound over `ondemand`), at the top
-level for the SkyNomad trace at 2025-10-10 prices and in each entry of `traces` (with the bound's
-terms and every variant's `fraction_of_bound`).
-
-`--cpu-steps 0` runs the paper-scale part alone (minutes; the CPU check's real runs take longer).
+"cost_efficiency_gain", "vs_paper_choices", "vs_restart", "async_throughput_ratio",
+"async_cost_efficiency_gain", "async_fraction_of_bound", "async_k", "ondemand_async_ratio",
+"bound_throughput_ratio", "traces": [...]}. Each key and the method: docs/benchmarks.md; results:
+docs/simulator.md.
 """
 
 from __future__ import annotations

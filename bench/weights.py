@@ -2,42 +2,16 @@
 
     .venv/bin/python bench/weights.py [--instances 8] [--cap-mb-s 40] [--chunk-mb 4]
 
-The checkpoint has the state dict layout of a Llama (width 1024, 3 blocks, 6144-token vocabulary,
-tied embeddings), random float32 values, about 200 MB. The trainer is this process
-(`WeightPublisher`); the instances are N separate processes (`python -m infra.weights.instance`,
-each a `WeightPuller`), started once and given a fresh puller (holding nothing) per mode. The store
-is S3 on a local moto server (its own process). Modes:
-
-* **trainer**: every instance pulls from the trainer only (instances do not serve);
-* **store**: nobody serves over HTTP; every instance reads the object store;
-* **swarm**: the system: instances pull from the trainer and from every instance that already
-  holds the version, and serve it once they have all of it.
-
-The clock of a mode starts when the pull command is sent to all instances (the version is already
-announced, served and stored; each instance's fresh puller is open, its server up) and stops when
-the last instance holds the decoded state dict. Every pull must have loaded the published version
-(its manifest digest, against which each chunk's sha256 was checked); after the capped swarm, every
-instance's decoded weights are also compared with the trainer's (`fingerprint`: a full decode and
-hash per instance, skipped in the other modes to keep the benchmark short).
-
-**Emulated uplinks.** On one machine everything moves over loopback at memory speed, so no
-single source is bandwidth-limited the way a cloud VM's NIC is, and the comparison would measure
-CPU, not the network. Each source therefore gets the same uplink cap (`--cap-mb-s`, MiB/s): the
-trainer's peer server and every instance's peer server (`WeightsConfig.upload_cap_mb_s`), and the
-object store, reached by the instances through one TCP proxy whose store-to-instance direction is
-capped as a whole (the store counts as one source). Downlinks are not capped. The same three modes
-also run without any cap; those figures show what this machine's CPUs sustain.
-
-Reported: seconds until all instances are ready per mode (capped and uncapped) next to the ideal
-under the cap (single source: N x size / cap; swarm with whole-version holders: size / cap x
-(1 + 1/2 + ... + 1/N), every source's full rate on one puller at a time); when each swarm instance
-was ready, next to that ideal staircase; the swarm / single-source ratio (capped swarm over the
-faster capped single-source mode; target <= 0.4); and the transfer efficiency: a raw loopback copy
-of the same bytes (this process sends the checkpoint's bytes to N receiver processes over plain
-TCP sockets at once) divided by the uncapped swarm time.
-
-Last line JSON: {"trainer_s": .., "store_s": .., "swarm_s": .., "swarm_ratio": .., "efficiency":
-.., "instances": N, ...} (trainer_s, store_s, swarm_s: capped; *_uncapped_s, raw_s, cap_mb_s too).
+A ~200 MB Llama-shaped checkpoint is published by this process (`WeightPublisher`) and pulled by
+N instance processes (`python -m infra.weights.instance`) with the store on a local moto S3 server,
+three ways: **trainer** (every instance from the trainer only), **store** (every instance from
+the object store) and **swarm** (the system: from the trainer and every instance that holds the
+version, each serving it once it has all of it). Every source's uplink is capped alike
+(`--cap-mb-s`, emulating a NIC on one machine), and the modes also run uncapped. It measures the
+seconds until the last instance holds the verified, decoded version, against the ideal under the
+cap; target: swarm / best single source <= 0.4. Last line JSON: {"trainer_s": .., "store_s": ..,
+"swarm_s": .., "swarm_ratio": .., "efficiency": .., "instances": N, ...} (trainer_s, store_s,
+swarm_s: capped; *_uncapped_s, raw_s, cap_mb_s too). Method and the ideals: docs/benchmarks.md.
 """
 
 from __future__ import annotations
