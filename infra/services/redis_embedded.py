@@ -4,6 +4,9 @@ This module owns
 * `RedisSettings`, the run's Redis connection settings (URL, password, TLS), and `client()`,
   which connects and checks the server with one PING, failing with `RedisUnavailable` whose
   message names host:port (never the password) and how to fix it;
+* `launch_redis_server`, the one loop that starts a `redis-server` (a config file, a free port,
+  PING until it answers, another port when one was taken), for `EmbeddedRedis` and `rlboost up`'s
+  stack (`infra/stack/stack.py`), which differ only in how they spawn and stop the process;
 * `EmbeddedRedis`, a context manager that runs a private `redis-server` on a free loopback port
   with a random password (kept in a config file in a private temporary directory, never in the
   process list) and no persistence (or an append-only file: `appendfsync`), and stops it on exit
@@ -29,11 +32,11 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 from urllib.parse import urlsplit
 
 import redis
@@ -178,6 +181,65 @@ def persistence_config(appendfsync: AppendFsync | None) -> str:
     return f'save ""\nappendonly yes\nappendfsync {appendfsync}\n'
 
 
+Process = TypeVar("Process")
+
+
+def launch_redis_server(
+    spawn: Callable[[list[str]], Process],
+    running: Callable[[Process], bool],
+    discard: Callable[[Process], None],
+    *,
+    binary: str,
+    config_dir: Path,
+    password: str,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    appendfsync: AppendFsync | None = None,
+    data_dir: Path | None = None,
+    logfile: Path | None = None,
+    timeout_s: float = 10.0,
+    attempts: int = 3,
+) -> tuple[Process, int] | None:
+    """Start a redis-server and wait until it answers PING; returns (its process, its port).
+
+    Each attempt writes ``config_dir/redis.conf`` (mode 0600: it holds the password) for `port`,
+    or a free port on `host` when None, with `appendfsync`'s persistence in `data_dir` (default
+    `config_dir`) and the server's log in `logfile` (None: on its stdout), starts ``[binary,
+    config]`` with `spawn`, and pings it while `running(process)`. A server that exits before it
+    answers (most likely another process took the free port first) is `discard`ed and the next
+    attempt made; None after `attempts` of them. One that runs without answering within
+    `timeout_s` is discarded and raises TimeoutError; any other exception while waiting
+    discards it too.
+    """
+    config = config_dir / "redis.conf"
+    for _ in range(attempts):
+        chosen = port or free_port(host)
+        config.write_text(
+            f"port {chosen}\nbind {host}\nrequirepass {password}\n{persistence_config(appendfsync)}"
+            f'dir "{data_dir or config_dir}"\ndaemonize no\n' + (f'logfile "{logfile}"\n' if logfile else "")
+        )
+        config.chmod(0o600)
+        process = spawn([binary, str(config)])
+        client = redis.Redis(host=host, port=chosen, password=password, socket_timeout=1.0, retry=Retry(NoBackoff(), 0))
+        deadline = time.monotonic() + timeout_s
+        try:
+            while time.monotonic() < deadline and running(process):
+                try:
+                    client.ping()
+                    return process, chosen
+                except (redis.ConnectionError, redis.TimeoutError):  # not up yet, or another server's port
+                    time.sleep(0.02)
+            if running(process):
+                raise TimeoutError(f"redis-server did not answer PING on {host}:{chosen} within {timeout_s:.0f}s")
+        except BaseException:
+            discard(process)
+            raise
+        finally:
+            client.close()
+        discard(process)
+    return None
+
+
 def _die_with_parent() -> None:
     """Child-side (preexec_fn): SIGTERM this process when the thread that forked it dies (Linux only)."""
     _PRCTL(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
@@ -289,59 +351,44 @@ class EmbeddedRedis:
         if self.directory is not None:
             Path(self.directory).mkdir(parents=True, exist_ok=True)
         try:
-            for _ in range(3):  # another process may take the free port before we bind it
-                if self._launch(binary):
-                    atexit.register(self.stop)
-                    return
+            started = launch_redis_server(
+                lambda command: _popen_dying_with_this_process(
+                    command,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    start_new_session=True,
+                ),
+                lambda process: process.poll() is None,
+                _kill,
+                binary=binary,
+                config_dir=self._dir,
+                password=self.password,
+                host=self.host,
+                port=self._fixed_port,
+                appendfsync=self.appendfsync,
+                data_dir=self.directory,
+                logfile=self._dir / "redis.log",
+                timeout_s=self.startup_timeout_s,
+            )
+        except TimeoutError as exc:
+            log = self._log_tail()
+            self.stop()
+            raise TimeoutError(f"{exc}; its log:\n{log}") from None
         except BaseException:
             self.stop()
             raise
-        log = self._log_tail()
-        self.stop()
-        raise RuntimeError(f"redis-server ({binary}) did not start after 3 attempts:\n{log}")
+        if started is None:
+            log = self._log_tail()
+            self.stop()
+            raise RuntimeError(f"redis-server ({binary}) did not start after 3 attempts:\n{log}")
+        self._process, self.port = started
+        atexit.register(self.stop)
 
     def _log_tail(self) -> str:
         assert self._dir is not None
         log = self._dir / "redis.log"
         return log.read_text(errors="replace")[-2000:] if log.exists() else "(no log)"
-
-    def _launch(self, binary: str) -> bool:
-        """Start redis-server on a fresh free port; True once it answers PING as configured."""
-        assert self._dir is not None
-        self.port = self._fixed_port or free_port(self.host)
-        config = self._dir / "redis.conf"
-        config.write_text(
-            f"port {self.port}\nbind {self.host}\nrequirepass {self.password}\n"
-            f'{persistence_config(self.appendfsync)}dir "{self.directory or self._dir}"\ndaemonize no\n'
-            f'logfile "{self._dir / "redis.log"}"\n'
-        )
-        config.chmod(0o600)
-        self._process = _popen_dying_with_this_process(
-            [binary, str(config)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        client = self._client(socket_timeout=1.0)
-        deadline = time.monotonic() + self.startup_timeout_s
-        try:
-            while time.monotonic() < deadline:
-                if self._process.poll() is not None:  # exited: most likely the port was taken
-                    self._process = None
-                    return False
-                try:
-                    client.ping()
-                    return True
-                except redis.ConnectionError:
-                    time.sleep(0.02)
-        finally:
-            client.close()
-        self._kill()
-        raise TimeoutError(
-            f"redis-server did not answer PING on {self.host}:{self.port} within "
-            f"{self.startup_timeout_s:.0f}s; its log:\n{self._log_tail()}"
-        )
 
     def _client(self, socket_timeout: float) -> redis.Redis:
         """A private client that fails at once instead of retrying."""
@@ -367,18 +414,19 @@ class EmbeddedRedis:
             try:
                 self._process.wait(timeout=5)
             except subprocess.TimeoutExpired:
-                self._kill()
+                _kill(self._process)
         self._process = None
         self.port = None
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
 
-    def _kill(self) -> None:
-        assert self._process is not None
-        self._process.terminate()
-        try:
-            self._process.wait(timeout=3)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.wait()
+
+def _kill(process: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after 3 s."""
+    process.terminate()
+    try:
+        process.wait(timeout=3)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

@@ -41,14 +41,13 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
-import redis
 import yaml
 from pydantic import BaseModel
 
 from infra.fleet.prefect_local import UnknownPool
 from infra.run.config import load_config
 from infra.services.ports import free_port, port_is_free
-from infra.services.redis_embedded import REDIS_URL_ENV, AppendFsync, find_redis_server, persistence_config
+from infra.services.redis_embedded import REDIS_URL_ENV, AppendFsync, find_redis_server, launch_redis_server
 from infra.stack.processes import ServiceProcess, log_tail, start_detached, stop
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -308,35 +307,34 @@ class _Starter:
         directory = self.state.state_dir / "redis"
         directory.mkdir(parents=True, exist_ok=True)
         password = secrets.token_urlsafe(24)
-        for _ in range(3):  # another process may take the free port first
-            port = free_port()
-            config = directory / "redis.conf"
-            config.write_text(
-                f"port {port}\nbind 127.0.0.1\nrequirepass {password}\n{persistence_config(appendfsync)}"
-                f'dir "{directory}"\ndaemonize no\n'
-            )
-            config.chmod(0o600)
-            process = self.launch("redis", [binary, str(config)], self.env)
-            client = redis.Redis(host="127.0.0.1", port=port, password=password, socket_timeout=1.0)
-            deadline = time.monotonic() + 15
-            try:
-                while time.monotonic() < deadline and process.members():
-                    try:
-                        client.ping()
-                        self.state.redis_url = f"redis://:{password}@127.0.0.1:{port}/0"
-                        self.state.save()
-                        self.echo(f"Redis: ready on 127.0.0.1:{port}")
-                        return
-                    except redis.ConnectionError:
-                        time.sleep(0.05)
-            finally:
-                client.close()
+        log = self.state.state_dir / "redis.log"
+
+        def discard(process: ServiceProcess) -> None:
             stop([process], grace_s=2)
             self.state.processes.remove(process)
-        log = self.state.state_dir / "redis.log"
-        raise StackError(
-            f"redis-server ({binary}) did not start on a free loopback port in 3 attempts; its log ({log}):\n{log_tail(log)}"
-        )
+            self.state.save()
+
+        try:
+            started = launch_redis_server(
+                lambda command: self.launch("redis", command, self.env),
+                lambda process: bool(process.members()),
+                discard,
+                binary=binary,
+                config_dir=directory,
+                password=password,
+                appendfsync=appendfsync,
+                timeout_s=15.0,
+            )
+        except TimeoutError as exc:
+            raise StackError(f"{exc}; its log ({log}):\n{log_tail(log)}") from None
+        if started is None:
+            raise StackError(
+                f"redis-server ({binary}) did not start on a free loopback port in 3 attempts; its log ({log}):\n{log_tail(log)}"
+            )
+        port = started[1]
+        self.state.redis_url = f"redis://:{password}@127.0.0.1:{port}/0"
+        self.state.save()
+        self.echo(f"Redis: ready on 127.0.0.1:{port}")
 
     def work_pools_and_automation(self, pools: list[str], zombie_after_s: float | None) -> None:
         from prefect.client.schemas.actions import WorkPoolCreate

@@ -10,7 +10,13 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from infra.services.ports import free_port
-from infra.services.redis_embedded import EmbeddedRedis, RedisSettings, RedisUnavailable, find_redis_server
+from infra.services.redis_embedded import (
+    EmbeddedRedis,
+    RedisSettings,
+    RedisUnavailable,
+    find_redis_server,
+    launch_redis_server,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -43,6 +49,51 @@ def test_embedded_requires_password_and_frees_port_on_exit():
     assert _port_is_free(port)
     with pytest.raises(RuntimeError, match="not running"):
         server.url
+
+
+def test_a_taken_port_is_tried_attempts_times_and_every_server_discarded(tmp_path):
+    """The launcher `EmbeddedRedis` and `rlboost up`'s stack share: a server that exits before it
+    answers (here: its fixed port is taken) is discarded and tried again, then None."""
+    import subprocess
+
+    spawned: list[subprocess.Popen] = []
+    discarded: list[subprocess.Popen] = []
+
+    def spawn(command: list[str]) -> subprocess.Popen:
+        spawned.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        return spawned[-1]
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        started = launch_redis_server(
+            spawn,
+            lambda process: process.poll() is None,
+            discarded.append,
+            binary=find_redis_server(),
+            config_dir=tmp_path,
+            password="secret",
+            port=port,
+            attempts=2,
+        )
+    assert started is None and len(spawned) == 2 and discarded == spawned
+    assert (tmp_path / "redis.conf").stat().st_mode & 0o777 == 0o600
+    started = launch_redis_server(
+        spawn,
+        lambda process: process.poll() is None,
+        discarded.append,
+        binary=find_redis_server(),
+        config_dir=tmp_path,
+        password="secret",
+    )
+    assert started is not None and started[0] is spawned[-1] and len(discarded) == 2
+    process, port = started
+    client = redis.Redis(host="127.0.0.1", port=port, password="secret")
+    assert client.ping()
+    client.close()
+    process.terminate()
+    process.wait()
 
 
 def test_serve_starts_embedded_only_without_url():
