@@ -1,9 +1,9 @@
 """Where the run's Redis is: a configured server, or an embedded `redis-server` for one block.
 
 This module owns
-* `RedisSettings`, the run's Redis connection settings (URL, password, TLS), and `client()`,
-  which connects and checks the server with one PING, failing with `RedisUnavailable` whose
-  message names host:port (never the password) and how to fix it;
+* `RedisSettings`, the run's Redis connection settings (URL, password, TLS); `client()` connects
+  and checks with one PING, failing with `RedisUnavailable` (host:port, never the password, and the
+  fix); `serve()` yields the configured server as is, or an embedded one;
 * `launch_redis_server`, the one loop that starts a `redis-server` (a config file, a free port,
   PING until it answers, another port when one was taken), for `EmbeddedRedis` and `rlboost up`'s
   stack (`infra/stack/stack.py`), which differ only in how they spawn and stop the process;
@@ -11,10 +11,8 @@ This module owns
   with a random password (kept in a config file in a private temporary directory, never in the
   process list) and no persistence (or an append-only file: `appendfsync`), and stops it on exit
   and when this process dies (by any signal: a parent-death signal, Linux; docs/internals.md §9);
-* `RedisSettings.serve()`, which combines the two: the configured server as is, or an embedded one;
-* `REDIS_URL_ENV`, the environment variable that names the run's Redis to the processes that
-  join it (the fabric, the stack's workers, the Prefect-backed instances), and `REDIS_CA_FILE_ENV`,
-  the one that names the CA file of a rediss:// Redis to them (docs/security.md).
+* `REDIS_URL_ENV` and `REDIS_CA_FILE_ENV`, the environment variables that name the run's Redis and
+  a rediss:// Redis's CA file to the processes that join it (docs/security.md).
 """
 
 from __future__ import annotations

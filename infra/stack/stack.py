@@ -1,28 +1,18 @@
 """`rlboost up` / `rlboost down`: everything a user needs to use Prefect for real, on loopback.
 
-`up()` starts, each in its own process group and logging under the state directory
-(`.rlboost/stack/` by default):
-
-1. a Prefect server on 127.0.0.1 (SQLite in the state directory, or PostgreSQL given a URL),
-   waited for through its `/api/health`; on another interface (`host`, for cloud VMs) it requires
-   basic auth (`PREFECT_SERVER_API_AUTH_STRING`) with a credential generated once and kept in
-   `<state dir>/prefect-auth` (mode 0600), which every client of the stack sends
-   (`PREFECT_API_AUTH_STRING`);
-2. a Redis server for the runs' token logs (random password; an append-only file fsynced once a
-   second unless `redis_appendfsync` says otherwise, so a restarted Redis keeps the token logs);
-3. the project's work pools (`process` type, base job template
-   `deployments/work-pools/local-process.json`) and the zombie-run automation
-   (`deployments/automations/crash-zombie-flow-runs.yaml`);
-4. the deployments of `prefect.yaml` (`prefect --no-prompt deploy --all`);
-5. one Prefect worker (`infra.stack.prefect_worker`) per work queue that training deployments use (the
-   `reserved` pool's `default` queue: the training machine), with the Redis URL in its
-   environment; its flow runs share its process group.
-
-It records what it started in `stack.json` (pids with their start times, URLs, the Redis URL with
-its password: the file is private) so that `down()` stops exactly those process groups: the
-workers first (their training runs get the SIGTERM too: they stop their rollout instances and end
-Crashed), then Redis and the server; SIGTERM, then SIGKILL after a grace period. A second `up()`
-while a stack is up is refused.
+`up()` starts, each in its own process group logging under the state directory (`.rlboost/stack/`):
+1. a Prefect server on 127.0.0.1 (SQLite in the state directory, or PostgreSQL given a URL), waited
+   for through `/api/health`; on another interface (`host`, for cloud VMs) it requires basic auth
+   with a credential generated once into `<state dir>/prefect-auth` (0600) that every client sends;
+2. a Redis for the runs' token logs (random password; an append-only file fsynced once a second
+   unless `redis_appendfsync` says otherwise, so a restarted Redis keeps the token logs);
+3. the work pools (base job template `deployments/work-pools/local-process.json`), the zombie-run
+   automation (`deployments/automations/`) and the deployments of `prefect.yaml`;
+4. a Prefect worker (`infra.stack.prefect_worker`) per queue training deployments use (the
+   `reserved` pool's `default`: the training machine), the Redis URL in its environment.
+`stack.json` (private: it holds the Redis password) records what started (pids with start times,
+URLs), so `down()` stops exactly those: workers first (their runs stop their instances, Crashed),
+then Redis and the server, SIGTERM then SIGKILL; a second `up()` is refused. Detail: docs/prefect.md.
 """
 
 from __future__ import annotations
