@@ -1,57 +1,15 @@
 """The rollout controller runtime (docs/internals.md §4-5): drives one RL step's rollout on Redis.
 
 `RolloutController.run_step` enqueues a step's groups in the token log (idempotently), makes the
-step current for the workers (`infra.rollout.worker`), then polls until every group is complete or
-dropped. Each poll builds a `ClusterSnapshot` from the registry and the token log, and applies the
-pure policies:
-
-1. **reap** (`infra.rollout.policies.reaper`): a silent instance's samples go back to the queue with their
-   tokens (the epoch bump fences the zombie) and the instance is deregistered; so do the samples
-   of an owner that is not registered at all (it deregistered without handing them back);
-2. **offload** (`OffloadController.should_release`): past `T_local`, while a spot (rollout-only)
-   instance is alive, reserved instances get ``{"op": "release_all", "step": s}`` and go train;
-   if the last spot instance dies they get ``{"op": "resume", "step": s}`` and generate again;
-3. **steal** (`infra.rollout.policies.steal`): with an empty queue, a loaded instance gets
-   ``{"op": "release", "sample_ids": [...], "to": receiver, "route_s": s}``; the token log routes
-   those samples to the receiver the policy chose (any instance may take them after `route_s`);
-4. **stream**: each newly complete group goes to `on_group(group_id, records)` on one delivery
-   thread, in completion order, so training starts before the tail finishes and a slow consumer
-   never stalls reaping.
-
-When the step is complete and the last `on_group` has returned, the step's `StepTiming` updates
-the offload controller, whose state lives in Redis, like everything a step needs: a controller
-killed at any point and started again on the same Redis resumes the step (no sample re-enqueued,
-no group delivered twice once its `on_group` returned; one in flight at the kill is delivered
-again). Persisted clock values (step start, release) must come from a clock shared by the
-controllers that resume a step: `time.monotonic` is host-wide; pass `time.time` across hosts.
-
-A new driver of the run (a re-run after its driver died: the same run id, `infra.run.identity`)
-calls `take_over(next_step)` before its first step, since what the dead driver consumed died with
-it: every instance it had is reaped (their samples go back to the queue with their logged tokens),
-step `next_step`, the one after the checkpoint it resumes from, is reopened so that every group is
-delivered to the new consumer once more (finished samples are not generated again), the offload
-state goes back to what it was when that step started (its measurements are taken again), and
-every later step is deleted (it was generated from a policy the checkpoint does not hold).
-
-Heartbeat ages are measured on the Redis server's clock (no skew between hosts) and placed on the
-controller's clock. The client's ``socket_timeout`` must exceed `ControllerConfig.poll_s`.
-
-Key layout: the current step (`infra.rollout.protocol.set_current_step`: what workers claim), and with
-``C = "rlb:{<run_id>}:ctl:"`` the keys below; those of a step other than ``C step:<s>`` are deleted
-when the step finishes (its report stays):
-
-=======================  ======================================================================
-``C offload``            JSON state of the `OffloadController` (`to_dict`)
-``C step:<s>``           hash: started_at, base_<stat> (token-log stats at the start),
-                         offload_before (``C offload`` when the step started), released_at,
-                         t_local, num_spot, all_done_at, reaped_instances, steals,
-                         report (JSON `StepReport`, once the step is finished)
-``C told:<s>``           set of reserved instances sent ``release_all``
-``C delivered:<s>``      set of group ids whose `on_group` returned
-``C busy:<s>``           list of ``"<start> <end>"`` clock intervals spent in `on_group`
-``C itok:<s>``           hash: instance -> tokens credited to it
-``C seen:<s>``           hash: sample -> logged tokens already credited
-=======================  ======================================================================
+step current for the workers (`infra.rollout.protocol`), then polls until every group is complete
+or dropped. Each poll builds a `ClusterSnapshot` from the registry and the token log and applies
+the pure policies (`infra.rollout.policies`): **reap** silent instances and unregistered owners,
+**offload** (past `T_local`, while a spot instance is alive, reserved instances ``release_all``;
+``resume`` if the last spot one dies), **steal** (a loaded instance releases samples, routed to
+the receiver the policy chose) and **stream** each complete group to `on_group` on one delivery
+thread. It owns the controller's keys (``rlb:{<run_id>}:ctl:``; their table, and the clocks it
+persists: docs/internals.md §5) and keeps all a step needs there, so a controller started again on
+the same Redis resumes the step. `take_over` makes a dead driver's run this driver's.
 """
 
 from __future__ import annotations
@@ -336,7 +294,7 @@ class RolloutController:
         self.redis.delete(*(self._key(name, step) for name in ("step", *_STEP_SCRATCH)))
 
     def take_over(self, next_step: int) -> TakeOver:
-        """Make the run's state in Redis this driver's (see the module docstring): reap the dead
+        """Make the run's state in Redis this driver's (docs/internals.md §5): reap the dead
         driver's instances, reopen `next_step`, delete the steps after it. Idempotent."""
         log = TokenLog(self.redis, self.run_id, max_reaps=self.config.max_reaps)
         reaped_samples = 0

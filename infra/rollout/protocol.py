@@ -35,6 +35,11 @@ class StepWindow(NamedTuple):
     staleness: int
 
     @property
+    def strict(self) -> bool:
+        """Strictly on-policy (K = 0): every token comes from `version`."""
+        return self.staleness == 0
+
+    @property
     def steps(self) -> list[int]:
         """The open steps, oldest first (the order instances claim in)."""
         return list(range(self.first, self.step + 1))

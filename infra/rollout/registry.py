@@ -1,15 +1,12 @@
 """The instance registry: which rollout instances a run has, whether they are alive, and the
-control messages the controller sends them.
+control messages the controller sends them (docs/internals.md §3).
 
 This module owns the registry's Redis state. An instance `register`s, then `heartbeat`s well
 within `ttl_s`; each heartbeat refreshes a liveness key that expires after `ttl_s` (what `alive`
-reads: the fabric waits for a first live instance) and records (on the server's clock) the
-instance's policy version, free slots and running samples. Reaping does not read the liveness
-key: the controller's reaper (`policies.reaper`) declares dead an instance whose last heartbeat
-is older than `controller.reap_timeout_s`, reaps its samples (`TokenLog.reap`) and deregisters
-it; a deregistered instance's heartbeat returns False, which tells it to stop. Control messages
-(``{"op": "release", "count": 3}``, ``{"op": "release_all"}``, ``{"op": "drain"}``) go through a
-FIFO list per instance.
+reads) and records, on the server's clock, its policy version, free slots and running samples.
+Reaping reads heartbeat age, not the liveness key (`policies.reaper`); a deregistered instance's
+heartbeat returns False, which tells it to stop. Control messages (``{"op": "release_all"}``, ...)
+go through a FIFO list per instance (`request`; taken by `poll_requests` or `wait_request`).
 
 Key layout (``P = "rlb:{<run_id>}:reg:"``): ``P members`` (set of instance ids), ``P i:<id>``
 (hash: info and last heartbeat), ``P alive:<id>`` (liveness key with TTL), ``P ctl:<id>``
@@ -197,9 +194,18 @@ class InstanceRegistry:
 
     def poll_requests(self, instance_id: str) -> list[dict[str, Any]]:
         """Take the instance's pending control messages, oldest first."""
-        key = self.prefix + "ctl:" + instance_id
+        key = self._ctl_key(instance_id)
         pipe = self.client.pipeline(transaction=True)
         pipe.lrange(key, 0, -1)
         pipe.delete(key)
         messages, _ = pipe.execute()
         return [json.loads(m) for m in messages]
+
+    def wait_request(self, instance_id: str, timeout_s: float) -> dict[str, Any] | None:
+        """Take the instance's oldest control message, waiting up to `timeout_s` for one (None if
+        none came). The client's socket_timeout must exceed `timeout_s`."""
+        reply = self.client.blpop([self._ctl_key(instance_id)], timeout=timeout_s)
+        return None if reply is None else json.loads(reply[1])
+
+    def _ctl_key(self, instance_id: str) -> str:
+        return self.prefix + "ctl:" + instance_id

@@ -50,7 +50,7 @@ def test_a_heartbeat_must_fit_in_its_ttl():
 
 
 def test_the_engine_flag_takes_an_engine_spec_as_json(capsys):
-    from infra.rollout.worker import _parser
+    from infra.rollout.worker_config import _parser
     from rl.engine_spec import EngineSpec
 
     base = ["--model", "m", "--redis-url", "redis://x", "--run-id", "r", "--pool", "p"]

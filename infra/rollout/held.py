@@ -1,0 +1,84 @@
+"""The samples a rollout worker holds (docs/internals.md §4): each one's lease, the response tokens
+logged and those generated since, which of them are due to flush (`due`), the fenced flushes that
+log them (`flushes`) and what an accepted flush changes (`Held.logged_ok`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from infra.rollout.tokenlog import Claim, Flush
+from rl.generation import TokenChunk
+
+
+@dataclass(eq=False)
+class Held:
+    """A leased sample: what is logged and what is buffered."""
+
+    sample_id: str
+    epoch: int
+    logged: int
+    """Response tokens in the log."""
+    order: int
+    """Claim order (a tie-break for choosing samples to release)."""
+    claim: Claim
+    """The lease as claimed (to continue the sample on a new version: `RolloutWorker._reload`)."""
+    prefix: list[int] = field(default_factory=list)
+    """The logged response tokens (the claim's and those flushed since)."""
+    tokens: list[int] = field(default_factory=list)
+    """Generated, not yet flushed."""
+    logprobs: list[float] = field(default_factory=list)
+    since: float = 0.0
+    """Monotonic time of the oldest unflushed token."""
+    finish: str | None = None
+
+    @property
+    def generated(self) -> int:
+        return self.logged + len(self.tokens)
+
+    def absorb(self, chunk: TokenChunk, now: float) -> int:
+        """Buffer an engine step's tokens (and finish) of this sample; returns how many tokens."""
+        if chunk.token_ids:
+            if not self.tokens:
+                self.since = now
+            self.tokens += chunk.token_ids
+            self.logprobs += chunk.logprobs
+        if chunk.finish_reason is not None:
+            self.finish = chunk.finish_reason
+        return len(chunk.token_ids)
+
+    def logged_ok(self, count: int, submitted: float) -> None:
+        """A flush of the first `count` buffered tokens, submitted at `submitted`, was accepted."""
+        self.logged += count
+        self.prefix += self.tokens[:count]
+        del self.tokens[:count], self.logprobs[:count]
+        if self.tokens:  # generated while the round trip was in flight
+            self.since = submitted
+
+
+class Pending(NamedTuple):
+    """One flush in a batch: the sample, how many of its buffered tokens, its finish reason."""
+
+    held: Held
+    count: int
+    finish: str | None
+
+
+def due(held: Iterable[Held], now: float, flush_tokens: int, flush_s: float, force: bool) -> list[Held]:
+    """The samples to flush now: finished, or with `flush_tokens` unflushed tokens, or whose oldest
+    unflushed token is `flush_s` old; with `force`, every one with unflushed tokens."""
+    return [
+        h
+        for h in held
+        if h.finish is not None or (h.tokens and (force or len(h.tokens) >= flush_tokens or now - h.since >= flush_s))
+    ]
+
+
+def flushes(batch: Sequence[Pending], instance_id: str, version: int | None) -> list[Flush]:
+    """The fenced flushes of a batch, each from where the sample's logged tokens end."""
+    return [
+        Flush(h.sample_id, instance_id, h.epoch, h.tokens[:count], h.logprobs[:count], h.logged, finish, version)
+        for h, count, finish in batch
+    ]

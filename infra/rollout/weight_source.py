@@ -1,0 +1,114 @@
+"""Where a rollout worker gets the policy versions it loads (docs/internals.md §6): `PulledWeights`
+pulls an announced version from the peers that hold it, the trainer or the store, and reports the
+transfer; `HandedOverWeights` takes the version the trainer handed over in the same process (a
+co-located instance, `infra.rollout.direct_weights`). Which version to load, and when, is the
+worker's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import redis
+
+from infra.rollout.direct_weights import DirectWeights
+from infra.weights.holders import latest_version
+from infra.weights.puller import PullError, WeightPuller
+from infra.weights.shared import report_transfer, shared_config
+
+log = logging.getLogger("rlboost.worker")
+
+
+class WeightSource(Protocol):
+    def newest(self) -> int | None:
+        """The newest version there is to load (None before the first)."""
+        ...
+
+    def fetch(self, version: int) -> Mapping[str, Any] | None:
+        """`version`'s state dict, or None when it cannot be had yet (asked again at the next poll)."""
+        ...
+
+    def loaded(self, version: int) -> None:
+        """The engine loaded `version`'s state (just `fetch`ed)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class _OnceAVersion:
+    """Says that a version is awaited once per version, not at every poll."""
+
+    def __init__(self) -> None:
+        self._waiting_for: int | None = None
+
+    def waiting(self, version: int, message: str, *args: Any) -> None:
+        if self._waiting_for != version:
+            log.info(message, *args)
+            self._waiting_for = version
+
+
+class PulledWeights(_OnceAVersion):
+    """Versions pulled once announced, with the settings the trainer shared in Redis."""
+
+    def __init__(self, client: redis.Redis, run_id: str, instance_id: str) -> None:
+        super().__init__()
+        self.client, self.run_id, self.instance_id = client, run_id, instance_id
+        self._puller: WeightPuller | None = None
+
+    def newest(self) -> int | None:
+        return latest_version(self.client, self.run_id)
+
+    def fetch(self, version: int) -> Mapping[str, Any] | None:
+        announced = latest_version(self.client, self.run_id)
+        puller = self._puller or self._open_puller()
+        if announced is None or announced < version or puller is None:
+            self.waiting(version, "waiting for policy version %d to be announced (latest: %s)", version, announced)
+            return None
+        try:
+            return puller.pull(version)
+        except PullError as exc:
+            log.warning("pulling policy version %d failed (%s); retrying", version, exc)
+            return None
+
+    def loaded(self, version: int) -> None:
+        report = self._puller.last_report if self._puller is not None else None
+        if report is not None:
+            report_transfer(self.client, self.run_id, report)
+            log.info("loaded policy version %d (%d bytes) in %.2f s", version, report.bytes, report.seconds)
+
+    def close(self) -> None:
+        if self._puller is not None:
+            self._puller.close()
+
+    def _open_puller(self) -> WeightPuller | None:
+        """The weight puller, made from the settings the trainer shared (None before that)."""
+        settings = shared_config(self.client, self.run_id)
+        if settings is None:
+            return None
+        self._puller = WeightPuller(settings, self.client, self.run_id, self.instance_id)
+        return self._puller
+
+
+class HandedOverWeights(_OnceAVersion):
+    """Versions the trainer hands over in this process: no pull, no transfer reported."""
+
+    def __init__(self, direct: DirectWeights) -> None:
+        super().__init__()
+        self.direct = direct
+
+    def newest(self) -> int | None:
+        return self.direct.version
+
+    def fetch(self, version: int) -> Mapping[str, Any] | None:
+        state = self.direct.take(version)
+        if state is None:
+            self.waiting(version, "waiting for the trainer to hand over policy version %d", version)
+        return state
+
+    def loaded(self, version: int) -> None:
+        log.info("loaded policy version %d from the trainer (in process)", version)
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,56 @@
+"""The engine a rollout worker runs: the configured engine (`rl.engine_spec`) on the run's base
+model, whose weights are version 0 (downloaded first when the model is a URL), ending each sample
+at its stop strings (`rl.stops.StopStrings`, with the model's tokenizer).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import redis
+
+from infra.rollout.worker_config import WorkerConfig
+from infra.weights.model_source import fetch_model, is_url
+from infra.weights.shared import shared_config
+from rl.generation import GenerationEngine
+
+log = logging.getLogger("rlboost.worker")
+
+
+def load_engine(config: WorkerConfig, client: redis.Redis) -> GenerationEngine:
+    """The configured engine on the base model, applying each sample's stop strings."""
+    from transformers import AutoTokenizer
+
+    from rl.engine_factory import build_engine
+    from rl.stops import StopStrings
+
+    model_dir = _local_model(config, client)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    engine = build_engine(
+        config.engine,
+        model_dir,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
+        max_batch_size=config.slots,
+        field="engine",
+    )
+    log.info(
+        "engine %s on %s (%s) for instance %s",
+        config.engine.kind,
+        config.engine.device,
+        config.engine.dtype,
+        config.instance_id,
+    )
+    return StopStrings(engine, tokenizer)
+
+
+def _local_model(config: WorkerConfig, client: redis.Redis) -> Path:
+    """The base model's local directory, downloaded first when it is a URL (read with the run's
+    weight-store options when it lies under the store)."""
+    location = config.model_path
+    if not is_url(location):
+        return fetch_model(location)
+    settings = shared_config(client, config.run_id)
+    under_store = settings is not None and settings.store_url and location.startswith(settings.store_url.rstrip("/"))
+    return fetch_model(location, settings.store_options if under_store else None)
