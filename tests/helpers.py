@@ -3,8 +3,9 @@
 * `REPO_ROOT`: the repository (tests run with it as the working directory of their subprocesses);
 * `wait_for`: poll a condition until it holds, failing the test with what it waited for;
 * `Clock`: epoch seconds that move only when a test says so (providers, fakes, policies);
-* `save_tiny_model`: a tiny Llama saved as a Hugging Face model directory (the base model of
-  rollout instances, flows and the stack in their tests);
+* `tiny_shape`, `tiny_model`, `save_tiny_model`: the tests' tiny Llama (2 layers of width 64, or
+  the smallest: 1 layer), built in memory or saved as a Hugging Face model directory (the base
+  model of training runs, rollout instances, flows and the stack in their tests);
 * `resumed`, `match_rate`, `run_and_release`: a generation request continued from a prefix, the
   fraction of tokens two sets of responses share, and a run that releases each sample at a chosen
   length (the engines' resume and cross-engine tests);
@@ -61,12 +62,29 @@ class Clock:
         self.t += seconds
 
 
-def save_tiny_model(path: Path, shape=None, seed: int = 0) -> Path:
-    """A tiny Llama and its tokenizer saved as a Hugging Face model directory at `path`."""
-    from rl.models import TinyLlamaShape, build_tiny_llama, save_model
+def tiny_shape(*, smallest: bool = False):
+    """The tests' tiny Llama (width 64, 2 heads of 32): 2 layers and an MLP of 128, the model of
+    the tests that train or run a fabric; `smallest`: 1 layer and an MLP of 64."""
+    from rl.models import TinyLlamaShape
 
-    shape = shape or TinyLlamaShape(hidden_size=64, num_layers=1, num_heads=2, intermediate_size=64)
-    model, tokenizer = build_tiny_llama(shape, seed=seed)
+    if smallest:
+        return TinyLlamaShape(hidden_size=64, num_layers=1, num_heads=2, intermediate_size=64)
+    return TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
+
+
+def tiny_model(*, seed: int = 0, smallest: bool = False):
+    """A fresh `tiny_shape` Llama and its tokenizer: (model, tokenizer)."""
+    from rl.models import build_tiny_llama
+
+    return build_tiny_llama(tiny_shape(smallest=smallest), seed=seed)
+
+
+def save_tiny_model(path: Path, shape=None, seed: int = 0) -> Path:
+    """A tiny Llama (`shape`, default the smallest `tiny_shape`) and its tokenizer saved as a
+    Hugging Face model directory at `path`."""
+    from rl.models import build_tiny_llama, save_model
+
+    model, tokenizer = build_tiny_llama(shape or tiny_shape(smallest=True), seed=seed)
     save_model(model, tokenizer, path)
     return path
 

@@ -24,9 +24,8 @@ from prefect.settings import PREFECT_API_URL
 
 from flows.rl_train import rl_train
 from rl.checkpoint import latest_checkpoint
-from rl.models import TinyLlamaShape, build_tiny_llama, save_model
 from rl.rollout import read_samples
-from tests.helpers import REPO_ROOT
+from tests.helpers import REPO_ROOT, save_tiny_model, tiny_shape
 
 pytestmark = pytest.mark.integration
 
@@ -71,10 +70,7 @@ def _prompts(run_dir: Path, step: int) -> set[tuple[int, ...]]:
 
 def test_rerun_after_a_crash_continues_and_extra_steps_train_on_fresh_prompts(prefect_harness, tmp_path):
     base = tmp_path / "base"
-    model, tokenizer = build_tiny_llama(
-        TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128), seed=0
-    )
-    save_model(model, tokenizer, base)
+    save_tiny_model(base, tiny_shape())
     run_dir = tmp_path / "runs" / RUN
     overrides = _overrides(base, tmp_path / "runs", steps=3)
 

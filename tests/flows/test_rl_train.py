@@ -22,15 +22,14 @@ from prefect.client.schemas.filters import (
 
 from flows.rl_train import rl_train
 from infra.ledger import Ledger
-from rl.models import TinyLlamaShape
-from tests.helpers import save_tiny_model
+from tests.helpers import save_tiny_model, tiny_shape
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def base_model(tmp_path_factory):
-    shape = TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
+    shape = tiny_shape()
     return save_tiny_model(tmp_path_factory.mktemp("model") / "base", shape)
 
 

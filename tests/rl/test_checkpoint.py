@@ -12,13 +12,14 @@ import rl.checkpoint as checkpoint
 from rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rl.config import DataConfig, GRPOConfig, OptimConfig, RolloutConfig
 from rl.engine import HFEngine
-from rl.models import TinyLlamaShape, build_tiny_llama
+from rl.models import build_tiny_llama
 from rl.prompt_source import PromptSource
 from rl.rollout import build_requests, samples_from_results
 from rl.scoring import score_samples
 from rl.trainer import TrainBatch, Trainer
+from tests.helpers import tiny_shape
 
-SHAPE = TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
+SHAPE = tiny_shape()
 ROLLOUT = RolloutConfig(prompts_per_step=2, group_size=4, max_new_tokens=4)
 GRPO = GRPOConfig(kl_coef=0.05)
 OPTIM = OptimConfig(lr=3e-3, warmup_steps=3, micro_batch_size=3)

@@ -22,9 +22,9 @@ from rl.config import GRPOConfig, OptimConfig, TrainerConfig
 from rl.distributed.group import RankFailure
 from rl.distributed.protocol import TrainSpec
 from rl.distributed.trainer import DistributedTrainer, check_supported
-from rl.models import TinyLlamaShape, load_model
+from rl.models import load_model
 from rl.trainer import CheckpointMismatch, TrainBatch, Trainer
-from tests.helpers import save_tiny_model
+from tests.helpers import save_tiny_model, tiny_shape
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +36,7 @@ OPTIM = OptimConfig(lr=1e-3, micro_batch_size=3, warmup_steps=2)
 def model_dir(tmp_path_factory) -> Path:
     return save_tiny_model(
         tmp_path_factory.mktemp("ds") / "base",
-        TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128),
+        tiny_shape(),
     )
 
 

@@ -10,10 +10,11 @@ import torch
 from rl.engine import HFEngine
 from rl.generation import GenerationRequest, SamplingParams
 from rl.models import TinyLlamaShape, build_tiny_llama, load_model, save_model, smollm2_gguf
+from tests.helpers import tiny_model
 
 
 def test_tiny_llama_round_trips_through_an_hf_directory(tmp_path):
-    model, tokenizer = build_tiny_llama(TinyLlamaShape(hidden_size=64, num_layers=1, num_heads=2, intermediate_size=64))
+    model, tokenizer = tiny_model(smallest=True)
     assert model.config.head_dim >= 32
     save_model(model, tokenizer, tmp_path / "m")
     assert (tmp_path / "m" / "model.safetensors").exists()

@@ -13,6 +13,7 @@ from rl.models import load_model
 from rl.pretrain import ThresholdNotReached, _supervised_batch, corrupt_solution, pretrain
 from rl.problems import eval_set, make_problem, problem_stream, take
 from rl.tokenizer import build_char_tokenizer
+from tests.helpers import tiny_model
 
 SMALL = ModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
 
@@ -114,9 +115,8 @@ def test_stops_at_the_first_evaluation_reaching_the_threshold_and_saves(tmp_path
         logits = model(input_ids=torch.tensor([tokenizer("12+34=").input_ids])).logits
     assert torch.isfinite(logits).all()
     # The saved weights are the trained ones, not the fresh init.
-    from rl.models import TinyLlamaShape, build_tiny_llama
 
-    fresh, _ = build_tiny_llama(TinyLlamaShape(64, 2, 2, 128), seed=0)
+    fresh, _ = tiny_model(seed=0)
     assert not torch.equal(fresh.model.embed_tokens.weight, model.model.embed_tokens.weight)
     assert not (tmp_path / "base.tmp").exists()
 

@@ -9,11 +9,11 @@ import pytest
 
 from rl.engine import HFEngine
 from rl.generation import FINISH_STOP, GenerationRequest, SamplingParams
-from rl.models import TinyLlamaShape, build_tiny_llama
+from rl.models import build_tiny_llama
 from rl.stops import StopStrings, find_stop, window_tokens
-from tests.helpers import resumed, run_and_release
+from tests.helpers import resumed, run_and_release, tiny_shape
 
-SHAPE = TinyLlamaShape(hidden_size=64, num_layers=1, num_heads=2, intermediate_size=64)
+SHAPE = tiny_shape(smallest=True)
 
 
 @pytest.fixture(scope="module")

@@ -9,14 +9,15 @@ import torch
 
 from rl.config import GRPOConfig, OptimConfig
 from rl.datasets import PromptRecord
-from rl.models import TinyLlamaShape, build_tiny_llama
+from rl.models import build_tiny_llama
 from rl.rewards import make_reward_fn
 from rl.rollout import Sample
 from rl.scoring import score_samples
 from rl.streaming import StreamedStep
 from rl.trainer import TrainBatch, Trainer
+from tests.helpers import tiny_shape
 
-SHAPE = TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
+SHAPE = tiny_shape()
 GROUP = 4
 
 

@@ -16,10 +16,11 @@ import rl
 from rl.config import GRPOConfig, OptimConfig
 from rl.engine import HFEngine
 from rl.generation import GenerationRequest, SamplingParams
-from rl.models import TinyLlamaShape, build_tiny_llama
+from rl.models import build_tiny_llama
 from rl.trainer import TrainBatch, Trainer, concat_batches, mini_batches
+from tests.helpers import tiny_shape
 
-SHAPE = TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
+SHAPE = tiny_shape()
 PAD, BOS, EOS = 0, 1, 2
 
 

@@ -36,14 +36,14 @@ from infra.weights.publisher import WeightPublisher
 from infra.weights.shared import drain_transfers, share_config
 from rl.engine import HFEngine
 from rl.generation import GenerationRequest, SamplingParams
-from rl.models import TinyLlamaShape, build_tiny_llama, save_model
+from rl.models import build_tiny_llama, save_model
 from rl.stops import StopStrings
-from tests.helpers import REPO_ROOT
+from tests.helpers import REPO_ROOT, tiny_shape
 
 pytestmark = pytest.mark.integration
 
 ROOT = REPO_ROOT
-SHAPE = TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
+SHAPE = tiny_shape()
 SAMPLING = {"temperature": 1.0}
 NOTICE_S = 5.0
 """The preemption notice the tests grant (GCP/Azure give 30 s)."""

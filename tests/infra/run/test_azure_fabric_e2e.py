@@ -31,12 +31,12 @@ from flows.rl_train import rl_train
 from infra.ledger import Ledger
 from infra.run import fabric as fabric_module
 from infra.services.redis_embedded import EmbeddedRedis
-from rl.models import TinyLlamaShape, build_tiny_llama, save_model
 from rl.rollout import read_samples
 from tests.fakes.arm import FakeArm
 from tests.fakes.azure_vm_host import FakeAzureVmHost
 from tests.fakes.support import serving
 from tests.fakes.vm_host import bake_image_venv
+from tests.helpers import save_tiny_model, tiny_shape
 from tests.infra.providers.test_azure import SUBNET, BearerOverHttp, StaticCredential
 from tests.infra.run.test_cloud_fabric_e2e import deploy_rollout_instance, routable_ipv4
 
@@ -54,10 +54,7 @@ def test_training_keeps_an_azure_spot_pool_through_an_eviction(prefect_harness, 
         pytest.skip("this machine has no routable IPv4 address for the VMs to reach Redis at")
     api_url = PREFECT_API_URL.value()
     base = tmp_path / "base"
-    model, tokenizer = build_tiny_llama(
-        TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128), seed=0
-    )
-    save_model(model, tokenizer, base)
+    save_tiny_model(base, tiny_shape())
     install_dir = tmp_path / "opt"
     install_dir.mkdir()
     venv = bake_image_venv(install_dir)

@@ -17,9 +17,10 @@ from infra.run.fabric_config import FabricConfig
 from rl.config import DataConfig, RolloutConfig, VLLMOptions
 from rl.engine import HFEngine
 from rl.engine_spec import EngineSpec
-from rl.models import TinyLlamaShape, build_tiny_llama, load_model, save_model
+from rl.models import load_model
 from rl.prompt_source import PromptSource
 from rl.rollout import build_requests
+from tests.helpers import save_tiny_model, tiny_shape
 
 pytestmark = pytest.mark.integration
 
@@ -92,10 +93,7 @@ def _version_weights(base_state: dict, version: int) -> dict:
 @pytest.mark.parametrize("engine_kind", ENGINES)
 def test_random_preemptions_lose_nothing_and_change_no_token(tmp_path, engine_kind):
     engine_spec, config = ENGINES[engine_kind]
-    model, tokenizer = build_tiny_llama(
-        TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128), seed=0
-    )
-    save_model(model, tokenizer, tmp_path / "base")
+    save_tiny_model(tmp_path / "base", tiny_shape())
     model, tokenizer = load_model(tmp_path / "base")
     base_state = {k: v.clone() for k, v in model.state_dict().items()}
     rollout = RolloutConfig(prompts_per_step=12, group_size=4, max_new_tokens=96)

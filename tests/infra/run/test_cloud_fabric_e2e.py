@@ -38,12 +38,12 @@ from infra.ledger.reader import load_run
 from infra.run.fabric import environment_block_name
 from infra.services.redis_embedded import EmbeddedRedis
 from infra.weights.model_source import INDEX
-from rl.models import TinyLlamaShape, build_tiny_llama, save_model
+from rl.models import save_model
 from rl.rollout import read_samples
 from tests.fakes.gce import FakeGce
 from tests.fakes.support import serving
 from tests.fakes.vm_host import FakeVmHost, bake_image_venv
-from tests.helpers import REPO_ROOT
+from tests.helpers import REPO_ROOT, save_tiny_model, tiny_model, tiny_shape
 
 pytestmark = pytest.mark.integration
 
@@ -114,9 +114,7 @@ def test_training_keeps_a_gcp_spot_pool_through_a_preemption(prefect_harness, tm
         pytest.skip("this machine has no routable IPv4 address for the VMs to reach Redis at")
     api_url = PREFECT_API_URL.value()
     base = tmp_path / "base"
-    model, tokenizer = build_tiny_llama(
-        TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128), seed=0
-    )
+    model, tokenizer = tiny_model()
     save_model(model, tokenizer, base)
     # The image: a venv with the dependencies but not the project; the VMs install the run's wheel.
     install_dir = tmp_path / "opt"
@@ -275,8 +273,7 @@ def test_vms_that_cannot_boot_fail_the_run_with_their_boot_log_line(prefect_harn
         pytest.skip("this machine has no routable IPv4 address for the VMs to reach Redis at")
     api_url = PREFECT_API_URL.value()
     base = tmp_path / "base"
-    model, tokenizer = build_tiny_llama(TinyLlamaShape(hidden_size=64, num_layers=1, num_heads=2, intermediate_size=64))
-    save_model(model, tokenizer, base)
+    save_tiny_model(base, tiny_shape(smallest=True))
     install_dir = tmp_path / "opt"  # no venv: the boot script must make one, with python3.9
     deploy_rollout_instance(api_url, install_dir)
     monkeypatch.setenv("RLBOOST_WHEEL_CACHE", str(tmp_path / "wheels"))

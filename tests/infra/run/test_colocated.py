@@ -18,8 +18,9 @@ from infra.run.colocated import ColocatedInstanceError
 from infra.run.fabric import RolloutFabric
 from infra.run.fabric_config import FabricConfig
 from rl.config import DataConfig, RolloutConfig
-from rl.models import TinyLlamaShape, build_tiny_llama, load_model, save_model
+from rl.models import load_model
 from rl.prompt_source import PromptSource
+from tests.helpers import save_tiny_model, tiny_shape
 
 pytestmark = pytest.mark.integration
 
@@ -76,10 +77,7 @@ class Run:
 @pytest.fixture(scope="module")
 def base_model(tmp_path_factory):
     path = tmp_path_factory.mktemp("colocated") / "base"
-    model, tokenizer = build_tiny_llama(
-        TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128), seed=0
-    )
-    save_model(model, tokenizer, path)
+    save_tiny_model(path, tiny_shape())
     return path
 
 

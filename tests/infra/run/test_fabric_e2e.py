@@ -13,9 +13,10 @@ from flows.rl_train import rl_train
 from infra.ledger import Ledger
 from infra.run.config import load_config
 from rl.engine import HFEngine
-from rl.models import TinyLlamaShape, build_tiny_llama, load_model, save_model
+from rl.models import load_model, save_model
 from rl.prompt_source import PromptSource
 from rl.rollout import build_requests, read_samples
+from tests.helpers import tiny_model
 
 pytestmark = pytest.mark.integration
 
@@ -42,9 +43,7 @@ POOLS = [
 
 def test_fabric_run_with_preemptions_matches_in_process_generation(prefect_harness, tmp_path):
     base = tmp_path / "base"
-    model, tokenizer = build_tiny_llama(
-        TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128), seed=0
-    )
+    model, tokenizer = tiny_model()
     save_model(model, tokenizer, base)
     overrides = {
         "model.path": str(base),

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from rl.models import TinyLlamaShape, build_tiny_llama, save_model
+from tests.helpers import save_tiny_model, tiny_shape
 
 pytestmark = pytest.mark.integration
 
@@ -96,10 +96,7 @@ def _assert_all_gone(commands: dict[int, bytes], who: str, within_s: float = 20.
 
 
 def test_sigkilled_driver_leaves_no_worker_and_no_redis(tmp_path):
-    model, tokenizer = build_tiny_llama(
-        TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128), seed=0
-    )
-    save_model(model, tokenizer, tmp_path / "base")
+    save_tiny_model(tmp_path / "base", tiny_shape())
     driver = subprocess.Popen(
         [sys.executable, "-c", DRIVER, str(tmp_path / "run"), str(tmp_path / "base")],
         stdout=subprocess.PIPE,
@@ -135,10 +132,7 @@ def test_sigkilled_rollout_process_leaves_no_vllm_engine_core(tmp_path):
     """vLLM's engine core (`vllm.multiprocessing: true`) is a child of the process that holds the
     engine, and vLLM gives it no way to notice that process's death: a silently preempted worker
     would leave it running. rlboost's vLLM plugin ends it (and its model worker) with its parent."""
-    model, tokenizer = build_tiny_llama(
-        TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128), seed=0
-    )
-    save_model(model, tokenizer, tmp_path / "base")
+    save_tiny_model(tmp_path / "base", tiny_shape())
     (tmp_path / "holder.py").write_text(VLLM_HOLDER)  # multiprocessing's spawn re-imports the main module
     holder = subprocess.Popen(
         [sys.executable, str(tmp_path / "holder.py"), str(tmp_path / "base")],
@@ -160,10 +154,7 @@ def test_sigkilled_rollout_process_leaves_no_vllm_engine_core(tmp_path):
 def test_sigkilled_rlboost_train_leaves_no_ephemeral_prefect_server(tmp_path):
     """With no PREFECT_API_URL, `rlboost train` runs on Prefect's ephemeral API server, a uvicorn
     process that Prefect stops only at a normal exit; the guardian ends it after a SIGKILL."""
-    model, tokenizer = build_tiny_llama(
-        TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128), seed=0
-    )
-    save_model(model, tokenizer, tmp_path / "base")
+    save_tiny_model(tmp_path / "base", tiny_shape())
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
     env.update(PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="120")
     sets = [f"model.path={tmp_path / 'base'}", f"run.output_dir={tmp_path / 'runs'}", "run.name=orphans"]

@@ -31,14 +31,14 @@ from infra.services.ports import free_port
 from infra.services.redis_embedded import EmbeddedRedis
 from rl.config import DataConfig, RolloutConfig
 from rl.engine import HFEngine
-from rl.models import TinyLlamaShape, load_model
+from rl.models import load_model
 from rl.prompt_source import PromptSource
 from rl.rollout import build_requests
-from tests.helpers import REPO_ROOT, save_tiny_model, wait_for
+from tests.helpers import REPO_ROOT, save_tiny_model, tiny_shape, wait_for
 
 pytestmark = pytest.mark.integration
 
-SHAPE = TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
+SHAPE = tiny_shape()
 POOL = {"name": "reserved", "capacity_class": "reserved", "size": 2, "machine_type": "cpu", "price_per_hour": 1.0}
 WORKER = {"slots": 2, "flush_tokens": 2, "flush_ms": 20, "heartbeat_s": 0.2, "ttl_s": 5.0}
 

@@ -11,8 +11,9 @@ from infra.run.fabric import RolloutFabric
 from infra.run.fabric_config import FabricConfig
 from infra.services.redis_embedded import RedisSettings, RedisUnavailable
 from rl.config import DataConfig, RolloutConfig
-from rl.models import TinyLlamaShape, build_tiny_llama, load_model, save_model
+from rl.models import load_model
 from rl.prompt_source import PromptSource
+from tests.helpers import save_tiny_model, tiny_shape
 from tests.tls_material import tls_redis
 
 pytestmark = pytest.mark.integration
@@ -28,10 +29,7 @@ def server(tmp_path_factory):
 
 
 def test_a_worker_process_and_the_controller_run_a_step_over_tls(server, tmp_path):
-    model, tokenizer = build_tiny_llama(
-        TinyLlamaShape(hidden_size=64, num_layers=1, num_heads=2, intermediate_size=64), seed=0
-    )
-    save_model(model, tokenizer, tmp_path / "base")
+    save_tiny_model(tmp_path / "base", tiny_shape(smallest=True))
     model, tokenizer = load_model(tmp_path / "base")
     config = FabricConfig.model_validate(
         {

@@ -36,10 +36,10 @@ from infra.rollout.tokenlog import TokenLog
 from infra.run.config import load_config
 from infra.services.redis_embedded import EmbeddedRedis
 from rl.engine import HFEngine
-from rl.models import TinyLlamaShape, load_model
+from rl.models import load_model
 from rl.prompt_source import PromptSource
 from rl.rollout import build_requests, read_samples
-from tests.helpers import REPO_ROOT, save_tiny_model, wait_for
+from tests.helpers import REPO_ROOT, save_tiny_model, tiny_shape, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -86,7 +86,7 @@ def _cost(run_id: str, ledger_url: str) -> str:
 def test_a_sigkilled_run_rerun_is_the_same_run_and_resumes_its_step(prefect_harness, tmp_path):
     from prefect.settings import PREFECT_API_URL
 
-    save_tiny_model(tmp_path / "base", TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128))
+    save_tiny_model(tmp_path / "base", tiny_shape())
     ledger_url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
     env = {**os.environ, "RLBOOST_LEDGER_URL": ledger_url, "PREFECT_API_URL": PREFECT_API_URL.value()}
     with EmbeddedRedis() as server:

@@ -15,8 +15,9 @@ import pytest
 from infra.run.fabric import RolloutFabric
 from infra.run.fabric_config import FabricConfig
 from rl.config import DataConfig, RolloutConfig
-from rl.models import TinyLlamaShape, build_tiny_llama, load_model, save_model
+from rl.models import load_model
 from rl.prompt_source import PromptSource
+from tests.helpers import save_tiny_model, tiny_shape
 
 pytestmark = pytest.mark.integration
 
@@ -33,10 +34,7 @@ CONFIG = FabricConfig.model_validate(
 
 
 def test_no_secret_on_a_command_line_in_a_log_or_a_run_file(tmp_path):
-    model, tokenizer = build_tiny_llama(
-        TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128), seed=0
-    )
-    save_model(model, tokenizer, tmp_path / "base")
+    save_tiny_model(tmp_path / "base", tiny_shape())
     model, tokenizer = load_model(tmp_path / "base")
     run_dir = tmp_path / "run"
     fabric = RolloutFabric(CONFIG, "secrets", run_dir, tmp_path / "base")

@@ -13,8 +13,7 @@ import torch
 from infra.run.config import load_config
 from infra.run.session import TrainingSession
 from rl.distributed.group import RankFailure
-from rl.models import TinyLlamaShape
-from tests.helpers import save_tiny_model
+from tests.helpers import save_tiny_model, tiny_shape
 
 pytestmark = pytest.mark.integration
 
@@ -22,7 +21,7 @@ pytestmark = pytest.mark.integration
 def _config(tmp_path, **overrides):
     base = tmp_path / "base"
     if not base.exists():
-        save_tiny_model(base, TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128))
+        save_tiny_model(base, tiny_shape())
     return load_config(
         None,
         {

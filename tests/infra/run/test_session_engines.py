@@ -12,18 +12,15 @@ from infra.run.config import load_config
 from infra.run.session import TrainingSession
 from rl.engine import HFEngine
 from rl.generation import SamplingParams
-from rl.models import TinyLlamaShape
 from rl.rollout import build_requests
 from rl.vllm_engine import VLLMEngine
-from tests.helpers import match_rate, save_tiny_model
+from tests.helpers import match_rate, save_tiny_model, tiny_shape
 
 pytestmark = pytest.mark.integration
 
 
 def _session(tmp_path, **overrides) -> TrainingSession:
-    base = save_tiny_model(
-        tmp_path / "base", TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
-    )
+    base = save_tiny_model(tmp_path / "base", tiny_shape())
     config = load_config(
         None,
         {

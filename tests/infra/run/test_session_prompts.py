@@ -9,9 +9,10 @@ import pytest
 from infra.run.config import parse_config
 from infra.run.session import TrainingSession
 from rl.generation import FINISH_STOP
-from rl.models import TinyLlamaShape, build_tiny_llama, save_model
+from rl.models import build_tiny_llama, save_model
 from rl.prompts import encode_prompt
 from rl.rollout import read_samples
+from tests.helpers import tiny_shape
 
 TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}<assistant>"
 STOPS = ["1", "2", "3", "4", "5"]
@@ -33,7 +34,7 @@ def config_for(tmp_path, model, **prompt):
 
 
 def tiny_model(path, chat_template: str | None):
-    model, tokenizer = build_tiny_llama(TinyLlamaShape(hidden_size=64, num_layers=1, num_heads=2, intermediate_size=64))
+    model, tokenizer = build_tiny_llama(tiny_shape(smallest=True))
     if chat_template is not None:
         tokenizer.chat_template = chat_template
     save_model(model, tokenizer, path)

@@ -32,8 +32,7 @@ from infra.providers.pool import PoolSpec
 from infra.rollout.registry import InstanceRegistry
 from infra.rollout.settings import WorkerSettings
 from infra.stack.stack import StackState
-from rl.models import TinyLlamaShape
-from tests.helpers import REPO_ROOT, save_tiny_model
+from tests.helpers import REPO_ROOT, save_tiny_model, tiny_shape
 
 pytestmark = pytest.mark.integration
 
@@ -77,7 +76,7 @@ def stack(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def base_model_dir(tmp_path_factory):
-    shape = TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
+    shape = tiny_shape()
     return save_tiny_model(tmp_path_factory.mktemp("model") / "base", shape)
 
 

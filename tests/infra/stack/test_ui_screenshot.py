@@ -17,8 +17,7 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from flows.rl_train import rl_train
 from infra.stack.stack import down, up
-from rl.models import TinyLlamaShape, build_tiny_llama, save_model
-from tests.helpers import REPO_ROOT
+from tests.helpers import REPO_ROOT, save_tiny_model, tiny_shape
 
 CHROMIUM = Path("/usr/bin/chromium")
 ROOT = REPO_ROOT
@@ -62,10 +61,7 @@ def stack(tmp_path_factory):
 
 def test_finished_run_shows_its_artifacts_in_the_ui(stack, tmp_path):
     base = tmp_path / "base"
-    model, tokenizer = build_tiny_llama(
-        TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128), seed=0
-    )
-    save_model(model, tokenizer, base)
+    save_tiny_model(base, tiny_shape())
     overrides = {
         "model.path": str(base),
         "run.output_dir": str(tmp_path / "runs"),
