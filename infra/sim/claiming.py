@@ -1,21 +1,13 @@
 """The simulator's model of the token log's queues and of many workers claiming from them.
 
-`ClaimQueue` keeps every open step's queued samples in the runtime's claim order
-(`infra.rollout.policies.claims.claim_key`: oldest step, routed before shared, then the Lua's
-score) and numbers enqueues per step as the token log does (1.. at a step's enqueue, the next
-value at every requeue). `tests/infra/sim/test_claim_order.py` drives it and the real token log
-through the same operations and checks that both claim in the same order.
+`ClaimQueue` holds every open step's queued samples in the runtime's claim order
+(`infra.rollout.policies.claims.claim_key`) and numbers enqueues per step as the token log does;
+`tests/infra/sim/test_claim_order.py` drives it and the real token log alike and compares.
 
-`dispatch` is the simulator's stand-in for the workers' own claims. At runtime no one dispatches:
-each worker claims up to its free slots when it has some (`RolloutWorker._maybe_claim`), and the
-token log serialises the claims, so who gets the next queued sample is whichever worker's claim
-reaches Redis first. The simulator, which advances every engine to the same instant, needs a rule
-for the claims of one instant; `dispatch` shares the queue out one sample at a time. What it
-simplifies: claims of one instant are simultaneous (no worker's poll phase, no round trips), a
-worker claims nothing it could not start (the runtime's `_can_claim` also checks the engine is
-loaded, which the snapshot's `policy_version` stands for), and rollout-only instances are served
-before reserved ones (at runtime a reserved engine claims as freely as a spot one until it is
-told to release at `T_local`).
+`dispatch` stands in for the workers' own claims: at runtime no one dispatches, each worker claims
+up to its free slots and Redis serialises the claims. The simulator advances every engine to the
+same instant, so it needs a rule for one instant's claims: water-filling by free slots,
+rollout-only instances first. What that simplifies is in docs/internals.md §11.
 """
 
 from __future__ import annotations
