@@ -53,13 +53,13 @@ OnGroup = Callable[[int, list[SampleRecord]], None]
 class OffloadSettings(Section):
     """Adaptive offload: how long reserved instances generate per step (`T_local`)."""
 
-    initial_t_local_s: float = Field(60.0, ge=0)
+    initial_t_local_s: float = Field(default=60.0, ge=0)
     """`T_local` of the first step, before any step has been measured."""
-    floor_s: float = Field(0.0, ge=0)
+    floor_s: float = Field(default=0.0, ge=0)
     """`T_local` never drops below this."""
-    ceiling_s: float | None = Field(None, ge=0)
+    ceiling_s: float | None = Field(default=None, ge=0)
     """`T_local` never exceeds this; None for no limit."""
-    damping: float = Field(3.0, gt=0)
+    damping: float = Field(default=3.0, gt=0)
     """Divisor of the per-step move ``trainer_idle - rollout_idle``."""
 
     def new_controller(self) -> OffloadController:
@@ -69,15 +69,15 @@ class OffloadSettings(Section):
 class ControllerConfig(Section):
     """The rollout controller's policies and polling."""
 
-    reap_timeout_s: float = Field(30.0, gt=0)
+    reap_timeout_s: float = Field(default=30.0, gt=0)
     """An instance whose heartbeat is older than this is dead: its samples are reaped."""
     steal: StealConfig = StealConfig()
     """Token-level load balancing (`infra.rollout.policies.steal`)."""
     offload: OffloadSettings = OffloadSettings()
     """Adaptive `T_local`; used until a step's measurements are persisted in Redis."""
-    poll_s: float = Field(0.5, gt=0)
+    poll_s: float = Field(default=0.5, gt=0)
     """Longest wait between two polls (a completed group wakes the controller at once)."""
-    max_reaps: int = Field(3, ge=1)
+    max_reaps: int = Field(default=3, ge=1)
     """Attempts per sample: one whose owner was reaped this many times fails (its group is
     dropped), since it may be what kills instances."""
 
@@ -175,6 +175,11 @@ def _off_policy_versions(record: SampleRecord) -> list[int]:
     return versions if any(v != record.policy_version for v in versions) else []
 
 
+def _str(reply: bytes | str) -> str:
+    """A reply of the controller's binary client as text."""
+    return reply.decode() if isinstance(reply, bytes) else reply
+
+
 def _busy_within(intervals: Sequence[tuple[float, float]], start: float, end: float) -> float:
     """Total length of `intervals` (disjoint: one delivery thread) inside [start, end]."""
     return sum(max(0.0, min(b, end) - max(a, start)) for a, b in intervals)
@@ -254,7 +259,9 @@ class RolloutController:
         newest = max([step, *(a.step for a in ahead)])
         if not set_current_step(self.redis, self.run_id, newest, policy_version, first=step, staleness=staleness):
             raise RuntimeError(f"a step after {newest} is already current: {step} cannot be resumed")
-        started_at = float(self.redis.hget(step_key, "started_at"))
+        started = self.redis.hget(step_key, "started_at")
+        assert started is not None  # set above, if not by an earlier run of the step
+        started_at = float(started)
         offload = self.offload
         delivered = {int(g) for g in self.redis.smembers(self._key("delivered", step))}
         pending: list[Future[None]] = []
@@ -427,7 +434,7 @@ class RolloutController:
         step_key, told_key = self._key("step", step), self._key("told", step)
         num_spot = snapshot.rollout_only_alive
         released = offload.should_release(snapshot.now, snapshot.step.started_at, num_spot)
-        told = {m.decode() for m in self.redis.smembers(told_key)}
+        told = {_str(m) for m in self.redis.smembers(told_key)}
         if released:
             if not self.redis.hexists(step_key, "released_at"):
                 self.redis.hset(
@@ -507,12 +514,12 @@ class RolloutController:
             records = log.read_group(step, group_id)
             self._credit_final(log, step, records)
             dropped_tokens += sum(len(r.token_ids) for r in records)
-        state = {k.decode(): v.decode() for k, v in self.redis.hgetall(step_key).items()}
+        state = {_str(k): _str(v) for k, v in self.redis.hgetall(step_key).items()}
         stats = asdict(log.stats())
         delta = {f.name: stats[f.name] - int(state[f"base_{f.name}"]) for f in fields(TokenLogStats)}
         started_at, all_done_at = float(state["started_at"]), float(state["all_done_at"])
         intervals = self.redis.lrange(self._key("busy", step), 0, -1)
-        busy = [(float(a), float(b)) for a, b in (i.decode().split() for i in intervals)]
+        busy = [(float(a), float(b)) for a, b in (_str(i).split() for i in intervals)]
         rollout_idle = max(0.0, end - all_done_at)
         trainer_idle, t_local, num_spot = 0.0, None, 0
         if "released_at" in state:  # a step that never released teaches nothing
@@ -546,9 +553,7 @@ class RolloutController:
             rollout_idle_s=rollout_idle,
             groups_done=status.groups_done,
             groups_dropped=status.dropped_group_ids,
-            instance_tokens={
-                k.decode(): int(v) for k, v in sorted(self.redis.hgetall(self._key("itok", step)).items())
-            },
+            instance_tokens={_str(k): int(v) for k, v in sorted(self.redis.hgetall(self._key("itok", step)).items())},
         )
         pipe = self.redis.pipeline(transaction=True)
         pipe.set(self._key("offload"), json.dumps(offload.to_dict()))

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, get_args
+from typing import Any, cast, get_args
 
 import redis
 
@@ -167,7 +167,7 @@ class InstanceRegistry:
                     info=InstanceInfo(
                         instance_id=instance_id,
                         pool=field["pool"],
-                        capacity_class=field["capacity_class"],  # type: ignore[arg-type]
+                        capacity_class=cast(CapacityClass, field["capacity_class"]),  # InstanceInfo checks it
                         price_per_hour=float(field["price_per_hour"]),
                         slots=int(field["slots"]),
                     ),

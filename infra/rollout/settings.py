@@ -10,6 +10,7 @@ default and description are written here once.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import Field, model_validator
@@ -20,15 +21,15 @@ from rl.config import Section
 class WorkerSettings(Section):
     """How each rollout instance runs (passed to `rlboost worker`)."""
 
-    slots: int = Field(64, ge=1)
+    slots: int = Field(default=64, ge=1)
     """Samples an instance generates concurrently."""
-    flush_tokens: int = Field(4, ge=1)
+    flush_tokens: int = Field(default=4, ge=1)
     """Flush a sample's tokens to the log every this many tokens."""
-    flush_ms: float = Field(100.0, gt=0)
+    flush_ms: float = Field(default=100.0, gt=0)
     """... or once its oldest unflushed token is this old."""
-    heartbeat_s: float = Field(0.5, gt=0)
+    heartbeat_s: float = Field(default=0.5, gt=0)
     """Seconds between heartbeats."""
-    ttl_s: float = Field(2.0, gt=0)
+    ttl_s: float = Field(default=2.0, gt=0)
     """Lifetime of the instance's liveness key in the registry, refreshed by each heartbeat (the
     fabric waits for a live instance by it). Reaping is `controller.reap_timeout_s`'s."""
     restart_from_scratch: bool = False
@@ -60,6 +61,10 @@ def worker_flags(settings: WorkerSettings) -> list[str]:
     return flags
 
 
+_FLAG_TYPES: dict[Any, Callable[[str], Any]] = {int: int, float: float, str: str}
+"""How a flag's text becomes the value of a field of each (non-bool) annotation."""
+
+
 def add_worker_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per `WorkerSettings` field, with its default and description."""
     for name, field in WorkerSettings.model_fields.items():
@@ -68,7 +73,10 @@ def add_worker_flags(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(_flag(name), action="store_true", default=field.default, help=help_text)
         else:
             parser.add_argument(
-                _flag(name), type=field.annotation, default=field.default, help=f"{help_text} (default {field.default})"
+                _flag(name),
+                type=_FLAG_TYPES[field.annotation],
+                default=field.default,
+                help=f"{help_text} (default {field.default})",
             )
 
 

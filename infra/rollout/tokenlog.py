@@ -290,6 +290,11 @@ def _text(value: bytes | None) -> str:
     return (value or b"").decode()
 
 
+def _str(reply: bytes | str) -> str:
+    """A reply of the binary client as text."""
+    return reply.decode() if isinstance(reply, bytes) else reply
+
+
 class TokenLog:
     """One run's token log on a Redis server; stateless apart from stream cursors, so any number
     of TokenLog objects (in any processes) on the same Redis and run id see one state."""
@@ -378,7 +383,7 @@ class TokenLog:
         tokens: list[int] = []
         logprobs: list[float] = []
         for entry in flushes:
-            f = entry if type(entry) is Flush else Flush(*entry)
+            f = entry if isinstance(entry, Flush) else Flush(*entry)
             k = len(f.token_ids)
             if k != len(f.logprobs):
                 raise ValueError(f"sample {f.sample_id}: {k} tokens but {len(f.logprobs)} logprobs")
@@ -511,7 +516,7 @@ class TokenLog:
 
     def running(self, instance_id: str) -> set[str]:
         """The samples, of any step, the token log has the instance running."""
-        return {m.decode() for m in self.client.smembers(_owned_key(self.prefix, instance_id))}
+        return {_str(m) for m in self.client.smembers(_owned_key(self.prefix, instance_id))}
 
     def sample_owners(self, sample_ids: Sequence[str]) -> list[str]:
         """Each sample's owner ('' once released, or for an unknown sample), in one round trip;
@@ -530,6 +535,8 @@ class TokenLog:
         key = _done_key(self.prefix, step)
         block = max(1, int(timeout_s * 1000)) if timeout_s > 0 else None
         reply = self.client.xread({key: self._cursors.get(step, b"0")}, block=block)
+        if isinstance(reply, dict):
+            raise TypeError("the token log needs a RESP2 client (replies as lists)")
         entries = reply[0][1] if reply else []
         if entries:
             self._cursors[step] = entries[-1][0]

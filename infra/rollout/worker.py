@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -110,7 +111,8 @@ class RolloutWorker:
         """`client` (binary responses) and `engine` are made from the config when not given.
         `weights`: the trainer's versions, handed over in this process, loaded instead of pulled."""
         self.config = config
-        self.client = client or RedisSettings(url=config.redis_url, ca_file=config.redis_ca_file).client()
+        ca_file = None if config.redis_ca_file is None else Path(config.redis_ca_file)
+        self.client = client or RedisSettings(url=config.redis_url, ca_file=ca_file).client()
         self.tokenlog = TokenLog(self.client, config.run_id)
         self._flusher = FlushPipeline(self.tokenlog)
         self._weights: WeightSource = (

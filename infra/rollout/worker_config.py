@@ -35,7 +35,7 @@ class WorkerConfig(WorkerSettings):
     """The pool the instance belongs to (provider, zone, machine type, class)."""
     capacity_class: CapacityClass = "spot"
     """reserved, ondemand or spot."""
-    price_per_hour: float = Field(0.0, ge=0)
+    price_per_hour: float = Field(default=0.0, ge=0)
     """What the instance costs, for the controller and the ledger."""
     model_path: str
     """Base Hugging Face model: architecture, tokenizer, and the weights of version 0. A local
@@ -44,7 +44,7 @@ class WorkerConfig(WorkerSettings):
     engine: EngineSpec = EngineSpec()
     """The generation engine: backend, device, dtype (`rl.engine_spec`); an HF engine's batch
     defaults to `slots`."""
-    poll_ms: float = Field(25.0, gt=0)
+    poll_ms: float = Field(default=25.0, gt=0)
     """How often the current step and control messages are read; also the longest idle wait."""
 
     @model_validator(mode="after")

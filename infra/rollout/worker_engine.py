@@ -52,5 +52,6 @@ def _local_model(config: WorkerConfig, client: redis.Redis) -> Path:
     if not is_url(location):
         return fetch_model(location)
     settings = shared_config(client, config.run_id)
-    under_store = settings is not None and settings.store_url and location.startswith(settings.store_url.rstrip("/"))
-    return fetch_model(location, settings.store_options if under_store else None)
+    if settings is not None and settings.store_url and location.startswith(settings.store_url.rstrip("/")):
+        return fetch_model(location, settings.store_options)
+    return fetch_model(location, None)
