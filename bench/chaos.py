@@ -43,6 +43,7 @@ from infra.keyspace import controller_prefix, current_step_key, weights_prefix  
 from infra.rollout.registry import InstanceRegistry  # noqa: E402
 from infra.services.ports import free_port  # noqa: E402
 from infra.services.redis_embedded import EmbeddedRedis  # noqa: E402
+from rl import env_vars
 
 KINDS = ("worker", "driver", "redis", "peer")
 WORKER_SIGNALS = (signal.SIGTERM, signal.SIGKILL, signal.SIGSTOP)
@@ -404,7 +405,7 @@ def main() -> None:
     chaos = Chaos(args, work)
     try:
         with prefect_test_harness(server_startup_timeout=120):
-            env = {**os.environ, "RLBOOST_LEDGER_URL": ledger_url, "PREFECT_API_URL": PREFECT_API_URL.value()}
+            env = {**os.environ, env_vars.LEDGER_URL: ledger_url, "PREFECT_API_URL": PREFECT_API_URL.value()}
             config = chaos.config(base)
             threads = [
                 threading.Thread(target=chaos.supervise, args=(config, env)),

@@ -40,6 +40,7 @@ from infra.weights.manifest import encode, fingerprint
 from infra.weights.publisher import WeightPublisher
 from infra.weights.puller import STORE
 from infra.weights.store import WeightStore
+from rl import env_vars
 
 REPO = Path(__file__).resolve().parents[1]
 BUCKET = "rlboost-bench"
@@ -276,7 +277,7 @@ def main() -> None:
     parser.add_argument("--chunk-mb", type=float, default=4.0)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    os.environ.setdefault("RLBOOST_WEIGHTS_SECRET", secrets.token_hex(32))
+    os.environ.setdefault(env_vars.WEIGHTS_SECRET, secrets.token_hex(32))
 
     began = time.monotonic()
     load_before = os.getloadavg()[0]

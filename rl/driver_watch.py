@@ -22,10 +22,11 @@ import threading
 import time
 from collections.abc import Callable
 
+from rl import env_vars
+
 log = logging.getLogger(__name__)
 
-DRIVER_PID_ENV = "RLBOOST_DRIVER_PID"
-"""Environment variable holding the pid of the process whose death ends this one."""
+DRIVER_PID_ENV = env_vars.DRIVER_PID
 
 EXIT_DRIVER_GONE = 3
 """Exit status of a process ended by its watchdog after its driver died."""

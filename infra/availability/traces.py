@@ -30,7 +30,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TextIO
 
-TRACES_DIR_ENV = "RLBOOST_TRACES_DIR"
+from rl import env_vars
+
+TRACES_DIR_ENV = env_vars.TRACES_DIR
 SKYNOMAD_ROUND_S = 600.0
 """Seconds between two SkyNomad probe rounds: each count holds this long."""
 

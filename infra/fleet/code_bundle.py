@@ -37,10 +37,10 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from infra.providers.interface import BootFile
+from rl import env_vars
 
 PROJECT = "rlboost"
-CACHE_ENV = "RLBOOST_WHEEL_CACHE"
-"""Directory of built wheels (default `~/.cache/rlboost/wheels`)."""
+CACHE_ENV = env_vars.WHEEL_CACHE
 SOURCE_FILES = ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in", "setup.cfg", "setup.py")
 """Top-level files of the checkout that a build reads, when present."""
 SKIPPED_PARTS = frozenset({"__pycache__", ".pytest_cache", ".ruff_cache"})

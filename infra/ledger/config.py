@@ -13,9 +13,10 @@ from typing import Literal
 
 from pydantic import Field
 
+from rl import env_vars
 from rl.config import Section
 
-LEDGER_URL_ENV = "RLBOOST_LEDGER_URL"
+LEDGER_URL_ENV = env_vars.LEDGER_URL
 DEFAULT_LEDGER_URL = "sqlite:///.rlboost/ledger.sqlite"
 
 

@@ -24,12 +24,14 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, InterfaceError, NoSuchModuleError, OperationalError
 from sqlalchemy.pool import StaticPool
 
+from rl import env_vars
+
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 SUPPORTED_BACKENDS = ("sqlite", "postgresql")
 CONNECT_TIMEOUT_S = 10
 """Seconds to wait for a database server before declaring it unreachable."""
 URL_FIX = (
-    "set the ledger URL (`ledger.url` in the run configuration, `--db` for `rlboost cost`, or $RLBOOST_LEDGER_URL)"
+    f"set the ledger URL (`ledger.url` in the run configuration, `--db` for `rlboost cost`, or ${env_vars.LEDGER_URL})"
 )
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from infra.availability.capacity import CapacityClass
 from infra.availability.traces import data_file, open_text, traces_dir
+from rl import env_vars
 
 GCP_HISTORY = Path("gcp-spot-prices-cyclenerd") / "gcp_gpu_spot_price_changes.csv"
 """The GCP price history, relative to the traces directory."""
@@ -225,7 +226,7 @@ def _load_catalog(gcp_history: Path) -> Catalog:
     if data_file(gcp_history) is not None:
         tables.insert(0, load_gcp_history(gcp_history))
     else:
-        missing.append(f"GCP list-price history missing at {gcp_history} (set $RLBOOST_TRACES_DIR)")
+        missing.append(f"GCP list-price history missing at {gcp_history} (set ${env_vars.TRACES_DIR})")
     return Catalog(tables, missing)
 
 

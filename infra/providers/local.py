@@ -33,6 +33,7 @@ from typing import Any, Self
 from infra.availability.traces import TraceSchedule
 from infra.providers.interface import InstanceHandle, InstanceRecord, PreemptionEvent, Provider, StopReason
 from infra.providers.pool import PoolSpec
+from rl import env_vars
 from rl.disk_space import LOW_SPACE_BYTES, describe_free, free_bytes
 from rl.driver_watch import driver_environment
 
@@ -261,9 +262,9 @@ class LocalProvider(Provider):
             **os.environ,
             **self._environment,
             **driver_environment(),  # an instance whose owner died stops by itself
-            "RLBOOST_INSTANCE_ID": instance_id,
-            "RLBOOST_POOL": spec.name,
-            "RLBOOST_CAPACITY_CLASS": spec.capacity_class,
+            env_vars.INSTANCE_ID: instance_id,
+            env_vars.POOL: spec.name,
+            env_vars.CAPACITY_CLASS: spec.capacity_class,
         }
         command = list(self._command_factory(spec, instance_id))
         if self._log_dir is None:

@@ -26,16 +26,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from infra.providers.interface import BootPlan, instance_work_queue
 from infra.providers.pool import PoolSpec
 from infra.services.redis_embedded import REDIS_CA_FILE_ENV
+from rl import env_vars
 
 WatcherKind = Literal["gce", "azure"]
 MIN_PYTHON = (3, 11)
 """The oldest Python the project supports (pyproject's `requires-python`)."""
-WHEEL_ENV = "RLBOOST_WHEEL"
-"""Variable that holds the local path of the run's wheel on the VM (a `BootFile.env`)."""
-LOCK_ENV = "RLBOOST_LOCK"
-"""Variable that holds the local path of the wheel's dependency lock on the VM."""
-FLOW_RUN_ENV = "RLBOOST_FLOW_RUN_ID"
-"""Variable that names the instance's `rollout-instance` flow run (boot failures are reported there)."""
+WHEEL_ENV = env_vars.WHEEL
+"""A `BootFile.env`: the local path of the run's wheel on the VM."""
+LOCK_ENV = env_vars.LOCK
+FLOW_RUN_ENV = env_vars.FLOW_RUN_ID
 FAILED_PREFIX = "rlboost boot failed on"
 """How every boot-log line of a failed boot starts."""
 
@@ -93,19 +92,19 @@ def fetch_command(url: str, dest: str) -> str:
 _FAILURE_FUNCTIONS = r"""
 rlboost_log() { echo "rlboost boot: $*" >&2; }
 rlboost_report() {
-  [ -n "${RLBOOST_FLOW_RUN_ID:-}" ] && [ -n "${PREFECT_API_URL:-}" ] || return 0
+  [ -n "${FLOW_RUN_ENV:-}" ] && [ -n "${PREFECT_API_URL:-}" ] || return 0
   local text auth=()
   text=$(printf '%s' "$1" | tr -d '\000-\037' | sed -e 's/\\/\\\\/g' -e 's/"/\\"/g')
   if [ -n "${PREFECT_API_KEY:-}" ]; then auth=(-H "Authorization: Bearer ${PREFECT_API_KEY}"); fi
   if [ -n "${PREFECT_API_AUTH_STRING:-}" ]; then auth=(-u "${PREFECT_API_AUTH_STRING}"); fi
   curl -fsS --max-time 20 --retry 2 -X POST -H 'Content-Type: application/json' "${auth[@]}" \
     -d "{\"state\": {\"type\": \"FAILED\", \"name\": \"Failed\", \"message\": \"${text}\"}, \"force\": true}" \
-    "${PREFECT_API_URL%/}/flow_runs/${RLBOOST_FLOW_RUN_ID}/set_state" >/dev/null \
-    || echo "rlboost boot: could not report the failure to flow run ${RLBOOST_FLOW_RUN_ID}" >&2
+    "${PREFECT_API_URL%/}/flow_runs/${FLOW_RUN_ENV}/set_state" >/dev/null \
+    || echo "rlboost boot: could not report the failure to flow run ${FLOW_RUN_ENV}" >&2
 }
 rlboost_fail() {
   trap - ERR
-  local message="FAILED_PREFIX ${RLBOOST_INSTANCE_ID}: $1"
+  local message="FAILED_PREFIX ${INSTANCE_ID_ENV}: $1"
   echo "$message" >&2
   rlboost_report "$message"
   exit 1
@@ -117,7 +116,12 @@ rlboost_verify() {
   [ "$actual" = "$2" ] || { rm -f "$1"; rlboost_fail "$1 from $3 has sha256 $actual, not the $2 the run published: the store's copy is corrupt or was replaced; restart the run to upload it again"; }
 }
 rlboost_python_ok() { "$1" -c 'import sys; sys.exit(0 if sys.version_info >= (MIN_MAJOR, MIN_MINOR) else 1)' 2>/dev/null; }
-""".replace("FAILED_PREFIX", FAILED_PREFIX)
+"""
+_FAILURE_FUNCTIONS = (
+    _FAILURE_FUNCTIONS.replace("FAILED_PREFIX", FAILED_PREFIX)
+    .replace("FLOW_RUN_ENV", FLOW_RUN_ENV)
+    .replace("INSTANCE_ID_ENV", env_vars.INSTANCE_ID)
+)
 
 
 def render_startup_script(
@@ -140,10 +144,10 @@ def render_startup_script(
             f"({WHEEL_ENV}, {LOCK_ENV}); the training run ships them (infra.fleet.cloud_boot)"
         )
     env = {
-        "RLBOOST_RUN_ID": run_id,
-        "RLBOOST_POOL": pool.name,
-        "RLBOOST_INSTANCE_ID": instance_id,
-        "RLBOOST_CAPACITY_CLASS": pool.capacity_class,
+        env_vars.RUN_ID: run_id,
+        env_vars.POOL: pool.name,
+        env_vars.INSTANCE_ID: instance_id,
+        env_vars.CAPACITY_CLASS: pool.capacity_class,
         **plan.env,
     }
     if bootstrap.prefect_api_url is not None:

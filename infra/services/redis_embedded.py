@@ -43,18 +43,15 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from infra.services.ports import free_port
+from rl import env_vars
 from rl.config import Section
 
 AppendFsync = Literal["always", "everysec", "no"]
 """When redis-server fsyncs its append-only file: after every write, once a second (a crash loses
 at most the last second of writes), or when the OS flushes."""
 
-REDIS_URL_ENV = "RLBOOST_REDIS_URL"
-"""Environment variable naming the Redis to use when `fabric.redis_url` is unset."""
-
-REDIS_CA_FILE_ENV = "RLBOOST_REDIS_CA_FILE"
-"""Environment variable naming the PEM file of the CA that signed a rediss:// Redis's certificate
-(`fabric.redis_ca_file` on the trainer; the path the boot script writes it to on a VM)."""
+REDIS_URL_ENV = env_vars.REDIS_URL
+REDIS_CA_FILE_ENV = env_vars.REDIS_CA_FILE
 
 _INSTALL_HINT = (
     "install Redis (e.g. `apt-get install redis-server` or `brew install redis`) so that "

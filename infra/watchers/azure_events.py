@@ -16,6 +16,7 @@ import threading
 import httpx
 
 from infra.watchers.supervisor import PreemptionNotice
+from rl import env_vars
 
 log = logging.getLogger(__name__)
 
@@ -23,8 +24,7 @@ AZURE_IMDS_URL = "http://169.254.169.254"
 SCHEDULED_EVENTS_PATH = "/metadata/scheduledevents"
 API_VERSION = "2020-07-01"
 HEADERS = {"Metadata": "true"}
-IMDS_URL_ENV = "RLBOOST_AZURE_IMDS_URL"
-"""Overrides the Instance Metadata Service's address (a proxy, or a test's fake IMDS)."""
+IMDS_URL_ENV = env_vars.AZURE_IMDS_URL
 
 
 def default_imds_url() -> str:

@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import Field
 
 from infra.weights.tls import PeerCertificate
+from rl import env_vars
 from rl.config import Section
 
 MIN_SECRET_CHARS = 16
@@ -38,7 +39,7 @@ class WeightsConfig(Section):
     is announced only once the version is in the store."""
     serve_from_peers: bool = True
     """Instances serve the versions they pulled to other instances."""
-    secret_env: str = "RLBOOST_WEIGHTS_SECRET"
+    secret_env: str = env_vars.WEIGHTS_SECRET
     """Name of the environment variable holding the shared secret of the peer endpoints (at least
     16 characters, the same on the trainer and every instance). Required when any side serves."""
     tls: bool = False

@@ -24,10 +24,11 @@ from typing import Any
 
 import fsspec
 
+from rl import env_vars
+
 INDEX = "rlboost-model.json"
 """The index of a published model directory, written after every file it lists."""
-CACHE_ENV = "RLBOOST_MODEL_CACHE"
-"""Directory of downloaded models (default `~/.cache/rlboost/models`)."""
+CACHE_ENV = env_vars.MODEL_CACHE
 
 
 class ModelSourceError(RuntimeError):

@@ -21,10 +21,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-CERT_ENV = "RLBOOST_WEIGHTS_TLS_CERT"
-"""Environment variable holding the run's peer certificate (PEM)."""
-KEY_ENV = "RLBOOST_WEIGHTS_TLS_KEY"
-"""Environment variable holding the private key of the run's peer certificate (PEM)."""
+from rl import env_vars
+
+CERT_ENV = env_vars.WEIGHTS_TLS_CERT
+KEY_ENV = env_vars.WEIGHTS_TLS_KEY
 VALID_DAYS = 30
 """Validity of a generated certificate: longer than any run, short enough not to matter if it leaks."""
 

@@ -21,13 +21,12 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from rl import env_vars
 from rl.config import GRPOConfig, OptimConfig, TrainerConfig
 from rl.trainer import TrainBatch
 
-CHANNEL_ENV = "RLBOOST_TRAINER_CHANNEL"
-"""Address (a Unix socket path) of the training process's channel."""
-AUTHKEY_ENV = "RLBOOST_TRAINER_AUTHKEY"
-"""Hex of the channel's authentication key."""
+CHANNEL_ENV = env_vars.TRAINER_CHANNEL
+AUTHKEY_ENV = env_vars.TRAINER_AUTHKEY
 
 
 class TrainSpec(BaseModel):
