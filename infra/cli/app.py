@@ -72,6 +72,38 @@ def _console_without_tracebacks_of(reported: Callable[[BaseException], bool]) ->
             handler.setFormatter(_WithoutTracebacksOf(handler.formatter or logging.Formatter(), reported))
 
 
+@app.callback()
+def _before_each_command() -> None:
+    # Prefect reads PREFECT_HOME when it is imported: the project's own home is set here, before any
+    # command imports Prefect (infra.services.prefect_home)
+    from infra.services.prefect_home import use_project_home
+
+    use_project_home()
+
+
+def _ephemeral_prefect(log: Path | None) -> None:
+    """Without a PREFECT_API_URL, start Prefect's ephemeral server now, ended with this process, its
+    output in `log` (None: only check that it can start on its database); one that cannot start
+    ends the command with one line saying why and the fix (exit 2 for its database, else 1)."""
+    from infra.services.prefect_api import (
+        PrefectServerCannotStart,
+        check_ephemeral_database,
+        current_api_url,
+        start_guarded_ephemeral_server,
+    )
+
+    if current_api_url() is not None:  # a server is configured: the user's (or a test harness's)
+        return
+    try:
+        if log is None:
+            check_ephemeral_database()
+        else:
+            start_guarded_ephemeral_server(log)
+    except PrefectServerCannotStart as error:
+        console.print(str(error), style="red", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(2 if error.bad_database else 1) from None
+
+
 def _preflight(cfg) -> None:
     """Stop with the field and the fix when the run cannot start on this machine as configured."""
     from infra.run.preflight import PreflightError, preflight
@@ -134,16 +166,14 @@ def pretrain(
 def train(config: ConfigOption = None, set_: SetOption = None, console_log_level: LogOption = "WARNING") -> None:
     """Run the rl-train flow with a configuration file."""
     os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", console_log_level)
+    _ephemeral_prefect(None)  # a Prefect that cannot start on its database says so at once
     from flows.rl_train import run_training
 
     _quiet_weight_loading()
 
     cfg = load_run_config(config, set_)
     _preflight(cfg)  # fail fast, before Prefect starts
-    from infra.services.prefect_api import current_api_url, start_guarded_ephemeral_server
-
-    if current_api_url() is None:  # no server configured: Prefect's ephemeral one, ended with us
-        start_guarded_ephemeral_server()
+    _ephemeral_prefect(cfg.run.directory / "prefect-server.log")
     from infra.run.redis_outage import RunStopped
     from rl.checkpoint import CorruptCheckpoint, OutOfSpace
     from rl.disk_space import describe_free, full_path, out_of_space
@@ -201,6 +231,7 @@ def demo(set_: SetOption = None, console_log_level: LogOption = "WARNING") -> No
         f"GRPO about {fast:.0f}-{slow:.0f} min on a 2-core machine"
     )
     console.print(f"expected: {expected}", markup=False, highlight=False)
+    _ephemeral_prefect(None)  # a Prefect that cannot start says so before pretraining, not after
     if needs_base:
         pretrain(config=DEFAULT_CONFIG, set_=set_, force=False)
     train(config=DEFAULT_CONFIG, set_=set_, console_log_level=console_log_level)

@@ -5,13 +5,20 @@ harness's temporary settings). `check_api(url)` asks the server's `/health` once
 `PrefectApiUnreachable`, whose message names the URL, what went wrong and how to fix it.
 `current_api_key()` and `current_auth_string()` are the credentials Prefect's settings hold
 (Prefect Cloud's key; a self-hosted server's basic auth).
-`start_guarded_ephemeral_server()` starts the ephemeral server Prefect would start on first use
-and puts it under this process's guardian (`infra.services.guardian`).
+`start_guarded_ephemeral_server(log)` starts the ephemeral server Prefect would start on first use
+and puts it under this process's guardian (`infra.services.guardian`); its output goes to `log`.
+One that cannot start (its database written by another Prefect version, say) raises
+`PrefectServerCannotStart`, whose message is one line saying which database, which Prefect and
+the fix (`check_ephemeral_database()` checks that alone, before long work).
 """
 
 from __future__ import annotations
 
 import base64
+import os
+import sys
+import traceback
+from pathlib import Path
 
 import httpx
 
@@ -21,8 +28,22 @@ START_HINT = (
 )
 
 
+EPHEMERAL_START_ATTEMPTS = 2
+"""Server processes one start may launch: Prefect starts another on a new port when one exits during
+start-up (its port taken); one that fails again fails for another reason, every time."""
+
+
 class PrefectApiUnreachable(RuntimeError):
     """No Prefect API answers where the settings point; the message says where and how to fix it."""
+
+
+class PrefectServerCannotStart(RuntimeError):
+    """The ephemeral Prefect server cannot start; the message, one line, says why and how to fix it.
+    `bad_database`: the cause is its database (the user's to fix, like other bad local state)."""
+
+    def __init__(self, message: str, *, bad_database: bool) -> None:
+        super().__init__(message)
+        self.bad_database = bad_database
 
 
 def current_api_url() -> str | None:
@@ -82,16 +103,81 @@ def check_api(url: str | None, timeout_s: float = 5.0, *, purpose: str = "this c
     return url
 
 
-def start_guarded_ephemeral_server() -> str:
+def _ephemeral_database_url() -> str:
+    from prefect.settings import get_current_settings
+
+    url = get_current_settings().server.database.connection_url
+    return url.get_secret_value() if url is not None else ""
+
+
+def check_ephemeral_database() -> None:
+    """`PrefectServerCannotStart` if the ephemeral server could not start on its database, found
+    without starting it (`infra.services.prefect_home.database_problem`)."""
+    import prefect
+
+    from infra.services.prefect_home import HOME_ENV, database_problem
+
+    problem = database_problem(_ephemeral_database_url(), prefect.__version__, f"set {HOME_ENV} to another directory")
+    if problem:
+        raise PrefectServerCannotStart(f"cannot start the embedded Prefect server: {problem}", bad_database=True)
+
+
+def _launch_with_output_to(server, log: Path) -> None:
+    """Make `server` (Prefect's `SubprocessASGIServer`, which starts its process with this one's
+    stdout and stderr) start its processes writing to `log`, at most `EPHEMERAL_START_ATTEMPTS`."""
+    launch, attempts = server._run_uvicorn_command, 0
+
+    def launch_logging():
+        nonlocal attempts
+        attempts += 1
+        if attempts > EPHEMERAL_START_ATTEMPTS:
+            raise RuntimeError(f"the server exited during start-up {attempts - 1} times")
+        log.parent.mkdir(parents=True, exist_ok=True)
+        sys.stdout.flush(), sys.stderr.flush()
+        saved = os.dup(1), os.dup(2)
+        try:
+            with log.open("ab") as out:
+                os.dup2(out.fileno(), 1), os.dup2(out.fileno(), 2)  # the child inherits them
+                return launch()
+        finally:
+            os.dup2(saved[0], 1), os.dup2(saved[1], 2)
+            os.close(saved[0]), os.close(saved[1])
+
+    server._run_uvicorn_command = launch_logging
+
+
+def start_guarded_ephemeral_server(log: Path | None = None) -> str:
     """Start now the ephemeral API server that Prefect starts on first use when no PREFECT_API_URL is
     set, and hand it to this process's guardian: Prefect stops it only when this process exits
-    normally, and a driver killed by a signal would leave it running. Returns its API URL."""
+    normally, and a driver killed by a signal would leave it running. Returns its API URL.
+
+    With `log`, the server's output goes there, not to this process's console, and a server that
+    cannot start raises `PrefectServerCannotStart` (its traceback in `log`)."""
+    import prefect
     from prefect.server.api.server import SubprocessASGIServer
 
     from infra.services.guardian import guardian
 
+    if log is not None:
+        check_ephemeral_database()
     server = SubprocessASGIServer()  # the instance Prefect's clients use in ephemeral mode
-    server.start()
+    if log is not None and not server.running:
+        _launch_with_output_to(server, log)
+    try:
+        server.start()
+    except Exception as error:
+        if log is None:
+            raise
+        with log.open("a") as out:
+            traceback.print_exc(file=out)
+        reason = " ".join(f"{type(error).__name__}: {error}".split())[:200]
+        raise PrefectServerCannotStart(
+            f"the embedded Prefect server (Prefect {prefect.__version__}, database "
+            f"{_ephemeral_database_url() or 'its default'}) did not start: {reason}; its log: {log}. "
+            f"Point PREFECT_API_URL at a running server (`rlboost up`), or set RLBOOST_PREFECT_HOME to "
+            f"another directory for a fresh database",
+            bad_database=False,
+        ) from None
     assert server.server_process is not None
     guardian().watch(server.server_process.pid)
     return server.api_url

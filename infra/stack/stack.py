@@ -37,6 +37,7 @@ from pydantic import BaseModel
 from infra.fleet.prefect_local import UnknownPool
 from infra.run.config import load_config
 from infra.services.ports import free_port, port_is_free
+from infra.services.prefect_home import database_problem, point_at_home
 from infra.services.redis_embedded import REDIS_URL_ENV, AppendFsync, find_redis_server, launch_redis_server
 from infra.stack.processes import ServiceProcess, log_tail, start_detached, stop
 
@@ -232,9 +233,9 @@ class _Starter:
         self.state = state
         self.echo = echo
         self.timeout_s = timeout_s
-        self.home = state.state_dir / "prefect-home"
-        self.env = {**os.environ, **QUIET_PREFECT, "PREFECT_HOME": str(self.home)}
-        self.env.pop("PREFECT_PROFILE", None)
+        self.home = state.state_dir / "prefect-home"  # each stack its own, whatever the user's Prefect says
+        self.env = {**os.environ, **QUIET_PREFECT}
+        point_at_home(self.env, self.home)
         self.auth_string = state.auth_file.read_text().strip() if state.auth_file else None
         if self.auth_string:  # every client process of the stack authenticates
             self.env["PREFECT_API_AUTH_STRING"] = self.auth_string
@@ -261,6 +262,10 @@ class _Starter:
             "PREFECT_API_DATABASE_CONNECTION_URL": database,
             **({"PREFECT_SERVER_API_AUTH_STRING": self.auth_string} if self.auth_string else {}),
         }
+        import prefect
+
+        if problem := database_problem(database, prefect.__version__, "use another --state-dir"):
+            raise StackError(problem)  # a database of another Prefect version: the server would fail at each start
         self.echo(f"Prefect server: starting on {self.state.ui_url} (database {self.state.database})")
         started = time.monotonic()
         process = self.launch(
