@@ -14,8 +14,6 @@ PACKAGES = ("rl", "infra", "tasks", "flows", "bench")
 PENDING: dict[str, str] = {
     # files others are rewriting now; each is to read its names from rl.env_vars, then leave this list
     "infra/rollout/worker_config.py": "the worker's command-line defaults and help",
-    "infra/services/prefect_home.py": "HOME_ENV: rl.env_vars.PREFECT_HOME",
-    "infra/services/prefect_api.py": "a message naming RLBOOST_PREFECT_HOME",
     "infra/cli/cost.py": "`--db`'s help naming RLBOOST_LEDGER_URL",
 }
 

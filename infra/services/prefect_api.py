@@ -22,6 +22,8 @@ from pathlib import Path
 
 import httpx
 
+from infra.services.prefect_home import HOME_ENV
+
 START_HINT = (
     "start a local server with `rlboost up` and `export PREFECT_API_URL=...` as it prints, "
     "or point PREFECT_API_URL at a running Prefect server"
@@ -115,7 +117,7 @@ def check_ephemeral_database() -> None:
     without starting it (`infra.services.prefect_home.database_problem`)."""
     import prefect
 
-    from infra.services.prefect_home import HOME_ENV, database_problem
+    from infra.services.prefect_home import database_problem
 
     problem = database_problem(_ephemeral_database_url(), prefect.__version__, f"set {HOME_ENV} to another directory")
     if problem:
@@ -174,7 +176,7 @@ def start_guarded_ephemeral_server(log: Path | None = None) -> str:
         raise PrefectServerCannotStart(
             f"the embedded Prefect server (Prefect {prefect.__version__}, database "
             f"{_ephemeral_database_url() or 'its default'}) did not start: {reason}; its log: {log}. "
-            f"Point PREFECT_API_URL at a running server (`rlboost up`), or set RLBOOST_PREFECT_HOME to "
+            f"Point PREFECT_API_URL at a running server (`rlboost up`), or set {HOME_ENV} to "
             f"another directory for a fresh database",
             bad_database=False,
         ) from None

@@ -25,7 +25,8 @@ from collections.abc import MutableMapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
-HOME_ENV = "RLBOOST_PREFECT_HOME"
+from rl.env_vars import PREFECT_HOME as HOME_ENV
+
 DEFAULT_HOME = Path(".rlboost") / "prefect"
 OWN_PREFECT_SETTINGS = (
     "PREFECT_API_URL",
