@@ -32,13 +32,13 @@ class ModelConfig(Section):
     """Local Hugging Face model directory of the base policy (the pretrained tiny model by default)."""
     gguf_file: str | None = None
     """GGUF file inside `path` to load through transformers' `gguf_file=` (e.g. SmolLM2-135M)."""
-    hidden_size: int = Field(128, ge=32)
+    hidden_size: int = Field(default=128, ge=32)
     """Tiny from-scratch model: residual width (used by `rlboost pretrain`)."""
-    num_layers: int = Field(4, ge=1)
+    num_layers: int = Field(default=4, ge=1)
     """Tiny from-scratch model: transformer blocks."""
-    num_heads: int = Field(4, ge=1)
+    num_heads: int = Field(default=4, ge=1)
     """Tiny from-scratch model: attention heads (hidden_size / num_heads >= 32)."""
-    intermediate_size: int = Field(384, ge=1)
+    intermediate_size: int = Field(default=384, ge=1)
     """Tiny from-scratch model: MLP width."""
     device: str = "cpu"
     """The trainer's device (`cpu`, `cuda`, `cuda:N`, `mps`, or `auto`: CUDA when present)."""
@@ -89,14 +89,14 @@ class DataConfig(Section):
 class VLLMOptions(Section):
     """How `VLLMEngine` runs vLLM."""
 
-    max_num_seqs: int = Field(64, ge=1)
+    max_num_seqs: int = Field(default=64, ge=1)
     """Sequences decoded at once; further requests wait in vLLM's queue (continuous admission)."""
-    kv_cache_bytes: int = Field(1 << 30, ge=1 << 20)
+    kv_cache_bytes: int = Field(default=1 << 30, ge=1 << 20)
     """Memory for the KV cache, in bytes (vLLM's `kv_cache_memory_bytes`)."""
-    max_model_len: int | None = Field(None, ge=16)
+    max_model_len: int | None = Field(default=None, ge=16)
     """Longest prompt + response the engine serves (None: the model's own limit, e.g. 8192 for
     SmolLM2, whose KV cache for one such sequence must fit in `kv_cache_bytes`)."""
-    tensor_parallel_size: int = Field(1, ge=1)
+    tensor_parallel_size: int = Field(default=1, ge=1)
     """Devices one engine shards the model over."""
     enforce_eager: bool = True
     """Eager PyTorch: no graph capture, no compilation, torch.compile off for vLLM's helper ops too
@@ -109,19 +109,19 @@ class VLLMOptions(Section):
 class RolloutConfig(Section):
     """How responses are sampled."""
 
-    prompts_per_step: int = Field(32, ge=1)
+    prompts_per_step: int = Field(default=32, ge=1)
     """Prompts (groups) per RL step."""
-    group_size: int = Field(8, ge=2)
+    group_size: int = Field(default=8, ge=2)
     """Responses per prompt (n); GRPO needs at least 2 to form a baseline."""
-    max_new_tokens: int = Field(8, ge=1)
+    max_new_tokens: int = Field(default=8, ge=1)
     """Response budget in tokens."""
-    temperature: float = Field(1.0, gt=0)
+    temperature: float = Field(default=1.0, gt=0)
     """Sampling temperature (the trainer scores log-probs at the same temperature)."""
-    top_p: float = Field(1.0, gt=0, le=1)
+    top_p: float = Field(default=1.0, gt=0, le=1)
     """Nucleus sampling mass; 1.0 is off (keep it off for unbiased policy gradients)."""
-    top_k: int = Field(0, ge=0)
+    top_k: int = Field(default=0, ge=0)
     """Top-k sampling; 0 is off."""
-    max_batch_size: int = Field(256, ge=1)
+    max_batch_size: int = Field(default=256, ge=1)
     """Most sequences decoded together by the in-process engine (a rollout instance: its `slots`)."""
     engine: Literal["hf", "vllm"] = "hf"
     """Generation backend: `hf` (this project's engine on transformers) or `vllm` (vLLM's engine:
@@ -142,7 +142,7 @@ class RewardConfig(Section):
     """`exact_match` (the response's answer equals the reference: the number after its last `####`
     if it has one, else its final number) or `boxed` (answer inside \\boxed{}); a GSM8K reference
     (a solution ending with `#### 72`) counts as its number for both."""
-    format_weight: float = Field(0.0, ge=0)
+    format_weight: float = Field(default=0.0, ge=0)
     """Weight of the format reward added to correctness (0 disables it)."""
     format: str = "family"
     """What the format reward checks (the whole stripped response must match): `family` (the
@@ -193,17 +193,17 @@ class PromptConfig(Section):
 class GRPOConfig(Section):
     """The GRPO objective (see `rl/grpo.py`)."""
 
-    clip_eps: float = Field(0.2, gt=0, lt=1)
+    clip_eps: float = Field(default=0.2, gt=0, lt=1)
     """Lower (and default upper) clip range of the probability ratio."""
-    clip_eps_high: float | None = Field(None, gt=0)
+    clip_eps_high: float | None = Field(default=None, gt=0)
     """Upper clip range (DAPO's clip-higher); defaults to clip_eps."""
-    kl_coef: float = Field(0.0, ge=0)
+    kl_coef: float = Field(default=0.0, ge=0)
     """Weight of the k3 KL penalty to the frozen reference policy (0 drops the reference)."""
     aggregation: Literal["token", "sequence"] = "token"
     """`token`: mean over all response tokens of the batch; `sequence`: mean of per-response means."""
     normalize_std: bool = True
     """Divide group-centred rewards by the group std (off = mean-only, Dr. GRPO)."""
-    eps: float = Field(1e-6, gt=0)
+    eps: float = Field(default=1e-6, gt=0)
     """Added to the group std."""
     objective: Literal["auto", "grpo", "decoupled"] = "auto"
     """`grpo`: the clipped surrogate against the proximal policy (the trainer's weights at the step's
@@ -211,26 +211,26 @@ class GRPOConfig(Section):
     by older versions (`training.max_staleness` >= 1): each token's term is weighted by
     min(proximal / behaviour probability, `tis_cap`), the behaviour policy being the engine's
     log-prob of the token; `auto`: `grpo` at `training.max_staleness: 0`, else `decoupled`."""
-    tis_cap: float = Field(2.0, gt=0)
+    tis_cap: float = Field(default=2.0, gt=0)
     """Truncation of the decoupled objective's importance weight proximal / behaviour (TIS)."""
 
 
 class OptimConfig(Section):
     """The trainer's optimizer and batching."""
 
-    lr: float = Field(1e-4, gt=0)
+    lr: float = Field(default=1e-4, gt=0)
     """AdamW learning rate."""
-    weight_decay: float = Field(0.0, ge=0)
+    weight_decay: float = Field(default=0.0, ge=0)
     """AdamW weight decay."""
     betas: tuple[float, float] = (0.9, 0.99)
     """AdamW betas."""
-    warmup_steps: int = Field(0, ge=0)
+    warmup_steps: int = Field(default=0, ge=0)
     """Linear learning-rate warm-up in optimizer steps."""
-    micro_batch_size: int = Field(64, ge=1)
+    micro_batch_size: int = Field(default=64, ge=1)
     """Sequences per forward/backward; gradients accumulate over micro-batches to one optimizer update."""
-    max_grad_norm: float = Field(1.0, gt=0)
+    max_grad_norm: float = Field(default=1.0, gt=0)
     """Gradient clipping norm."""
-    updates_per_step: int = Field(1, ge=1)
+    updates_per_step: int = Field(default=1, ge=1)
     """Optimizer updates per RL step (PPO mini-batches): the step's samples are split into this many
     mini-batches of whole groups, one optimizer update each. 1: the proximal log-probs are the
     training forward's own (no extra forward) and the ratio is 1; more: one no-grad forward before
@@ -241,11 +241,11 @@ class OptimConfig(Section):
 class TrainingConfig(Section):
     """How far rollout may run ahead of the trainer (bounded staleness), and its guard rail."""
 
-    max_staleness: int = Field(0, ge=0)
+    max_staleness: int = Field(default=0, ge=0)
     """K: the prompts of step s are generated while steps s-1 .. s-K still train, by any policy
     version >= s-1-K (a response continues on each newer version as it is published). 0 is the
     strict on-policy loop: every token of step s comes from version s-1."""
-    max_logprob_gap: float | None = Field(None, gt=0)
+    max_logprob_gap: float | None = Field(default=None, gt=0)
     """Fail a step whose mean |trainer - engine| log-prob gap per trained token exceeds this (the
     engines decode other weights than the trainer believes: a stale or lost version); None: off."""
 
@@ -257,7 +257,7 @@ class TrainerConfig(Section):
     """`torch`: the trainer runs inside the training process; `deepspeed`: a long-lived group of
     `world_size` ranks (torchrun, gloo on CPU, NCCL on GPU) with ZeRO-sharded optimizer state, driven
     by the training process over a local channel (`rl.distributed`)."""
-    world_size: int = Field(1, ge=1)
+    world_size: int = Field(default=1, ge=1)
     """Ranks of the DeepSpeed trainer, one per device (on CPU they share the machine's cores); the
     torch backend is one process."""
     zero_stage: Literal[1, 2, 3] = 2
@@ -265,12 +265,12 @@ class TrainerConfig(Section):
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass instead of keeping them (less memory, ~30% more
     compute); both backends."""
-    threads_per_rank: int | None = Field(None, ge=1)
+    threads_per_rank: int | None = Field(default=None, ge=1)
     """torch threads of each DeepSpeed rank on CPU (None: the machine's cores divided among the ranks)."""
-    start_timeout_s: float = Field(600.0, gt=0)
+    start_timeout_s: float = Field(default=600.0, gt=0)
     """How long the ranks may take to start: the first start on a machine JIT-compiles DeepSpeed's
     CPU communication op (about 90 s on 2 cores; cached in `TORCH_EXTENSIONS_DIR`)."""
-    collective_timeout_s: float = Field(300.0, gt=0)
+    collective_timeout_s: float = Field(default=300.0, gt=0)
     """A rank waiting longer than this in a collective (a peer hung) fails instead of waiting forever."""
 
     @model_validator(mode="after")
@@ -289,24 +289,24 @@ class PretrainConfig(Section):
     """Where the pretrained HF directory is written (reused by later runs when present)."""
     families: tuple[str, ...] = ("add",)
     """Problem families to learn."""
-    batch_size: int = Field(128, ge=1)
+    batch_size: int = Field(default=128, ge=1)
     """Problems per optimizer step (128 reached the demo's threshold in 250-450 steps for every
     seed measured; 64 took 300-1,100: `bench/pretrain.py`)."""
-    lr: float = Field(3e-3, gt=0)
+    lr: float = Field(default=3e-3, gt=0)
     """Peak AdamW learning rate."""
-    warmup_steps: int = Field(100, ge=0)
+    warmup_steps: int = Field(default=100, ge=0)
     """Linear warm-up."""
-    max_steps: int = Field(1000, ge=1)
+    max_steps: int = Field(default=1000, ge=1)
     """Give up (with an error) if the threshold is not reached by then: the demo's recipe needs
     250-450 steps, so a run still below it at 1,000 will not get there soon."""
-    eval_every: int = Field(100, ge=1)
+    eval_every: int = Field(default=100, ge=1)
     """Steps between held-out evaluations."""
-    eval_size: int = Field(200, ge=10)
+    eval_size: int = Field(default=200, ge=10)
     """Held-out problems per evaluation (greedy decoding)."""
-    accuracy_threshold: float = Field(0.4, gt=0, le=1)
+    accuracy_threshold: float = Field(default=0.4, gt=0, le=1)
     """Stop as soon as held-out greedy exact match reaches this (the curve jumps sharply, so a
     step count would over- or under-shoot); low enough that RL has room to improve."""
-    corpus_error_rate: float = Field(0.0, ge=0, lt=1)
+    corpus_error_rate: float = Field(default=0.0, ge=0, lt=1)
     """Fraction of pretraining solutions whose final number has one wrong digit, as in real
     pretraining text. The model learns the right answer as the mode but samples the mistakes at
     temperature 1: exactly what RL with a verifiable reward removes."""
@@ -324,11 +324,11 @@ class PretrainConfig(Section):
 class EvalConfig(Section):
     """Held-out evaluation during RL."""
 
-    every: int = Field(10, ge=1)
+    every: int = Field(default=10, ge=1)
     """Evaluate every this many RL steps (and before the first and after the last)."""
-    size: int = Field(256, ge=1)
+    size: int = Field(default=256, ge=1)
     """Held-out problems per evaluation."""
-    samples_per_problem: int = Field(1, ge=1)
+    samples_per_problem: int = Field(default=1, ge=1)
     """Sampled responses per problem (accuracy is their mean)."""
-    temperature: float = Field(1.0, gt=0)
+    temperature: float = Field(default=1.0, gt=0)
     """Sampling temperature of the evaluation (1.0: the policy's own distribution)."""

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
+from transformers.cache_utils import CacheLayerMixin
 
 from rl.generation import (
     FINISH_LENGTH,
@@ -217,9 +218,9 @@ class HFEngine(GenerationEngine):
             self._cache, self._mask = cache, mask
         else:
             total = max(self._mask.shape[1], width)
-            for old, new in zip(self._cache.layers, cache.layers):
-                old.keys = torch.cat([_left_pad(old.keys, total), _left_pad(new.keys, total)])
-                old.values = torch.cat([_left_pad(old.values, total), _left_pad(new.values, total)])
+            for (old, old_keys, old_values), (_, new_keys, new_values) in zip(_filled(self._cache), _filled(cache)):
+                old.keys = torch.cat([_left_pad(old_keys, total), _left_pad(new_keys, total)])
+                old.values = torch.cat([_left_pad(old_values, total), _left_pad(new_values, total)])
             self._mask = torch.cat([_left_pad(self._mask, total), _left_pad(mask, total)])
         self._rows += newcomers
         return logits
@@ -233,14 +234,15 @@ class HFEngine(GenerationEngine):
             self._cache = None
             self._mask = self._mask[:0, :0]
             return
+        assert self._cache is not None, "running rows without a cache"
         index = torch.tensor(keep, device=self.device)
         self._cache.batch_select_indices(index)
         self._mask = self._mask[index]
         trim = int((self._mask.shape[1] - self._mask.sum(dim=1)).min())
         if trim:
-            for layer in self._cache.layers:
-                layer.keys = layer.keys[..., trim:, :]
-                layer.values = layer.values[..., trim:, :]
+            for layer, keys, values in _filled(self._cache):
+                layer.keys = keys[..., trim:, :]
+                layer.values = values[..., trim:, :]
             self._mask = self._mask[:, trim:]
 
     def _sample(self, logits: torch.Tensor) -> tuple[list[int], list[float]]:
@@ -252,6 +254,18 @@ class HFEngine(GenerationEngine):
             [row.request.sampling for row in self._rows],
         )
         return tokens.tolist(), logprobs.tolist()
+
+
+def _filled(cache: DynamicCache) -> list[tuple[CacheLayerMixin, torch.Tensor, torch.Tensor]]:
+    """(layer, keys, values) of each layer of a prefilled full-attention cache (the only kind this
+    engine serves: no linear-attention layer, and every layer holds its tensors after a forward)."""
+    filled = []
+    for layer in cache.layers:
+        assert isinstance(layer, CacheLayerMixin) and layer.keys is not None and layer.values is not None, (
+            f"expected a prefilled attention cache layer, got {type(layer).__name__}"
+        )
+        filled.append((layer, layer.keys, layer.values))
+    return filled
 
 
 def _left_pad(t: torch.Tensor, length: int) -> torch.Tensor:

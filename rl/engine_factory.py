@@ -89,7 +89,8 @@ def build_engine(
         if model is None:
             model, _ = load_model(model_dir, dtype=dtype)
         return HFEngine(
-            model.to(device=device, dtype=dtype),
+            # transformers' `@wraps(Module.to)` hides the method's binding from the type checker:
+            model.to(device=device, dtype=dtype),  # pyright: ignore[reportCallIssue]
             eos_token_id,
             pad_token_id,
             max_batch_size=spec.max_batch_size or max_batch_size,

@@ -25,7 +25,7 @@ class EngineSpec(Section):
     """Torch device; `auto`: CUDA when the machine has it, else the CPU (`rl.devices.resolve_device`)."""
     dtype: DType = "fp32"
     """Precision of the weights and activations."""
-    max_batch_size: int | None = Field(None, ge=1)
+    max_batch_size: int | None = Field(default=None, ge=1)
     """Rows the HF engine decodes together (None: the caller's default, a worker's `slots`)."""
     vllm: VLLMOptions = VLLMOptions()
     """vLLM's settings (`kind: vllm`)."""

@@ -193,6 +193,7 @@ def policy_loss(
     clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_high) * adv
     per_token_pg = -torch.minimum(unclipped, clipped)
     if objective == "decoupled":
+        assert behaviour_logp is not None, "checked above: decoupled needs behaviour_logp"
         untruncated = torch.exp(proximal - on_valid(behaviour_logp.detach().to(logp.dtype)))
         is_weight = untruncated.clamp(max=tis_cap)
         truncated = untruncated > tis_cap

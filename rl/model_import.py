@@ -102,7 +102,7 @@ def import_model(source: str | Path, output: str | Path, *, dtype: str = "fp32",
     loaded = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32, **kwargs)
     config = loaded.config
     if hasattr(config, "quantization_config"):  # GGUF's: the dequantized weights are plain tensors
-        del config.quantization_config
+        delattr(config, "quantization_config")
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict(), strict=True)
     model.generation_config = loaded.generation_config

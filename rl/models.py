@@ -42,6 +42,10 @@ def build_tiny_llama(shape: TinyLlamaShape, seed: int = 0):
             "head_dim of at least 32 (vLLM's attention kernels need it)"
         )
     tokenizer = build_char_tokenizer()
+    bos_id, eos_id, pad_id = tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id
+    assert isinstance(bos_id, int) and isinstance(eos_id, int) and isinstance(pad_id, int), (
+        "the character tokenizer has <bos>, <eos> and <pad>"
+    )
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=shape.hidden_size,
@@ -51,11 +55,11 @@ def build_tiny_llama(shape: TinyLlamaShape, seed: int = 0):
         num_key_value_heads=shape.num_heads,
         head_dim=head_dim,
         max_position_embeddings=shape.max_positions,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=bos_id,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
         tie_word_embeddings=True,
-        rope_theta=10000.0,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)

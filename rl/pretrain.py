@@ -100,7 +100,9 @@ def pretrain(
     streams = [problem_stream(family, config.seed) for family in config.families]
     mixed = (next(stream) for stream in itertools.cycle(streams))
     held_out = {family: eval_set(family, config.eval_size) for family in config.families}
-    engine = HFEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, max_batch_size=256)
+    eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
+    assert isinstance(eos_id, int) and isinstance(pad_id, int), "the character tokenizer has <eos> and <pad>"
+    engine = HFEngine(model, eos_id, pad_id, max_batch_size=256)
     noise_rng = random.Random(config.seed)
     history: list[tuple[int, float, float]] = []
     start = time.perf_counter()

@@ -20,6 +20,7 @@ class PromptSource:
         self.config = config
         self._records: list[PromptRecord] | None = None
         if config.source == "file":
+            assert config.path is not None, "DataConfig requires path for source 'file'"
             self._records = load_prompt_dataset(
                 config.path, prompt_field=config.prompt_field, answer_field=config.answer_field
             )
@@ -39,6 +40,7 @@ class PromptSource:
         return [PromptRecord(p.prompt, p.answer, cursor + i + 1) for i, p in enumerate(problems)]
 
     def _record_at(self, index: int) -> PromptRecord:
+        assert self._records is not None, "take() calls it for a file source only"
         epoch, offset = divmod(index, len(self._records))
         order = list(range(len(self._records)))
         random.Random(f"{self.config.seed}:{epoch}").shuffle(order)
@@ -47,6 +49,7 @@ class PromptSource:
     def eval_records(self, size: int) -> list[PromptRecord]:
         """The held-out evaluation prompts (never produced by `take`)."""
         if self.config.source == "file":
+            assert self.config.eval_path is not None, "DataConfig requires eval_path for source 'file'"
             return load_prompt_dataset(
                 self.config.eval_path,
                 prompt_field=self.config.prompt_field,

@@ -183,7 +183,10 @@ class Trainer:
         `gradient_checkpointing` recomputes activations in the backward pass (HF models)."""
         self.model = model
         if gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            # An HF model's method; torch's `Module.__getattr__` types any attribute `Tensor | Module`:
+            model.gradient_checkpointing_enable(  # pyright: ignore[reportCallIssue]
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
         self.device = next(model.parameters()).device
         self.autocast_dtype = autocast_dtype
         self.pad_token_id = pad_token_id
@@ -373,14 +376,14 @@ class Trainer:
         if acc.tokens == 0:
             self.optimizer.zero_grad(set_to_none=True)
             raise ValueError("the step has no response tokens to train on")
-        norm, values = self._update(acc, "")
+        norm, weighted, per_token = self._update(acc, "")
         self.scheduler.step()
         self.step += 1
-        return self._step_metrics(acc, values, [norm])
+        return self._step_metrics(acc, weighted, per_token, [norm])
 
-    def _update(self, acc: Accumulation, where: str) -> tuple[float, list[float]]:
+    def _update(self, acc: Accumulation, where: str) -> tuple[float, dict[str, float], dict[str, float]]:
         """One optimizer update on the gradient accumulated for `acc`: divide, clip, step. Returns
-        the gradient norm and `acc`'s metric sums (weighted, then per-token), read in one transfer."""
+        the gradient norm and `acc`'s metric sums (weighted, per-token), read in one transfer."""
         for parameter in self.model.parameters():
             if parameter.grad is not None:
                 parameter.grad.div_(acc.weight)
@@ -391,12 +394,16 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             raise FloatingPointError(f"non-finite gradient norm at step {self.step}{where}; update skipped")
         self.optimizer.step()
-        return norm, values
+        return norm, dict(zip(acc.weighted, values)), dict(zip(acc.per_token, values[len(acc.weighted) :]))
 
-    def _step_metrics(self, acc: Accumulation, values: list[float], norms: list[float]) -> dict[str, float]:
+    def _step_metrics(
+        self, acc: Accumulation, weighted: dict[str, float], per_token: dict[str, float], norms: list[float]
+    ) -> dict[str, float]:
+        """The step's metrics from its sums on the host (`weighted` over `acc.weight`, `per_token` over
+        `acc.tokens`) and its updates' gradient norms."""
         self.model.eval()
-        metrics = {key: value / acc.weight for key, value in zip(acc.weighted, values)}
-        metrics.update((key, value / acc.tokens) for key, value in zip(acc.per_token, values[len(acc.weighted) :]))
+        metrics = {key: value / acc.weight for key, value in weighted.items()}
+        metrics.update((key, value / acc.tokens) for key, value in per_token.items())
         metrics.update(
             grad_norm=sum(norms) / len(norms),
             lr=self.optimizer.param_groups[0]["lr"],
@@ -413,7 +420,9 @@ class Trainer:
         plan = [self._micro_batches(rows) for rows in mini_batches(batch, self.optim_config.updates_per_step)]
         self.model.train()  # the mode of the training forward, so the first update's ratio is exactly 1
         proximal = [[self.proximal_logprobs(batch, chunk) for chunk in chunks] for chunks in plan]
-        total = Accumulation()
+        total = Accumulation()  # the step's counts; its metric sums, read to the host, are these:
+        weighted: dict[str, float] = {}
+        per_token: dict[str, float] = {}
         norms: list[float] = []
         for index, (chunks, proximals) in enumerate(zip(plan, proximal)):
             self.optimizer.zero_grad(set_to_none=True)
@@ -424,17 +433,17 @@ class Trainer:
             if not acc.tokens:
                 continue  # a mini-batch of empty responses: nothing to update on
             where = f" (update {index + 1} of {len(plan)}; {len(norms)} applied)"
-            norm, values = self._update(acc, where)
+            norm, update_weighted, update_per_token = self._update(acc, where)
             norms.append(norm)
             total.tokens += acc.tokens
             total.sequences += acc.sequences
             total.weight += acc.weight
-            for key, value in zip([*acc.weighted, *acc.per_token], values):
-                group = total.weighted if key in acc.weighted else total.per_token
-                group[key] = group.get(key, 0.0) + value
+            for sums, update in ((weighted, update_weighted), (per_token, update_per_token)):
+                for key, value in update.items():
+                    sums[key] = sums.get(key, 0.0) + value
         self.scheduler.step()
         self.step += 1
-        return self._step_metrics(total, [*total.weighted.values(), *total.per_token.values()], norms)
+        return self._step_metrics(total, weighted, per_token, norms)
 
     def abandon_step(self) -> None:
         """Drop an accumulated, unfinished step (the policy is unchanged)."""

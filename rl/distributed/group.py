@@ -25,7 +25,7 @@ import threading
 import time
 from multiprocessing.connection import Connection, Listener, wait
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from rl.distributed.protocol import AUTHKEY_ENV, CHANNEL_ENV
 from rl.driver_watch import EXIT_DRIVER_GONE, driver_environment
@@ -117,6 +117,8 @@ class RankGroup:
         return self.call("init", [spec] * self.world_size, timeout_s=self.start_timeout_s)
 
     def _accept(self, listener: Listener) -> None:
+        process = self.process
+        assert process is not None, "_accept runs once torchrun has started"
         accepted: list[Connection] = []
         errors: list[BaseException] = []
 
@@ -132,10 +134,8 @@ class RankGroup:
         deadline = time.monotonic() + self.start_timeout_s
         while thread.is_alive():
             thread.join(0.2)
-            if self.process.poll() is not None and thread.is_alive():
-                self._fail(
-                    None, "start", f"torchrun {describe_exit(self.process.returncode)} before every rank connected"
-                )
+            if process.poll() is not None and thread.is_alive():
+                self._fail(None, "start", f"torchrun {describe_exit(process.returncode)} before every rank connected")
             if time.monotonic() > deadline:
                 self._fail(None, "start", f"the ranks did not connect within {self.start_timeout_s:.0f} s")
         if errors:
@@ -152,6 +152,9 @@ class RankGroup:
         with self._lock:
             if self._failure is not None:
                 raise self._failure
+            process = self.process
+            if process is None:
+                raise RuntimeError(f"{op}: the ranks are not started (start() first)")
             payloads = payloads if payloads is not None else [None] * self.world_size
             for rank, conn in sorted(self._conns.items()):
                 try:
@@ -162,7 +165,8 @@ class RankGroup:
             deadline = None if timeout_s is None else time.monotonic() + timeout_s
             while len(replies) < self.world_size:
                 waiting = {conn: rank for rank, conn in self._conns.items() if rank not in replies}
-                for conn in wait(list(waiting), timeout=0.5):
+                # `wait` returns some of the objects it was given: Connections here.
+                for conn in cast(list[Connection], wait(list(waiting), timeout=0.5)):
                     rank = waiting[conn]
                     try:
                         status, value = conn.recv()
@@ -171,8 +175,8 @@ class RankGroup:
                     if status == "error":
                         self._fail(rank, op, "it raised an exception:\n" + _last_lines(value, 12))
                     replies[rank] = value
-                if self.process.poll() is not None and len(replies) < self.world_size:
-                    self._fail(None, op, f"torchrun {describe_exit(self.process.returncode)}")
+                if process.poll() is not None and len(replies) < self.world_size:
+                    self._fail(None, op, f"torchrun {describe_exit(process.returncode)}")
                 if deadline is not None and time.monotonic() > deadline:
                     self._fail(None, op, f"no reply within {timeout_s:.0f} s")
             return [replies[rank] for rank in range(self.world_size)]

@@ -63,6 +63,8 @@ class RankTrainer(Trainer):
 
     def __init__(self, model: torch.nn.Module, spec: TrainSpec, world_size: int) -> None:
         import deepspeed
+        from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+        from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 
         super().__init__(
             model,
@@ -78,14 +80,21 @@ class RankTrainer(Trainer):
         self.engine, _, _, _ = deepspeed.initialize(
             model=model,
             optimizer=self.optimizer,
-            lr_scheduler=self.scheduler,
+            # DeepSpeed annotates torch's deprecated `_LRScheduler`; it takes any `LRScheduler`:
+            lr_scheduler=self.scheduler,  # pyright: ignore[reportArgumentType]
             config=deepspeed_config(spec.trainer, spec.optim),
         )
         self.module = model
         self.model = self.engine  # forward passes go through the engine (ZeRO-3 gathers there)
+        optimizer = self.engine.optimizer
+        assert isinstance(optimizer, (DeepSpeedZeroOptimizer, DeepSpeedZeroOptimizer_Stage3)), (
+            f"ZeRO stage {self.zero_stage} wraps the optimizer in ZeRO's, got {type(optimizer).__name__}"
+        )
+        self._zero_optimizer = optimizer
+        """DeepSpeed's ZeRO optimizer, whose loss scale carries the step's divisor (`finish`)."""
         self._dummy = TrainBatch([[spec.pad_token_id]], [[spec.pad_token_id]], [[0.0]], [0.0])
         """A one-token sample: the pass a rank makes when it has no micro-batch of its own."""
-        self.engine.optimizer.override_loss_scale(1.0)
+        self._zero_optimizer.override_loss_scale(1.0)
 
     def _backward(self, loss: torch.Tensor) -> None:
         self.engine.backward(loss)
@@ -111,11 +120,11 @@ class RankTrainer(Trainer):
         rank's metric sums, the gradient norm and the learning rate it stepped with."""
         acc = self._pending
         self._pending = None
-        self.engine.optimizer.override_loss_scale(weight / self.world_size)
+        self._zero_optimizer.override_loss_scale(weight / self.world_size)
         try:
             self.engine.step()
         finally:
-            self.engine.optimizer.override_loss_scale(1.0)
+            self._zero_optimizer.override_loss_scale(1.0)
         lr = self.optimizer.param_groups[0]["lr"]  # after the scheduler's step, as the torch trainer reports it
         norm = self.engine.get_global_grad_norm()
         norm = float("inf") if norm is None else float(norm)
@@ -167,7 +176,7 @@ class RankTrainer(Trainer):
         path, client = self.engine.load_checkpoint(
             str(directory / "deepspeed"), tag=CHECKPOINT_TAG, load_optimizer_states=True, load_lr_scheduler_states=True
         )
-        if path is None:
+        if path is None or client is None:
             raise FileNotFoundError(f"no DeepSpeed state under {directory / 'deepspeed'}")
         self.step = int(client["step"])
         return self.step
@@ -196,7 +205,8 @@ def serve(conn, rank: int, world_size: int) -> None:
     torch.set_num_threads(threads)
     device = _init_process_group(spec)
     model, _ = load_model(spec.model_path, spec.gguf_file)
-    trainer = RankTrainer(model.to(device), spec, world_size)
+    # transformers' `@wraps(Module.to)` hides the method's binding from the type checker:
+    trainer = RankTrainer(model.to(device), spec, world_size)  # pyright: ignore[reportArgumentType]
     conn.send(("ok", {"rank": rank, "device": str(device), "threads": threads}))
     print(f"rlboost trainer rank {rank} (pid {os.getpid()}) ready on {device}, {threads} threads", flush=True)
     while True:
