@@ -65,6 +65,7 @@ test: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+	$(BIN)/pyright
 	$(BIN)/python -m pytest -q -ra
 
 # The edit loop: the unit tests alone (no Redis, Prefect or worker processes; about a minute on 2
