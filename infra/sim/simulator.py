@@ -1,43 +1,17 @@
-"""One variant's run: RL steps on the reserved cluster and spot instances, event by event.
+"""One variant's run: RL steps on the reserved cluster and spot instances, event by event
+(docs/internals.md §11; what it models and what it does not: docs/simulator.md).
 
-The runtime's policies decide, called as `RolloutController` calls them: every `poll_s` the
-simulated controller builds a `ClusterSnapshot` (instances with their running samples, the step,
-the queue) and applies `reap` (`ReaperConfig(reap_timeout_s)`), then
-`OffloadController.should_release(now, step.started_at, snapshot.rollout_only_alive)` (reserved
-engines are told `release_all` once, and `resume` when the last spot instance is gone), then
-`steal(snapshot, config.steal, reserved_released=...)`; at the end of each step it calls
-`OffloadController.update(StepTiming(...))` with the measured trainer and rollout idle times and
-the step's trained tokens per second, exactly as `RolloutController._finish` does. (The `paper`
-variant runs the RLBoost artifact's own rule instead, `infra.sim.artifact_offload`: a model of
-the paper's system, whose trainer waits out its local budget even when the rollout is done.)
-Workers claim what `infra.sim.claiming.dispatch(snapshot, reserved_released=...)` hands them (the
-simulator's model of concurrent claims), a claim delay after a slot frees, in the token log's order
-(`ClaimQueue`, by `infra.rollout.policies.claims.claim_key`: oldest step first, then more logged
-tokens, then FIFO by enqueue seq). A steal's samples are routed to the decision's receiver, as the
-token log routes them: only it claims them, until `StealConfig.route_s` has passed (then anyone
-may, before the step's shared queue).
-
-What it models: per-sample decode on each engine by the roofline of `infra.sim.hardware`,
-integrated exactly between events (every running sample of an engine gains one token per decode
-step, whose time grows with the batch's context and, in tensor parallel, with its all-reduces); prefill on each claim (prompt plus the logged
-tokens of a resumed sample), during which the engine does not decode; spot instances that boot,
-pull each version (bandwidth-limited; from the trainer only, or as a swarm), and leave by the
-trace, with the cloud's notice (the worker flushes and hands its samples back) or silently (the
-samples wait for the reaper, and the tokens since the last flush are lost); training of each
-complete group (or micro-batch of groups) on the reserved GPUs once they are released (or once
-the step's rollout is done; at once with `training.while_generating`, a CPU run's co-located
-engine), idle when no group is ready; then the orchestrator's serial work before the next step (`training.step_overhead_s`:
-measured in a CPU profile, none at paper scale).
-
-Migration modes (the variants): `token` (this project: a sample leaving an instance keeps its
-logged tokens), `group_min` (on preemption, the samples of a group that leave an instance keep
-only as many tokens as the shortest of them), `restart` (no token log: a sample leaving an
-instance loses everything).
+`Simulation` drives the runtime's policies as `RolloutController` calls them: every `poll_s` it
+builds a `ClusterSnapshot` and applies `reap`, `OffloadController.should_release` and `steal`, and
+each step ends with `OffloadController.update(StepTiming(...))` (the `paper` variant runs
+`infra.sim.artifact_offload` instead). Workers claim what `infra.sim.claiming.dispatch` hands them,
+in the token log's order (`ClaimQueue`); a steal's samples wait for their receiver until
+`StealConfig.route_s`. Migration modes (the variants): `token` (logged tokens kept), `group_min`
+(a preempted group's samples keep as many as its shortest one), `restart` (nothing kept).
 
 A snapshot's running samples are rebuilt when an engine's samples change, and their token counts
-refreshed when the queue is empty: with samples queued, no policy reads those counts (`steal`
-returns at once, the others read only counts of samples and heartbeats), so decisions are the
-ones fresh snapshots would give.
+refreshed only when the queue is empty: with samples queued no policy reads those counts, so the
+decisions are the ones fresh snapshots would give.
 """
 
 from __future__ import annotations
