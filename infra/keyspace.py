@@ -1,4 +1,5 @@
-"""The Redis keyspace of a run: every key name the rollout plane and the weight distribution use.
+"""The Redis keyspace of a run: its prefix and the key names of every part but the token log, which
+builds its own (`infra.rollout.tokenlog`).
 
 Every key of run `R` starts with ``rlb:{R}:`` (`run_prefix`), a Redis Cluster hash tag: a run's keys
 share one slot, so multi-key scripts work on a cluster. Below it (each key: docs/ARCHITECTURE.md):
@@ -9,8 +10,7 @@ share one slot, so multi-key scripts work on a cluster. Below it (each key: docs
     rlb:{R}:ctl:                the controller's own state (`infra.rollout.controller`)
     rlb:{R}:w:                  weight holders and manifests (`weights_prefix`; `infra.weights.holders`)
     rlb:{R}:latest_version      the newest announced version; ``rlb:{R}:weights`` its pub/sub channel
-    rlb:{R}:weights:config      the shared `WeightsConfig` (`infra.weights.shared`)
-    rlb:{R}:weights:transfers   weight transfer reports (`infra.weights.shared`)
+    rlb:{R}:weights:            the shared `WeightsConfig` and transfer reports (`infra.weights.shared`)
 
 It imports nothing, so both planes use it without importing each other (docs/internals.md §1).
 """

@@ -28,6 +28,7 @@ from rich.table import Table
 from infra.ledger import BaselineComparison, BaselineMismatch, Ledger, LedgerUnavailable, UnknownRun
 from infra.ledger.report import CostReport, StepCost
 from infra.pricing import PriceNotFound
+from rl import env_vars
 
 RunIdOption = Annotated[
     str, typer.Option("--run", help="Run id in the ledger (the rollout fabric's run id, e.g. grpo-demo-1a2b3c4d).")
@@ -35,7 +36,7 @@ RunIdOption = Annotated[
 DbOption = Annotated[
     Optional[str],
     typer.Option(
-        "--db", help="Ledger database URL (default: $RLBOOST_LEDGER_URL, else sqlite:///.rlboost/ledger.sqlite)."
+        "--db", help=f"Ledger database URL (default: ${env_vars.LEDGER_URL}, else sqlite:///.rlboost/ledger.sqlite)."
     ),
 ]
 CsvOption = Annotated[

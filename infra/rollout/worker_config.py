@@ -13,6 +13,7 @@ from pydantic import Field, model_validator
 from infra.availability.capacity import CapacityClass
 from infra.rollout.settings import WorkerSettings, add_worker_flags, settings_from_flags
 from infra.services.redis_embedded import REDIS_CA_FILE_ENV
+from rl import env_vars
 from rl.engine_spec import EngineSpec
 
 TORCH_THREADS = 1
@@ -70,8 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--redis-url",
-        default=env("RLBOOST_REDIS_URL"),
-        help="Redis URL (env RLBOOST_REDIS_URL; prefer the environment: a command line, and so the "
+        default=env(env_vars.REDIS_URL),
+        help=f"Redis URL (env {env_vars.REDIS_URL}; prefer the environment: a command line, and so the "
         "password in the URL, is visible to every local user)",
     )
     p.add_argument(
@@ -79,18 +80,18 @@ def _parser() -> argparse.ArgumentParser:
         default=env(REDIS_CA_FILE_ENV),
         help=f"PEM file of the CA of a rediss:// Redis (env {REDIS_CA_FILE_ENV}; default: the system's trust store)",
     )
-    p.add_argument("--run-id", default=env("RLBOOST_RUN_ID"), help="run id (env RLBOOST_RUN_ID)")
+    p.add_argument("--run-id", default=env(env_vars.RUN_ID), help=f"run id (env {env_vars.RUN_ID})")
     p.add_argument(
         "--instance-id",
-        default=env("RLBOOST_INSTANCE_ID"),
-        help="instance id (env RLBOOST_INSTANCE_ID; default <pool>-<host>-<pid>)",
+        default=env(env_vars.INSTANCE_ID),
+        help=f"instance id (env {env_vars.INSTANCE_ID}; default <pool>-<host>-<pid>)",
     )
-    p.add_argument("--pool", default=env("RLBOOST_POOL"), help="pool name (env RLBOOST_POOL)")
+    p.add_argument("--pool", default=env(env_vars.POOL), help=f"pool name (env {env_vars.POOL})")
     p.add_argument(
         "--capacity-class",
-        default=env("RLBOOST_CAPACITY_CLASS", "spot"),
+        default=env(env_vars.CAPACITY_CLASS, "spot"),
         choices=["reserved", "ondemand", "spot"],
-        help="env RLBOOST_CAPACITY_CLASS (default spot)",
+        help=f"env {env_vars.CAPACITY_CLASS} (default spot)",
     )
     p.add_argument("--price-per-hour", type=float, default=0.0)
     p.add_argument("--model", required=True, help="base HF model directory or URL (version 0)")

@@ -2,22 +2,13 @@
 also generate, before they release their unfinished samples to spot instances and train.
 
 Update rule per step (docs/internals.md §5): ``T_local += (trainer_idle - rollout_idle) / damping``,
-clamped to ``[floor, ceiling]``, where
+clamped to ``[floor, ceiling]``. ``trainer_idle`` (the trainer waited for complete groups after the
+release: spot rollout was the bottleneck) makes `T_local` grow; ``rollout_idle`` (the fleet had no
+work left and waited for the next version: training was the bottleneck) makes it shrink.
 
-* ``trainer_idle`` is the time the trainer waited for complete groups between the release at
-  `T_local` and the end of the step's training. It means spot rollout was the bottleneck: the
-  reserved cluster should have kept generating longer, so `T_local` grows.
-* ``rollout_idle`` is the time between the completion of the step's last sample and the end of
-  the step's training: the rollout fleet had no work left and waited for the next version. It
-  means training was the bottleneck: the reserved cluster should have switched earlier, so
-  `T_local` shrinks.
-
-On top of the rule, the controller hill-climbs on throughput and remembers, per number of spot
-instances, the best `T_local` seen: a move that lowered throughput below that best is reverted
-and later moves for that spot count are halved (doubled back, up to the full rule, after a move
-that helps); re-measuring the best refreshes its throughput, so the memory follows drift. When
-the spot count changes, the controller starts from the best remembered for the new count.
-With no spot instance alive the reserved cluster never releases: it finishes the step itself.
+On top of the rule the controller hill-climbs on throughput, remembering per spot count the best
+`T_local` seen (a move that lowered throughput is reverted and later moves halved); §5 has the
+details. With no spot instance alive the reserved cluster never releases: it finishes the step.
 """
 
 from __future__ import annotations
