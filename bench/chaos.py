@@ -255,9 +255,9 @@ class Chaos:
             workers = self.workers()
             for version, puller in leases:
                 holders = [
-                    i.info.instance_id
+                    i.spec.instance_id
                     for i in alive
-                    if i.policy_version == int(version) and i.info.instance_id not in (puller,)
+                    if i.policy_version == int(version) and i.spec.instance_id not in (puller,)
                 ]
                 holders = [h for h in holders if h in workers]
                 if holders:

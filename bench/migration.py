@@ -136,7 +136,7 @@ class Mode:
         deadline = time.monotonic() + timeout_s
         while True:
             running = self.running_ids()
-            alive = {s.info.instance_id for s in self.fabric.registry.alive()}
+            alive = {s.spec.instance_id for s in self.fabric.registry.alive()}
             if len(running) == expected and running <= alive:
                 return
             if time.monotonic() > deadline:

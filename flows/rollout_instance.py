@@ -27,7 +27,9 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.states import Crashed, State
 
+from infra.availability.capacity import CapacityClass
 from infra.fleet.instance_runs import CANNOT_START
+from infra.rollout.instance import InstanceSpec
 from infra.rollout.settings import WorkerSettings
 from infra.rollout.worker import RolloutWorker, WorkerConfig
 from infra.services.redis_embedded import REDIS_CA_FILE_ENV, REDIS_URL_ENV
@@ -80,18 +82,19 @@ def load_environment(block: str) -> list[str]:
 def rollout_instance(
     pool: str,
     instance_id: str,
+    capacity_class: CapacityClass,
+    price_per_hour: float,
     run_id: str,
     model_path: str,
     redis_url: str | None = None,
-    capacity_class: str = "spot",
-    price_per_hour: float = 0.0,
     settings: WorkerSettings | None = None,
     engine: EngineSpec | None = None,
     environment_block: str | None = None,
 ) -> int | State:
     """Serve rollout for `run_id` from `pool` until stopped: 0 after a drain, a Crashed state
-    after a preemption notice. `settings` is the run's `fabric.worker` and `engine` the pool's
-    engine (default: their defaults)."""
+    after a preemption notice. The first four parameters are the instance's `InstanceSpec`;
+    `settings` is the run's `fabric.worker` and `engine` the pool's engine (default: their
+    defaults)."""
     if environment_block:
         load_environment(environment_block)
     url = redis_url or os.environ.get(REDIS_URL_ENV)
@@ -105,10 +108,9 @@ def rollout_instance(
             redis_url=url,
             redis_ca_file=os.environ.get(REDIS_CA_FILE_ENV) if url.startswith("rediss://") else None,
             run_id=run_id,
-            instance_id=instance_id,
-            pool=pool,
-            capacity_class=capacity_class,
-            price_per_hour=price_per_hour,
+            instance=InstanceSpec(
+                instance_id=instance_id, pool=pool, capacity_class=capacity_class, price_per_hour=price_per_hour
+            ),
             model_path=model_path,
             engine=engine or EngineSpec(),
             **(settings or WorkerSettings()).model_dump(),

@@ -43,6 +43,7 @@ from infra.providers.errors import BootFailure
 from infra.providers.interface import instance_work_queue
 from infra.providers.pool import PoolSpec
 from infra.providers.startup import FAILED_PREFIX
+from infra.rollout.instance import InstanceSpec
 from infra.rollout.registry import InstanceRegistry
 from infra.rollout.settings import WorkerSettings
 from infra.services.prefect_api import current_api_key, current_auth_string
@@ -83,13 +84,11 @@ class InstanceRunSpec:
     environment; a VM gets its content in its boot script)."""
 
     def parameters(self, pool: PoolSpec, instance_id: str) -> dict[str, Any]:
+        """The parameters of the flow run of `instance_id` of `pool`: its `InstanceSpec`, then the run's."""
         return {
-            "pool": pool.name,
-            "instance_id": instance_id,
+            **InstanceSpec.of_pool(instance_id, pool).model_dump(),
             "run_id": self.run_id,
             "model_path": self.model,
-            "capacity_class": pool.capacity_class,
-            "price_per_hour": pool.price_per_hour,
             "settings": self.worker.model_dump(),
             "engine": pool.engine_spec(self.engine).model_dump(),
             **({"environment_block": self.environment_block} if self.environment_block else {}),

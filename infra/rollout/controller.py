@@ -305,7 +305,7 @@ class RolloutController:
         driver's instances, reopen `next_step`, delete the steps after it. Idempotent."""
         log = TokenLog(self.redis, self.run_id, max_reaps=self.config.max_reaps)
         reaped_samples = 0
-        for instance in sorted({i.info.instance_id for i in self.registry.all()} | log.owners()):
+        for instance in sorted({i.spec.instance_id for i in self.registry.all()} | log.owners()):
             reaped_samples += log.reap(instance)
             self.registry.deregister(instance)
         later = sorted(s for s in self._recorded_steps() if s > next_step)
@@ -356,25 +356,25 @@ class RolloutController:
         seconds, micros = self.redis.time()
         server_now = seconds + micros / 1e6
         instances = self.registry.all()
-        leases = log.step_leases(status.step, [i.info.instance_id for i in instances])
+        leases = log.step_leases(status.step, [i.spec.instance_id for i in instances])
         views, observed = [], {}
         for instance in instances:
             samples = []
-            for lease in leases.running[instance.info.instance_id]:
+            for lease in leases.running[instance.spec.instance_id]:
                 samples.append(RunningSample(lease.sample_id, lease.logged, lease.budget))
-                observed[lease.sample_id] = (instance.info.instance_id, lease.logged)
+                observed[lease.sample_id] = (instance.spec.instance_id, lease.logged)
             heard = instance.last_heartbeat or instance.registered_at
             views.append(
                 InstanceView(
-                    instance_id=instance.info.instance_id,
-                    pool=instance.info.pool,
-                    capacity_class=instance.info.capacity_class,
+                    instance_id=instance.spec.instance_id,
+                    pool=instance.spec.pool,
+                    capacity_class=instance.spec.capacity_class,
                     policy_version=instance.policy_version,
-                    slots=instance.info.slots,
+                    slots=instance.slots,
                     running=tuple(samples),
                     last_heartbeat=now - (server_now - heard),
-                    price_per_hour=instance.info.price_per_hour,
-                    steal_requested_at=self._steal_at.get(instance.info.instance_id),
+                    price_per_hour=instance.spec.price_per_hour,
+                    steal_requested_at=self._steal_at.get(instance.spec.instance_id),
                 )
             )
         self._credit(status.step, observed)

@@ -9,7 +9,7 @@ heartbeat returns False, which tells it to stop. Control messages (``{"op": "rel
 go through a FIFO list per instance (`request`; taken by `poll_requests` or `wait_request`).
 
 Key layout (``P = "rlb:{<run_id>}:reg:"``): ``P members`` (set of instance ids), ``P i:<id>``
-(hash: info and last heartbeat), ``P alive:<id>`` (liveness key with TTL), ``P ctl:<id>``
+(hash: spec, slots and last heartbeat), ``P alive:<id>`` (liveness key with TTL), ``P ctl:<id>``
 (list of JSON control messages).
 """
 
@@ -17,38 +17,20 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, cast, get_args
+from typing import Any, cast
 
 import redis
 
 from infra.availability.capacity import CapacityClass
 from infra.keyspace import registry_prefix
-
-
-@dataclass(frozen=True)
-class InstanceInfo:
-    instance_id: str
-    pool: str
-    capacity_class: CapacityClass
-    price_per_hour: float
-    slots: int
-    """Samples the instance generates concurrently."""
-
-    def __post_init__(self) -> None:
-        if not self.instance_id or not self.instance_id.isprintable():
-            raise ValueError(f"instance_id must be non-empty and printable: {self.instance_id!r}")
-        if self.capacity_class not in get_args(CapacityClass):
-            raise ValueError(
-                f"instance {self.instance_id}: capacity_class must be one of "
-                f"{get_args(CapacityClass)}, got {self.capacity_class!r}"
-            )
-        if self.price_per_hour < 0 or self.slots < 1:
-            raise ValueError(f"instance {self.instance_id}: price_per_hour must be >= 0 and slots >= 1")
+from infra.rollout.instance import InstanceSpec
 
 
 @dataclass(frozen=True)
 class InstanceSnapshot:
-    info: InstanceInfo
+    spec: InstanceSpec
+    slots: int
+    """Samples the instance generates concurrently."""
     alive: bool
     """The liveness key has not expired."""
     registered_at: float
@@ -116,23 +98,26 @@ class InstanceRegistry:
     def _ttl_ms(self) -> int:
         return max(1, round(self.ttl_s * 1000))
 
-    def register(self, info: InstanceInfo) -> None:
-        """Add (or re-register) an instance; it counts as alive for one TTL."""
+    def register(self, spec: InstanceSpec, slots: int) -> None:
+        """Add (or re-register) an instance that generates up to `slots` samples at once; it counts
+        as alive for one TTL."""
+        if slots < 1:
+            raise ValueError(f"instance {spec.instance_id}: slots must be >= 1, got {slots}")
         fields = [
             "pool",
-            info.pool,
+            spec.pool,
             "capacity_class",
-            info.capacity_class,
+            spec.capacity_class,
             "price_per_hour",
-            repr(float(info.price_per_hour)),
+            repr(float(spec.price_per_hour)),
             "slots",
-            info.slots,
+            slots,
             "free_slots",
-            info.slots,
+            slots,
             "running",
             0,
         ]
-        self._register(keys=[self._members], args=[self.prefix, info.instance_id, self._ttl_ms, *fields])
+        self._register(keys=[self._members], args=[self.prefix, spec.instance_id, self._ttl_ms, *fields])
 
     def heartbeat(self, instance_id: str, policy_version: int | None, free_slots: int, running: int) -> bool:
         """Refresh liveness and load; False if the instance is not registered (it was evicted
@@ -164,13 +149,13 @@ class InstanceRegistry:
             field = {_str(k): _str(v) for k, v in info.items()}
             snapshots.append(
                 InstanceSnapshot(
-                    info=InstanceInfo(
+                    spec=InstanceSpec(
                         instance_id=instance_id,
                         pool=field["pool"],
-                        capacity_class=cast(CapacityClass, field["capacity_class"]),  # InstanceInfo checks it
+                        capacity_class=cast(CapacityClass, field["capacity_class"]),  # InstanceSpec checks it
                         price_per_hour=float(field["price_per_hour"]),
-                        slots=int(field["slots"]),
                     ),
+                    slots=int(field["slots"]),
                     alive=bool(alive),
                     registered_at=float(field["registered_at"]),
                     last_heartbeat=(float(field["heartbeat_at"]) if "heartbeat_at" in field else None),

@@ -34,7 +34,7 @@ from infra.rollout.direct_weights import DirectWeights
 from infra.rollout.flush_pipeline import FlushPipeline
 from infra.rollout.held import Held, Pending
 from infra.rollout.protocol import StepWindow, current_window
-from infra.rollout.registry import InstanceInfo, InstanceRegistry
+from infra.rollout.registry import InstanceRegistry
 from infra.rollout.tokenlog import Claim, TokenLog
 from infra.rollout.weight_source import HandedOverWeights, PulledWeights, WeightSource
 from infra.rollout.worker_config import TORCH_THREADS, WorkerConfig, parse_config
@@ -116,7 +116,7 @@ class RolloutWorker:
         self.tokenlog = TokenLog(self.client, config.run_id)
         self._flusher = FlushPipeline(self.tokenlog)
         self._weights: WeightSource = (
-            PulledWeights(self.client, config.run_id, config.instance_id)
+            PulledWeights(self.client, config.run_id, config.instance.instance_id)
             if weights is None
             else HandedOverWeights(weights)
         )
@@ -183,7 +183,7 @@ class RolloutWorker:
                 log.exception("loading the engine failed")
                 log.error(
                     "worker %s cannot start: its %s engine on model %s failed: %s: %s",
-                    cfg.instance_id,
+                    cfg.instance.instance_id,
                     cfg.engine.kind,
                     cfg.model_path,
                     type(exc).__name__,
@@ -191,17 +191,16 @@ class RolloutWorker:
                 )
                 return 1
         if self._stop.is_set():  # told to stop while loading: never registered, nothing held
-            log.info("worker %s stopped (%s) before registering", cfg.instance_id, self._stop_reason)
+            log.info("worker %s stopped (%s) before registering", cfg.instance.instance_id, self._stop_reason)
             return 0
-        info = InstanceInfo(cfg.instance_id, cfg.pool, cfg.capacity_class, cfg.price_per_hour, cfg.slots)
-        self.registry.register(info)
+        self.registry.register(cfg.instance, cfg.slots)
         beat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
         beat.start()
         log.info(
             "worker %s registered (pool %s, %s, %d slots)",
-            cfg.instance_id,
-            cfg.pool,
-            cfg.capacity_class,
+            cfg.instance.instance_id,
+            cfg.instance.pool,
+            cfg.instance.capacity_class,
             cfg.slots,
         )
         code = 0
@@ -211,7 +210,7 @@ class RolloutWorker:
         except Exception as exc:
             code = 1
             self.failure = exc
-            log.exception("worker %s failed; handing its samples back", cfg.instance_id)
+            log.exception("worker %s failed; handing its samples back", cfg.instance.instance_id)
             try:
                 self._hand_back_everything()
             except Exception:
@@ -222,12 +221,12 @@ class RolloutWorker:
             self._flusher.close()
             self._weights.close()
             try:
-                self.registry.deregister(cfg.instance_id)
+                self.registry.deregister(cfg.instance.instance_id)
             except redis.RedisError:
-                log.warning("could not deregister %s (the controller will reap it)", cfg.instance_id)
+                log.warning("could not deregister %s (the controller will reap it)", cfg.instance.instance_id)
             log.info(
                 "worker %s exit (%s): %s",
-                cfg.instance_id,
+                cfg.instance.instance_id,
                 self._stop_reason or "error",
                 json.dumps(asdict(self.stats)),
             )
@@ -269,7 +268,7 @@ class RolloutWorker:
             wait = min(wait, self._claim_after - time.monotonic())
         if wait <= 0.001:
             return
-        message = self.registry.wait_request(self.config.instance_id, min(wait, self._poll_s))
+        message = self.registry.wait_request(self.config.instance.instance_id, min(wait, self._poll_s))
         if message is not None:
             self._control(message)
             self._next_poll = 0.0  # take any further messages now
@@ -292,7 +291,7 @@ class RolloutWorker:
                 )
             self._step = step
             self._claim_after = 0.0
-        for message in self.registry.poll_requests(self.config.instance_id):
+        for message in self.registry.poll_requests(self.config.instance.instance_id):
             self._control(message)
         self._maybe_load_weights()
         if time.monotonic() >= self._next_reconcile:
@@ -301,7 +300,7 @@ class RolloutWorker:
     def _reconcile(self) -> None:
         """Hand back every sample the token log has as running here that this worker does not hold."""
         self._flusher.settle()  # no flush in flight: `held` is exactly what this worker holds
-        disowned = self.tokenlog.disown(self.config.instance_id, self.held)
+        disowned = self.tokenlog.disown(self.config.instance.instance_id, self.held)
         self._next_reconcile = time.monotonic() + RECONCILE_S
         if disowned:
             self.stats.disowned += disowned
@@ -399,7 +398,7 @@ class RolloutWorker:
         self._wake()
         free = self.config.slots - len(self.held)
         version = self.engine.policy_version
-        claims = self.tokenlog.claim(self._step.steps, self.config.instance_id, version, free)
+        claims = self.tokenlog.claim(self._step.steps, self.config.instance.instance_id, version, free)
         if len(claims) < free:  # the queue ran dry: look again at the next poll
             self._claim_after = time.monotonic() + self._poll_s
         for claim in claims:
@@ -414,14 +413,14 @@ class RolloutWorker:
         if self.config.restart_from_scratch and claim.generated_ids:
             # The baseline does not resume: drop the logged tokens; the sample is queued again
             # empty and claimed later from scratch.
-            self.tokenlog.release(claim.sample_id, self.config.instance_id, claim.epoch, keep_tokens=False)
+            self.tokenlog.release(claim.sample_id, self.config.instance.instance_id, claim.epoch, keep_tokens=False)
             self._claim_after = 0.0
             return
         try:
             engine.add(claim.request())
         except ValueError as exc:
             log.error("sample %s cannot be generated (%s): failing it", claim.sample_id, exc)
-            self.tokenlog.fail(claim.sample_id, self.config.instance_id, claim.epoch, f"engine: {exc}")
+            self.tokenlog.fail(claim.sample_id, self.config.instance.instance_id, claim.epoch, f"engine: {exc}")
             self.stats.failed += 1
             return
         self._claims += 1
@@ -453,7 +452,7 @@ class RolloutWorker:
             # tokens: a new version is loaded only after a forced flush); strictly on-policy the
             # claim's fence already made it the step's version.
             version = self.engine.policy_version if self._step is not None and not self._step.strict else None
-            flushes = held_samples.flushes(batch, self.config.instance_id, version)
+            flushes = held_samples.flushes(batch, self.config.instance.instance_id, version)
             self._flusher.submit(flushes, functools.partial(self._flushed, batch, time.monotonic()))
             self.stats.flushes += 1
         if wait:
@@ -499,7 +498,7 @@ class RolloutWorker:
             if held.finish is None:
                 self._engine_release(held.sample_id)
         self._flush(force=True, only=samples, wait=True)  # finished ones complete, not migrate
-        instance = self.config.instance_id
+        instance = self.config.instance.instance_id
         for held in samples:
             if self.held.get(held.sample_id) is not held:
                 continue  # finished, or dropped by the flush
@@ -515,7 +514,7 @@ class RolloutWorker:
         """Flush and release every held sample, then sweep anything the log says we still own
         (e.g. a claim whose reply was lost)."""
         self._release(list(self.held.values()))
-        swept = self.tokenlog.release_all(self.config.instance_id)
+        swept = self.tokenlog.release_all(self.config.instance.instance_id)
         if swept:
             log.warning("released %d samples this worker did not know it owned", swept)
 
@@ -564,13 +563,13 @@ class RolloutWorker:
         free = 0 if paused else max(self.config.slots - running, 0)
         try:
             ok = self.registry.heartbeat(
-                self.config.instance_id, engine.policy_version if engine else None, free, running
+                self.config.instance.instance_id, engine.policy_version if engine else None, free, running
             )
         except redis.RedisError as exc:
             log.warning("heartbeat failed: %s", exc)
             return True
         if not ok and not self._hb_stop.is_set():
-            log.warning("instance %s is no longer registered (evicted): stopping", self.config.instance_id)
+            log.warning("instance %s is no longer registered (evicted): stopping", self.config.instance.instance_id)
             self.request_stop("evicted")
         return ok
 

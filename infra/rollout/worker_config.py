@@ -1,16 +1,18 @@
 """One rollout instance's configuration (`WorkerConfig`) and the ``rlboost worker`` command line
-that builds it (`parse_config`); the run-wide knobs are `infra.rollout.settings.WorkerSettings`'.
+that builds it (`parse_config`; `instance_flags` writes an `InstanceSpec`'s part of it); the
+run-wide knobs are `infra.rollout.settings.WorkerSettings`'.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import socket
+from typing import get_args
 
 from pydantic import Field, model_validator
 
 from infra.availability.capacity import CapacityClass
+from infra.rollout.instance import InstanceSpec, default_instance_id
 from infra.rollout.settings import WorkerSettings, add_worker_flags, settings_from_flags
 from infra.services.redis_embedded import REDIS_CA_FILE_ENV
 from rl import env_vars
@@ -30,14 +32,8 @@ class WorkerConfig(WorkerSettings):
     """PEM file of the CA that signed a rediss:// Redis's certificate; None: the system's trust store."""
     run_id: str
     """The run whose steps this instance generates."""
-    instance_id: str
-    """Unique id of this instance (the registry key and the owner of its leases)."""
-    pool: str
-    """The pool the instance belongs to (provider, zone, machine type, class)."""
-    capacity_class: CapacityClass = "spot"
-    """reserved, ondemand or spot."""
-    price_per_hour: float = Field(default=0.0, ge=0)
-    """What the instance costs, for the controller and the ledger."""
+    instance: InstanceSpec
+    """Who this instance is (id, pool, capacity class, price), as it registers."""
     model_path: str
     """Base Hugging Face model: architecture, tokenizer, and the weights of version 0. A local
     directory, or an fsspec URL of a copy published by the training run (`infra.weights.model_source`;
@@ -87,13 +83,15 @@ def _parser() -> argparse.ArgumentParser:
         help=f"instance id (env {env_vars.INSTANCE_ID}; default <pool>-<host>-<pid>)",
     )
     p.add_argument("--pool", default=env(env_vars.POOL), help=f"pool name (env {env_vars.POOL})")
+    identity = InstanceSpec.model_fields
+    capacity_class = identity["capacity_class"].default
     p.add_argument(
         "--capacity-class",
-        default=env(env_vars.CAPACITY_CLASS, "spot"),
-        choices=["reserved", "ondemand", "spot"],
-        help=f"env {env_vars.CAPACITY_CLASS} (default spot)",
+        default=env(env_vars.CAPACITY_CLASS, capacity_class),
+        choices=list(get_args(CapacityClass)),
+        help=f"env {env_vars.CAPACITY_CLASS} (default {capacity_class})",
     )
-    p.add_argument("--price-per-hour", type=float, default=0.0)
+    p.add_argument("--price-per-hour", type=float, default=identity["price_per_hour"].default)
     p.add_argument("--model", required=True, help="base HF model directory or URL (version 0)")
     add_worker_flags(p)
     defaults = WorkerConfig.model_fields
@@ -111,6 +109,20 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def instance_flags(spec: InstanceSpec) -> list[str]:
+    """The `rlboost worker` flags that make an instance `spec`."""
+    return [
+        "--instance-id",
+        spec.instance_id,
+        "--pool",
+        spec.pool,
+        "--capacity-class",
+        spec.capacity_class,
+        "--price-per-hour",
+        str(spec.price_per_hour),
+    ]
+
+
 def parse_config(argv: list[str] | None = None) -> tuple[WorkerConfig, argparse.Namespace]:
     """The `WorkerConfig` of ``rlboost worker``'s arguments, and the arguments (threads, log level)."""
     parser = _parser()
@@ -122,10 +134,12 @@ def parse_config(argv: list[str] | None = None) -> tuple[WorkerConfig, argparse.
         redis_url=args.redis_url,
         redis_ca_file=args.redis_ca_file,
         run_id=args.run_id,
-        instance_id=args.instance_id or f"{args.pool}-{socket.gethostname()}-{os.getpid()}",
-        pool=args.pool,
-        capacity_class=args.capacity_class,
-        price_per_hour=args.price_per_hour,
+        instance=InstanceSpec(
+            instance_id=args.instance_id or default_instance_id(args.pool),
+            pool=args.pool,
+            capacity_class=args.capacity_class,
+            price_per_hour=args.price_per_hour,
+        ),
         model_path=args.model,
         engine=args.engine,
         poll_ms=args.poll_ms,

@@ -40,7 +40,7 @@ def load_engine(config: WorkerConfig, client: redis.Redis) -> GenerationEngine:
         config.engine.kind,
         config.engine.device,
         config.engine.dtype,
-        config.instance_id,
+        config.instance.instance_id,
     )
     return StopStrings(engine, tokenizer)
 

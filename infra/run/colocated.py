@@ -25,6 +25,7 @@ from typing import Any
 from infra.providers.interface import InstanceHandle, InstanceRecord, PreemptionEvent, Provider, StopReason
 from infra.providers.pool import PoolSpec
 from infra.rollout.direct_weights import DirectWeights
+from infra.rollout.instance import InstanceSpec
 from infra.rollout.settings import WorkerSettings
 from infra.rollout.worker import TORCH_THREADS, RolloutWorker, WorkerConfig
 from rl.engine_spec import EngineSpec
@@ -73,10 +74,7 @@ class ColocatedInstance:
             redis_url=redis_url,
             redis_ca_file=None if redis_ca_file is None else str(redis_ca_file),
             run_id=run_id,
-            instance_id=f"{instance_prefix}{pool.name}-colocated",
-            pool=pool.name,
-            capacity_class=pool.capacity_class,
-            price_per_hour=pool.price_per_hour,
+            instance=InstanceSpec.of_pool(f"{instance_prefix}{pool.name}-colocated", pool),
             model_path=str(model_path),
             engine=spec,
             **worker.model_dump(),
@@ -104,7 +102,7 @@ class ColocatedInstance:
 
     @property
     def instance_id(self) -> str:
-        return self.config.instance_id
+        return self.config.instance.instance_id
 
     def start(self) -> None:
         self.launched_at = time.time()
@@ -172,15 +170,15 @@ class ColocatedInstance:
         self.worker.engine.close()  # type: ignore[union-attr]
 
     def record(self) -> InstanceRecord:
-        """The instance as the ledger records it: the pool's class, machine type and price."""
-        pool = self.pool
+        """The instance as the ledger records it: its `InstanceSpec` and its pool's machine type."""
+        spec = self.config.instance
         ended = self.terminated_at
         return InstanceRecord(
-            self.instance_id,
-            pool.name,
-            pool.capacity_class,
-            pool.machine_type,
-            pool.price_per_hour,
+            spec.instance_id,
+            spec.pool,
+            spec.capacity_class,
+            self.pool.machine_type,
+            spec.price_per_hour,
             launched_at=self.launched_at if self.launched_at is not None else time.time(),
             state="running" if ended is None else "terminated",
             terminated_at=ended,

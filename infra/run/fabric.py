@@ -35,9 +35,11 @@ from infra.providers.interface import InstanceRecord, Provider
 from infra.providers.local import LocalProvider
 from infra.providers.pool import PoolSpec
 from infra.rollout.controller import AdmittedStep, RolloutController, StepReport, TakeOver, samples_of_group
+from infra.rollout.instance import InstanceSpec
 from infra.rollout.registry import InstanceRegistry
 from infra.rollout.settings import worker_flags
 from infra.rollout.tokenlog import GroupSpec, TokenLog
+from infra.rollout.worker_config import instance_flags
 from infra.run.colocated import ColocatedInstance, WithColocated
 from infra.run.fabric_config import CloudSettings, FabricConfig
 from infra.run.redis_outage import REDIS_ERRORS, public_url, wait_for_redis
@@ -276,14 +278,7 @@ class RolloutFabric:
             "infra.rollout.worker",
             "--run-id",
             self.run_id,
-            "--instance-id",
-            instance_id,
-            "--pool",
-            pool.name,
-            "--capacity-class",
-            pool.capacity_class,
-            "--price-per-hour",
-            str(pool.price_per_hour),
+            *instance_flags(InstanceSpec.of_pool(instance_id, pool)),
             "--model",
             str(self.model_path),
             "--engine",

@@ -30,7 +30,7 @@ def _serve_until_registered_then_drain(redis_client, **parameters):
     registry = InstanceRegistry(redis_client, parameters["run_id"])
     deadline = time.time() + 60
     try:
-        while not any(i.info.instance_id == instance_id for i in registry.alive()):
+        while not any(i.spec.instance_id == instance_id for i in registry.alive()):
             assert time.time() < deadline, "the flow's worker never registered"
             assert thread.is_alive(), f"the flow ended early: {result}"
             time.sleep(0.1)
@@ -46,6 +46,8 @@ def test_rollout_instance_flow_registers_and_completes_on_drain(prefect_harness,
     state = _serve_until_registered_then_drain(
         redis_client,
         pool="spot",
+        capacity_class="spot",
+        price_per_hour=0.0,
         instance_id="spot-flow-0",
         run_id="flow-instance",
         redis_url=redis_url,
@@ -53,7 +55,7 @@ def test_rollout_instance_flow_registers_and_completes_on_drain(prefect_harness,
     )
     assert state.is_completed() and state.result() == 0
     registry = InstanceRegistry(redis_client, "flow-instance")
-    assert not any(i.info.instance_id == "spot-flow-0" for i in registry.alive())
+    assert not any(i.spec.instance_id == "spot-flow-0" for i in registry.alive())
 
 
 def test_sigterm_drains_the_instance_and_ends_the_run_crashed(
@@ -71,7 +73,7 @@ def test_sigterm_drains_the_instance_and_ends_the_run_crashed(
     def preempt_once_registered() -> None:
         deadline = time.time() + 60
         while not stop_watching.is_set() and time.time() < deadline:
-            if any(i.info.instance_id == "spot-flow-1" for i in registry.alive()):
+            if any(i.spec.instance_id == "spot-flow-1" for i in registry.alive()):
                 os.kill(os.getpid(), signal.SIGTERM)
                 return
             time.sleep(0.05)
@@ -81,6 +83,8 @@ def test_sigterm_drains_the_instance_and_ends_the_run_crashed(
     try:
         state = rollout_instance(
             pool="spot",
+            capacity_class="spot",
+            price_per_hour=0.0,
             instance_id="spot-flow-1",
             run_id="flow-preempt",
             model_path=str(tmp_path / "base"),
@@ -113,6 +117,8 @@ def test_a_cloud_instance_reads_its_secrets_from_the_runs_secret_block(
     state = _serve_until_registered_then_drain(  # no redis_url parameter: it comes from the block
         redis_client,
         pool="spot",
+        capacity_class="spot",
+        price_per_hour=0.0,
         instance_id="spot-env-0",
         run_id="flow-env",
         model_path=str(tmp_path / "base"),

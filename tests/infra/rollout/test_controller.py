@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from infra.availability.capacity import CapacityClass
 from infra.rollout.controller import (
     ControllerConfig,
     OffloadSettings,
@@ -27,6 +28,7 @@ from infra.rollout.controller import (
     StepReport,
     samples_of_group,
 )
+from infra.rollout.instance import InstanceSpec
 from infra.rollout.policies import StealConfig
 from infra.rollout.registry import InstanceRegistry
 from infra.rollout.tokenlog import GroupSpec, SampleRecord, TokenLog
@@ -71,7 +73,7 @@ class Instance:
         instance_id: str,
         length: Callable[[str], int],
         *,
-        capacity_class: str = "spot",
+        capacity_class: CapacityClass = "spot",
         slots: int = 4,
         step_s: float = STEP_S,
         policy_version: int = 0,
@@ -81,9 +83,9 @@ class Instance:
         config = WorkerConfig(
             redis_url=redis_url,
             run_id=run_id,
-            instance_id=instance_id,
-            pool=f"local-{capacity_class}",
-            capacity_class=capacity_class,
+            instance=InstanceSpec(
+                instance_id=instance_id, pool=f"local-{capacity_class}", capacity_class=capacity_class
+            ),
             model_path="(scripted engine)",
             slots=slots,
             flush_tokens=1,
@@ -109,7 +111,7 @@ class Instance:
 
     def wait_stopped(self, timeout_s: float = 10.0) -> None:
         self._thread.join(timeout_s)
-        assert not self._thread.is_alive(), f"worker {self.worker.config.instance_id} did not stop"
+        assert not self._thread.is_alive(), f"worker {self.worker.config.instance.instance_id} did not stop"
 
     def stop(self) -> None:
         self.client.thaw()
@@ -218,7 +220,7 @@ def test_silent_instance_is_reaped_and_its_zombie_fenced(redis_client, run_id, f
     prefixes = {r.sample_id: r.token_ids for r in log.read_group(0, 0)}
     b = fleet("b", length, step_s=1.5 * STEP_S)
     wait_for(lambda: b.engine.added().keys() == prefixes.keys())  # a was reaped, b resumed all
-    assert "a" not in {i.info.instance_id for i in InstanceRegistry(redis_client, run_id).all()}
+    assert "a" not in {i.spec.instance_id for i in InstanceRegistry(redis_client, run_id).all()}
     a.client.thaw()  # the zombie wakes up and flushes its stale leases
     report = done.result(timeout=20)
     a.wait_stopped()

@@ -6,8 +6,10 @@ import time
 import uuid
 
 import pytest
+from pydantic import ValidationError
 
-from infra.rollout.registry import InstanceInfo, InstanceRegistry
+from infra.rollout.instance import InstanceSpec
+from infra.rollout.registry import InstanceRegistry
 
 pytestmark = pytest.mark.integration
 
@@ -17,41 +19,58 @@ def registry(redis_client) -> InstanceRegistry:
     return InstanceRegistry(redis_client, f"test-{uuid.uuid4().hex[:8]}", ttl_s=0.3)
 
 
-def spot(instance_id: str) -> InstanceInfo:
-    return InstanceInfo(instance_id, "local-spot", "spot", 0.25, slots=8)
+def spot(instance_id: str) -> InstanceSpec:
+    return InstanceSpec(instance_id=instance_id, pool="local-spot", capacity_class="spot", price_per_hour=0.25)
 
 
 def test_register_heartbeat_snapshot(registry):
-    registry.register(spot("b"))
-    registry.register(InstanceInfo("a", "local-reserved", "reserved", 2.0, slots=4))
+    registry.register(spot("b"), slots=8)
+    registry.register(
+        InstanceSpec(instance_id="a", pool="local-reserved", capacity_class="reserved", price_per_hour=2.0), slots=4
+    )
     before = registry.all()
-    assert [s.info.instance_id for s in before] == ["a", "b"]
-    assert before[1].info == spot("b")
+    assert [s.spec.instance_id for s in before] == ["a", "b"]
+    assert before[1].spec == spot("b") and before[1].slots == 8
     assert before[1].alive and before[1].last_heartbeat is None
     assert before[1].policy_version is None
     assert before[1].free_slots == 8 and abs(before[1].registered_at - time.time()) < 5
     assert registry.heartbeat("b", policy_version=3, free_slots=5, running=3)
-    (b,) = [s for s in registry.alive() if s.info.instance_id == "b"]
+    (b,) = [s for s in registry.alive() if s.spec.instance_id == "b"]
     assert (b.policy_version, b.free_slots, b.running) == (3, 5, 3)
     assert b.last_heartbeat is not None and abs(b.last_heartbeat - time.time()) < 5
     assert not registry.heartbeat("nobody", 0, 1, 0)
 
 
+def test_the_hash_of_an_instance_keeps_its_encoding(registry):
+    """What an instance's registration writes, field by field (a registry of an earlier version reads it)."""
+    registry.register(spot("s1"), slots=8)
+    stored = registry.client.hgetall(registry.prefix + "i:s1")
+    assert float(stored.pop(b"registered_at")) > 0
+    assert stored == {
+        b"pool": b"local-spot",
+        b"capacity_class": b"spot",
+        b"price_per_hour": b"0.25",
+        b"slots": b"8",
+        b"free_slots": b"8",
+        b"running": b"0",
+    }
+
+
 def test_not_alive_after_ttl_and_back_with_heartbeat(registry):
-    registry.register(spot("s1"))
-    registry.register(spot("s2"))
+    registry.register(spot("s1"), slots=8)
+    registry.register(spot("s2"), slots=8)
     deadline = time.monotonic() + 0.6
     while time.monotonic() < deadline:
         assert registry.heartbeat("s1", 0, 8, 0)
         time.sleep(0.05)
-    assert [s.info.instance_id for s in registry.alive()] == ["s1"]
-    assert [s.info.instance_id for s in registry.all()] == ["s1", "s2"]  # lapsed, still registered
+    assert [s.spec.instance_id for s in registry.alive()] == ["s1"]
+    assert [s.spec.instance_id for s in registry.all()] == ["s1", "s2"]  # lapsed, still registered
     assert registry.heartbeat("s2", 0, 8, 0)
-    assert [s.info.instance_id for s in registry.alive()] == ["s1", "s2"]
+    assert [s.spec.instance_id for s in registry.alive()] == ["s1", "s2"]
 
 
 def test_deregistered_instance_is_told_to_stop(registry):
-    registry.register(spot("s1"))
+    registry.register(spot("s1"), slots=8)
     registry.request("s1", {"op": "drain"})
     assert registry.deregister("s1")
     assert not registry.deregister("s1")
@@ -60,7 +79,7 @@ def test_deregistered_instance_is_told_to_stop(registry):
 
 
 def test_control_messages_are_fifo(registry):
-    registry.register(spot("s1"))
+    registry.register(spot("s1"), slots=8)
     commands = [{"op": "release", "count": 3}, {"op": "release_all"}, {"op": "drain"}]
     for command in commands:
         assert registry.request("s1", command)
@@ -71,8 +90,14 @@ def test_control_messages_are_fifo(registry):
         registry.request("s1", {"count": 3})
 
 
-def test_instance_info_validation():
-    with pytest.raises(ValueError, match="capacity_class"):
-        InstanceInfo("x", "pool", "preemptible", 1.0, 1)  # type: ignore[arg-type]
+def test_instance_spec_validation(registry):
+    with pytest.raises(ValidationError, match="capacity_class"):
+        InstanceSpec(instance_id="x", pool="pool", capacity_class="preemptible")  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match="price_per_hour"):
+        InstanceSpec(instance_id="x", pool="pool", price_per_hour=-1.0)
+    with pytest.raises(ValidationError, match="instance_id must be non-empty and printable"):
+        InstanceSpec(instance_id="a\nb", pool="pool")
+    with pytest.raises(ValidationError, match="pool"):
+        InstanceSpec(instance_id="x", pool="")
     with pytest.raises(ValueError, match="slots"):
-        InstanceInfo("x", "pool", "spot", 1.0, 0)
+        registry.register(spot("x"), slots=0)

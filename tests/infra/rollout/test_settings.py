@@ -10,8 +10,11 @@ from pydantic import ValidationError
 
 from infra.fleet.instance_runs import InstanceRunSpec
 from infra.providers.pool import PoolSpec
+from infra.rollout.instance import InstanceSpec, default_instance_id
 from infra.rollout.settings import WorkerSettings, add_worker_flags, settings_from_flags, worker_flags
 from infra.rollout.worker import WorkerConfig
+from infra.rollout.worker_config import instance_flags, parse_config
+from rl import env_vars
 
 CUSTOM = WorkerSettings(slots=3, flush_tokens=7, flush_ms=42.5, heartbeat_s=0.25, ttl_s=1.5, restart_from_scratch=True)
 
@@ -29,7 +32,9 @@ def test_the_worker_flags_reproduce_the_settings(settings):
 
 def test_the_flags_default_to_the_run_configuration_defaults():
     assert parse([]) == WorkerSettings()
-    config = WorkerConfig(redis_url="redis://x", run_id="r", instance_id="i", pool="p", model_path="m")
+    config = WorkerConfig(
+        redis_url="redis://x", run_id="r", instance=InstanceSpec(instance_id="i", pool="p"), model_path="m"
+    )
     assert WorkerSettings(**{name: getattr(config, name) for name in WorkerSettings.model_fields}) == WorkerSettings()
 
 
@@ -42,6 +47,16 @@ def test_the_prefect_instance_flow_gets_every_setting_restart_from_scratch_inclu
     assert WorkerSettings(**parameters["settings"]) == CUSTOM
     validated = rollout_instance.validate_parameters(parameters)
     assert validated["settings"] == CUSTOM
+
+
+def test_the_instance_flags_reproduce_the_instance_spec(monkeypatch):
+    for name in (env_vars.INSTANCE_ID, env_vars.CAPACITY_CLASS):
+        monkeypatch.delenv(name, raising=False)
+    required = ["--model", "m", "--redis-url", "redis://x", "--run-id", "r"]
+    spec = InstanceSpec(instance_id="spot-3", pool="spot", capacity_class="ondemand", price_per_hour=1.1)
+    assert parse_config([*required, *instance_flags(spec)])[0].instance == spec
+    config, _ = parse_config([*required, "--pool", "spot"])
+    assert config.instance == InstanceSpec(instance_id=default_instance_id("spot"), pool="spot")
 
 
 def test_a_heartbeat_must_fit_in_its_ttl():

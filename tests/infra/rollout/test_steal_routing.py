@@ -53,9 +53,7 @@ def spawn(root: Path, redis_url: str, run_id: str, instance_id: str, *, slots: i
     config = {
         "redis_url": redis_url,
         "run_id": run_id,
-        "instance_id": instance_id,
-        "pool": "local-spot",
-        "capacity_class": "spot",
+        "instance": {"instance_id": instance_id, "pool": "local-spot", "capacity_class": "spot"},
         "model_path": "(scripted engine)",
         "slots": slots,
         "flush_tokens": 1,
@@ -104,7 +102,7 @@ def test_stolen_samples_land_on_the_chosen_receiver_exactly_once(redis_client, r
         procs["b"] = spawn(tmp_path, redis_url, run_id, "b", slots=1, step_s=0.02, poll_ms=400)
         procs["c"] = spawn(tmp_path, redis_url, run_id, "c", slots=8, step_s=0.005, poll_ms=10)
         wait_for(
-            lambda: {i.info.instance_id for i in registry.all() if i.policy_version == 0} == {"a", "b", "c"},
+            lambda: {i.spec.instance_id for i in registry.all() if i.policy_version == 0} == {"a", "b", "c"},
             "b and c to register",
             timeout_s=60,
         )

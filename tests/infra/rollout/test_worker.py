@@ -26,6 +26,7 @@ import redis
 import torch
 from pydantic import ValidationError
 
+from infra.rollout.instance import InstanceSpec
 from infra.rollout.protocol import current_step, set_current_step
 from infra.rollout.registry import InstanceRegistry
 from infra.rollout.settings import WorkerSettings
@@ -69,7 +70,7 @@ def test_current_step_protocol_is_monotonic(redis_client):
 
 
 def test_worker_config_is_strict():
-    base = dict(redis_url="redis://x", run_id="r", instance_id="i", pool="p", model_path="m")
+    base = dict(redis_url="redis://x", run_id="r", instance=InstanceSpec(instance_id="i", pool="p"), model_path="m")
     assert WorkerConfig(**base).slots == WorkerSettings().slots  # one model: the run config's defaults
     with pytest.raises(ValidationError, match="extra"):
         WorkerConfig(**base, slot=3)
@@ -158,7 +159,7 @@ class Cluster:
     def wait_registered(self, names, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            alive = {s.info.instance_id for s in self.registry.alive()}
+            alive = {s.spec.instance_id for s in self.registry.alive()}
             if set(names) <= alive:
                 return
             for name in names:
@@ -305,10 +306,10 @@ def test_one_worker_completes_a_step(cluster):
     assert all(r.attempts == 1 and r.migrations == 0 for r in records.values())
     pulled = [t for t in drain_transfers(c.client, c.run_id) if t.instance_id == "w" and t.version == 1]
     assert pulled and sum(t.nbytes for t in pulled) > 0  # w pulled v1 and reported the transfer
-    w = next(s for s in c.registry.alive() if s.info.instance_id == "w")
-    assert (w.info.pool, w.info.capacity_class) == ("local-spot", "spot")
+    w = next(s for s in c.registry.alive() if s.spec.instance_id == "w")
+    assert (w.spec.pool, w.spec.capacity_class) == ("local-spot", "spot")
     c.wait(
-        lambda: next(s for s in c.registry.alive() if s.info.instance_id == "w").policy_version == 1,
+        lambda: next(s for s in c.registry.alive() if s.spec.instance_id == "w").policy_version == 1,
         3.0,
         "a heartbeat with version 1",
     )
@@ -328,7 +329,7 @@ def test_sigterm_hands_back_samples_with_their_tokens(cluster):
     assert proc.wait(timeout=NOTICE_S) == 0
     took = time.monotonic() - sent
     print(f"\n[sigterm] samples handed back {handed:.3f} s and exit 0 {took:.2f} s after the notice")
-    assert "term" not in {s.info.instance_id for s in c.registry.all()}  # deregistered
+    assert "term" not in {s.spec.instance_id for s in c.registry.all()}  # deregistered
     status = c.log.step_status(step)
     assert status.running == 0 and status.queued > 0 and not status.complete
     queued = {sid: r for sid, r in c.records(step, groups).items() if r.state == "queued"}
@@ -406,7 +407,7 @@ def test_release_all_hands_back_everything_and_stops_claiming(cluster):
     after = c.log.step_status(step)
     assert (after.running, after.tokens_logged, after.queued) == (0, before.tokens_logged, before.queued)
     c.wait(
-        lambda: next(s for s in c.registry.alive() if s.info.instance_id == "zombie").free_slots == 0,
+        lambda: next(s for s in c.registry.alive() if s.spec.instance_id == "zombie").free_slots == 0,
         3.0,
         "a heartbeat reporting no free slots",
     )

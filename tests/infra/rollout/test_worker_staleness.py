@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from infra.rollout.direct_weights import DirectWeights
+from infra.rollout.instance import InstanceSpec
 from infra.rollout.protocol import set_current_step
 from infra.rollout.tokenlog import GroupSpec, TokenLog
 from infra.rollout.worker import RolloutWorker, WorkerConfig
@@ -27,8 +28,7 @@ def _worker(redis_url: str, run_id: str, engine: ScriptedEngine, weights: Direct
     config = WorkerConfig(
         redis_url=redis_url,
         run_id=run_id,
-        instance_id="w",
-        pool="local-spot",
+        instance=InstanceSpec(instance_id="w", pool="local-spot"),
         model_path="(scripted engine)",
         slots=2,
         flush_tokens=2,

@@ -89,7 +89,7 @@ def run(base_model, tmp_path_factory):
         deadline = time.time() + 90  # the spot worker process imports torch and loads the model
         while len(fabric.registry.alive()) < 2 and time.time() < deadline:
             time.sleep(0.1)
-        assert {i.info.pool for i in fabric.registry.alive()} == {"reserved", "spot"}
+        assert {i.spec.pool for i in fabric.registry.alive()} == {"reserved", "spot"}
         model, tokenizer = load_model(base_model)
         yield Run(fabric, model, tokenizer)
     finally:
@@ -97,8 +97,8 @@ def run(base_model, tmp_path_factory):
 
 
 def test_the_colocated_instance_is_a_reserved_instance_of_its_pool_in_this_process(run):
-    (info,) = [i.info for i in run.fabric.registry.alive() if i.info.pool == "reserved"]
-    assert (info.instance_id, info.capacity_class) == ("reserved-colocated", "reserved")
+    (spec,) = [i.spec for i in run.fabric.registry.alive() if i.spec.pool == "reserved"]
+    assert (spec.instance_id, spec.capacity_class) == ("reserved-colocated", "reserved")
     assert run.colocated._thread.is_alive() and not [
         r for r in run.fabric.provider.inner.instances() if r.pool == "reserved"
     ], "no process was launched for the colocated pool"
@@ -156,7 +156,7 @@ def test_an_evicted_colocated_instance_registers_again_and_generates(run):
     deadline = time.time() + 10
     while time.time() < deadline and not (
         run.colocated.worker is not evicted
-        and "reserved-colocated" in {i.info.instance_id for i in run.fabric.registry.alive()}
+        and "reserved-colocated" in {i.spec.instance_id for i in run.fabric.registry.alive()}
     ):
         time.sleep(0.02)
     assert run.colocated.worker is not evicted and evicted.stop_reason == "evicted"
@@ -190,7 +190,7 @@ def test_with_no_spot_instance_left_the_colocated_instance_finishes_the_step(run
     thread.join(60)
     assert not thread.is_alive() and "error" not in result, result
     assert stats.claimed > after_release > claimed, "it claimed again after the spot instance left"
-    assert not [i for i in run.fabric.registry.alive() if i.info.pool == "spot"]
+    assert not [i for i in run.fabric.registry.alive() if i.spec.pool == "spot"]
 
 
 def test_a_failing_colocated_engine_fails_the_step_naming_its_pool(base_model, tmp_path):
