@@ -276,7 +276,7 @@ class InstanceRuns:
         if not pending:
             return set()
         client = RedisSettings(url=self.spec.redis_url, ca_file=self.spec.redis_ca_file).client()
-        registry = InstanceRegistry(client, self.spec.run_id, ttl_s=self.spec.worker.ttl_s)
+        registry = InstanceRegistry(client, self.spec.run_id)
         asked: set[str] = set()
         deadline = time.monotonic() + timeout_s
         try:

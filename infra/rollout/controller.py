@@ -241,7 +241,7 @@ class RolloutController:
         finished = self.redis.hget(step_key, "report")
         if finished is not None:
             return StepReport.from_json(finished)
-        log = TokenLog(self.redis, self.run_id, max_reaps=self.config.max_reaps)
+        log = TokenLog(self.redis, self.run_id)
         for admitted in (
             AdmittedStep(step, policy_version, policy_version if min_version is None else min_version, groups),
             *ahead,
@@ -303,10 +303,10 @@ class RolloutController:
     def take_over(self, next_step: int) -> TakeOver:
         """Make the run's state in Redis this driver's (docs/internals.md §5): reap the dead
         driver's instances, reopen `next_step`, delete the steps after it. Idempotent."""
-        log = TokenLog(self.redis, self.run_id, max_reaps=self.config.max_reaps)
+        log = TokenLog(self.redis, self.run_id)
         reaped_samples = 0
         for instance in sorted({i.spec.instance_id for i in self.registry.all()} | log.owners()):
-            reaped_samples += log.reap(instance)
+            reaped_samples += log.reap(instance, self.config.max_reaps)
             self.registry.deregister(instance)
         later = sorted(s for s in self._recorded_steps() if s > next_step)
         for step in later:
@@ -393,7 +393,7 @@ class RolloutController:
         """Reap and deregister silent instances; the snapshot with them marked dead."""
         dead = set()
         for decision in reap(snapshot, ReaperConfig(self.config.reap_timeout_s)):
-            samples = log.reap(decision.instance_id)  # before deregistering: never orphan one
+            samples = log.reap(decision.instance_id, self.config.max_reaps)  # before deregistering: never orphan one
             self.registry.deregister(decision.instance_id)
             self.redis.hincrby(self._key("step", snapshot.step.step), "reaped_instances", 1)
             self._steal_at.pop(decision.instance_id, None)
@@ -422,7 +422,7 @@ class RolloutController:
         for owner, since in list(self._orphan_seen.items()):
             if snapshot.now - since < self.config.reap_timeout_s:
                 continue
-            samples = log.reap(owner)
+            samples = log.reap(owner, self.config.max_reaps)
             del self._orphan_seen[owner]
             self.redis.hincrby(self._key("step", snapshot.step.step), "reaped_instances", 1)
             logger.warning("reaped %s (unregistered owner): %d samples requeued", owner, samples)

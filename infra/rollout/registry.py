@@ -2,8 +2,8 @@
 control messages the controller sends them (docs/internals.md §3).
 
 This module owns the registry's Redis state. An instance `register`s, then `heartbeat`s well
-within `ttl_s`; each heartbeat refreshes a liveness key that expires after `ttl_s` (what `alive`
-reads) and records, on the server's clock, its policy version, free slots and running samples.
+within its `ttl_s` (`fabric.worker.ttl_s`); each heartbeat refreshes a liveness key that expires
+after `ttl_s` (what `alive` reads) and records, on the server's clock, its policy version, free slots and running samples.
 Reaping reads heartbeat age, not the liveness key (`policies.reaper`); a deregistered instance's
 heartbeat returns False, which tells it to stop. Control messages (``{"op": "release_all"}``, ...)
 go through a FIFO list per instance (`request`; taken by `poll_requests` or `wait_request`).
@@ -77,30 +77,29 @@ def _str(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def _ttl_ms(ttl_s: float) -> int:
+    if ttl_s <= 0:
+        raise ValueError(f"ttl_s must be > 0, got {ttl_s}")
+    return max(1, round(ttl_s * 1000))
+
+
 class InstanceRegistry:
     """One run's rollout instances on a Redis server."""
 
-    def __init__(self, client: redis.Redis, run_id: str, *, ttl_s: float = 3.0) -> None:
+    def __init__(self, client: redis.Redis, run_id: str) -> None:
         if not run_id or any(c in run_id for c in "{}") or not run_id.isprintable():
             raise ValueError(f"run_id must be non-empty, printable, without braces: {run_id!r}")
-        if ttl_s <= 0:
-            raise ValueError(f"ttl_s must be > 0, got {ttl_s}")
         self.client = client
         self.run_id = run_id
-        self.ttl_s = ttl_s
         self.prefix = registry_prefix(run_id)
         self._members = self.prefix + "members"
         self._register = client.register_script(_REGISTER)
         self._heartbeat = client.register_script(_HEARTBEAT)
         self._request = client.register_script(_REQUEST)
 
-    @property
-    def _ttl_ms(self) -> int:
-        return max(1, round(self.ttl_s * 1000))
-
-    def register(self, spec: InstanceSpec, slots: int) -> None:
+    def register(self, spec: InstanceSpec, slots: int, ttl_s: float) -> None:
         """Add (or re-register) an instance that generates up to `slots` samples at once; it counts
-        as alive for one TTL."""
+        as alive for `ttl_s`."""
         if slots < 1:
             raise ValueError(f"instance {spec.instance_id}: slots must be >= 1, got {slots}")
         fields = [
@@ -117,13 +116,15 @@ class InstanceRegistry:
             "running",
             0,
         ]
-        self._register(keys=[self._members], args=[self.prefix, spec.instance_id, self._ttl_ms, *fields])
+        self._register(keys=[self._members], args=[self.prefix, spec.instance_id, _ttl_ms(ttl_s), *fields])
 
-    def heartbeat(self, instance_id: str, policy_version: int | None, free_slots: int, running: int) -> bool:
-        """Refresh liveness and load; False if the instance is not registered (it was evicted
-        and must stop)."""
+    def heartbeat(
+        self, instance_id: str, policy_version: int | None, free_slots: int, running: int, ttl_s: float
+    ) -> bool:
+        """Refresh liveness (for `ttl_s`) and load; False if the instance is not registered (it was
+        evicted and must stop)."""
         version = "" if policy_version is None else policy_version
-        args = [self.prefix, instance_id, self._ttl_ms, version, free_slots, running]
+        args = [self.prefix, instance_id, _ttl_ms(ttl_s), version, free_slots, running]
         return bool(self._heartbeat(keys=[self._members], args=args))
 
     def deregister(self, instance_id: str) -> bool:

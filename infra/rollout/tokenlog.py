@@ -299,16 +299,13 @@ class TokenLog:
     """One run's token log on a Redis server; stateless apart from stream cursors, so any number
     of TokenLog objects (in any processes) on the same Redis and run id see one state."""
 
-    def __init__(self, client: redis.Redis, run_id: str, *, max_reaps: int = 10) -> None:
+    def __init__(self, client: redis.Redis, run_id: str) -> None:
         if client.get_connection_kwargs().get("decode_responses"):
             raise ValueError("TokenLog needs a Redis client with decode_responses=False (it stores binary arrays)")
         if not run_id or any(c in run_id for c in "{}") or not run_id.isprintable():
             raise ValueError(f"run_id must be non-empty, printable, without braces: {run_id!r}")
-        if max_reaps < 1:
-            raise ValueError(f"max_reaps must be >= 1, got {max_reaps}")
         self.client = client
         self.run_id = run_id
-        self.max_reaps = max_reaps
         self.prefix = run_prefix(run_id)
         self._stats = _stats_key(self.prefix)
         self._scripts = {name: client.register_script(_PRELUDE + body) for name, body in _SCRIPTS.items()}
@@ -472,12 +469,15 @@ class TokenLog:
 
     def release_all(self, instance_id: str) -> int:
         """Requeue every sample the (live) instance runs, tokens kept; returns how many."""
-        return int(self._run("release_all", instance_id, 0, self.max_reaps))
+        return int(self._run("release_all", instance_id, 0, 0))  # not a reap: no max_reaps
 
-    def reap(self, instance_id: str) -> int:
+    def reap(self, instance_id: str, max_reaps: int) -> int:
         """Requeue every sample of a dead instance (its epochs bump, fencing the zombie); a
-        sample reaped `max_reaps` times fails instead. Returns how many samples were taken."""
-        return int(self._run("release_all", instance_id, 1, self.max_reaps))
+        sample reaped `max_reaps` times (`controller.max_reaps`) fails instead. Returns how many
+        samples were taken."""
+        if max_reaps < 1:
+            raise ValueError(f"max_reaps must be >= 1, got {max_reaps}")
+        return int(self._run("release_all", instance_id, 1, max_reaps))
 
     def owners(self) -> set[str]:
         """Every instance that runs at least one sample of this run (a SCAN of ``own:*``)."""

@@ -120,7 +120,7 @@ class RolloutWorker:
             if weights is None
             else HandedOverWeights(weights)
         )
-        self.registry = InstanceRegistry(self.client, config.run_id, ttl_s=config.ttl_s)
+        self.registry = InstanceRegistry(self.client, config.run_id)
         self.engine = engine
         self._mode = WorkerMode.GENERATING
         self.failure: BaseException | None = None
@@ -193,7 +193,7 @@ class RolloutWorker:
         if self._stop.is_set():  # told to stop while loading: never registered, nothing held
             log.info("worker %s stopped (%s) before registering", cfg.instance.instance_id, self._stop_reason)
             return 0
-        self.registry.register(cfg.instance, cfg.slots)
+        self.registry.register(cfg.instance, cfg.slots, cfg.ttl_s)
         beat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
         beat.start()
         log.info(
@@ -563,7 +563,11 @@ class RolloutWorker:
         free = 0 if paused else max(self.config.slots - running, 0)
         try:
             ok = self.registry.heartbeat(
-                self.config.instance.instance_id, engine.policy_version if engine else None, free, running
+                self.config.instance.instance_id,
+                engine.policy_version if engine else None,
+                free,
+                running,
+                self.config.ttl_s,
             )
         except redis.RedisError as exc:
             log.warning("heartbeat failed: %s", exc)

@@ -127,7 +127,7 @@ class RolloutFabric:
         """The CA of a rediss:// Redis, which every instance verifies the server with."""
         self.redis = RedisSettings(url=self.redis_url, ca_file=self.redis_ca_file).client()
         self.log = TokenLog(self.redis, run_id)
-        self.registry = InstanceRegistry(self.redis, run_id, ttl_s=config.worker.ttl_s)
+        self.registry = InstanceRegistry(self.redis, run_id)
         self.controller = RolloutController(self.redis, run_id, config.controller, clock=time.time)
         self.instance_prefix = instance_prefix
         self.colocated: list[ColocatedInstance] = []

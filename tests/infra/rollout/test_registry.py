@@ -13,10 +13,13 @@ from infra.rollout.registry import InstanceRegistry
 
 pytestmark = pytest.mark.integration
 
+TTL_S = 0.3
+"""Each instance's liveness lapses this long after its registration or last heartbeat."""
+
 
 @pytest.fixture
 def registry(redis_client) -> InstanceRegistry:
-    return InstanceRegistry(redis_client, f"test-{uuid.uuid4().hex[:8]}", ttl_s=0.3)
+    return InstanceRegistry(redis_client, f"test-{uuid.uuid4().hex[:8]}")
 
 
 def spot(instance_id: str) -> InstanceSpec:
@@ -24,9 +27,11 @@ def spot(instance_id: str) -> InstanceSpec:
 
 
 def test_register_heartbeat_snapshot(registry):
-    registry.register(spot("b"), slots=8)
+    registry.register(spot("b"), slots=8, ttl_s=TTL_S)
     registry.register(
-        InstanceSpec(instance_id="a", pool="local-reserved", capacity_class="reserved", price_per_hour=2.0), slots=4
+        InstanceSpec(instance_id="a", pool="local-reserved", capacity_class="reserved", price_per_hour=2.0),
+        slots=4,
+        ttl_s=TTL_S,
     )
     before = registry.all()
     assert [s.spec.instance_id for s in before] == ["a", "b"]
@@ -34,16 +39,16 @@ def test_register_heartbeat_snapshot(registry):
     assert before[1].alive and before[1].last_heartbeat is None
     assert before[1].policy_version is None
     assert before[1].free_slots == 8 and abs(before[1].registered_at - time.time()) < 5
-    assert registry.heartbeat("b", policy_version=3, free_slots=5, running=3)
+    assert registry.heartbeat("b", policy_version=3, free_slots=5, running=3, ttl_s=TTL_S)
     (b,) = [s for s in registry.alive() if s.spec.instance_id == "b"]
     assert (b.policy_version, b.free_slots, b.running) == (3, 5, 3)
     assert b.last_heartbeat is not None and abs(b.last_heartbeat - time.time()) < 5
-    assert not registry.heartbeat("nobody", 0, 1, 0)
+    assert not registry.heartbeat("nobody", 0, 1, 0, TTL_S)
 
 
 def test_the_hash_of_an_instance_keeps_its_encoding(registry):
     """What an instance's registration writes, field by field (a registry of an earlier version reads it)."""
-    registry.register(spot("s1"), slots=8)
+    registry.register(spot("s1"), slots=8, ttl_s=TTL_S)
     stored = registry.client.hgetall(registry.prefix + "i:s1")
     assert float(stored.pop(b"registered_at")) > 0
     assert stored == {
@@ -57,29 +62,29 @@ def test_the_hash_of_an_instance_keeps_its_encoding(registry):
 
 
 def test_not_alive_after_ttl_and_back_with_heartbeat(registry):
-    registry.register(spot("s1"), slots=8)
-    registry.register(spot("s2"), slots=8)
+    registry.register(spot("s1"), slots=8, ttl_s=TTL_S)
+    registry.register(spot("s2"), slots=8, ttl_s=TTL_S)
     deadline = time.monotonic() + 0.6
     while time.monotonic() < deadline:
-        assert registry.heartbeat("s1", 0, 8, 0)
+        assert registry.heartbeat("s1", 0, 8, 0, TTL_S)
         time.sleep(0.05)
     assert [s.spec.instance_id for s in registry.alive()] == ["s1"]
     assert [s.spec.instance_id for s in registry.all()] == ["s1", "s2"]  # lapsed, still registered
-    assert registry.heartbeat("s2", 0, 8, 0)
+    assert registry.heartbeat("s2", 0, 8, 0, TTL_S)
     assert [s.spec.instance_id for s in registry.alive()] == ["s1", "s2"]
 
 
 def test_deregistered_instance_is_told_to_stop(registry):
-    registry.register(spot("s1"), slots=8)
+    registry.register(spot("s1"), slots=8, ttl_s=TTL_S)
     registry.request("s1", {"op": "drain"})
     assert registry.deregister("s1")
     assert not registry.deregister("s1")
-    assert not registry.heartbeat("s1", 0, 8, 0)
+    assert not registry.heartbeat("s1", 0, 8, 0, TTL_S)
     assert registry.all() == [] and registry.poll_requests("s1") == []
 
 
 def test_control_messages_are_fifo(registry):
-    registry.register(spot("s1"), slots=8)
+    registry.register(spot("s1"), slots=8, ttl_s=TTL_S)
     commands = [{"op": "release", "count": 3}, {"op": "release_all"}, {"op": "drain"}]
     for command in commands:
         assert registry.request("s1", command)
@@ -100,4 +105,6 @@ def test_instance_spec_validation(registry):
     with pytest.raises(ValidationError, match="pool"):
         InstanceSpec(instance_id="x", pool="")
     with pytest.raises(ValueError, match="slots"):
-        registry.register(spot("x"), slots=0)
+        registry.register(spot("x"), slots=0, ttl_s=TTL_S)
+    with pytest.raises(ValueError, match="ttl_s"):
+        registry.register(spot("x"), slots=1, ttl_s=0)

@@ -11,12 +11,14 @@ from dataclasses import dataclass, field
 import pytest
 import redis
 
+from infra.rollout.controller import ControllerConfig
 from infra.rollout.tokenlog import Flush, GroupSpec, TokenLog
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.integration
 
 SAMPLING = {"temperature": 1.0}
+MAX_REAPS = ControllerConfig().max_reaps
 
 
 @pytest.fixture
@@ -92,7 +94,7 @@ def test_append_is_fenced_and_rejections_counted(log):
     assert log.read_group(0, 0)[0].token_ids == [4, 5] and log.read_group(0, 0)[0].logprobs == lp([4, 5])
     assert not log.append(other.sample_id, "a", other.epoch, [1, 2], lp([1, 2]), offset=3)
     assert log.read_group(0, 0)[1].token_ids == [] and log.step_status(0).tokens_logged == 2
-    assert log.reap("a") == 2
+    assert log.reap("a", MAX_REAPS) == 2
     assert not log.append(claim.sample_id, "a", claim.epoch, [6], lp([6]))
     assert not log.finish(claim.sample_id, "a", claim.epoch, [], [], "stop")
     assert log.stats().rejected_appends == 7
@@ -196,13 +198,13 @@ def test_reaped_zombie_cannot_touch_migrated_sample(log):
     log.enqueue_step(0, 0, groups(1, 1))
     (zombie,) = log.claim(0, "z", 0, 1)
     assert log.append(zombie.sample_id, "z", zombie.epoch, [1, 2], lp([1, 2]))
-    assert log.reap("z") == 1
+    assert log.reap("z", MAX_REAPS) == 1
     (heir,) = log.claim(0, "h", 0, 1)
     assert heir.generated_ids == [1, 2]
     assert not log.append(zombie.sample_id, "z", zombie.epoch, [66], lp([66]))
     assert not log.finish(zombie.sample_id, "z", zombie.epoch, [66], lp([66]), "stop")
     assert not log.release(zombie.sample_id, "z", zombie.epoch)
-    assert log.reap("z") == 0
+    assert log.reap("z", MAX_REAPS) == 0
     assert log.finish(heir.sample_id, "h", heir.epoch, [3], lp([3]), "stop")
     assert log.read_group(0, 0)[0].token_ids == [1, 2, 3]
     assert log.next_completed_groups(0) == [0]
@@ -244,13 +246,13 @@ def test_redelivered_flushes_and_claims_apply_once(log, monkeypatch):
 
 
 def test_reaped_too_often_fails_and_drops_group(redis_client, run_id):
-    log = TokenLog(redis_client, run_id, max_reaps=2)
+    log = TokenLog(redis_client, run_id)
     log.enqueue_step(0, 0, groups(2, 2))
     for _ in range(2):
         for claim in log.claim(0, "a", 0, 4):
             if claim.sample_id != "0/0/0":
                 log.release(claim.sample_id, "a", claim.epoch)
-        assert log.reap("a") == 1
+        assert log.reap("a", max_reaps=2) == 1
     status = log.step_status(0)
     assert (status.failed, status.groups_dropped, status.dropped_group_ids) == (1, 0, ())
     claims = log.claim(0, "b", 0, 4)
@@ -409,7 +411,7 @@ def _random_run(redis_client: redis.Redis, seed: int, ops: int) -> None:
     rng = random.Random(seed)
     run_id = f"fuzz-{seed}-{uuid.uuid4().hex[:6]}"
     specs = [GroupSpec(g, [1 + g], rng.randint(1, 4), rng.randint(4, 40)) for g in range(40)]
-    log = TokenLog(redis_client, run_id, max_reaps=10**6)
+    log = TokenLog(redis_client, run_id)
     log.enqueue_step(0, 0, specs)
     model = Model(specs)
     instances = [f"i{k}" for k in range(4)]
@@ -441,7 +443,7 @@ def _random_run(redis_client: redis.Redis, seed: int, ops: int) -> None:
     for op in range(ops):
         if op % 400 == 399:  # a restarted process: same Redis, new objects
             client = redis.Redis(connection_pool=redis_client.connection_pool)
-            log = TokenLog(client, run_id, max_reaps=10**6)
+            log = TokenLog(client, run_id)
         instance = rng.choice(instances)
         held = leases[instance]
         roll = rng.random()
@@ -467,7 +469,7 @@ def _random_run(redis_client: redis.Redis, seed: int, ops: int) -> None:
             assert log.release(sid, instance, lease.epoch, keep_tokens=keep) == expected
         elif roll < 0.93:
             # reap: the instance is declared dead but keeps its stale leases (a zombie)
-            assert log.reap(instance) == model.release_all(instance)
+            assert log.reap(instance, max_reaps=10**6) == model.release_all(instance)
         elif roll < 0.95:
             assert log.release_all(instance) == model.release_all(instance)
             for sid in sorted(held):

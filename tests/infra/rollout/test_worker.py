@@ -26,6 +26,7 @@ import redis
 import torch
 from pydantic import ValidationError
 
+from infra.rollout.controller import ControllerConfig
 from infra.rollout.instance import InstanceSpec
 from infra.rollout.protocol import current_step, set_current_step
 from infra.rollout.registry import InstanceRegistry
@@ -359,7 +360,7 @@ def test_sigkill_and_reap_loses_nothing(cluster):
     assert proc.wait(timeout=NOTICE_S) == -signal.SIGKILL
     running = c.log.step_status(step).running
     prefixes = {sid: r.token_ids for sid, r in c.records(step, groups).items() if r.state == "running"}
-    assert c.log.reap("kill") == running == len(prefixes) > 0  # the controller's side
+    assert c.log.reap("kill", ControllerConfig().max_reaps) == running == len(prefixes) > 0  # the controller's side
     c.registry.deregister("kill")
     c.publish(version, "w")
     c.wait_complete(step)
@@ -376,7 +377,7 @@ def test_reaped_zombie_is_fenced_and_drops_its_samples(cluster):
     c.publish(version, "zombie")
     c.start_step(step, version, groups)
     c.wait(lambda: mid_generation(c, step, 60), 20.0, "the zombie-to-be to log tokens")
-    assert c.log.reap("zombie") > 0  # declared dead, but still running
+    assert c.log.reap("zombie", ControllerConfig().max_reaps) > 0  # declared dead, but still running
     c.wait(lambda: c.log.stats().rejected_appends > rejected, 5.0, "a fenced append")
     c.publish(version, "w")
     c.wait_complete(step)

@@ -13,6 +13,7 @@ import uuid
 
 import pytest
 
+from infra.rollout.controller import ControllerConfig
 from infra.rollout.tokenlog import Claim, GroupSpec, TokenLog
 from infra.sim.claiming import ClaimQueue
 
@@ -75,7 +76,7 @@ class Both:
     def reap(self, instance: str) -> None:
         """The instance died: the token log requeues its samples in sample-id order, tokens kept."""
         held = sorted(self.held.pop(instance))
-        assert self.log.reap(instance) == len(held)
+        assert self.log.reap(instance, ControllerConfig().max_reaps) == len(held)
         for sid in held:
             step = int(sid.split("/")[0])
             self.queue.push(sid, step, self.queue.next_seq(step), self.logged[sid])
