@@ -11,8 +11,9 @@ from infra.rollout.policies.snapshot import ClusterSnapshot
 
 @dataclass(frozen=True)
 class ReaperConfig:
-    timeout_s: float = 30.0
-    """An instance silent for longer than this is dead. Keep it a few heartbeat intervals."""
+    timeout_s: float
+    """An instance silent for longer than this is dead (`controller.reap_timeout_s`: a few heartbeat
+    intervals)."""
 
 
 @dataclass(frozen=True)

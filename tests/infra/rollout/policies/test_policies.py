@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from infra.rollout.controller import ControllerConfig, OffloadSettings
 from infra.rollout.policies import (
     CapacityConfig,
     CapacityTarget,
@@ -158,7 +159,7 @@ def test_dispatch_after_t_local_gives_reserved_nothing():
 
 
 def test_zero_spot_reserved_never_release_and_keep_getting_work():
-    controller = OffloadController(initial_t_local=10.0)
+    controller = offload(10.0)
     for now in (0.0, 10.0, 1e6):
         s = snap(
             inst("r1", cls="reserved"),
@@ -253,7 +254,7 @@ def test_steal_routes_to_the_least_loaded_receiver_not_the_roomiest():
 
 
 def test_reaper():
-    config = ReaperConfig(timeout_s=30.0)
+    config = ReaperConfig(timeout_s=ControllerConfig().reap_timeout_s)
     assert reap(snap(), config) == ()
     s = snap(inst("late", hb=NOW - 45), inst("edge", hb=NOW - 30), inst("fresh"), inst("dead", hb=0.0, alive=False))
     decisions = reap(s, config)
@@ -265,22 +266,27 @@ def test_reaper():
 # --- offload --------------------------------------------------------------------------------
 
 
+def offload(initial_t_local_s: float, **settings: float) -> OffloadController:
+    """The controller of the `controller.offload` settings: their defaults, but the ones given."""
+    return OffloadSettings(initial_t_local_s=initial_t_local_s, **settings).new_controller()
+
+
 def timing(t: float, *, ti: float = 0.0, ri: float = 0.0, thr: float = 100.0, n: int = 4) -> StepTiming:
     return StepTiming(t_local_s=t, trainer_idle_s=ti, rollout_idle_s=ri, throughput=thr, num_spot=n)
 
 
 def test_t_local_update_math_and_clamps():
-    c = OffloadController(initial_t_local=10.0, floor=5.0, ceiling=13.0)
+    c = offload(10.0, floor_s=5.0, ceiling_s=13.0)
     assert c.update(timing(c.t_local(4), ti=6.0)) == 12.0
     assert c.update(timing(c.t_local(4), ti=6.0, thr=101)) == 13.0  # 14 clamped to the ceiling
-    c = OffloadController(initial_t_local=6.0, floor=5.0)
+    c = offload(6.0, floor_s=5.0)
     assert c.update(timing(6.0, ri=9.0)) == 5.0  # 6 - 3 clamped to the floor
-    c = OffloadController(initial_t_local=12.0, damping=3.0)
+    c = offload(12.0, damping=3.0)
     assert c.update(timing(12.0, ti=1.0, ri=10.0)) == 9.0
 
 
 def test_hill_climb_reverts_a_bad_move_and_halves_later_moves():
-    c = OffloadController(initial_t_local=10.0)
+    c = offload(10.0)
     assert c.update(timing(10.0, ti=6.0, thr=100)) == 12.0
     assert c.update(timing(12.0, ti=6.0, thr=90)) == 10.0  # throughput fell: back to the best
     assert c.update(timing(10.0, ti=6.0, thr=95)) == 11.0  # best re-measured; move halved: +1
@@ -288,7 +294,7 @@ def test_hill_climb_reverts_a_bad_move_and_halves_later_moves():
 
 
 def test_best_t_local_remembered_per_spot_count():
-    c = OffloadController(initial_t_local=10.0)
+    c = offload(10.0)
     c.update(timing(c.t_local(4), ti=6.0, n=4))  # best for 4 spot: 10; current 12
     assert c.t_local(4) == 12.0 and c.t_local(8) == 12.0  # same count / unknown count: current
     assert c.update(timing(c.t_local(8), ri=9.0, thr=150, n=8)) == 9.0
@@ -297,7 +303,7 @@ def test_best_t_local_remembered_per_spot_count():
 
 
 def test_should_release_and_zero_spot_steps_teach_nothing():
-    c = OffloadController(initial_t_local=10.0)
+    c = offload(10.0)
     assert not c.should_release(109.9, 100.0, 3)
     assert c.should_release(110.0, 100.0, 3)
     assert not c.should_release(1e9, 100.0, 0)
@@ -306,7 +312,7 @@ def test_should_release_and_zero_spot_steps_teach_nothing():
 
 
 def test_offload_state_round_trips_through_json():
-    c = OffloadController(initial_t_local=10.0, floor=2.0, ceiling=40.0)
+    c = offload(10.0, floor_s=2.0, ceiling_s=40.0)
     c.update(timing(10.0, ti=6.0, n=4))
     c.update(timing(12.0, ti=6.0, thr=90, n=4))
     c.update(timing(c.t_local(2), ri=3.0, n=2))
@@ -320,11 +326,11 @@ def test_offload_state_round_trips_through_json():
 
 def test_offload_rejects_bad_parameters():
     with pytest.raises(ValueError):
-        OffloadController(initial_t_local=1.0, floor=5.0)
+        offload(1.0, floor_s=5.0)
     with pytest.raises(ValueError):
-        OffloadController(initial_t_local=10.0, ceiling=5.0)
+        offload(10.0, ceiling_s=5.0)
     with pytest.raises(ValueError):
-        OffloadController(initial_t_local=10.0, damping=0.0)
+        OffloadController(10.0, 0.0, None, damping=0.0)
     with pytest.raises(ValueError):
         timing(10.0, ti=-1.0)
 
