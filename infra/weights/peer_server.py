@@ -1,18 +1,18 @@
 """`PeerServer`: serves complete versions held in memory to other instances over HTTP.
 
-A starlette app on uvicorn in a background thread, on a free port of `host` (HTTPS with `tls`): the
-trainer runs one, and so does every instance that serves what it pulled. Routes mirror the store:
+A starlette app on uvicorn in a background thread, on a free port of `bind_host` (HTTPS with `tls`;
+every setting is the run's `WeightsConfig`'s): the trainer runs one, and so does every instance
+that serves what it pulled. Routes mirror the store:
 
     GET /weights/v<version>/manifest.json            the manifest (not rate-limited, no slot)
     GET /weights/v<version>/chunk-00000.safetensors  one chunk's bytes
 
-Only complete versions are `offer`ed (an `EncodedVersion`), never part of one; `withdraw` stops
-serving a version (404 from then on; uploads under way finish from the bytes they hold). A request
-without a valid `infra.weights.auth` signature gets 401 with an empty body, whatever the path. A
-chunk upload takes one of `max_uploads` slots (`infra.weights.admission`: earliest puller first, by
-the `X-RLB-Pull-Started` / `X-RLB-Progress` headers; 503 after `queue_timeout_s`) and stops when its
-client disconnects; `upload_cap_bytes_s` caps the total upload rate (`infra.weights.bandwidth`: a
-NIC emulated on one machine). Detail: docs/internals.md §6.
+Only complete versions are `offer`ed (an `EncodedVersion`); `withdraw` stops serving a version (404
+from then on; uploads under way finish from the bytes they hold). A request without a valid
+`infra.weights.auth` signature gets 401 with an empty body, whatever the path. A chunk upload takes
+one of `max_uploads_per_peer` slots (`infra.weights.admission`: earliest puller first; 503 after
+`queue_timeout_s`) and stops when its client disconnects; `upload_cap_mb_s` caps the total upload
+rate (`infra.weights.bandwidth`: a NIC emulated on one machine). Detail: docs/internals.md §6.
 """
 
 from __future__ import annotations
@@ -36,12 +36,13 @@ from infra.weights.auth import SCHEME, is_authorized
 from infra.weights.bandwidth import UploadCap
 from infra.weights.config import WeightsConfig
 from infra.weights.manifest import MANIFEST_FILE, EncodedVersion
-from infra.weights.tls import PeerCertificate
 
 PROGRESS_HEADER = "x-rlb-progress"
 """Request header: bytes of the version the puller already holds (verified)."""
 PULL_STARTED_HEADER = "x-rlb-pull-started"
 """Request header: unix seconds at which the puller started pulling the version."""
+START_TIMEOUT_S = 30.0
+"""How long a new server may take to start listening before it is an error."""
 _PIECE = 256 * 1024
 _EMPTY_HEADERS = [(b"content-length", b"0")]
 
@@ -115,36 +116,26 @@ class _ChunkUpload:
 
 
 class PeerServer:
-    def __init__(
-        self,
-        secret: bytes,
-        *,
-        host: str = "127.0.0.1",
-        advertise_host: str | None = None,
-        max_uploads: int = 2,
-        queue_timeout_s: float = 2.0,
-        max_clock_skew_s: float = 60.0,
-        upload_cap_bytes_s: float | None = None,
-        start_timeout_s: float = 30.0,
-        tls: PeerCertificate | None = None,
-    ) -> None:
-        """`tls`: serve HTTPS with this certificate (None: plain HTTP)."""
-        self.slots = UploadSlots(max_uploads)
-        self.cap = UploadCap(upload_cap_bytes_s) if upload_cap_bytes_s else None
-        self.queue_timeout_s = queue_timeout_s
+    def __init__(self, config: WeightsConfig) -> None:
+        """Serve with `config`'s secret (from the environment), address, upload slots and cap, and
+        its certificate when `config.tls` (else plain HTTP)."""
+        secret, tls, host = config.secret(), config.certificate(), config.bind_host
+        self.slots = UploadSlots(config.max_uploads_per_peer)
+        self.cap = UploadCap(config.upload_cap_mb_s * 2**20) if config.upload_cap_mb_s else None
+        self.queue_timeout_s = config.queue_timeout_s
         self.bytes_sent = 0
         """Chunk bytes uploaded so far (all versions, all clients)."""
         self._versions: dict[int, tuple[EncodedVersion, dict[str, int]]] = {}
         self._lock = threading.Lock()
         app = Starlette(
             routes=[Route("/weights/v{version:int}/{name}", self._get)],
-            middleware=[Middleware(_RequireSignature, secret=secret, max_skew_s=max_clock_skew_s)],
+            middleware=[Middleware(_RequireSignature, secret=secret, max_skew_s=config.max_clock_skew_s)],
         )
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, 0))
         port = sock.getsockname()[1]
-        advertised = advertise_host or host
+        advertised = config.advertise_host or host
         scheme = "https" if tls else "http"
         self.url = f"{scheme}://{f'[{advertised}]' if ':' in advertised else advertised}:{port}"
         """Base URL other processes use to reach this server."""
@@ -164,25 +155,11 @@ class PeerServer:
                 target=self._server.run, kwargs={"sockets": [sock]}, name=f"peer-server-{port}", daemon=True
             )
             self._thread.start()
-            deadline = time.monotonic() + start_timeout_s
+            deadline = time.monotonic() + START_TIMEOUT_S
             while not self._server.started:
                 if not self._thread.is_alive() or time.monotonic() > deadline:
                     raise RuntimeError(f"peer server on {host}:{port} did not start")
                 time.sleep(0.01)
-
-    @classmethod
-    def from_config(cls, config: WeightsConfig) -> PeerServer:
-        cap = config.upload_cap_mb_s * 2**20 if config.upload_cap_mb_s else None
-        return cls(
-            config.secret(),
-            host=config.bind_host,
-            advertise_host=config.advertise_host,
-            max_uploads=config.max_uploads_per_peer,
-            queue_timeout_s=config.queue_timeout_s,
-            max_clock_skew_s=config.max_clock_skew_s,
-            upload_cap_bytes_s=cap,
-            tls=config.certificate(),
-        )
 
     def offer(self, encoded: EncodedVersion) -> None:
         """Serve this (complete) version from now on."""

@@ -53,7 +53,7 @@ class WeightPublisher:
         self.config = config
         self.dtype = dtype
         self.store = WeightStore(config.resolve_store_url(run_dir), config.store_options)
-        self.server = PeerServer.from_config(config) if config.serve_from_trainer else None
+        self.server = PeerServer(config) if config.serve_from_trainer else None
         self.registry = HolderRegistry(redis_client, run_id, config.holder_ttl_s)
         self.last_upload_error: Exception | None = None
         self._snapshots: queue.Queue[tuple[int, int | None, dict[str, torch.Tensor]] | None] = queue.Queue(maxsize=2)

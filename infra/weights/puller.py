@@ -87,7 +87,7 @@ class WeightPuller:
         self.store = WeightStore(config.resolve_store_url(run_dir), config.store_options)
         self.peers = PeerClient(config.secret(), config, config.certificate()) if config.serves else None
         """None when nobody serves over HTTP (store only)."""
-        self.server = PeerServer.from_config(config) if config.serve_from_peers else None
+        self.server = PeerServer(config) if config.serve_from_peers else None
         self.registry = HolderRegistry(redis_client, run_id, config.holder_ttl_s)
         self._held: dict[int, EncodedVersion] = {}
         self._fetchers = ThreadPoolExecutor(config.parallel_fetches, thread_name_prefix=f"pull-{instance_id}")

@@ -156,7 +156,7 @@ def test_store_only_when_no_peer_is_alive(redis_client, run):
     publisher.publish(1, state_dict)
     publisher.flush(timeout=30)
     publisher.close()  # the trainer is gone
-    dead = PeerServer(SECRET.encode())
+    dead = PeerServer(WeightsConfig())
     dead.close()
     registry.hold(1, dead.url)  # a holder that died without leaving the registry
     puller = WeightPuller(config, redis_client, run_id, "instance", run_dir=run_dir)
@@ -275,7 +275,7 @@ def test_a_failed_pull_keeps_nothing_and_serves_nothing(redis_client, run):
     encoded = encode(_state_dict(0.1), version=1, chunk_bytes=config.chunk_bytes)
     corrupt = [bytearray(data) for data in encoded.chunks]
     corrupt[-1][-1] ^= 0xFF
-    bad_peer = PeerServer(SECRET.encode())
+    bad_peer = PeerServer(WeightsConfig())
     bad_peer.offer(type(encoded)(encoded.manifest, encoded.manifest_bytes, tuple(bytes(c) for c in corrupt)))
     registry.record_manifest(1, encoded.manifest_sha256)
     registry.hold(1, bad_peer.url)

@@ -77,7 +77,7 @@ def run(redis_client, tmp_path):
 
 def test_requests_without_or_with_a_wrong_secret_get_401_and_no_bytes():
     encoded = encode(_state_dict(), version=1, chunk_bytes=4096)
-    server = PeerServer(SECRET.encode())
+    server = PeerServer(WeightsConfig())
     server.offer(encoded)
     chunk = f"/weights/v1/{encoded.manifest.chunks[0].file}"
     try:
@@ -100,7 +100,7 @@ def test_requests_without_or_with_a_wrong_secret_get_401_and_no_bytes():
 
 def test_uploads_per_server_are_bounded_and_excess_requests_get_503():
     encoded = encode({"w": torch.randn(64 * 1024)}, version=1, chunk_bytes=1 << 20)  # one 256 KiB chunk
-    server = PeerServer(SECRET.encode(), max_uploads=1, queue_timeout_s=0.2, upload_cap_bytes_s=512 * 1024)
+    server = PeerServer(WeightsConfig(max_uploads_per_peer=1, queue_timeout_s=0.2, upload_cap_mb_s=0.5))
     server.offer(encoded)
     path = f"/weights/v1/{encoded.manifest.chunks[0].file}"
     results: list[tuple[int, bytes]] = []
@@ -130,7 +130,7 @@ def test_a_peer_serving_corrupt_chunks_is_detected_and_the_chunks_come_from_else
     config, run_id, run_dir, registry = run
     state_dict = _state_dict()
     publisher = WeightPublisher(config, redis_client, run_id, run_dir=run_dir)
-    bad_peer = PeerServer(SECRET.encode())
+    bad_peer = PeerServer(WeightsConfig())
     first, second = (WeightPuller(config, redis_client, run_id, f"instance-{i}", run_dir=run_dir) for i in range(2))
     try:
         publisher.publish(1, state_dict)
@@ -162,7 +162,7 @@ def test_a_tampered_manifest_is_rejected(redis_client, run):
     config, run_id, run_dir, registry = run
     state_dict = _state_dict()
     publisher = WeightPublisher(config, redis_client, run_id, run_dir=run_dir)
-    impostor = PeerServer(SECRET.encode())
+    impostor = PeerServer(WeightsConfig())
     puller = WeightPuller(config, redis_client, run_id, "instance-0", run_dir=run_dir)
     try:
         publisher.publish(1, state_dict)
@@ -184,7 +184,7 @@ def test_a_slow_peer_is_abandoned_and_its_chunk_fetched_elsewhere(redis_client, 
     config = config.model_copy(update={"chunk_mb": 16 / 1024, "chunk_timeout_s": 0.5})
     state_dict = _state_dict()
     publisher = WeightPublisher(config, redis_client, run_id, run_dir=run_dir)
-    slow_peer = PeerServer(SECRET.encode(), upload_cap_bytes_s=4 * 1024)  # a 16 KiB chunk takes 4 s
+    slow_peer = PeerServer(WeightsConfig(upload_cap_mb_s=4 / 1024))  # a 16 KiB chunk takes 4 s
     puller = WeightPuller(config, redis_client, run_id, "instance-0", run_dir=run_dir)
     try:
         publisher.publish(1, state_dict)
