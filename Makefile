@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	# torch first, pinned: the CPU wheel (a looser pin would pull a multi-GB CUDA build)
 	$(PIP_INSTALL) torch==2.13.0
-	$(PIP_INSTALL) -e '.[dev]'
+	$(PIP_INSTALL) -e .
 	touch $(STAMP)
 
 # The test environment: everything the tests exercise for real, in ONE pip command so that
