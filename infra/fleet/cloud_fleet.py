@@ -48,14 +48,14 @@ class CloudFleet:
         on_change: OnChange | None = None,
         boot_hooks: BootHooks | None = None,
         current_step: Callable[[], int] | None = None,
-        interval_s: float = 30.0,
+        interval_s: float,
         clock: Callable[[], float] = time.time,
         options: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         """`pools`: the run's pools (local ones are skipped); `redis_url`: the run's Redis, which the
         VMs' workers join; `on_change` gets every cloud instance's record on each change;
         `boot_hooks` prepare each VM's work before it is created; `current_step` labels new VMs
-        with the training step; `interval_s`: seconds between reconciles; `clock` times the providers and the manager;
+        with the training step; `interval_s`: seconds between reconciles (`fabric.cloud.reconcile_s`); `clock` times the providers and the manager;
         `options`: kind -> extra keyword arguments of that kind's provider (credentials, endpoints)."""
         self.pools = tuple(pool for pool in pools if pool.provider != "local")
         check_reachable_by_vms(redis_url, self.pools)

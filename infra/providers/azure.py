@@ -106,18 +106,19 @@ class AzureProvider(ZonalCloudProvider):
         *,
         run_id: str,
         bootstrap: WorkerBootstrap,
+        live_prices: bool,
         credential: TokenCredential | None = None,
         base_url: str | None = None,
         authentication_policy: SansIOHTTPPolicy | None = None,
         retail_prices: AzureRetailPrices | None = None,
-        live_prices: bool = True,
         polling: OperationPolling = OperationPolling(),
         price_ttl_s: float = 3600.0,
         **common: Any,
     ) -> None:
         """`credential` (default `DefaultAzureCredential()`), `base_url` (default: Azure Resource
         Manager) and `authentication_policy` go to every `ComputeManagementClient`; `retail_prices`
-        defaults to the public Retail Prices API. `live_prices=False` quotes offline prices only.
+        defaults to the public Retail Prices API. `live_prices` (`fabric.cloud.live_prices`) False
+        quotes offline prices only.
         `common`: see `ZonalCloudProvider`."""
         super().__init__(run_id=run_id, **common)
         self._bootstrap = bootstrap

@@ -94,10 +94,10 @@ class GcpProvider(ZonalCloudProvider):
         *,
         run_id: str,
         bootstrap: WorkerBootstrap,
+        live_prices: bool,
         credentials: Credentials | None = None,
         client_options: ClientOptions | None = None,
         billing_client_options: ClientOptions | None = None,
-        live_prices: bool = True,
         polling: OperationPolling = OperationPolling(),
         price_ttl_s: float = 3600.0,
         sleep: Callable[[float], None] = time.sleep,
@@ -105,8 +105,8 @@ class GcpProvider(ZonalCloudProvider):
     ) -> None:
         """`credentials` and `client_options` (e.g. a local `api_endpoint`) go to every Compute
         Engine client, `billing_client_options` to the Cloud Billing Catalog client; None means the
-        SDK's defaults (google.auth default credentials, Google's endpoints). `live_prices=False`
-        quotes offline prices only. `common`: see `ZonalCloudProvider`."""
+        SDK's defaults (google.auth default credentials, Google's endpoints). `live_prices`
+        (`fabric.cloud.live_prices`) False quotes offline prices only. `common`: see `ZonalCloudProvider`."""
         super().__init__(run_id=run_id, **common)
         self._bootstrap = bootstrap
         self._credentials = credentials

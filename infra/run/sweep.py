@@ -53,7 +53,7 @@ class CloudSweep:
         self,
         pools: Sequence[PoolSpec],
         ledger: Ledger,
-        settings: SweepSettings = SweepSettings(),
+        settings: SweepSettings,
         *,
         run_id: str | None = None,
         options: Mapping[str, Mapping[str, Any]] | None = None,

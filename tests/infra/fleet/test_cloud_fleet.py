@@ -18,11 +18,14 @@ from infra.providers.gcp import GcpProvider
 from infra.providers.interface import InstanceRecord
 from infra.providers.pool import PoolSpec
 from infra.providers.startup import WorkerBootstrap
+from infra.run.fabric_config import CloudSettings
 from tests.fakes.gce import FakeGce
 from tests.helpers import Clock, wait_for
 
 REDIS = "redis://:secret@redis.internal:6379/0"
 LOCAL = PoolSpec(name="local", capacity_class="reserved", size=1, machine_type="g2-standard-8", price_per_hour=0.0)
+RECONCILE_S = CloudSettings().reconcile_s
+"""The run's default (`fabric.cloud.reconcile_s`)."""
 
 
 def gcp_pool(project: str = "rollout-proj") -> PoolSpec:
@@ -110,7 +113,11 @@ def test_a_configuration_error_ends_the_loop_and_is_kept(gce, clock):
 
 def test_without_cloud_pools_there_is_nothing_to_run():
     fleet = CloudFleet(
-        [LOCAL], run_id="r", redis_url="redis://127.0.0.1:6379/0", bootstrap=WorkerBootstrap(install="image")
+        [LOCAL],
+        run_id="r",
+        redis_url="redis://127.0.0.1:6379/0",
+        bootstrap=WorkerBootstrap(install="image"),
+        interval_s=RECONCILE_S,
     )
     assert fleet.pools == () and fleet.providers == {}
     fleet.start()
@@ -129,7 +136,9 @@ def test_without_cloud_pools_there_is_nothing_to_run():
 )
 def test_a_loopback_redis_is_refused(url):
     with pytest.raises(CloudError, match=r"pool 'l4-spot': .*gcp VMs cannot reach.*set fabric.redis_url") as caught:
-        CloudFleet([gcp_pool()], run_id="r", redis_url=url, bootstrap=WorkerBootstrap(install="image"))
+        CloudFleet(
+            [gcp_pool()], run_id="r", redis_url=url, bootstrap=WorkerBootstrap(install="image"), interval_s=RECONCILE_S
+        )
     assert "pw" not in str(caught.value)
 
 
@@ -137,4 +146,10 @@ def test_a_missing_extra_is_refused_with_the_install_command(monkeypatch):
     monkeypatch.delitem(sys.modules, "infra.providers.gcp")
     monkeypatch.setitem(sys.modules, "google.cloud", None)
     with pytest.raises(CloudError, match=r"pool 'l4-spot': .*`gcp` extra.*google\.cloud.*pip install 'rlboost\[gcp\]'"):
-        CloudFleet([LOCAL, gcp_pool()], run_id="r", redis_url=REDIS, bootstrap=WorkerBootstrap(install="image"))
+        CloudFleet(
+            [LOCAL, gcp_pool()],
+            run_id="r",
+            redis_url=REDIS,
+            bootstrap=WorkerBootstrap(install="image"),
+            interval_s=RECONCILE_S,
+        )
