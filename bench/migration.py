@@ -45,6 +45,7 @@ from infra.run.fabric import RolloutFabric  # noqa: E402
 from infra.run.fabric_config import FabricConfig  # noqa: E402
 from rl.config import RolloutConfig  # noqa: E402
 from rl.datasets import PromptRecord  # noqa: E402
+from rl.engine_spec import EngineSpec  # noqa: E402
 from rl.models import TinyLlamaShape, build_tiny_llama, save_model  # noqa: E402
 
 MODES = (("resume", False), ("restart", True))
@@ -182,7 +183,7 @@ def start_mode(
             offload=OffloadSettings(initial_t_local_s=1e9),  # reserved instances never leave to train
         ),
     )
-    fabric = RolloutFabric(config, f"migration-{name}", run_dir, model_dir)
+    fabric = RolloutFabric(config, f"migration-{name}", run_dir, model_dir, engine=EngineSpec(), trainer_device="cpu")
     stack.callback(fabric.close)
     clock = RolloutClock()
     # The spot pool lives in its own provider, on the rollout clock and the explicit schedule,

@@ -10,7 +10,8 @@
   fraction of tokens two sets of responses share, and a run that releases each sample at a chosen
   length (the engines' resume and cross-engine tests);
 * `on_a_small_disk`: a command run with a small tmpfs mounted in a private mount namespace (the
-  full-disk tests).
+  full-disk tests);
+* `rollout_fabric`: a `RolloutFabric` with the engine and trainer device of the default run.
 """
 
 from __future__ import annotations
@@ -21,10 +22,15 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from rl.generation import GenerationEngine, GenerationRequest, GenerationResult
+
+if TYPE_CHECKING:
+    from infra.run.fabric_config import FabricConfig
+    from rl.engine_spec import EngineSpec
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -87,6 +93,20 @@ def save_tiny_model(path: Path, shape=None, seed: int = 0) -> Path:
     model, tokenizer = build_tiny_llama(shape or tiny_shape(smallest=True), seed=seed)
     save_model(model, tokenizer, path)
     return path
+
+
+def rollout_fabric(
+    config: FabricConfig, run_id: str, run_dir: Path, model_path: Path, engine: EngineSpec | None = None
+):
+    """The `RolloutFabric` of `config` that a session of the default run configuration makes: the
+    run's engine (or `engine`), the trainer on `model.device`."""
+    from infra.run.config import RunConfig
+    from infra.run.fabric import RolloutFabric
+
+    run = RunConfig()
+    return RolloutFabric(
+        config, run_id, run_dir, model_path, engine=engine or run.engine_spec(), trainer_device=run.model.device
+    )
 
 
 def resumed(request: GenerationRequest, generated: list[int]) -> GenerationRequest:

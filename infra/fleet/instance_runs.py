@@ -75,7 +75,7 @@ class InstanceRunSpec:
     redis_url: str
     model: str
     worker: WorkerSettings
-    engine: EngineSpec = EngineSpec()
+    engine: EngineSpec
     """The run's engine; each pool's overrides apply (`PoolSpec.engine_spec`)."""
     environment_block: str | None = None
     """Prefect Secret block with the instances' environment (cloud VMs); None: they inherit it."""

@@ -97,8 +97,8 @@ class RolloutFabric:
         run_id: str,
         run_dir: Path,
         model_path: Path,
-        engine: EngineSpec = EngineSpec(),
-        trainer_device: str = "auto",
+        engine: EngineSpec,
+        trainer_device: str,
         instance_prefix: str = "",
         take_over_step: int | None = None,
     ) -> None:

@@ -143,6 +143,7 @@ def test_a_gpu_vms_instance_without_cuda_fails_its_run_saying_so_instead_of_deco
     from infra.fleet.instance_runs import InstanceRunSpec
     from infra.providers.pool import PoolSpec
     from infra.rollout.settings import WorkerSettings
+    from rl.engine_spec import EngineSpec
 
     save_tiny_model(tmp_path / "base")
     pool = PoolSpec.model_validate(
@@ -157,7 +158,11 @@ def test_a_gpu_vms_instance_without_cuda_fails_its_run_saying_so_instead_of_deco
         }
     )
     spec = InstanceRunSpec(
-        run_id="flow-gpu", redis_url=redis_url, model=str(tmp_path / "base"), worker=WorkerSettings()
+        run_id="flow-gpu",
+        redis_url=redis_url,
+        model=str(tmp_path / "base"),
+        worker=WorkerSettings(),
+        engine=EngineSpec(),  # device auto
     )
     parameters = spec.parameters(pool, "l4-spot-0a1b2c3d")
     assert parameters["engine"]["device"] == "cuda"  # the run's `auto` on a machine type with GPUs

@@ -14,6 +14,7 @@ from infra.fleet.instance_runs import InstanceRuns, InstanceRunSpec
 from infra.providers.errors import BootFailure
 from infra.providers.pool import PoolSpec
 from infra.rollout.settings import WorkerSettings
+from rl.engine_spec import EngineSpec
 from tests.infra.run.test_cloud_fabric_e2e import deploy_rollout_instance
 
 pytestmark = pytest.mark.integration
@@ -36,7 +37,11 @@ def test_a_failed_boot_or_engine_start_stops_the_run_with_its_message(prefect_ha
     api_url = PREFECT_API_URL.value()
     deploy_rollout_instance(api_url, tmp_path, POOL.name)
     spec = InstanceRunSpec(
-        run_id="boots", redis_url="redis://10.0.0.5:6379/0", model="gs://b/m", worker=WorkerSettings()
+        run_id="boots",
+        redis_url="redis://10.0.0.5:6379/0",
+        model="gs://b/m",
+        worker=WorkerSettings(),
+        engine=EngineSpec(),
     )
     runs = InstanceRuns(spec, api_url)
     for vm in ("boot-check-a", "boot-check-b", "boot-check-c"):

@@ -15,6 +15,7 @@ from infra.rollout.settings import WorkerSettings, add_worker_flags, settings_fr
 from infra.rollout.worker import WorkerConfig
 from infra.rollout.worker_config import instance_flags, parse_config
 from rl import env_vars
+from rl.engine_spec import EngineSpec
 
 CUSTOM = WorkerSettings(slots=3, flush_tokens=7, flush_ms=42.5, heartbeat_s=0.25, ttl_s=1.5, restart_from_scratch=True)
 
@@ -41,7 +42,7 @@ def test_the_flags_default_to_the_run_configuration_defaults():
 def test_the_prefect_instance_flow_gets_every_setting_restart_from_scratch_included():
     from flows.rollout_instance import rollout_instance
 
-    spec = InstanceRunSpec(run_id="r", redis_url="redis://x", model="/m", worker=CUSTOM)
+    spec = InstanceRunSpec(run_id="r", redis_url="redis://x", model="/m", worker=CUSTOM, engine=EngineSpec())
     pool = PoolSpec(name="spot", capacity_class="spot", size=1, machine_type="local", price_per_hour=0.1)
     parameters = spec.parameters(pool, "spot-0")
     assert WorkerSettings(**parameters["settings"]) == CUSTOM
@@ -66,7 +67,6 @@ def test_a_heartbeat_must_fit_in_its_ttl():
 
 def test_the_engine_flag_takes_an_engine_spec_as_json(capsys):
     from infra.rollout.worker_config import _parser
-    from rl.engine_spec import EngineSpec
 
     base = ["--model", "m", "--redis-url", "redis://x", "--run-id", "r", "--pool", "p"]
     spec = EngineSpec(kind="vllm", device="cpu", dtype="bf16")

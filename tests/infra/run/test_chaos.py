@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from infra.providers.pool import PoissonAvailability
-from infra.run.fabric import RolloutFabric
 from infra.run.fabric_config import FabricConfig
 from rl.config import DataConfig, RolloutConfig, VLLMOptions
 from rl.engine import HFEngine
@@ -20,7 +19,7 @@ from rl.engine_spec import EngineSpec
 from rl.models import load_model
 from rl.prompt_source import PromptSource
 from rl.rollout import build_requests
-from tests.helpers import save_tiny_model, tiny_shape
+from tests.helpers import rollout_fabric, save_tiny_model, tiny_shape
 
 pytestmark = pytest.mark.integration
 
@@ -100,7 +99,7 @@ def test_random_preemptions_lose_nothing_and_change_no_token(tmp_path, engine_ki
     prompts = PromptSource(DataConfig(family="chain"))
     engine = HFEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id)
 
-    fabric = RolloutFabric(config, "chaos", tmp_path / "run", tmp_path / "base", engine=engine_spec)
+    fabric = rollout_fabric(config, "chaos", tmp_path / "run", tmp_path / "base", engine=engine_spec)
     migrations = exact = total = matching = positions = 0
     try:
         deadline = time.time() + 120  # let the spot instances start (import torch, load) once

@@ -20,7 +20,7 @@ from infra.run.fabric_config import FabricConfig
 from rl.config import DataConfig, RolloutConfig
 from rl.models import load_model
 from rl.prompt_source import PromptSource
-from tests.helpers import save_tiny_model, tiny_shape
+from tests.helpers import rollout_fabric, save_tiny_model, tiny_shape
 
 pytestmark = pytest.mark.integration
 
@@ -84,7 +84,7 @@ def base_model(tmp_path_factory):
 @pytest.fixture(scope="module")
 def run(base_model, tmp_path_factory):
     config = FabricConfig.model_validate({**FAST, "pools": [RESERVED, SPOT]})
-    fabric = RolloutFabric(config, "colocated", tmp_path_factory.mktemp("run"), base_model)
+    fabric = rollout_fabric(config, "colocated", tmp_path_factory.mktemp("run"), base_model)
     try:
         deadline = time.time() + 90  # the spot worker process imports torch and loads the model
         while len(fabric.registry.alive()) < 2 and time.time() < deadline:
@@ -195,7 +195,7 @@ def test_with_no_spot_instance_left_the_colocated_instance_finishes_the_step(run
 
 def test_a_failing_colocated_engine_fails_the_step_naming_its_pool(base_model, tmp_path):
     config = FabricConfig.model_validate({**FAST, "pools": [RESERVED]})
-    fabric = RolloutFabric(config, "colocated-fails", tmp_path / "run", base_model)
+    fabric = rollout_fabric(config, "colocated-fails", tmp_path / "run", base_model)
     try:
         _, tokenizer = load_model(base_model)
         fabric.publish(1, {"not.a.weight": torch.zeros(1)})  # the engine's load_state_dict raises

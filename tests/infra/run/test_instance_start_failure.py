@@ -10,9 +10,9 @@ import pytest
 
 from infra.providers import local
 from infra.providers.local import PoolStartFailure
-from infra.run.fabric import RolloutFabric
 from infra.run.fabric_config import FabricConfig
 from rl.config import RolloutConfig
+from tests.helpers import rollout_fabric
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +31,7 @@ def test_a_pool_whose_instances_cannot_start_fails_the_step_with_their_cause(tmp
             "ready_timeout_s": 600,
         }
     )
-    fabric = RolloutFabric(config, "cannot-start", tmp_path / "run", missing)
+    fabric = rollout_fabric(config, "cannot-start", tmp_path / "run", missing)
     try:
         started = time.monotonic()
         with pytest.raises(PoolStartFailure, match=r"pool spot: 3 instances in a row exited") as failure:

@@ -24,8 +24,8 @@ DRIVER = textwrap.dedent(
     """
     import sys, threading, time
     from pathlib import Path
-    from infra.run.fabric import RolloutFabric
     from infra.run.fabric_config import FabricConfig
+    from tests.helpers import rollout_fabric
 
     config = FabricConfig.model_validate({
         "enabled": True,
@@ -34,7 +34,7 @@ DRIVER = textwrap.dedent(
     })
     fabrics = []
     starter = threading.Thread(
-        target=lambda: fabrics.append(RolloutFabric(config, "orphans", Path(sys.argv[1]), Path(sys.argv[2])))
+        target=lambda: fabrics.append(rollout_fabric(config, "orphans", Path(sys.argv[1]), Path(sys.argv[2])))
     )
     starter.start()
     starter.join()  # the thread that started Redis and the workers is gone

@@ -24,7 +24,6 @@ import pytest
 import yaml
 
 from infra.rollout.tokenlog import TokenLog
-from infra.run.fabric import RolloutFabric
 from infra.run.fabric_config import FabricConfig
 from infra.run.redis_outage import public_url
 from infra.services.ports import free_port
@@ -34,7 +33,7 @@ from rl.engine import HFEngine
 from rl.models import load_model
 from rl.prompt_source import PromptSource
 from rl.rollout import build_requests
-from tests.helpers import REPO_ROOT, save_tiny_model, tiny_shape, wait_for
+from tests.helpers import REPO_ROOT, rollout_fabric, save_tiny_model, tiny_shape, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -71,7 +70,7 @@ def _step_through(tmp_path, name: str, appendfsync: str, interrupt: Callable[[To
     )
     rollout = RolloutConfig(prompts_per_step=6, group_size=4, max_new_tokens=64)
     records = PromptSource(DataConfig(family="chain")).take(0, rollout.prompts_per_step)
-    fabric = RolloutFabric(config, name, tmp_path / "run", tmp_path / "base")
+    fabric = rollout_fabric(config, name, tmp_path / "run", tmp_path / "base")
     try:
         fabric.publish(0, model.state_dict())
         result: dict = {}

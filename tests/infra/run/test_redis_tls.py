@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from infra.run.fabric import RolloutFabric
 from infra.run.fabric_config import FabricConfig
 from infra.services.redis_embedded import RedisSettings, RedisUnavailable
 from rl.config import DataConfig, RolloutConfig
 from rl.models import load_model
 from rl.prompt_source import PromptSource
-from tests.helpers import save_tiny_model, tiny_shape
+from tests.helpers import rollout_fabric, save_tiny_model, tiny_shape
 from tests.tls_material import tls_redis
 
 pytestmark = pytest.mark.integration
@@ -40,7 +39,7 @@ def test_a_worker_process_and_the_controller_run_a_step_over_tls(server, tmp_pat
             "worker": WORKER,
         }
     )
-    fabric = RolloutFabric(config, "tls", tmp_path / "run", tmp_path / "base")
+    fabric = rollout_fabric(config, "tls", tmp_path / "run", tmp_path / "base")
     try:
         fabric.publish(0, model.state_dict())
         records = PromptSource(DataConfig(family="chain")).take(0, 2)

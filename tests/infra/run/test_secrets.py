@@ -12,12 +12,11 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from infra.run.fabric import RolloutFabric
 from infra.run.fabric_config import FabricConfig
 from rl.config import DataConfig, RolloutConfig
 from rl.models import load_model
 from rl.prompt_source import PromptSource
-from tests.helpers import save_tiny_model, tiny_shape
+from tests.helpers import rollout_fabric, save_tiny_model, tiny_shape
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +36,7 @@ def test_no_secret_on_a_command_line_in_a_log_or_a_run_file(tmp_path):
     save_tiny_model(tmp_path / "base", tiny_shape())
     model, tokenizer = load_model(tmp_path / "base")
     run_dir = tmp_path / "run"
-    fabric = RolloutFabric(CONFIG, "secrets", run_dir, tmp_path / "base")
+    fabric = rollout_fabric(CONFIG, "secrets", run_dir, tmp_path / "base")
     try:
         password = urlsplit(fabric.redis_url).password
         secret = os.environ[CONFIG.weights.secret_env]

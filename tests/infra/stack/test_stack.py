@@ -32,6 +32,7 @@ from infra.providers.pool import PoolSpec
 from infra.rollout.registry import InstanceRegistry
 from infra.rollout.settings import WorkerSettings
 from infra.stack.stack import StackState
+from rl.engine_spec import EngineSpec
 from tests.helpers import REPO_ROOT, save_tiny_model, tiny_shape
 
 pytestmark = pytest.mark.integration
@@ -168,6 +169,7 @@ def test_preempted_instances_end_crashed_and_unknown_pools_are_refused(stack, ba
         redis_url=state.redis_url,
         model=str(base_model_dir.resolve()),
         worker=WorkerSettings(heartbeat_s=0.3, ttl_s=3.0),
+        engine=EngineSpec(),
     )
     spot = PoolSpec(
         name="spot", capacity_class="spot", size=2, machine_type="a2-highgpu-1g", price_per_hour=1.1, notice_s=20.0

@@ -13,6 +13,7 @@ from infra.fleet.prefect_local import InstanceRunSpec, PrefectLocalProvider
 from infra.rollout.settings import WorkerSettings
 from infra.services.ports import free_port
 from infra.services.prefect_api import PrefectApiUnreachable, check_api
+from rl.engine_spec import EngineSpec
 
 runner = CliRunner()
 
@@ -70,7 +71,9 @@ def test_unreachable_prefect_api_names_the_url_and_the_fix():
 
 def test_prefect_instances_without_a_reachable_api_fail_before_starting_anything(tmp_path):
     url = f"http://127.0.0.1:{free_port()}/api"
-    spec = InstanceRunSpec(run_id="r", redis_url="redis://127.0.0.1:1/0", model="m", worker=WorkerSettings())
+    spec = InstanceRunSpec(
+        run_id="r", redis_url="redis://127.0.0.1:1/0", model="m", worker=WorkerSettings(), engine=EngineSpec()
+    )
     with pytest.raises(PrefectApiUnreachable, match=r"for fabric.instances: prefect: .*rlboost up"):
         PrefectLocalProvider(spec, api_url=url, log_dir=tmp_path)
     assert not list(tmp_path.iterdir())
