@@ -17,9 +17,8 @@ The artifact's rule, sourced: docs/CALIBRATION.md; its place in the simulator: d
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from infra.rollout.policies import StepTiming
+from infra.sim.scenario import PaperOffloadSection
 
 STALL_WEIGHT = 0.8
 """Weight of the peak budget folded into the memory when throughput stops growing (balance.rs ALPHA)."""
@@ -32,10 +31,11 @@ class ArtifactOffload:
     `OffloadController` (`t_local`, `should_release`, `update`); the simulator holds the reserved
     cluster's training to the budget (`VariantSpec.offload`)."""
 
-    def __init__(self, initial_s: int, budgets_s: Mapping[int, int], floor_s: int = 5) -> None:
-        self.gen_s = initial_s
-        self.floor_s = floor_s
-        self.best: dict[int, int] = dict(budgets_s)
+    def __init__(self, section: PaperOffloadSection) -> None:
+        """The rule of the scenario's `paper_offload` section."""
+        self.gen_s = section.initial_s
+        self.floor_s = section.floor_s
+        self.best: dict[int, int] = dict(section.budgets_s)
         """Remembered budget per spot count."""
         self.peak_s = 0
         """Budget of the last step whose throughput grew (the peak for the current count)."""

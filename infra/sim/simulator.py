@@ -245,7 +245,9 @@ class Simulation:
         self.loop = EventLoop()
         self.config = scenario.controller
         self.offload: OffloadController | ArtifactOffload = (
-            self.config.offload.new_controller() if variant.offload == "runtime" else self._artifact_offload()
+            self.config.offload.new_controller()
+            if variant.offload == "runtime"
+            else ArtifactOffload(scenario.paper_offload)
         )
         self.reaper = ReaperConfig(self.config.reap_timeout_s)
         self.rng = random.Random(f"{scenario.seed}/preemptions")
@@ -292,10 +294,6 @@ class Simulation:
         done (bounded staleness: they may hold samples of later steps, which they release)."""
 
     # --- setup -----------------------------------------------------------------------------------
-
-    def _artifact_offload(self) -> ArtifactOffload:
-        section = self.s.paper_offload
-        return ArtifactOffload(section.initial_s, section.budgets_s, section.floor_s)
 
     def _decode(self, section: Literal["reserved", "spot"], gpus: int, max_running: int) -> DecodeModel:
         return decode_model(self.s, section, gpus, max_running)

@@ -9,9 +9,10 @@ import pytest
 
 from infra.rollout.policies import StepTiming
 from infra.sim.artifact_offload import ArtifactOffload
+from infra.sim.scenario import PaperOffloadSection
 from tests.infra.sim.test_simulator import run, small
 
-BUDGETS = {1: 190, 2: 160, 3: 105, 4: 70}
+PAPER = PaperOffloadSection(initial_s=150, budgets_s={1: 190, 2: 160, 3: 105, 4: 70}, floor_s=5)
 
 
 def timing(count: int, trainer_idle: float = 0.0, rollout_idle: float = 0.0, throughput: float = 1000.0):
@@ -21,7 +22,7 @@ def timing(count: int, trainer_idle: float = 0.0, rollout_idle: float = 0.0, thr
 
 
 def test_a_new_spot_count_jumps_to_its_budget_and_a_steady_one_follows_a_third_of_the_bubbles():
-    offload = ArtifactOffload(150, BUDGETS)
+    offload = ArtifactOffload(PAPER)
     assert offload.t_local(1) == 150  # the first step runs the initial budget
     assert offload.update(timing(1, rollout_idle=40)) == 190  # count 0 -> 1: the profiled budget
     # rollout side waited 40.9 s, the trainer 10.2 s: down by (40 - 10) // 3 = 10
@@ -32,7 +33,7 @@ def test_a_new_spot_count_jumps_to_its_budget_and_a_steady_one_follows_a_third_o
 
 
 def test_budgets_are_remembered_per_count_and_the_peak_is_folded_in():
-    offload = ArtifactOffload(150, BUDGETS)
+    offload = ArtifactOffload(PAPER)
     offload.update(timing(2))  # -> 160
     offload.update(timing(2, rollout_idle=30, throughput=1000))  # throughput grew: peak 160, -> 150
     offload.update(timing(2, rollout_idle=30, throughput=900))  # it fell: fold the peak (160) in, -> 140
@@ -45,7 +46,7 @@ def test_budgets_are_remembered_per_count_and_the_peak_is_folded_in():
 
 
 def test_an_unknown_count_follows_the_rule_and_a_step_without_spot_teaches_nothing():
-    offload = ArtifactOffload(150, BUDGETS)
+    offload = ArtifactOffload(PAPER)
     assert offload.update(timing(6, rollout_idle=33)) == 139  # no budget for 6: the rule, from 150
     assert offload.update(timing(0, rollout_idle=99)) == 139
     assert not offload.should_release(1000.0, 0.0, 0)  # nothing to hand off to
