@@ -86,7 +86,14 @@ def calibrate(config, slots: int) -> dict:
     results = engine.generate(requests)
     lengths = [len(r.token_ids) for r in results]
     torch.set_num_threads(trainer_threads)
-    trainer = Trainer(load_model(path)[0], tokenizer.pad_token_id, config.grpo, config.optim)
+    trainer = Trainer(
+        load_model(path)[0],
+        tokenizer.pad_token_id,
+        config.grpo,
+        config.optim,
+        temperature=config.rollout.temperature,
+        gradient_checkpointing=config.trainer.gradient_checkpointing,
+    )
     batch = TrainBatch(
         [list(r.prompt_ids) for r in requests],
         [list(r.token_ids) for r in results],

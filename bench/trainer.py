@@ -96,7 +96,9 @@ def run_side(side: str, model: str, path: Path, steps: int, threads: int, out: P
         from rl.trainer import Trainer
 
         torch.set_num_threads(threads)
-        trainer = Trainer(load_model(path)[0], tokenizer.pad_token_id, grpo, optim)
+        trainer = Trainer(
+            load_model(path)[0], tokenizer.pad_token_id, grpo, optim, temperature=1.0, gradient_checkpointing=False
+        )
     else:
         from rl.distributed.protocol import TrainSpec
         from rl.distributed.trainer import DistributedTrainer

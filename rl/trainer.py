@@ -175,12 +175,15 @@ class Trainer:
         pad_token_id: int,
         grpo: GRPOConfig,
         optim: OptimConfig,
-        temperature: float = 1.0,
+        *,
+        temperature: float,
+        gradient_checkpointing: bool,
         autocast_dtype: torch.dtype | None = None,
-        gradient_checkpointing: bool = False,
     ) -> None:
-        """`model` stays where it is (its device is the trainer's); `autocast_dtype`: mixed precision;
-        `gradient_checkpointing` recomputes activations in the backward pass (HF models)."""
+        """`model` stays where it is (its device is the trainer's); `temperature` scores log-probs
+        as the rollout sampled (`rollout.temperature`); `gradient_checkpointing`
+        (`trainer.gradient_checkpointing`) recomputes activations in the backward pass (HF models);
+        `autocast_dtype`: mixed precision (`model.dtype: bf16`)."""
         self.model = model
         if gradient_checkpointing:
             # An HF model's method; torch's `Module.__getattr__` types any attribute `Tensor | Module`:

@@ -11,7 +11,8 @@
   length (the engines' resume and cross-engine tests);
 * `on_a_small_disk`: a command run with a small tmpfs mounted in a private mount namespace (the
   full-disk tests);
-* `rollout_fabric`: a `RolloutFabric` with the engine and trainer device of the default run.
+* `rollout_fabric`, `run_trainer`: a `RolloutFabric` and a `Trainer` with the settings of the
+  default run configuration (its engine and trainer device; its temperature and checkpointing).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from rl.generation import GenerationEngine, GenerationRequest, GenerationResult
 
 if TYPE_CHECKING:
     from infra.run.fabric_config import FabricConfig
+    from rl.config import GRPOConfig, OptimConfig
     from rl.engine_spec import EngineSpec
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -107,6 +109,19 @@ def rollout_fabric(
     return RolloutFabric(
         config, run_id, run_dir, model_path, engine=engine or run.engine_spec(), trainer_device=run.model.device
     )
+
+
+def run_trainer(model, pad_token_id: int, grpo: GRPOConfig, optim: OptimConfig, **settings):
+    """A `Trainer` of `model` with the default `rollout.temperature` and
+    `trainer.gradient_checkpointing`, or the `settings` given (and `autocast_dtype`)."""
+    from rl.config import RolloutConfig, TrainerConfig
+    from rl.trainer import Trainer
+
+    defaults = {
+        "temperature": RolloutConfig().temperature,
+        "gradient_checkpointing": TrainerConfig().gradient_checkpointing,
+    }
+    return Trainer(model, pad_token_id, grpo, optim, **(defaults | settings))
 
 
 def resumed(request: GenerationRequest, generated: list[int]) -> GenerationRequest:

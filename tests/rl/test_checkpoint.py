@@ -16,8 +16,8 @@ from rl.models import build_tiny_llama
 from rl.prompt_source import PromptSource
 from rl.rollout import build_requests, samples_from_results
 from rl.scoring import score_samples
-from rl.trainer import TrainBatch, Trainer
-from tests.helpers import tiny_shape
+from rl.trainer import TrainBatch
+from tests.helpers import run_trainer, tiny_shape
 
 SHAPE = tiny_shape()
 ROLLOUT = RolloutConfig(prompts_per_step=2, group_size=4, max_new_tokens=4)
@@ -32,7 +32,7 @@ def digit_reward(response: str, answer: str) -> float:
 
 def build():
     model, tokenizer = build_tiny_llama(SHAPE, seed=0)
-    trainer = Trainer(model, tokenizer.pad_token_id, GRPO, OPTIM, temperature=ROLLOUT.temperature)
+    trainer = run_trainer(model, tokenizer.pad_token_id, GRPO, OPTIM, temperature=ROLLOUT.temperature)
     engine = HFEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id)
     return model, tokenizer, trainer, engine
 
@@ -132,7 +132,7 @@ def test_checkpoint_holds_weights_optimizer_scheduler_and_rng(tmp_path):
 @pytest.fixture
 def small_trainer():
     model, tokenizer = build_tiny_llama(SHAPE, seed=0)
-    return Trainer(model, tokenizer.pad_token_id, GRPOConfig(), OptimConfig())
+    return run_trainer(model, tokenizer.pad_token_id, GRPOConfig(), OptimConfig())
 
 
 def test_latest_checkpoint_none_on_empty_or_missing_dir(tmp_path):
@@ -278,13 +278,14 @@ FULL_DISK = """
 import json, sys
 from pathlib import Path
 from rl.checkpoint import OutOfSpace, latest_checkpoint, load_checkpoint, save_checkpoint
-from rl.config import GRPOConfig, OptimConfig
+from rl.config import GRPOConfig, OptimConfig, RolloutConfig, TrainerConfig
 from rl.models import TinyLlamaShape, build_tiny_llama
 from rl.trainer import Trainer
 
 root = Path(sys.argv[1]) / "checkpoints"
 model, tokenizer = build_tiny_llama(TinyLlamaShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128), seed=0)
-trainer = Trainer(model, tokenizer.pad_token_id, GRPOConfig(), OptimConfig())
+trainer = Trainer(model, tokenizer.pad_token_id, GRPOConfig(), OptimConfig(), temperature=RolloutConfig().temperature,
+                  gradient_checkpointing=TrainerConfig().gradient_checkpointing)
 trainer.step = 1
 save_checkpoint(root, trainer, {"n": 1}, keep=2)
 trainer.step = 2

@@ -24,7 +24,7 @@ from rl.distributed.protocol import TrainSpec
 from rl.distributed.trainer import DistributedTrainer, check_supported
 from rl.models import load_model
 from rl.trainer import CheckpointMismatch, TrainBatch, Trainer
-from tests.helpers import save_tiny_model, tiny_shape
+from tests.helpers import run_trainer, save_tiny_model, tiny_shape
 
 pytestmark = pytest.mark.integration
 
@@ -84,7 +84,7 @@ def ranks(
 
 def torch_trainer(model_dir: Path, grpo: GRPOConfig = GRPO) -> Trainer:
     model, tokenizer = load_model(model_dir)
-    return Trainer(model, tokenizer.pad_token_id, grpo, OPTIM)
+    return run_trainer(model, tokenizer.pad_token_id, grpo, OPTIM)
 
 
 def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:

@@ -14,8 +14,8 @@ from rl.rewards import make_reward_fn
 from rl.rollout import Sample
 from rl.scoring import score_samples
 from rl.streaming import StreamedStep
-from rl.trainer import TrainBatch, Trainer
-from tests.helpers import tiny_shape
+from rl.trainer import TrainBatch
+from tests.helpers import run_trainer, tiny_shape
 
 SHAPE = tiny_shape()
 GROUP = 4
@@ -48,7 +48,7 @@ def _step_data(tokenizer):
 def _trainer(seed: int = 0, updates: int = 1):
     model, tokenizer = build_tiny_llama(SHAPE, seed=seed)
     optim = OptimConfig(lr=1e-3, micro_batch_size=3, updates_per_step=updates)
-    return Trainer(model, tokenizer.pad_token_id, GRPOConfig(), optim), tokenizer
+    return run_trainer(model, tokenizer.pad_token_id, GRPOConfig(), optim), tokenizer
 
 
 def _stream(trainer, tokenizer, records):

@@ -17,8 +17,8 @@ from rl.config import GRPOConfig, OptimConfig
 from rl.engine import HFEngine
 from rl.generation import GenerationRequest, SamplingParams
 from rl.models import build_tiny_llama
-from rl.trainer import TrainBatch, Trainer, concat_batches, mini_batches
-from tests.helpers import tiny_shape
+from rl.trainer import TrainBatch, concat_batches, mini_batches
+from tests.helpers import run_trainer, tiny_shape
 
 SHAPE = tiny_shape()
 PAD, BOS, EOS = 0, 1, 2
@@ -62,7 +62,7 @@ def test_micro_batching_gives_the_full_batch_update(aggregation, objective, upda
     results = []
     for micro in (3, 64):
         model = tiny_model()
-        trainer = Trainer(
+        trainer = run_trainer(
             model,
             PAD,
             GRPOConfig(aggregation=aggregation, objective=objective),
@@ -107,7 +107,7 @@ def test_streamed_pieces_in_any_order_give_the_whole_batch_update(aggregation):
     results = []
     for pieces in ([list(range(12))], [[9, 10, 11], [0, 1, 2], [6, 7, 8], [3, 4, 5]]):
         model = tiny_model()
-        trainer = Trainer(
+        trainer = run_trainer(
             model, PAD, GRPOConfig(aggregation=aggregation), OptimConfig(lr=1e-4, micro_batch_size=2, max_grad_norm=1e9)
         )
         trainer.begin_step()
@@ -154,7 +154,7 @@ def host_reads(monkeypatch) -> list[tuple[str, str, str]]:
 @pytest.mark.parametrize("aggregation", ["token", "sequence"])
 def test_metrics_are_read_once_per_step_not_per_micro_batch(aggregation, host_reads):
     """accumulate reads no metric on the host; finish_step reads them all in one transfer."""
-    trainer = Trainer(
+    trainer = run_trainer(
         tiny_model(), PAD, GRPOConfig(aggregation=aggregation, kl_coef=0.1), OptimConfig(micro_batch_size=2)
     )
     trainer.begin_step()
@@ -188,7 +188,7 @@ def test_metrics_are_read_once_per_step_not_per_micro_batch(aggregation, host_re
 
 def test_streaming_protocol_errors_and_abandon():
     model = tiny_model()
-    trainer = Trainer(model, PAD, GRPOConfig(), OptimConfig(lr=1e-2))
+    trainer = run_trainer(model, PAD, GRPOConfig(), OptimConfig(lr=1e-2))
     before = params(model)
     with pytest.raises(RuntimeError, match="begin_step"):
         trainer.accumulate(random_batch(size=2))
@@ -211,7 +211,7 @@ def test_streaming_protocol_errors_and_abandon():
 def test_aggregation_weights_match_a_direct_computation(aggregation):
     """The trainer's loss equals the hand-computed GRPO loss (one update: ratio 1, loss = -A mean)."""
     batch = random_batch()
-    trainer = Trainer(tiny_model(), PAD, GRPOConfig(aggregation=aggregation), OptimConfig(micro_batch_size=3))
+    trainer = run_trainer(tiny_model(), PAD, GRPOConfig(aggregation=aggregation), OptimConfig(micro_batch_size=3))
     metrics = trainer.train_step(batch)
     rows = [(len(r), a) for r, a in zip(batch.response_ids, batch.advantages) if r]
     if aggregation == "token":
@@ -222,7 +222,7 @@ def test_aggregation_weights_match_a_direct_computation(aggregation):
 
 
 def test_one_update_per_step_has_unit_ratio_and_no_clipping():
-    trainer = Trainer(tiny_model(), PAD, GRPOConfig(clip_eps=0.01), OptimConfig(lr=1e-3, micro_batch_size=4))
+    trainer = run_trainer(tiny_model(), PAD, GRPOConfig(clip_eps=0.01), OptimConfig(lr=1e-3, micro_batch_size=4))
     for seed in range(2):
         metrics = trainer.train_step(random_batch(seed=seed))
         assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
@@ -255,7 +255,7 @@ def test_engine_logprobs_agree_with_the_trainer(temperature):
         [r.new_logprobs for r in results],
         [1.0, -1.0] * 4,
     )
-    trainer = Trainer(model, PAD, GRPOConfig(), OptimConfig(micro_batch_size=3), temperature=temperature)
+    trainer = run_trainer(model, PAD, GRPOConfig(), OptimConfig(micro_batch_size=3), temperature=temperature)
     metrics = trainer.train_step(batch)
     assert metrics["rollout_logprob_gap"] < 1e-4
     assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
@@ -266,7 +266,7 @@ def test_positive_advantage_raises_the_response_logprob():
     prompt = [BOS, 20, 21, 14, 22]
     good, bad = [30, 31, 32, EOS], [40, 41, 42, EOS]
     before = sequence_logprob(model, prompt, good), sequence_logprob(model, prompt, bad)
-    trainer = Trainer(model, PAD, GRPOConfig(), OptimConfig(lr=1e-2))
+    trainer = run_trainer(model, PAD, GRPOConfig(), OptimConfig(lr=1e-2))
     batch = TrainBatch([prompt, prompt], [good, bad], [[0.0] * 4, [0.0] * 4], [1.0, -1.0])
     for _ in range(3):
         trainer.train_step(batch)
@@ -278,7 +278,7 @@ def test_positive_advantage_raises_the_response_logprob():
 def test_zero_advantage_leaves_parameters_unchanged():
     model = tiny_model()
     start = params(model)
-    trainer = Trainer(model, PAD, GRPOConfig(), OptimConfig(lr=1e-2))
+    trainer = run_trainer(model, PAD, GRPOConfig(), OptimConfig(lr=1e-2))
     batch = random_batch()
     batch.advantages = [0.0] * len(batch)
     trainer.train_step(batch)
@@ -289,8 +289,8 @@ def test_zero_advantage_leaves_parameters_unchanged():
 def test_kl_creates_a_frozen_reference():
     model = tiny_model()
     start = params(model)
-    assert Trainer(model, PAD, GRPOConfig(), OptimConfig()).reference is None
-    trainer = Trainer(model, PAD, GRPOConfig(kl_coef=0.5), OptimConfig(lr=1e-2))
+    assert run_trainer(model, PAD, GRPOConfig(), OptimConfig()).reference is None
+    trainer = run_trainer(model, PAD, GRPOConfig(kl_coef=0.5), OptimConfig(lr=1e-2))
     reference = trainer.reference
     assert reference is not None and reference is not model
     assert not any(p.requires_grad for p in reference.parameters())
@@ -309,7 +309,9 @@ def test_kl_creates_a_frozen_reference():
 
 @pytest.mark.parametrize("updates", [1, 3])
 def test_warmup_schedule_and_version_advance_once_per_rl_step(updates):
-    trainer = Trainer(tiny_model(), PAD, GRPOConfig(), OptimConfig(lr=1e-3, warmup_steps=3, updates_per_step=updates))
+    trainer = run_trainer(
+        tiny_model(), PAD, GRPOConfig(), OptimConfig(lr=1e-3, warmup_steps=3, updates_per_step=updates)
+    )
     lrs = [trainer.train_step(random_batch(seed=s))["lr"] for s in range(5)]
     assert lrs == pytest.approx([2e-3 / 4, 3e-3 / 4, 1e-3, 1e-3, 1e-3])
     assert trainer.step == 5
@@ -324,7 +326,7 @@ def test_bad_batches_raise_value_error():
         TrainBatch([[BOS]], [[5, 6]], [[0.0]], [1.0])
     with pytest.raises(ValueError, match="empty prompt"):
         TrainBatch([[]], [[5, 6]], [[0.0, 0.0]], [1.0])
-    trainer = Trainer(tiny_model(), PAD, GRPOConfig(), OptimConfig())
+    trainer = run_trainer(tiny_model(), PAD, GRPOConfig(), OptimConfig())
     with pytest.raises(ValueError, match="empty"):
         trainer.train_step(TrainBatch([], [], [], []))
     with pytest.raises(ValueError, match="no response tokens"):
@@ -338,8 +340,8 @@ def test_bf16_autocast_keeps_fp32_weights_and_follows_the_fp32_step():
     batch = random_batch(seed=3)
     fp32_model, bf16_model = tiny_model(), tiny_model()
     start = params(fp32_model)
-    Trainer(fp32_model, PAD, GRPOConfig(), OptimConfig(lr=1e-2)).train_step(batch)
-    trainer = Trainer(bf16_model, PAD, GRPOConfig(), OptimConfig(lr=1e-2), autocast_dtype=torch.bfloat16)
+    run_trainer(fp32_model, PAD, GRPOConfig(), OptimConfig(lr=1e-2)).train_step(batch)
+    trainer = run_trainer(bf16_model, PAD, GRPOConfig(), OptimConfig(lr=1e-2), autocast_dtype=torch.bfloat16)
     metrics = trainer.train_step(batch)
     assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values())
     assert {p.dtype for p in bf16_model.parameters()} == {torch.float32}
@@ -355,7 +357,7 @@ def test_positive_advantage_raises_the_response_logprob_under_bf16():
     prompt = [BOS, 20, 21, 14, 22]
     good, bad = [30, 31, 32, EOS], [40, 41, 42, EOS]
     before = sequence_logprob(model, prompt, good), sequence_logprob(model, prompt, bad)
-    trainer = Trainer(model, PAD, GRPOConfig(), OptimConfig(lr=3e-3), autocast_dtype=torch.bfloat16)
+    trainer = run_trainer(model, PAD, GRPOConfig(), OptimConfig(lr=3e-3), autocast_dtype=torch.bfloat16)
     batch = TrainBatch([prompt, prompt], [good, bad], [[0.0] * 4, [0.0] * 4], [1.0, -1.0])
     for _ in range(3):
         trainer.train_step(batch)
@@ -414,7 +416,7 @@ def test_one_update_per_step_is_the_previous_codes_update():
     # (the loss is summed in another order) moves by up to ~lr * 2e-3, far below 1e-6.
     # max_grad_norm 1: the norm clipping acts too.
     optim = OptimConfig(lr=1e-4, micro_batch_size=64)
-    metrics = Trainer(model, PAD, GRPOConfig(), optim).train_step(batch)
+    metrics = run_trainer(model, PAD, GRPOConfig(), optim).train_step(batch)
     _previous_update(reference, batch, optim)
     want, got = params(reference), params(model)
     start = params(tiny_model())
@@ -464,7 +466,7 @@ def test_with_several_updates_the_clip_acts_from_the_second_update():
         ("unclipped", GRPOConfig(clip_eps=0.999, clip_eps_high=1e6)),  # a band no ratio leaves
     ):
         model = tiny_model()
-        metrics = Trainer(model, PAD, grpo, optim).train_step(batch)
+        metrics = run_trainer(model, PAD, grpo, optim).train_step(batch)
         grads = {k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None}
         results[name] = (params(model), grads, metrics)
     (p_clip, g_clip, m_clip), (p_free, g_free, m_free) = results["clipped"], results["unclipped"]
@@ -487,9 +489,9 @@ def test_the_first_of_several_updates_is_the_strict_update():
     assert mini_batches(batch, 2) == [range(0, 3), range(3, 4)]
     optim = OptimConfig(lr=1e-2, micro_batch_size=2, max_grad_norm=1e9)
     strict = tiny_model()
-    Trainer(strict, PAD, GRPOConfig(), optim).train_step(first)
+    run_trainer(strict, PAD, GRPOConfig(), optim).train_step(first)
     several = tiny_model()
-    trainer = Trainer(several, PAD, GRPOConfig(), optim.model_copy(update={"updates_per_step": 2}))
+    trainer = run_trainer(several, PAD, GRPOConfig(), optim.model_copy(update={"updates_per_step": 2}))
     seen = []
     original = trainer._update
 
@@ -509,8 +511,8 @@ def test_accumulated_pieces_with_several_updates_equal_train_step():
     batch = _two_groups()
     optim = OptimConfig(lr=1e-2, micro_batch_size=2, updates_per_step=2)
     whole, pieces = tiny_model(), tiny_model()
-    m1 = Trainer(whole, PAD, GRPOConfig(), optim).train_step(batch)
-    trainer = Trainer(pieces, PAD, GRPOConfig(), optim)
+    m1 = run_trainer(whole, PAD, GRPOConfig(), optim).train_step(batch)
+    trainer = run_trainer(pieces, PAD, GRPOConfig(), optim)
     trainer.begin_step()
     trainer.accumulate(_subset(batch, [0, 1, 2]))
     trainer.accumulate(_subset(batch, [3, 4, 5]))
@@ -551,7 +553,7 @@ def test_decoupled_applies_the_truncated_importance_weight():
         ("scaled", GRPOConfig(objective="grpo"), scaled),
     ):
         policy = copy.deepcopy(model)
-        metrics = Trainer(policy, PAD, grpo, optim).train_step(data)
+        metrics = run_trainer(policy, PAD, grpo, optim).train_step(data)
         grads[name] = {k: p.grad.detach().clone() for k, p in policy.named_parameters() if p.grad is not None}
         if name == "decoupled":
             # 5 tokens per sequence: mean w = (0.5 + 2 + 1.5) / 3; one sequence of three truncated;
@@ -566,7 +568,7 @@ def test_decoupled_applies_the_truncated_importance_weight():
 
 
 def test_auto_objective_is_grpo_in_the_trainer():
-    trainer = Trainer(tiny_model(), PAD, GRPOConfig(objective="auto"), OptimConfig())
+    trainer = run_trainer(tiny_model(), PAD, GRPOConfig(objective="auto"), OptimConfig())
     assert trainer.objective == "grpo"
     metrics = trainer.train_step(random_batch())
     assert metrics["is_weight_mean"] == 1.0 and metrics["is_truncated_fraction"] == 0.0
