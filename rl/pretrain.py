@@ -27,6 +27,7 @@ from rl.engine import HFEngine
 from rl.evaluation import evaluate_accuracy
 from rl.generation import SamplingParams
 from rl.models import TinyLlamaShape, build_tiny_llama, save_model
+from rl.optimizer import adamw
 from rl.problems import Problem, eval_set, problem_stream
 
 
@@ -93,7 +94,7 @@ def pretrain(
         TinyLlamaShape(shape.hidden_size, shape.num_layers, shape.num_heads, shape.intermediate_size),
         seed=config.seed,
     )
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.98))
+    optimizer = adamw(model.parameters(), lr=config.lr, betas=(0.9, 0.98))
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min(1.0, (step + 1) / (config.warmup_steps + 1))
     )
@@ -102,7 +103,7 @@ def pretrain(
     held_out = {family: eval_set(family, config.eval_size) for family in config.families}
     eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
     assert isinstance(eos_id, int) and isinstance(pad_id, int), "the character tokenizer has <eos> and <pad>"
-    engine = HFEngine(model, eos_id, pad_id, max_batch_size=256)
+    engine = HFEngine(model, eos_id, pad_id, max_batch_size=256, device=next(model.parameters()).device)
     noise_rng = random.Random(config.seed)
     history: list[tuple[int, float, float]] = []
     start = time.perf_counter()

@@ -29,6 +29,7 @@ from torch import Tensor
 
 from rl.config import GRPOConfig, OptimConfig
 from rl.grpo import entropy_from_logits, policy_loss, token_logprobs
+from rl.optimizer import adamw
 
 LOSS_METRICS = ("loss", "policy_loss")
 """The metrics of `policy_loss` aggregated like the loss; the others are means over tokens."""
@@ -199,9 +200,7 @@ class Trainer:
         self.reference = None
         if grpo.kl_coef > 0:
             self.reference = copy.deepcopy(model).eval().requires_grad_(False)
-        self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay
-        )
+        self.optimizer = adamw(model.parameters(), lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: min(1.0, (step + 1) / (optim.warmup_steps + 1))
         )
