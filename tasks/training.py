@@ -21,17 +21,21 @@ TASK_OPTIONS = {"cache_policy": NO_CACHE, "persist_result": False}
 @task(name="rollout", **TASK_OPTIONS)
 def rollout_task(session_key: str, step: int, last_step: int | None = None) -> dict:
     """Generate `group_size` responses for each of the step's prompts; write them to rollout.jsonl.
-    A progress artifact follows the complete groups while the rollout runs. With bounded
+    A progress artifact follows the complete groups of a rollout that runs over a second. With bounded
     staleness the next steps (up to `last_step`) are admitted too and generate while this one trains."""
     session = get_session(session_key)
-    artifact = create_progress_artifact(
-        progress=0.0,
-        key=artifact_key(f"{session.config.run.name}-rollout"),
-        description=f"step {step}: complete groups (each is trained as soon as it completes)",
-    )
+    artifact = None
 
     def on_progress(done: int, total: int) -> None:
-        update_progress_artifact(artifact, 100.0 * done / total)
+        nonlocal artifact
+        if artifact is not None:
+            update_progress_artifact(artifact, 100.0 * done / total)
+            return
+        artifact = create_progress_artifact(  # once the rollout has run a second (infra.run.group_progress)
+            progress=100.0 * done / total,
+            key=artifact_key(f"{session.config.run.name}-rollout"),
+            description=f"step {step}: complete groups (each is trained as soon as it completes)",
+        )
 
     return session.rollout(step, on_progress, last_step)
 

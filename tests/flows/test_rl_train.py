@@ -98,7 +98,8 @@ def test_two_steps_then_resume(prefect_harness, base_model, tmp_path):
         async with get_client() as client:  # filtered: the session's other runs made many more
             return await client.read_artifacts(**filters)
 
-    wanted = ["flow-test-summary", "flow-test-steps", "flow-test-progress", "flow-test-rollout"]
+    # (no "flow-test-rollout": a rollout shorter than a second makes no progress artifact)
+    wanted = ["flow-test-summary", "flow-test-steps", "flow-test-progress"]
     found = asyncio.run(artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=wanted))))
     assert set(wanted) <= {a.key for a in found}
     step_runs = FlowRunFilter(id=FlowRunFilterId(any_=[r.id for r in runs]))
