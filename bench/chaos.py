@@ -318,7 +318,7 @@ def compare_with_uninterrupted(run_dir: Path, base: Path, config_path: Path, ste
 
     config = load_config(config_path)
     model, tokenizer = load_model(base)
-    engine = HFEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    engine = HFEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, max_batch_size=64, device="cpu")
     base_state = {k: v.clone() for k, v in model.state_dict().items()}
 
     def load_version(version: int) -> None:

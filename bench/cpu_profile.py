@@ -56,7 +56,7 @@ def calibrate(config, slots: int) -> dict:
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     trainer_threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a worker's engine (`infra.rollout.worker.TORCH_THREADS`)
-    engine = HFEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, max_batch_size=slots)
+    engine = HFEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, max_batch_size=slots, device="cpu")
     engine.generate(requests[:8])  # warm-up
     points, prefill = [], []
     for batch in (1, 4, 16, slots // 2, slots):

@@ -55,7 +55,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     model, tokenizer = build_tiny_llama(TinyLlamaShape(), seed=0)
-    engine = HFEngine(model.eval(), tokenizer.eos_token_id, tokenizer.pad_token_id, max_batch_size=args.max_batch_size)
+    engine = HFEngine(
+        model.eval(), tokenizer.eos_token_id, tokenizer.pad_token_id, max_batch_size=args.max_batch_size, device="cpu"
+    )
     requests = make_requests(args.samples, args.min_new, args.max_new, tokenizer.bos_token_id)
     engine.generate(requests[:8])  # warm-up
     seconds = []

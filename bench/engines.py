@@ -120,10 +120,14 @@ def main() -> None:
         eos = tokenizer.eos_token_id
 
         hf_tokens_per_s, hf_results = fastest(
-            HFEngine(model, eos, tokenizer.pad_token_id, args.samples), requests, args.repeats
+            HFEngine(model, eos, tokenizer.pad_token_id, max_batch_size=args.samples, device="cpu"),
+            requests,
+            args.repeats,
         )
         print(f"HF:   {hf_tokens_per_s:,.0f} tokens/s")
-        engine = VLLMEngine(model_dir, eos, VLLMOptions(max_num_seqs=args.samples, kv_cache_bytes=512 << 20))
+        engine = VLLMEngine(
+            model_dir, eos, VLLMOptions(max_num_seqs=args.samples, kv_cache_bytes=512 << 20), dtype="fp32"
+        )
         vllm_tokens_per_s, vllm_results = fastest(engine, requests, args.repeats)
         print(
             f"vLLM: {vllm_tokens_per_s:,.0f} tokens/s; HF vs vLLM token match {token_match(vllm_results, hf_results):.4f}"

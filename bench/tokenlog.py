@@ -158,7 +158,9 @@ def main() -> None:
         print(f"{args.clients} clients at once, each the same: {tokens_per_s:,.0f} tokens/s together")
 
         model, tokenizer = build_tiny_llama(TinyLlamaShape(), seed=0)
-        engine = HFEngine(model.eval(), tokenizer.eos_token_id, tokenizer.pad_token_id, max_batch_size=256)
+        engine = HFEngine(
+            model.eval(), tokenizer.eos_token_id, tokenizer.pad_token_id, max_batch_size=256, device="cpu"
+        )
         prompt = tokenizer("123+456+78=").input_ids
         times = {"engine_only": [], "with_log": []}
         for repeat in range(args.repeats):

@@ -66,7 +66,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model_dir or import_model(SMOLLM2, Path(tmp) / "smollm2").output
         model, tokenizer = load_model(model_dir)
-    engine = StopStrings(HFEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, max_batch_size=64), tokenizer)
+    engine = StopStrings(
+        HFEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, max_batch_size=64, device="cpu"), tokenizer
+    )
     problems = eval_set("words", args.problems)
     config = PromptConfig(chat_template=True)
     prompts = [encode_prompt(tokenizer, p.prompt, config) for p in problems]

@@ -69,10 +69,14 @@ class HFEngine(GenerationEngine):
         model: torch.nn.Module,
         eos_token_id: int,
         pad_token_id: int,
-        max_batch_size: int = 64,
+        *,
+        max_batch_size: int,
+        device: str | torch.device,
         policy_version: int = 0,
-        device: str | torch.device = "cpu",
     ) -> None:
+        """Run `model` on `device` (moved there), `max_batch_size` rows at once: a rollout instance's
+        `fabric.worker.slots`, the in-process rollout's `rollout.max_batch_size` or the engine's own
+        `max_batch_size` (`rl.engine_factory.build_engine`)."""
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.device = torch.device(device)

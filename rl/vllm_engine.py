@@ -155,13 +155,14 @@ class VLLMEngine(GenerationEngine):
         self,
         model_dir: str | Path,
         eos_token_id: int,
-        options: VLLMOptions = VLLMOptions(),
-        dtype: DType = "fp32",
+        options: VLLMOptions,
+        *,
+        dtype: DType,
         policy_version: int = 0,
         sleep_mode: bool = False,
     ) -> None:
-        """`sleep_mode`: make `sleep()` free the device memory (vLLM's sleep mode; GPU only, ignored
-        on the CPU, where vLLM has none)."""
+        """`options`: the run's `rollout.vllm`; `dtype`: its `model.dtype`; `sleep_mode`: make `sleep()`
+        free the device memory (vLLM's sleep mode; GPU only, ignored on the CPU, where vLLM has none)."""
         import_vllm()
         from vllm.engine.arg_utils import EngineArgs
         from vllm.platforms import current_platform

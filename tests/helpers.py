@@ -11,8 +11,9 @@
   length (the engines' resume and cross-engine tests);
 * `on_a_small_disk`: a command run with a small tmpfs mounted in a private mount namespace (the
   full-disk tests);
-* `rollout_fabric`, `run_trainer`: a `RolloutFabric` and a `Trainer` with the settings of the
-  default run configuration (its engine and trainer device; its temperature and checkpointing).
+* `rollout_fabric`, `run_trainer`, `hf_on_cpu`: a `RolloutFabric`, a `Trainer` and an `HFEngine`
+  with the settings of the default run configuration (its engine and trainer device; its
+  temperature and checkpointing; a rollout instance's slots).
 """
 
 from __future__ import annotations
@@ -122,6 +123,16 @@ def run_trainer(model, pad_token_id: int, grpo: GRPOConfig, optim: OptimConfig, 
         "gradient_checkpointing": TrainerConfig().gradient_checkpointing,
     }
     return Trainer(model, pad_token_id, grpo, optim, **(defaults | settings))
+
+
+def hf_on_cpu(model, eos_token_id: int, pad_token_id: int, **settings):
+    """An `HFEngine` of `model` on the CPU, with a rollout instance's default `fabric.worker.slots`
+    rows at once, or the `settings` given (`max_batch_size`, `policy_version`)."""
+    from infra.rollout.settings import WorkerSettings
+    from rl.engine import HFEngine
+
+    defaults = {"max_batch_size": WorkerSettings().slots, "device": "cpu"}
+    return HFEngine(model, eos_token_id, pad_token_id, **(defaults | settings))
 
 
 def resumed(request: GenerationRequest, generated: list[int]) -> GenerationRequest:

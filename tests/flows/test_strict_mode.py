@@ -15,10 +15,10 @@ from safetensors.torch import load_file
 
 from flows.rl_train import rl_train
 from infra.run.config import load_config
-from rl.engine import HFEngine
 from rl.models import load_model
 from rl.prompt_source import PromptSource
 from rl.rollout import build_requests, read_samples
+from tests.helpers import hf_on_cpu
 
 pytestmark = pytest.mark.integration
 
@@ -90,7 +90,7 @@ def test_strict_mode_trains_the_steps_own_tokens_with_the_previous_update(prefec
     assert state.is_completed()
     run_dir = tmp_path / "runs" / "strict"
     model, tokenizer = load_model(base_model)
-    engine = HFEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    engine = hf_on_cpu(model, tokenizer.eos_token_id, tokenizer.pad_token_id)
     prompts = PromptSource(config.data)
     same = total = 0
     for step in range(1, STEPS + 1):

@@ -11,13 +11,12 @@ import torch
 import rl.checkpoint as checkpoint
 from rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rl.config import DataConfig, GRPOConfig, OptimConfig, RolloutConfig
-from rl.engine import HFEngine
 from rl.models import build_tiny_llama
 from rl.prompt_source import PromptSource
 from rl.rollout import build_requests, samples_from_results
 from rl.scoring import score_samples
 from rl.trainer import TrainBatch
-from tests.helpers import run_trainer, tiny_shape
+from tests.helpers import hf_on_cpu, run_trainer, tiny_shape
 
 SHAPE = tiny_shape()
 ROLLOUT = RolloutConfig(prompts_per_step=2, group_size=4, max_new_tokens=4)
@@ -33,7 +32,7 @@ def digit_reward(response: str, answer: str) -> float:
 def build():
     model, tokenizer = build_tiny_llama(SHAPE, seed=0)
     trainer = run_trainer(model, tokenizer.pad_token_id, GRPO, OPTIM, temperature=ROLLOUT.temperature)
-    engine = HFEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    engine = hf_on_cpu(model, tokenizer.eos_token_id, tokenizer.pad_token_id)
     return model, tokenizer, trainer, engine
 
 

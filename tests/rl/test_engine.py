@@ -7,11 +7,10 @@ import random
 import pytest
 import torch
 
-from rl.engine import HFEngine
 from rl.generation import GenerationEngine, GenerationRequest, GenerationResult, SamplingParams
 from rl.models import TinyLlamaShape, build_tiny_llama
 from rl.sampling import _mix64, _mix64_tensor, _signed, gumbel_noise, sample_key
-from tests.helpers import match_rate, resumed, run_and_release
+from tests.helpers import hf_on_cpu, match_rate, resumed, run_and_release
 
 EOS, PAD, BOS = 2, 0, 1
 
@@ -47,7 +46,7 @@ def make_requests(n: int, seed: int = 0, budget: int = 16, **kwargs) -> list[Gen
 
 
 def batch1(model, requests: list[GenerationRequest]) -> list[GenerationResult]:
-    engine = HFEngine(model, EOS, PAD, max_batch_size=1)
+    engine = hf_on_cpu(model, EOS, PAD, max_batch_size=1)
     return [engine.generate([r])[0] for r in requests]
 
 
@@ -79,13 +78,13 @@ def test_gumbel_noise_is_a_pure_function_of_key_position_and_token():
 
 def test_interrupt_and_resume_batch_size_one_is_exact(model):
     request = make_requests(1, seed=3, budget=24)[0]
-    full = HFEngine(model, EOS, PAD).generate([request])[0]
+    full = hf_on_cpu(model, EOS, PAD).generate([request])[0]
     assert len(full.token_ids) >= 8, "pick a seed whose sample is long enough to interrupt"
     for k in sorted({1, 2, len(full.token_ids) // 2, len(full.token_ids) - 1}):
-        partial = run_and_release(HFEngine(model, EOS, PAD), [request], {request.sample_id: k})
+        partial = run_and_release(hf_on_cpu(model, EOS, PAD), [request], {request.sample_id: k})
         prefix = partial[request.sample_id]
         assert prefix == full.token_ids[:k]
-        rest = HFEngine(model, EOS, PAD).generate([resumed(request, prefix)])[0]
+        rest = hf_on_cpu(model, EOS, PAD).generate([resumed(request, prefix)])[0]
         assert rest.token_ids == full.token_ids
         assert rest.finish_reason == full.finish_reason
         torch.testing.assert_close(rest.new_logprobs, full.new_logprobs[k:], atol=1e-4, rtol=0)
@@ -96,8 +95,8 @@ def test_interrupt_and_resume_full_batch(model):
     reference = batch1(model, requests)
     rng = random.Random(0)
     stops = {r.sample_id: rng.randint(1, 19) for r in requests}
-    partial = run_and_release(HFEngine(model, EOS, PAD, max_batch_size=32), requests, stops)
-    continued = HFEngine(model, EOS, PAD, max_batch_size=32).generate(
+    partial = run_and_release(hf_on_cpu(model, EOS, PAD, max_batch_size=32), requests, stops)
+    continued = hf_on_cpu(model, EOS, PAD, max_batch_size=32).generate(
         [resumed(r, partial[r.sample_id]) for r in requests]
     )
     rate = match_rate(continued, reference)
@@ -107,13 +106,13 @@ def test_interrupt_and_resume_full_batch(model):
 
 def test_batched_generation_matches_batch_one(model):
     requests = make_requests(32, seed=6, budget=20)
-    rate = match_rate(HFEngine(model, EOS, PAD, max_batch_size=32).generate(requests), batch1(model, requests))
+    rate = match_rate(hf_on_cpu(model, EOS, PAD, max_batch_size=32).generate(requests), batch1(model, requests))
     print(f"\nbatch of 32 vs batch-1: token match rate {rate:.4f}")
     assert rate >= 0.99
 
 
 def test_same_seed_and_id_repeat_different_ones_differ(model):
-    engine = HFEngine(model, EOS, PAD)
+    engine = hf_on_cpu(model, EOS, PAD)
     base = make_requests(1, seed=7, budget=16)[0]
     variants = [
         base,
@@ -129,7 +128,7 @@ def test_same_seed_and_id_repeat_different_ones_differ(model):
 
 def test_continuous_admission_matches_batch_one(model):
     requests = make_requests(24, seed=9, budget=16)
-    engine = HFEngine(model, EOS, PAD, max_batch_size=8)
+    engine = hf_on_cpu(model, EOS, PAD, max_batch_size=8)
     tokens = {r.sample_id: [] for r in requests}
     reasons = {}
     pending = list(requests)
@@ -157,21 +156,21 @@ def test_continuous_admission_matches_batch_one(model):
 
 def test_finish_reasons(model):
     request = make_requests(1, seed=11, budget=3, sampling=SamplingParams(greedy=True))[0]
-    free = HFEngine(model, eos_token_id=-1, pad_token_id=PAD).generate([request])[0]
+    free = hf_on_cpu(model, eos_token_id=-1, pad_token_id=PAD).generate([request])[0]
     assert free.finish_reason == "length" and len(free.token_ids) == 3 == len(free.new_logprobs)
 
     first = free.token_ids[0]
-    eos_stop = HFEngine(model, eos_token_id=first, pad_token_id=PAD).generate([request])[0]
+    eos_stop = hf_on_cpu(model, eos_token_id=first, pad_token_id=PAD).generate([request])[0]
     assert (eos_stop.token_ids, eos_stop.finish_reason) == ([first], "stop")
     extra = GenerationRequest(
         request.sample_id, request.prompt_ids, 3, sampling=request.sampling, stop_token_ids=(first,)
     )
-    token_stop = HFEngine(model, -1, PAD).generate([extra])[0]
+    token_stop = hf_on_cpu(model, -1, PAD).generate([extra])[0]
     assert (token_stop.token_ids, token_stop.finish_reason) == ([first], "stop")
 
 
 def test_resume_with_nothing_left_to_generate(model):
-    engine = HFEngine(model, EOS, PAD)
+    engine = hf_on_cpu(model, EOS, PAD)
     prompt = [BOS, 10, 11, 12]
     exhausted = GenerationRequest("full", prompt, 3, generated_ids=[20, 21, 22])
     stopped = GenerationRequest("eos", prompt, 8, generated_ids=[20, EOS])
@@ -195,7 +194,7 @@ def test_resume_with_nothing_left_to_generate(model):
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_logprobs_match_a_plain_forward_pass(model, temperature):
     requests = make_requests(8, seed=12, budget=12, sampling=SamplingParams(temperature=temperature))
-    results = HFEngine(model, EOS, PAD).generate(requests)
+    results = hf_on_cpu(model, EOS, PAD).generate(requests)
     with torch.inference_mode():
         for request, result in zip(requests, results):
             ids = torch.tensor([request.prompt_ids + result.token_ids])
@@ -208,7 +207,7 @@ def test_logprobs_match_a_plain_forward_pass(model, temperature):
 def test_top_k_and_top_p_logprobs_are_renormalised(model):
     sampling = SamplingParams(temperature=0.8, top_k=5, top_p=0.6)
     request = make_requests(1, seed=13, budget=10, sampling=sampling)[0]
-    result = HFEngine(model, EOS, PAD).generate([request])[0]
+    result = hf_on_cpu(model, EOS, PAD).generate([request])[0]
     with torch.inference_mode():
         logits = model(input_ids=torch.tensor([request.prompt_ids + result.token_ids])).logits[0].float()
     for i, (token, logprob) in enumerate(zip(result.token_ids, result.new_logprobs)):
@@ -224,7 +223,7 @@ def test_top_k_and_top_p_logprobs_are_renormalised(model):
 def test_top_k_one_equals_greedy(model):
     greedy = make_requests(16, seed=14, budget=12, sampling=SamplingParams(greedy=True))
     top1 = make_requests(16, seed=14, budget=12, sampling=SamplingParams(temperature=1.3, top_k=1))
-    engine = HFEngine(model, EOS, PAD)
+    engine = hf_on_cpu(model, EOS, PAD)
     assert [r.token_ids for r in engine.generate(greedy)] == [r.token_ids for r in engine.generate(top1)]
 
 
@@ -233,7 +232,7 @@ def test_mixed_sampling_params_in_one_batch(model):
     requests[1].sampling = SamplingParams(greedy=True)
     requests[2].sampling = SamplingParams(top_k=3)
     requests[3].sampling = SamplingParams(temperature=0.5, top_p=0.9)
-    together = HFEngine(model, EOS, PAD).generate(requests)
+    together = hf_on_cpu(model, EOS, PAD).generate(requests)
     assert match_rate(together, batch1(model, requests)) == 1.0
 
 
@@ -244,7 +243,7 @@ def test_load_weights_changes_outputs_and_version():
     model, _ = build_tiny_llama(TinyLlamaShape(), seed=0)
     original = {k: v.clone() for k, v in model.state_dict().items()}
     other = build_tiny_llama(TinyLlamaShape(), seed=1)[0].state_dict()
-    engine = HFEngine(model, EOS, PAD)
+    engine = hf_on_cpu(model, EOS, PAD)
     requests = make_requests(8, seed=16, budget=12)
     before = [r.token_ids for r in engine.generate(requests)]
     engine.load_weights(other, version=7)
@@ -255,7 +254,7 @@ def test_load_weights_changes_outputs_and_version():
 
 
 def test_release_waiting_and_running_requests(model):
-    engine = HFEngine(model, EOS, PAD, max_batch_size=2)
+    engine = hf_on_cpu(model, EOS, PAD, max_batch_size=2)
     requests = make_requests(4, seed=17, budget=10)
     requests[3] = resumed(requests[3], [40, 41])
     for request in requests:
@@ -292,25 +291,25 @@ def test_invalid_inputs_raise():
 
 
 def test_duplicate_sample_id_raises(model):
-    engine = HFEngine(model, EOS, PAD)
+    engine = hf_on_cpu(model, EOS, PAD)
     engine.add(GenerationRequest("a", [BOS, 5], 4))
     with pytest.raises(ValueError, match="already live"):
         engine.add(GenerationRequest("a", [BOS, 6], 4))
     with pytest.raises(RuntimeError, match="idle"):
         engine.generate([GenerationRequest("b", [BOS], 4)])
     with pytest.raises(ValueError, match="duplicate"):
-        HFEngine(model, EOS, PAD).generate([GenerationRequest("c", [BOS], 4)] * 2)
+        hf_on_cpu(model, EOS, PAD).generate([GenerationRequest("c", [BOS], 4)] * 2)
 
 
 def test_hf_engine_is_a_generation_engine(model):
-    assert isinstance(HFEngine(model, EOS, PAD), GenerationEngine)
+    assert isinstance(hf_on_cpu(model, EOS, PAD), GenerationEngine)
 
 
 def test_sleep_drops_the_cache_and_wake_generates_the_same_tokens(model):
     from rl.stops import StopStrings
 
     requests = make_requests(6, seed=7, budget=12)
-    engine = HFEngine(model, EOS, PAD, max_batch_size=4)
+    engine = hf_on_cpu(model, EOS, PAD, max_batch_size=4)
     before = [r.token_ids for r in engine.generate(requests)]
 
     engine.add(make_requests(1, seed=8)[0])

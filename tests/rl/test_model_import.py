@@ -10,12 +10,11 @@ import json
 import pytest
 import torch
 
-from rl.engine import HFEngine
 from rl.generation import GenerationRequest, SamplingParams
 from rl.model_import import SMOLLM2, ModelImportError, has_chat_template, import_model, resolve_source
 from rl.models import load_model, smollm2_gguf
 from rl.prompts import encode_prompt
-from tests.helpers import save_tiny_model
+from tests.helpers import hf_on_cpu, save_tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +57,7 @@ def test_imported_smollm2_matches_the_gguf_logits_and_generates(smollm2):
         got = model(torch.tensor([prompt])).logits
         want = reference(torch.tensor([prompt])).logits
     assert torch.equal(got, want)
-    engine = HFEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    engine = hf_on_cpu(model, tokenizer.eos_token_id, tokenizer.pad_token_id)
     [result] = engine.generate([GenerationRequest("q", prompt, 16, sampling=SamplingParams(greedy=True))])
     assert tokenizer.decode(result.token_ids, skip_special_tokens=True).strip()
 

@@ -7,10 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rl.engine import HFEngine
 from rl.generation import GenerationRequest, SamplingParams
 from rl.models import TinyLlamaShape, build_tiny_llama, load_model, save_model, smollm2_gguf
-from tests.helpers import tiny_model
+from tests.helpers import hf_on_cpu, tiny_model
 
 
 def test_tiny_llama_round_trips_through_an_hf_directory(tmp_path):
@@ -48,7 +47,7 @@ def test_smollm2_gguf_loads_and_generates():
     assert 130e6 < sum(p.numel() for p in model.parameters()) < 140e6
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 2+2?"}], add_generation_prompt=True)
     prompt_ids = prompt if isinstance(prompt, list) else prompt["input_ids"]
-    engine = HFEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id or tokenizer.eos_token_id)
+    engine = hf_on_cpu(model, tokenizer.eos_token_id, tokenizer.pad_token_id or tokenizer.eos_token_id)
     [result] = engine.generate([GenerationRequest("q", list(prompt_ids), 12, sampling=SamplingParams(greedy=True))])
     text = tokenizer.decode(result.token_ids, skip_special_tokens=True)
     assert len(result.token_ids) > 0 and text.strip(), f"empty generation: {result}"

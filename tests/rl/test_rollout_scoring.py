@@ -8,7 +8,6 @@ import pytest
 
 from rl.config import GRPOConfig, RolloutConfig
 from rl.datasets import PromptRecord
-from rl.engine import HFEngine
 from rl.generation import GenerationRequest, GenerationResult
 from rl.rewards import ADD_FORMAT, make_reward_fn
 from rl.rollout import (
@@ -22,7 +21,7 @@ from rl.rollout import (
 )
 from rl.scoring import score_samples
 from rl.tokenizer import build_char_tokenizer
-from tests.helpers import tiny_model
+from tests.helpers import hf_on_cpu, tiny_model
 
 TOKENIZER = build_char_tokenizer()
 RECORDS = [PromptRecord("12+34=", "46", 1), PromptRecord("100+5=", "105", 2), PromptRecord("7+8=", "15", 3)]
@@ -52,7 +51,7 @@ def test_build_requests_groups_ids_and_seed():
 
 def test_rollout_with_the_engine_is_reproducible():
     model, tokenizer = tiny_model(seed=0)
-    engine = HFEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    engine = hf_on_cpu(model, tokenizer.eos_token_id, tokenizer.pad_token_id)
     config = RolloutConfig(group_size=4, max_new_tokens=5)
     requests = build_requests(tokenizer, RECORDS[:2], 1, config, run_seed=0)
     first = samples_from_results(requests, engine.generate(requests), policy_version=3)

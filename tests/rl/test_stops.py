@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from rl.engine import HFEngine
 from rl.generation import FINISH_STOP, GenerationRequest, SamplingParams
 from rl.models import build_tiny_llama
 from rl.stops import StopStrings, find_stop, window_tokens
-from tests.helpers import resumed, run_and_release, tiny_shape
+from tests.helpers import hf_on_cpu, resumed, run_and_release, tiny_shape
 
 SHAPE = tiny_shape(smallest=True)
 
@@ -92,7 +91,9 @@ def make_requests(tokenizer, stop=(), max_new: int = 40) -> list[GenerationReque
 
 def engine_of(tiny, batch: int = 8) -> StopStrings:
     model, tokenizer = tiny
-    return StopStrings(HFEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, max_batch_size=batch), tokenizer)
+    return StopStrings(
+        hf_on_cpu(model, tokenizer.eos_token_id, tokenizer.pad_token_id, max_batch_size=batch), tokenizer
+    )
 
 
 def a_stop_string(tokenizer, results) -> str:
@@ -124,7 +125,7 @@ def test_a_stop_string_ends_the_response_after_its_completing_token(tiny):
 
 def test_requests_without_stop_strings_pass_through(tiny):
     model, tokenizer = tiny
-    raw = HFEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id).generate(make_requests(tokenizer))
+    raw = hf_on_cpu(model, tokenizer.eos_token_id, tokenizer.pad_token_id).generate(make_requests(tokenizer))
     wrapped = engine_of(tiny).generate(make_requests(tokenizer))
     assert [r.token_ids for r in wrapped] == [r.token_ids for r in raw]
 

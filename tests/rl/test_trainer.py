@@ -14,11 +14,10 @@ import torch
 
 import rl
 from rl.config import GRPOConfig, OptimConfig
-from rl.engine import HFEngine
 from rl.generation import GenerationRequest, SamplingParams
 from rl.models import build_tiny_llama
 from rl.trainer import TrainBatch, concat_batches, mini_batches
-from tests.helpers import run_trainer, tiny_shape
+from tests.helpers import hf_on_cpu, run_trainer, tiny_shape
 
 SHAPE = tiny_shape()
 PAD, BOS, EOS = 0, 1, 2
@@ -236,7 +235,7 @@ def test_one_update_per_step_has_unit_ratio_and_no_clipping():
 def test_engine_logprobs_agree_with_the_trainer(temperature):
     """Sampled with HFEngine (left padding, KV cache) vs scored by the trainer (right padding)."""
     model = tiny_model(seed=1)
-    engine = HFEngine(model, EOS, PAD, max_batch_size=16)
+    engine = hf_on_cpu(model, EOS, PAD, max_batch_size=16)
     rng = random.Random(0)
     requests = [
         GenerationRequest(

@@ -21,7 +21,7 @@ from rl.engine_spec import EngineSpec
 from rl.generation import GenerationEngine, GenerationRequest, GenerationResult, SamplingParams
 from rl.models import TinyLlamaShape, load_model
 from rl.vllm_engine import VLLMEngine, import_vllm
-from tests.helpers import REPO_ROOT, match_rate, resumed, run_and_release, save_tiny_model
+from tests.helpers import REPO_ROOT, hf_on_cpu, match_rate, resumed, run_and_release, save_tiny_model
 
 pytestmark = pytest.mark.integration
 
@@ -49,7 +49,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(vllm_installed, model_dir):
-    engine = VLLMEngine(model_dir, EOS, OPTIONS)
+    engine = VLLMEngine(model_dir, EOS, OPTIONS, dtype="fp32")
     yield engine
     engine.close()
 
@@ -57,14 +57,14 @@ def engine(vllm_installed, model_dir):
 @pytest.fixture(scope="module")
 def process_engine(engine, model_dir):
     """A second engine, its engine core in a child process (in-process engines are one per process)."""
-    process_engine = VLLMEngine(model_dir, EOS, OPTIONS.model_copy(update={"multiprocessing": True}))
+    process_engine = VLLMEngine(model_dir, EOS, OPTIONS.model_copy(update={"multiprocessing": True}), dtype="fp32")
     yield process_engine
     process_engine.close()
 
 
 @pytest.fixture(scope="module")
 def hf_engine(model_dir):
-    return HFEngine(load_model(model_dir)[0], EOS, pad_token_id=0)
+    return hf_on_cpu(load_model(model_dir)[0], EOS, pad_token_id=0)
 
 
 @pytest.fixture
@@ -256,7 +256,7 @@ def assert_weights_switch_and_back(engine: VLLMEngine, model_dir, version: int) 
     assert match_rate(switched, before) < 0.5
     hf_other = load_model(model_dir)[0]
     hf_other.load_state_dict(other)
-    assert match_rate(switched, HFEngine(hf_other, EOS, pad_token_id=0).generate(requests)) >= 0.99
+    assert match_rate(switched, hf_on_cpu(hf_other, EOS, pad_token_id=0).generate(requests)) >= 0.99
     engine.load_weights(original, version + 1)
     assert engine.policy_version == version + 1
     back = engine.generate(requests)
@@ -309,7 +309,7 @@ for generator in (torch.manual_seed, random.seed, numpy.random.seed):
 want = draws()
 for generator in (torch.manual_seed, random.seed, numpy.random.seed):
     generator(123)
-engine = VLLMEngine({str(model_dir)!r}, {EOS}, VLLMOptions(kv_cache_bytes=64 << 20))
+engine = VLLMEngine({str(model_dir)!r}, {EOS}, VLLMOptions(kv_cache_bytes=64 << 20), dtype="fp32")
 assert draws() == want, "the random state moved"
 assert torch.get_num_threads() == 2, torch.get_num_threads()
 engine.close()
@@ -329,7 +329,7 @@ from rl.generation import GenerationRequest
 from rl.vllm_engine import VLLMEngine
 from rl.config import VLLMOptions
 
-engine = VLLMEngine({str(model_dir)!r}, {EOS}, VLLMOptions(kv_cache_bytes=64 << 20))
+engine = VLLMEngine({str(model_dir)!r}, {EOS}, VLLMOptions(kv_cache_bytes=64 << 20), dtype="fp32")
 assert len(engine.generate([GenerationRequest("a", [{BOS}, 5, 6], 4)])[0].token_ids) >= 1
 engine.close()
 """
@@ -338,19 +338,19 @@ engine.close()
 
 def test_a_second_in_process_engine_is_refused(idle_engine, model_dir):
     with pytest.raises(RuntimeError, match="another in-process VLLMEngine is open"):
-        VLLMEngine(model_dir, EOS, OPTIONS)
+        VLLMEngine(model_dir, EOS, OPTIONS, dtype="fp32")
 
 
 def test_missing_vllm_names_the_extra(model_dir, monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # what `import vllm` meets without the package
     with pytest.raises(ImportError, match=r"\.\[vllm\]"):
-        VLLMEngine(model_dir, EOS, OPTIONS)
+        VLLMEngine(model_dir, EOS, OPTIONS, dtype="fp32")
 
 
 def test_a_head_dim_the_cpu_kernels_refuse_fails_before_starting(vllm_installed, tmp_path):
     odd = save_tiny_model(tmp_path / "odd", TinyLlamaShape(hidden_size=96, num_layers=1, num_heads=2))
     with pytest.raises(ValueError, match=r"head_dim 48 is not supported .*supported: 32, 64, 80"):
-        VLLMEngine(odd, EOS, OPTIONS)
+        VLLMEngine(odd, EOS, OPTIONS, dtype="fp32")
 
 
 def test_build_engine_makes_a_bf16_vllm_engine_that_draws_what_hf_draws_in_bf16(vllm_installed, model_dir):

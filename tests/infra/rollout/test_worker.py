@@ -36,11 +36,10 @@ from infra.rollout.worker import WorkerConfig
 from infra.weights.config import WeightsConfig
 from infra.weights.publisher import WeightPublisher
 from infra.weights.shared import drain_transfers, share_config
-from rl.engine import HFEngine
 from rl.generation import GenerationRequest, SamplingParams
 from rl.models import build_tiny_llama, save_model
 from rl.stops import StopStrings
-from tests.helpers import REPO_ROOT, tiny_shape
+from tests.helpers import REPO_ROOT, hf_on_cpu, tiny_shape
 
 pytestmark = pytest.mark.integration
 
@@ -217,7 +216,7 @@ class Cluster:
             for j in range(g.n)
         ]
         engine = StopStrings(
-            HFEngine(self.model, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id, max_batch_size=8),
+            hf_on_cpu(self.model, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id, max_batch_size=8),
             self.tokenizer,
         )
         return {r.sample_id: r.token_ids for r in engine.generate(requests)}

@@ -14,12 +14,11 @@ import torch
 from infra.providers.pool import PoissonAvailability
 from infra.run.fabric_config import FabricConfig
 from rl.config import DataConfig, RolloutConfig, VLLMOptions
-from rl.engine import HFEngine
 from rl.engine_spec import EngineSpec
 from rl.models import load_model
 from rl.prompt_source import PromptSource
 from rl.rollout import build_requests
-from tests.helpers import rollout_fabric, save_tiny_model, tiny_shape
+from tests.helpers import hf_on_cpu, rollout_fabric, save_tiny_model, tiny_shape
 
 pytestmark = pytest.mark.integration
 
@@ -97,7 +96,7 @@ def test_random_preemptions_lose_nothing_and_change_no_token(tmp_path, engine_ki
     base_state = {k: v.clone() for k, v in model.state_dict().items()}
     rollout = RolloutConfig(prompts_per_step=12, group_size=4, max_new_tokens=96)
     prompts = PromptSource(DataConfig(family="chain"))
-    engine = HFEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    engine = hf_on_cpu(model, tokenizer.eos_token_id, tokenizer.pad_token_id)
 
     fabric = rollout_fabric(config, "chaos", tmp_path / "run", tmp_path / "base", engine=engine_spec)
     migrations = exact = total = matching = positions = 0

@@ -12,11 +12,10 @@ import pytest
 from flows.rl_train import rl_train
 from infra.ledger import Ledger
 from infra.run.config import load_config
-from rl.engine import HFEngine
 from rl.models import load_model, save_model
 from rl.prompt_source import PromptSource
 from rl.rollout import build_requests, read_samples
-from tests.helpers import tiny_model
+from tests.helpers import hf_on_cpu, tiny_model
 
 pytestmark = pytest.mark.integration
 
@@ -89,7 +88,7 @@ def test_fabric_run_with_preemptions_matches_in_process_generation(prefect_harne
 
     # Step 1 ran on version 0 (the base model): regenerate it in process and compare token by token.
     base_model, base_tokenizer = load_model(base)
-    engine = HFEngine(base_model, base_tokenizer.eos_token_id, base_tokenizer.pad_token_id)
+    engine = hf_on_cpu(base_model, base_tokenizer.eos_token_id, base_tokenizer.pad_token_id)
     records = PromptSource(config.data).take(0, 6)
     requests = build_requests(base_tokenizer, records, 1, config.rollout, config.run.seed)
     expected = {r.sample_id: res.token_ids for r, res in zip(requests, engine.generate(requests))}

@@ -121,7 +121,9 @@ VLLM_HOLDER = textwrap.dedent(
     from rl.vllm_engine import VLLMEngine
 
     if __name__ == "__main__":
-        VLLMEngine(sys.argv[1], 0, VLLMOptions(max_num_seqs=4, kv_cache_bytes=32 << 20, multiprocessing=True))
+        VLLMEngine(
+            sys.argv[1], 0, VLLMOptions(max_num_seqs=4, kv_cache_bytes=32 << 20, multiprocessing=True), dtype="fp32"
+        )
         print("ready", flush=True)
         time.sleep(600)
     """

@@ -29,11 +29,10 @@ from infra.run.redis_outage import public_url
 from infra.services.ports import free_port
 from infra.services.redis_embedded import EmbeddedRedis
 from rl.config import DataConfig, RolloutConfig
-from rl.engine import HFEngine
 from rl.models import load_model
 from rl.prompt_source import PromptSource
 from rl.rollout import build_requests
-from tests.helpers import REPO_ROOT, rollout_fabric, save_tiny_model, tiny_shape, wait_for
+from tests.helpers import REPO_ROOT, hf_on_cpu, rollout_fabric, save_tiny_model, tiny_shape, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -92,7 +91,7 @@ def _step_through(tmp_path, name: str, appendfsync: str, interrupt: Callable[[To
     samples = result["samples"]
     ids = [s.sample_id for s in samples]
     assert len(ids) == len(set(ids)) == 24 and not result["report"].groups_dropped
-    engine = HFEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    engine = hf_on_cpu(model, tokenizer.eos_token_id, tokenizer.pad_token_id)
     requests = build_requests(tokenizer, records, 1, rollout, run_seed=3)
     expected = {r.sample_id: res.token_ids for r, res in zip(requests, engine.generate(requests))}
     positions = sum(max(len(expected[s.sample_id]), len(s.response_ids)) for s in samples)

@@ -35,11 +35,10 @@ from infra.ledger.models import Instance, Run
 from infra.rollout.tokenlog import TokenLog
 from infra.run.config import load_config
 from infra.services.redis_embedded import EmbeddedRedis
-from rl.engine import HFEngine
 from rl.models import load_model
 from rl.prompt_source import PromptSource
 from rl.rollout import build_requests, read_samples
-from tests.helpers import REPO_ROOT, save_tiny_model, tiny_shape, wait_for
+from tests.helpers import REPO_ROOT, hf_on_cpu, save_tiny_model, tiny_shape, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -162,7 +161,7 @@ def test_a_sigkilled_run_rerun_is_the_same_run_and_resumes_its_step(prefect_harn
     config = load_config(config_path)
     records = PromptSource(config.data).take(PROMPTS, PROMPTS)
     requests = build_requests(tokenizer, records, 2, config.rollout, config.run.seed, config.prompt)
-    engine = HFEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    engine = hf_on_cpu(model, tokenizer.eos_token_id, tokenizer.pad_token_id)
     expected = {r.sample_id: res.token_ids for r, res in zip(requests, engine.generate(requests))}
     got = {s.sample_id: s.response_ids for s in samples}
     positions = sum(max(len(expected[k]), len(got[k])) for k in expected)

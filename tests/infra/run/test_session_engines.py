@@ -14,7 +14,7 @@ from rl.engine import HFEngine
 from rl.generation import SamplingParams
 from rl.rollout import build_requests
 from rl.vllm_engine import VLLMEngine
-from tests.helpers import match_rate, save_tiny_model, tiny_shape
+from tests.helpers import hf_on_cpu, match_rate, save_tiny_model, tiny_shape
 
 pytestmark = pytest.mark.integration
 
@@ -55,7 +55,7 @@ def test_a_bf16_vllm_engine_follows_the_fp32_trainer(tmp_path):
         engine = session.engine
         assert engine.policy_version == 2
         # The engine decodes what the trained weights decode (HF on a bf16 copy of them), not the base model.
-        hf = HFEngine(session.model.to(torch.bfloat16), session.tokenizer.eos_token_id, session.tokenizer.pad_token_id)
+        hf = hf_on_cpu(session.model.to(torch.bfloat16), session.tokenizer.eos_token_id, session.tokenizer.pad_token_id)
         requests = [
             replace(r, sampling=SamplingParams(greedy=True))
             for r in build_requests(session.tokenizer, session._records(), 3, session.config.rollout, 0)
