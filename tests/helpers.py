@@ -6,6 +6,8 @@
 * `tiny_shape`, `tiny_model`, `save_tiny_model`: the tests' tiny Llama (2 layers of width 64, or
   the smallest: 1 layer), built in memory or saved as a Hugging Face model directory (the base
   model of training runs, rollout instances, flows and the stack in their tests);
+* `tiny_run`, `as_set_flags`: the overrides of the smallest run of the real pipeline, and the same
+  as `--set key=value` arguments of `rlboost train`;
 * `resumed`, `match_rate`, `run_and_release`: a generation request continued from a prefix, the
   fraction of tokens two sets of responses share, and a run that releases each sample at a chosen
   length (the engines' resume and cross-engine tests);
@@ -18,6 +20,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 import shutil
 import subprocess
@@ -96,6 +99,58 @@ def save_tiny_model(path: Path, shape=None, seed: int = 0) -> Path:
     model, tokenizer = build_tiny_llama(shape or tiny_shape(smallest=True), seed=seed)
     save_model(model, tokenizer, path)
     return path
+
+
+def tiny_run(
+    model: Path | str,
+    tmp_path: Path,
+    name: str = "tiny",
+    steps: int | None = 1,
+    overrides: dict[str, object] | None = None,
+) -> dict[str, object]:
+    """The dotted-key overrides of a tiny run: the smallest run of the real pipeline (the loaded
+    configuration's values otherwise, the demo's for `load_config(None, ...)` and the flow) that
+    still goes once through the whole loop: generate, score, train, publish the weights, evaluate
+    and checkpoint. Its defaults, and why:
+
+    * `model.path`: `model`, the test's base model (`save_tiny_model`);
+    * `run.output_dir`: `tmp_path / "runs"`, so the run's directory is `tmp_path / "runs" / name`;
+    * `run.name`: `name`;
+    * `run.steps`: `steps`; one step already runs every part of the loop once;
+    * `run.checkpoint_every`, `eval.every`: `steps`; the loop checkpoints and evaluates after the
+      last step (and evaluates before the first) anyway, so a run pays for each once, no more;
+    * `rollout.prompts_per_step`, `rollout.group_size`: 4 and 4, 16 samples a step: a group of 4
+      gives GRPO's group-relative advantage a spread of rewards, and 4 groups still spread over
+      the demo fabric's 3 instances;
+    * `eval.size`: 8 held-out problems: the evaluation runs and reports, at little cost.
+
+    The fabric, `rollout.max_new_tokens` and the ledger are the configuration's: a test that needs
+    another value passes it in `overrides`, which win over the defaults; a key given as None is
+    left out, to keep the configuration's value (e.g. the demo's batch). `steps=None` leaves
+    `run.steps`, `run.checkpoint_every` and `eval.every` to the configuration too (a session the
+    test drives step by step)."""
+    run: dict[str, object] = {
+        "model.path": str(model),
+        "run.output_dir": str(tmp_path / "runs"),
+        "run.name": name,
+        "rollout.prompts_per_step": 4,
+        "rollout.group_size": 4,
+        "eval.size": 8,
+    }
+    if steps is not None:
+        run |= {"run.steps": steps, "run.checkpoint_every": steps, "eval.every": steps}
+    run |= overrides or {}
+    return {key: value for key, value in run.items() if value is not None}
+
+
+def as_set_flags(overrides: dict[str, object]) -> list[str]:
+    """`overrides` as the `--set key=value` arguments of `rlboost train` (values in YAML: JSON for
+    sections and lists, `true`/`false` for booleans)."""
+    flags = []
+    for key, value in overrides.items():
+        text = value if isinstance(value, str) else json.dumps(value)
+        flags += ["--set", f"{key}={text}"]
+    return flags
 
 
 def rollout_fabric(

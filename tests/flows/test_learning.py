@@ -37,6 +37,7 @@ import pytest
 
 import rl.scoring
 from flows.rl_train import rl_train
+from tests.helpers import tiny_run
 
 pytestmark = pytest.mark.integration
 
@@ -47,16 +48,8 @@ MARGIN_POINTS = 10.0
 
 def _train(model: Path, tmp_path: Path, k: int, name: str, seed: int = 0) -> tuple[dict, list[dict]]:
     """Run the demo for `STEPS` steps at max_staleness `k`; its summary and per-step metrics."""
-    overrides = {
-        "model.path": str(model),
-        "run.output_dir": str(tmp_path / "runs"),
-        "run.name": name,
-        "run.steps": STEPS,
-        "run.seed": seed,
-        "run.checkpoint_every": STEPS,
-        "eval.every": STEPS,
-        "training.max_staleness": k,
-    }
+    demo_batch = {"rollout.prompts_per_step": None, "rollout.group_size": None, "eval.size": None}
+    overrides = tiny_run(model, tmp_path, name, STEPS, {"run.seed": seed, "training.max_staleness": k, **demo_batch})
     state = rl_train(overrides=overrides, return_state=True)
     assert state.is_completed()
     summary = state.result()

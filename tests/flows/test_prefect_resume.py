@@ -25,7 +25,7 @@ from prefect.settings import PREFECT_API_URL
 from flows.rl_train import rl_train
 from rl.checkpoint import latest_checkpoint
 from rl.rollout import read_samples
-from tests.helpers import REPO_ROOT, save_tiny_model, tiny_shape
+from tests.helpers import REPO_ROOT, save_tiny_model, tiny_run, tiny_shape
 
 pytestmark = pytest.mark.integration
 
@@ -38,19 +38,8 @@ rl_train(overrides=json.loads(sys.argv[1]))
 """
 
 
-def _overrides(base: Path, output: Path, steps: int) -> dict:
-    return {
-        "model.path": str(base),
-        "run.output_dir": str(output),
-        "run.name": RUN,
-        "run.steps": steps,
-        "run.checkpoint_every": 1,
-        "rollout.prompts_per_step": 4,
-        "rollout.group_size": 4,
-        "eval.size": 8,
-        "eval.every": 100,
-        "fabric.enabled": False,
-    }
+def _overrides(base: Path, tmp_path: Path, steps: int) -> dict:
+    return tiny_run(base, tmp_path, RUN, steps, {"run.checkpoint_every": 1, "eval.every": 100, "fabric.enabled": False})
 
 
 def _step_runs(flow_run_id) -> list[str]:
@@ -72,7 +61,7 @@ def test_rerun_after_a_crash_continues_and_extra_steps_train_on_fresh_prompts(pr
     base = tmp_path / "base"
     save_tiny_model(base, tiny_shape())
     run_dir = tmp_path / "runs" / RUN
-    overrides = _overrides(base, tmp_path / "runs", steps=3)
+    overrides = _overrides(base, tmp_path, steps=3)
 
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PYTHONPATH": str(ROOT)}
     crashing = subprocess.Popen(

@@ -22,7 +22,7 @@ from prefect.client.schemas.filters import (
 
 from flows.rl_train import rl_train
 from infra.ledger import Ledger
-from tests.helpers import save_tiny_model, tiny_shape
+from tests.helpers import save_tiny_model, tiny_run, tiny_shape
 
 pytestmark = pytest.mark.integration
 
@@ -34,17 +34,9 @@ def base_model(tmp_path_factory):
 
 
 def _overrides(base_model, tmp_path, steps):
-    return {
-        "model.path": str(base_model),
-        "run.output_dir": str(tmp_path / "runs"),
-        "run.name": "flow-test",
-        "run.steps": steps,
-        "run.checkpoint_every": 1,
-        "rollout.prompts_per_step": 4,
-        "rollout.group_size": 4,
-        "eval.size": 16,
-        "eval.every": 1,
-    }
+    return tiny_run(
+        base_model, tmp_path, "flow-test", steps, {"run.checkpoint_every": 1, "eval.size": 16, "eval.every": 1}
+    )
 
 
 async def _children(flow_run_id):

@@ -19,7 +19,7 @@ from prefect.client.schemas.filters import (
 
 from flows.rl_train import rl_train
 from rl.rollout import read_samples
-from tests.helpers import save_tiny_model, tiny_shape
+from tests.helpers import save_tiny_model, tiny_run, tiny_shape
 
 pytestmark = pytest.mark.integration
 
@@ -33,19 +33,13 @@ def base_model(tmp_path_factory):
 
 
 def _overrides(base_model, tmp_path, steps):
-    return {
-        "model.path": str(base_model),
-        "run.output_dir": str(tmp_path / "runs"),
-        "run.name": "stale-test",
-        "run.steps": steps,
-        "run.checkpoint_every": 2,
-        "rollout.prompts_per_step": 4,
-        "rollout.group_size": 4,
-        "rollout.max_new_tokens": 12,
-        "eval.size": 8,
-        "eval.every": 100,
-        "training.max_staleness": K,
-    }
+    return tiny_run(
+        base_model,
+        tmp_path,
+        "stale-test",
+        steps,
+        {"run.checkpoint_every": 2, "rollout.max_new_tokens": 12, "eval.every": 100, "training.max_staleness": K},
+    )
 
 
 async def _step_tasks(flow_run_id):

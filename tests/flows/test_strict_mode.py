@@ -18,7 +18,7 @@ from infra.run.config import load_config
 from rl.models import load_model
 from rl.prompt_source import PromptSource
 from rl.rollout import build_requests, read_samples
-from tests.helpers import hf_on_cpu
+from tests.helpers import hf_on_cpu, tiny_run
 
 pytestmark = pytest.mark.integration
 
@@ -74,16 +74,20 @@ def _previous_trainer_replay(base, run_dir, config) -> dict[str, torch.Tensor]:
 
 
 def test_strict_mode_trains_the_steps_own_tokens_with_the_previous_update(prefect_harness, base_model, tmp_path):
-    overrides = {
-        "model.path": str(base_model),
-        "run.output_dir": str(tmp_path / "runs"),
-        "run.name": "strict",
-        "run.steps": STEPS,
-        "run.checkpoint_every": 1,
-        "run.keep_checkpoints": STEPS + 1,
-        "eval.size": 16,
-        "eval.every": 100,
-    }
+    demo_batch = {"rollout.prompts_per_step": None, "rollout.group_size": None}
+    overrides = tiny_run(
+        base_model,
+        tmp_path,
+        "strict",
+        STEPS,
+        {
+            "run.checkpoint_every": 1,
+            "run.keep_checkpoints": STEPS + 1,
+            "eval.size": 16,
+            "eval.every": 100,
+            **demo_batch,
+        },
+    )
     config = load_config(None, overrides)  # the demo configuration, three steps
     assert config.training.max_staleness == 0 and config.fabric.enabled and config.fabric.stream_training
     state = rl_train(overrides=overrides, return_state=True)

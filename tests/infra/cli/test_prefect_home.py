@@ -16,18 +16,11 @@ import prefect
 import pytest
 
 from infra.services.prefect_home import HOME_ENV, database_problem, known_revisions, own_prefect, sqlite_path
-from tests.helpers import save_tiny_model
+from tests.helpers import as_set_flags, save_tiny_model, tiny_run
 
 OTHER_REVISION = "27d8f4e1a6c9"
 """The revision that Prefect 3.9.1 migrates its SQLite database to, unknown to Prefect 3.7."""
-SHORT_RUN = [
-    "run.name=home",
-    "run.steps=1",
-    "fabric.enabled=false",
-    "rollout.prompts_per_step=2",
-    "rollout.group_size=2",
-    "eval.every=100",
-]
+SHORT_RUN = {"fabric.enabled": False, "rollout.prompts_per_step": 2, "rollout.group_size": 2, "eval.every": 100}
 
 
 def _stamped_database(path: Path, revision: str = OTHER_REVISION) -> Path:
@@ -58,10 +51,6 @@ def _environment(home: Path, **extra: str) -> dict[str, str]:
 def _rlboost(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "infra.cli", *args]
     return subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
-
-
-def _sets(pairs: list[str]) -> list[str]:
-    return [arg for pair in pairs for arg in ("--set", pair)]
 
 
 def test_a_database_of_another_prefect_version_is_named_with_its_revision_and_the_fix(tmp_path):
@@ -125,7 +114,7 @@ def test_train_never_touches_a_home_prefect_of_another_version(tmp_path):
     _stamped_database(user_prefect / "prefect.db")
     before = _snapshot(user_prefect)
     model = save_tiny_model(tmp_path / "base")
-    args = ["train", *_sets([f"model.path={model}", f"run.output_dir={tmp_path / 'runs'}", *SHORT_RUN])]
+    args = ["train", *as_set_flags(tiny_run(model, tmp_path, "home", overrides=SHORT_RUN))]
     done = _rlboost(args, _environment(tmp_path / "home"), cwd=tmp_path)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     assert _snapshot(user_prefect) == before
@@ -140,9 +129,9 @@ def test_a_project_home_of_another_version_stops_the_command_with_one_line(tmp_p
     stamped = _stamped_database(tmp_path / "prefect-home" / "prefect.db")
     before = stamped.read_bytes()
     base = tmp_path / "base"
-    sets = [f"model.path={base}", f"pretrain.output={base}", f"run.output_dir={tmp_path / 'runs'}", *SHORT_RUN]
+    sets = tiny_run(base, tmp_path, "home", overrides={"pretrain.output": str(base), **SHORT_RUN})
     env = _environment(tmp_path / "home", RLBOOST_PREFECT_HOME=str(tmp_path / "prefect-home"))
-    done = _rlboost([command, *_sets(sets)], env, cwd=tmp_path, timeout=120)
+    done = _rlboost([command, *as_set_flags(sets)], env, cwd=tmp_path, timeout=120)
     lines = done.stdout.splitlines()
     assert done.returncode == 2, done.stdout + done.stderr
     assert "Traceback" not in done.stdout + done.stderr, done.stdout + done.stderr
@@ -166,7 +155,7 @@ def test_a_server_that_cannot_start_is_one_line_naming_its_log(tmp_path):
     home = tmp_path / "prefect-home"
     (home / "prefect.db").mkdir(parents=True)
     model = save_tiny_model(tmp_path / "base")
-    args = ["train", *_sets([f"model.path={model}", f"run.output_dir={tmp_path / 'runs'}", *SHORT_RUN])]
+    args = ["train", *as_set_flags(tiny_run(model, tmp_path, "home", overrides=SHORT_RUN))]
     done = _rlboost(args, _environment(tmp_path / "home", RLBOOST_PREFECT_HOME=str(home)), cwd=tmp_path)
     log = tmp_path / "runs" / "home" / "prefect-server.log"
     assert done.returncode == 1, done.stdout + done.stderr

@@ -37,24 +37,27 @@ def test_rlboost_train_on_a_full_disk_stops_with_one_line_and_exit_2(tmp_path):
     import sys
     from pathlib import Path
 
-    from tests.helpers import on_a_small_disk, save_tiny_model
+    from tests.helpers import as_set_flags, on_a_small_disk, save_tiny_model, tiny_run
 
     model = save_tiny_model(tmp_path / "base")
     disk = tmp_path / "disk"
-    sets = [
-        f"model.path={model}",
-        f"run.output_dir={disk}",
-        "run.name=full",
-        "run.steps=3",
-        "run.checkpoint_every=1",
-        "fabric.enabled=false",
-        "rollout.prompts_per_step=4",
-        "rollout.group_size=2",
-        "eval.every=100",
-    ]
+    overrides = {
+        "run.output_dir": str(disk),
+        "run.checkpoint_every": 1,
+        "fabric.enabled": False,
+        "rollout.group_size": 2,
+        "eval.size": None,
+        "eval.every": 100,
+    }
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
     env.update(PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="120")
-    command = [sys.executable, "-m", "infra.cli", "train", *(arg for s in sets for arg in ("--set", s))]
+    command = [
+        sys.executable,
+        "-m",
+        "infra.cli",
+        "train",
+        *as_set_flags(tiny_run(model, tmp_path, "full", 3, overrides)),
+    ]
     done = subprocess.run(
         on_a_small_disk(disk, "256k", command),
         capture_output=True,

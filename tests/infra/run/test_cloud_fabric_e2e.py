@@ -43,7 +43,7 @@ from rl.rollout import read_samples
 from tests.fakes.gce import FakeGce
 from tests.fakes.support import serving
 from tests.fakes.vm_host import FakeVmHost, bake_image_venv
-from tests.helpers import REPO_ROOT, save_tiny_model, tiny_model, tiny_shape
+from tests.helpers import REPO_ROOT, save_tiny_model, tiny_model, tiny_run, tiny_shape
 
 pytestmark = pytest.mark.integration
 
@@ -151,35 +151,32 @@ def test_training_keeps_a_gcp_spot_pool_through_a_preemption(prefect_harness, tm
                 "image": "projects/rlboost-images/global/images/family/rollout",
             },
         }
-        overrides = {
-            "model.path": str(base),
-            "run.output_dir": str(tmp_path / "runs"),
-            "run.name": "cloud-e2e",
-            "run.steps": STEPS,
-            "run.checkpoint_every": STEPS,
-            "rollout.prompts_per_step": 4,
-            "rollout.group_size": 4,
-            "rollout.max_new_tokens": 32,
-            "eval.size": 8,
-            "eval.every": STEPS,
-            "fabric.enabled": True,
-            "fabric.pools": [pool],
-            "fabric.redis_url": redis_server.url,
-            # The fakes' network is this machine: plain Redis and Prefect are opted into, and the
-            # weights between the "VMs" and the trainer still go over HTTPS (their certificate in
-            # the Secret block).
-            "fabric.allow_plaintext": True,
-            "fabric.weights": {"tls": True},
-            "fabric.worker": {"slots": 8, "flush_tokens": 2, "flush_ms": 50, "heartbeat_s": 0.3, "ttl_s": 3.0},
-            "fabric.controller": {"reap_timeout_s": 3.0},
-            "fabric.cloud": {
-                "bootstrap": {"install_dir": str(install_dir), "grace_s": 20.0},
-                "gcp_api_endpoint": gce.url,
-                "live_prices": False,
-                "reconcile_s": 0.5,
-                "drain_timeout_s": 60.0,
+        overrides = tiny_run(
+            base,
+            tmp_path,
+            "cloud-e2e",
+            STEPS,
+            {
+                "rollout.max_new_tokens": 32,
+                "fabric.enabled": True,
+                "fabric.pools": [pool],
+                "fabric.redis_url": redis_server.url,
+                # The fakes' network is this machine: plain Redis and Prefect are opted into, and the
+                # weights between the "VMs" and the trainer still go over HTTPS (their certificate in
+                # the Secret block).
+                "fabric.allow_plaintext": True,
+                "fabric.weights": {"tls": True},
+                "fabric.worker": {"slots": 8, "flush_tokens": 2, "flush_ms": 50, "heartbeat_s": 0.3, "ttl_s": 3.0},
+                "fabric.controller": {"reap_timeout_s": 3.0},
+                "fabric.cloud": {
+                    "bootstrap": {"install_dir": str(install_dir), "grace_s": 20.0},
+                    "gcp_api_endpoint": gce.url,
+                    "live_prices": False,
+                    "reconcile_s": 0.5,
+                    "drain_timeout_s": 60.0,
+                },
             },
-        }
+        )
         run_dir = tmp_path / "runs" / "cloud-e2e"
         with FakeVmHost(gce, tmp_path / "vms", vm_env, grace_s=20.0) as host:
             preempted: list[str] = []
@@ -292,23 +289,24 @@ def test_vms_that_cannot_boot_fail_the_run_with_their_boot_log_line(prefect_harn
             "price_per_hour": 0.1,
             "gcp": {"project": gce.project, "zones": ["us-central1-a"], "image": "projects/x/global/images/old"},
         }
-        overrides = {
-            "model.path": str(base),
-            "run.output_dir": str(tmp_path / "runs"),
-            "run.name": "cannot-boot",
-            "run.steps": 1,
-            "fabric.enabled": True,
-            "fabric.pools": [pool],
-            "fabric.redis_url": redis_server.url,
-            "fabric.allow_plaintext": True,  # the fakes' network is this machine
-            "fabric.ready_timeout_s": 600,
-            "fabric.cloud": {
-                "bootstrap": {"install_dir": str(install_dir), "python": "python3.9"},
-                "gcp_api_endpoint": gce.url,
-                "live_prices": False,
-                "reconcile_s": 0.5,
+        overrides = tiny_run(
+            base,
+            tmp_path,
+            "cannot-boot",
+            overrides={
+                "fabric.enabled": True,
+                "fabric.pools": [pool],
+                "fabric.redis_url": redis_server.url,
+                "fabric.allow_plaintext": True,  # the fakes' network is this machine
+                "fabric.ready_timeout_s": 600,
+                "fabric.cloud": {
+                    "bootstrap": {"install_dir": str(install_dir), "python": "python3.9"},
+                    "gcp_api_endpoint": gce.url,
+                    "live_prices": False,
+                    "reconcile_s": 0.5,
+                },
             },
-        }
+        )
         vm_env = {"PATH": "/usr/bin:/bin", "DO_NOT_TRACK": "1"}  # no python3.9, no uv
         with FakeVmHost(gce, tmp_path / "vms", vm_env, grace_s=5.0) as host:
             started = time.monotonic()

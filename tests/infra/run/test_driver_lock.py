@@ -16,18 +16,21 @@ import pytest
 from infra.run.config import parse_config
 from infra.run.driver_lock import DriverLock, RunLocked
 from infra.run.session import TrainingSession
-from tests.helpers import save_tiny_model
+from tests.helpers import save_tiny_model, tiny_run
 
 
 def test_a_second_session_of_a_run_is_refused_naming_the_first(tmp_path):
-    overrides = {
-        "run.output_dir": str(tmp_path / "runs"),
-        "run.torch_threads": 1,
-        "model.path": str(save_tiny_model(tmp_path / "model")),
-        "eval.size": 2,
-        "fabric.enabled": False,
-        "ledger.url": f"sqlite:///{tmp_path / 'ledger.db'}",
-    }
+    overrides = tiny_run(
+        save_tiny_model(tmp_path / "model"),
+        tmp_path,
+        steps=None,
+        overrides={
+            "run.torch_threads": 1,
+            "eval.size": 2,
+            "fabric.enabled": False,
+            "ledger.url": f"sqlite:///{tmp_path / 'ledger.db'}",
+        },
+    )
     config = parse_config("", overrides=overrides)
     first = TrainingSession(config)
     try:

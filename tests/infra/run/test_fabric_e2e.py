@@ -15,7 +15,7 @@ from infra.run.config import load_config
 from rl.models import load_model, save_model
 from rl.prompt_source import PromptSource
 from rl.rollout import build_requests, read_samples
-from tests.helpers import hf_on_cpu, tiny_model
+from tests.helpers import hf_on_cpu, tiny_model, tiny_run
 
 pytestmark = pytest.mark.integration
 
@@ -44,22 +44,20 @@ def test_fabric_run_with_preemptions_matches_in_process_generation(prefect_harne
     base = tmp_path / "base"
     model, tokenizer = tiny_model()
     save_model(model, tokenizer, base)
-    overrides = {
-        "model.path": str(base),
-        "run.output_dir": str(tmp_path / "runs"),
-        "run.name": "fabric-e2e",
-        "run.steps": 3,
-        "run.checkpoint_every": 3,
-        "rollout.prompts_per_step": 6,
-        "rollout.group_size": 4,
-        "rollout.max_new_tokens": 48,
-        "eval.size": 8,
-        "eval.every": 3,
-        "fabric.enabled": True,
-        "fabric.pools": POOLS,
-        "fabric.worker": {"slots": 8, "flush_tokens": 2, "flush_ms": 50, "heartbeat_s": 0.3, "ttl_s": 1.5},
-        "fabric.controller": {"reap_timeout_s": 1.5},
-    }
+    overrides = tiny_run(
+        base,
+        tmp_path,
+        "fabric-e2e",
+        3,
+        {
+            "rollout.prompts_per_step": 6,
+            "rollout.max_new_tokens": 48,
+            "fabric.enabled": True,
+            "fabric.pools": POOLS,
+            "fabric.worker": {"slots": 8, "flush_tokens": 2, "flush_ms": 50, "heartbeat_s": 0.3, "ttl_s": 1.5},
+            "fabric.controller": {"reap_timeout_s": 1.5},
+        },
+    )
     state = rl_train(overrides=overrides, return_state=True)
     assert state.is_completed(), state
     with Ledger() as ledger:  # every step's instances, usage and weight pulls were recorded

@@ -13,7 +13,7 @@ import torch
 from infra.run.config import load_config
 from infra.run.session import TrainingSession
 from rl.distributed.group import RankFailure
-from tests.helpers import save_tiny_model, tiny_shape
+from tests.helpers import save_tiny_model, tiny_run, tiny_shape
 
 pytestmark = pytest.mark.integration
 
@@ -24,22 +24,22 @@ def _config(tmp_path, **overrides):
         save_tiny_model(base, tiny_shape())
     return load_config(
         None,
-        {
-            "model.path": str(base),
-            "run.output_dir": str(tmp_path / "runs"),
-            "run.name": "deepspeed",
-            "fabric.enabled": False,
-            "rollout.prompts_per_step": 4,
-            "rollout.group_size": 4,
-            "optim.lr": 1e-2,
-            "optim.micro_batch_size": 4,
-            "eval.size": 8,
-            "trainer.backend": "deepspeed",
-            "trainer.world_size": 2,
-            "trainer.threads_per_rank": 1,
-            "ledger.url": f"sqlite:///{tmp_path / 'ledger.sqlite'}",
-            **overrides,
-        },
+        tiny_run(
+            base,
+            tmp_path,
+            "deepspeed",
+            None,
+            {
+                "fabric.enabled": False,
+                "optim.lr": 1e-2,
+                "optim.micro_batch_size": 4,
+                "trainer.backend": "deepspeed",
+                "trainer.world_size": 2,
+                "trainer.threads_per_rank": 1,
+                "ledger.url": f"sqlite:///{tmp_path / 'ledger.sqlite'}",
+                **overrides,
+            },
+        ),
     )
 
 

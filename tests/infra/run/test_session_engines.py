@@ -14,7 +14,7 @@ from rl.engine import HFEngine
 from rl.generation import SamplingParams
 from rl.rollout import build_requests
 from rl.vllm_engine import VLLMEngine
-from tests.helpers import hf_on_cpu, match_rate, save_tiny_model, tiny_shape
+from tests.helpers import hf_on_cpu, match_rate, save_tiny_model, tiny_run, tiny_shape
 
 pytestmark = pytest.mark.integration
 
@@ -23,18 +23,20 @@ def _session(tmp_path, **overrides) -> TrainingSession:
     base = save_tiny_model(tmp_path / "base", tiny_shape())
     config = load_config(
         None,
-        {
-            "model.path": str(base),
-            "run.output_dir": str(tmp_path / "runs"),
-            "run.name": "engines",
-            "fabric.enabled": False,
-            "rollout.prompts_per_step": 4,
-            "rollout.group_size": 4,
-            "rollout.vllm": {"max_num_seqs": 16, "kv_cache_bytes": 64 << 20},
-            "optim.lr": 1e-2,
-            "ledger.url": f"sqlite:///{tmp_path / 'ledger.sqlite'}",
-            **overrides,
-        },
+        tiny_run(
+            base,
+            tmp_path,
+            "engines",
+            None,
+            {
+                "fabric.enabled": False,
+                "rollout.vllm": {"max_num_seqs": 16, "kv_cache_bytes": 64 << 20},
+                "optim.lr": 1e-2,
+                "eval.size": None,
+                "ledger.url": f"sqlite:///{tmp_path / 'ledger.sqlite'}",
+                **overrides,
+            },
+        ),
     )
     return TrainingSession(config)
 

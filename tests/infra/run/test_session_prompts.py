@@ -12,24 +12,27 @@ from rl.generation import FINISH_STOP
 from rl.models import build_tiny_llama, save_model
 from rl.prompts import encode_prompt
 from rl.rollout import read_samples
-from tests.helpers import tiny_shape
+from tests.helpers import tiny_run, tiny_shape
 
 TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}<assistant>"
 STOPS = ["1", "2", "3", "4", "5"]
 
 
 def config_for(tmp_path, model, **prompt):
-    overrides = {
-        "run.output_dir": str(tmp_path / "runs"),
-        "run.torch_threads": 1,
-        "model.path": str(model),
-        "rollout.prompts_per_step": 2,
-        "rollout.group_size": 2,
-        "rollout.max_new_tokens": 16,
-        "eval.size": 4,
-        "ledger.url": f"sqlite:///{tmp_path / 'ledger.db'}",
-        **{f"prompt.{k}": v for k, v in prompt.items()},
-    }
+    overrides = tiny_run(
+        model,
+        tmp_path,
+        steps=None,
+        overrides={
+            "run.torch_threads": 1,
+            "rollout.prompts_per_step": 2,
+            "rollout.group_size": 2,
+            "rollout.max_new_tokens": 16,
+            "eval.size": 4,
+            "ledger.url": f"sqlite:///{tmp_path / 'ledger.db'}",
+            **{f"prompt.{k}": v for k, v in prompt.items()},
+        },
+    )
     return parse_config("", overrides=overrides)
 
 

@@ -33,7 +33,7 @@ from infra.rollout.registry import InstanceRegistry
 from infra.rollout.settings import WorkerSettings
 from infra.stack.stack import StackState
 from rl.engine_spec import EngineSpec
-from tests.helpers import REPO_ROOT, save_tiny_model, tiny_shape
+from tests.helpers import REPO_ROOT, save_tiny_model, tiny_run, tiny_shape
 
 pytestmark = pytest.mark.integration
 
@@ -113,20 +113,19 @@ def test_up_prints_the_api_url_and_refuses_a_second_stack(stack):
 
 def test_deployment_run_trains_to_completion_with_instances_as_flow_runs(stack, base_model_dir, tmp_path):
     state, _ = stack
-    overrides = {
-        "model.path": str(base_model_dir),
-        "run.output_dir": str(tmp_path),
-        "run.name": "stack-e2e",
-        "run.steps": 2,
-        "run.checkpoint_every": 1,
-        "rollout.prompts_per_step": 4,
-        "rollout.group_size": 4,
-        "eval.size": 8,
-        "eval.every": 2,
-        "fabric.instances": "prefect",
-        "fabric.pools": POOLS,
-        "fabric.worker": {"slots": 8, "heartbeat_s": 0.3, "ttl_s": 3.0},
-    }
+    overrides = tiny_run(
+        base_model_dir,
+        tmp_path,
+        "stack-e2e",
+        2,
+        {
+            "run.output_dir": str(tmp_path),
+            "run.checkpoint_every": 1,
+            "fabric.instances": "prefect",
+            "fabric.pools": POOLS,
+            "fabric.worker": {"slots": 8, "heartbeat_s": 0.3, "ttl_s": 3.0},
+        },
+    )
     result = _cli(
         "prefect",
         "deployment",

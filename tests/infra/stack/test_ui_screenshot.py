@@ -17,7 +17,7 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from flows.rl_train import rl_train
 from infra.stack.stack import down, up
-from tests.helpers import REPO_ROOT, save_tiny_model, tiny_shape
+from tests.helpers import REPO_ROOT, save_tiny_model, tiny_run, tiny_shape
 
 CHROMIUM = Path("/usr/bin/chromium")
 ROOT = REPO_ROOT
@@ -62,18 +62,7 @@ def stack(tmp_path_factory):
 def test_finished_run_shows_its_artifacts_in_the_ui(stack, tmp_path):
     base = tmp_path / "base"
     save_tiny_model(base, tiny_shape())
-    overrides = {
-        "model.path": str(base),
-        "run.output_dir": str(tmp_path / "runs"),
-        "run.name": "ui-check",
-        "run.steps": 2,
-        "run.checkpoint_every": 2,
-        "rollout.prompts_per_step": 4,
-        "rollout.group_size": 4,
-        "eval.size": 8,
-        "eval.every": 1,
-        "fabric.enabled": False,
-    }
+    overrides = tiny_run(base, tmp_path, "ui-check", 2, {"eval.every": 1, "fabric.enabled": False})
     with temporary_settings({PREFECT_API_URL: stack.api_url}):
         state = rl_train(overrides=overrides, return_state=True)
         # Deliver this process's queued events and logs to the stack now: it goes down after
