@@ -189,7 +189,12 @@ def start_mode(
     # The spot pool lives in its own provider, on the rollout clock and the explicit schedule,
     # running the same worker command as the fabric's pools.
     spot = LocalProvider(
-        fabric._worker_command, schedules={"spot": schedule}, clock=clock, seed=args.seed, log_dir=run_dir / "instances"
+        fabric._worker_command,
+        schedules={"spot": schedule},
+        clock=clock,
+        seed=args.seed,
+        log_dir=run_dir / "instances",
+        environment=fabric.worker_environment(),
     )
     stack.callback(spot.shutdown)  # runs before fabric.close
     spot.launch(

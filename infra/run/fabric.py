@@ -259,12 +259,20 @@ class RolloutFabric:
                 redis_ca_file=self._ca_path(),
             )
             return PrefectLocalProvider(spec, log_dir=log_dir, instance_prefix=self.instance_prefix)
+        return LocalProvider(
+            self._worker_command,
+            log_dir=log_dir,
+            environment=self.worker_environment(),
+            instance_prefix=self.instance_prefix,
+        )
+
+    def worker_environment(self) -> dict[str, str]:
+        """What a local instance's environment adds: the run's Redis (the URL carries its password,
+        so it stays off the command line) and the CA of a rediss:// Redis."""
         environment = {REDIS_URL_ENV: self.redis_url}
         if self.redis_ca_file is not None:
             environment[REDIS_CA_FILE_ENV] = str(self.redis_ca_file)
-        return LocalProvider(
-            self._worker_command, log_dir=log_dir, environment=environment, instance_prefix=self.instance_prefix
-        )
+        return environment
 
     def _ca_path(self) -> str | None:
         return None if self.redis_ca_file is None else str(self.redis_ca_file)
