@@ -6,6 +6,7 @@ numbers and paths. No tensors ever pass through Prefect.
 
 from __future__ import annotations
 
+import contextvars
 import threading
 
 from prefect import task
@@ -25,13 +26,15 @@ def rollout_task(session_key: str, step: int, last_step: int | None = None) -> d
     staleness the next steps (up to `last_step`) are admitted too and generate while this one trains."""
     session = get_session(session_key)
     artifact = None
+    task_run = contextvars.copy_context()  # progress comes on the fabric's delivery thread
 
     def on_progress(done: int, total: int) -> None:
         nonlocal artifact
         if artifact is not None:
             update_progress_artifact(artifact, 100.0 * done / total)
             return
-        artifact = create_progress_artifact(  # once the rollout has run a second (infra.run.group_progress)
+        artifact = task_run.run(  # the task run's artifact, once the rollout has run a second
+            create_progress_artifact,
             progress=100.0 * done / total,
             key=artifact_key(f"{session.config.run.name}-rollout"),
             description=f"step {step}: complete groups (each is trained as soon as it completes)",
