@@ -230,3 +230,27 @@ def run_and_release(
                 assert engine.release(sample_id) == generated
                 done.add(sample_id)
     return tokens
+
+
+def cloud_fabric_run(pool: dict, redis_url: str, install_dir: Path, **cloud) -> dict[str, object]:
+    """The overrides of a run whose one pool is a cloud fake's VMs (GCE or Azure; `cloud` names the
+    fake's endpoint): 32-token responses, the run's Redis, fast workers, controller and reconcile,
+    no live prices. The fakes' network is this machine: plain Redis and Prefect are opted into, and
+    the weights between the "VMs" and the trainer still go over HTTPS."""
+    return {
+        "rollout.max_new_tokens": 32,
+        "fabric.enabled": True,
+        "fabric.pools": [pool],
+        "fabric.redis_url": redis_url,
+        "fabric.allow_plaintext": True,
+        "fabric.weights": {"tls": True},
+        "fabric.worker": {"slots": 8, "flush_tokens": 2, "flush_ms": 50, "heartbeat_s": 0.3, "ttl_s": 3.0},
+        "fabric.controller": {"reap_timeout_s": 3.0},
+        "fabric.cloud": {
+            "bootstrap": {"install_dir": str(install_dir), "grace_s": 20.0},
+            "live_prices": False,
+            "reconcile_s": 0.5,
+            "drain_timeout_s": 60.0,
+            **cloud,
+        },
+    }

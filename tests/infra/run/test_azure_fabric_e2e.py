@@ -36,7 +36,7 @@ from tests.fakes.arm import FakeArm
 from tests.fakes.azure_vm_host import FakeAzureVmHost
 from tests.fakes.support import serving
 from tests.fakes.vm_host import bake_image_venv
-from tests.helpers import save_tiny_model, tiny_run, tiny_shape
+from tests.helpers import cloud_fabric_run, save_tiny_model, tiny_run, tiny_shape
 from tests.infra.providers.test_azure import SUBNET, BearerOverHttp, StaticCredential
 from tests.infra.run.test_cloud_fabric_e2e import deploy_rollout_instance, routable_ipv4
 
@@ -106,25 +106,7 @@ def test_training_keeps_an_azure_spot_pool_through_an_eviction(prefect_harness, 
             tmp_path,
             "azure-e2e",
             STEPS,
-            {
-                "rollout.max_new_tokens": 32,
-                "fabric.enabled": True,
-                "fabric.pools": [pool],
-                "fabric.redis_url": redis_server.url,
-                # The fakes' network is this machine: plain Redis and Prefect are opted into; the weights
-                # between the "VMs" and the trainer still go over HTTPS.
-                "fabric.allow_plaintext": True,
-                "fabric.weights": {"tls": True},
-                "fabric.worker": {"slots": 8, "flush_tokens": 2, "flush_ms": 50, "heartbeat_s": 0.3, "ttl_s": 3.0},
-                "fabric.controller": {"reap_timeout_s": 3.0},
-                "fabric.cloud": {
-                    "bootstrap": {"install_dir": str(install_dir), "grace_s": 20.0},
-                    "azure_base_url": arm.url,
-                    "live_prices": False,
-                    "reconcile_s": 0.5,
-                    "drain_timeout_s": 60.0,
-                },
-            },
+            cloud_fabric_run(pool, redis_server.url, install_dir, azure_base_url=arm.url),
         )
         run_dir = tmp_path / "runs" / "azure-e2e"
         with FakeAzureVmHost(arm, tmp_path / "vms", vm_env, grace_s=20.0, notice_s=30.0) as host:

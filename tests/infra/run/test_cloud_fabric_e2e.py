@@ -43,7 +43,7 @@ from rl.rollout import read_samples
 from tests.fakes.gce import FakeGce
 from tests.fakes.support import serving
 from tests.fakes.vm_host import FakeVmHost, bake_image_venv
-from tests.helpers import REPO_ROOT, save_tiny_model, tiny_model, tiny_run, tiny_shape
+from tests.helpers import REPO_ROOT, cloud_fabric_run, save_tiny_model, tiny_model, tiny_run, tiny_shape
 
 pytestmark = pytest.mark.integration
 
@@ -156,26 +156,7 @@ def test_training_keeps_a_gcp_spot_pool_through_a_preemption(prefect_harness, tm
             tmp_path,
             "cloud-e2e",
             STEPS,
-            {
-                "rollout.max_new_tokens": 32,
-                "fabric.enabled": True,
-                "fabric.pools": [pool],
-                "fabric.redis_url": redis_server.url,
-                # The fakes' network is this machine: plain Redis and Prefect are opted into, and the
-                # weights between the "VMs" and the trainer still go over HTTPS (their certificate in
-                # the Secret block).
-                "fabric.allow_plaintext": True,
-                "fabric.weights": {"tls": True},
-                "fabric.worker": {"slots": 8, "flush_tokens": 2, "flush_ms": 50, "heartbeat_s": 0.3, "ttl_s": 3.0},
-                "fabric.controller": {"reap_timeout_s": 3.0},
-                "fabric.cloud": {
-                    "bootstrap": {"install_dir": str(install_dir), "grace_s": 20.0},
-                    "gcp_api_endpoint": gce.url,
-                    "live_prices": False,
-                    "reconcile_s": 0.5,
-                    "drain_timeout_s": 60.0,
-                },
-            },
+            cloud_fabric_run(pool, redis_server.url, install_dir, gcp_api_endpoint=gce.url),
         )
         run_dir = tmp_path / "runs" / "cloud-e2e"
         with FakeVmHost(gce, tmp_path / "vms", vm_env, grace_s=20.0) as host:
