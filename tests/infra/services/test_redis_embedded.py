@@ -63,30 +63,27 @@ def test_a_taken_port_is_tried_attempts_times_and_every_server_discarded(tmp_pat
         spawned.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         return spawned[-1]
 
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        started = launch_redis_server(
+    def running(process: subprocess.Popen) -> bool:
+        return process.poll() is None
+
+    def launch(**options):
+        return launch_redis_server(
             spawn,
-            lambda process: process.poll() is None,
+            running,
             discarded.append,
             binary=find_redis_server(),
             config_dir=tmp_path,
             password="secret",
-            port=port,
-            attempts=2,
+            **options,
         )
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        started = launch(port=taken.getsockname()[1], attempts=2)
     assert started is None and len(spawned) == 2 and discarded == spawned
     assert (tmp_path / "redis.conf").stat().st_mode & 0o777 == 0o600
-    started = launch_redis_server(
-        spawn,
-        lambda process: process.poll() is None,
-        discarded.append,
-        binary=find_redis_server(),
-        config_dir=tmp_path,
-        password="secret",
-    )
+    started = launch()
     assert started is not None and started[0] is spawned[-1] and len(discarded) == 2
     process, port = started
     client = redis.Redis(host="127.0.0.1", port=port, password="secret")
