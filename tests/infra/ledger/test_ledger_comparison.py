@@ -115,6 +115,7 @@ def test_the_run_summary_names_its_baseline_or_why_it_was_not_compared(ledger):
     accounting.begin_step(1)
     clock.now += 900
     accounting.end_step(1, tokens_trained=3000)
+    accounting.finish()  # (its heartbeat thread would outlive the test's database)
     summary = accounting.baseline_summary("base-1")
     assert summary == {
         "vs_baseline": "measured baseline run base-1 (grpo-demo)",
