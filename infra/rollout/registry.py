@@ -3,7 +3,8 @@ control messages the controller sends them (docs/internals.md §3).
 
 This module owns the registry's Redis state. An instance `register`s, then `heartbeat`s well
 within its `ttl_s` (`fabric.worker.ttl_s`); each heartbeat refreshes a liveness key that expires
-after `ttl_s` (what `alive` reads) and records, on the server's clock, its policy version, free slots and running samples.
+after `ttl_s` (what `alive` reads) and records, on the server's clock, its policy version, free
+slots and running samples.
 Reaping reads heartbeat age, not the liveness key (`policies.reaper`); a deregistered instance's
 heartbeat returns False, which tells it to stop. Control messages (``{"op": "release_all"}``, ...)
 go through a FIFO list per instance (`request`; taken by `poll_requests` or `wait_request`).
