@@ -4,7 +4,8 @@ simulator drive the same objects.
 
 Modules: `snapshot` (state types), `claims` (who may claim, and the token log's claim order),
 `steal` (token-level load balancing), `reaper` (heartbeat eviction), `offload` (adaptive
-`T_local`), `capacity` (spot pool targets). The simulator's model of many workers claiming at
+`T_local`), `capacity` (spot pool targets within a budget), `marginal` (spot counts worth
+their price). The simulator's model of many workers claiming at
 once (`dispatch`) is the simulator's: `infra.sim.claiming`.
 """
 
@@ -16,6 +17,7 @@ from infra.rollout.policies.capacity import (
     plan_capacity,
 )
 from infra.rollout.policies.claims import active, claim_key, claim_score, eligible
+from infra.rollout.policies.marginal import MarginalConfig, plan_marginal
 from infra.rollout.policies.offload import OffloadController, StepTiming
 from infra.rollout.policies.reaper import ReapDecision, ReaperConfig, reap
 from infra.rollout.policies.snapshot import (
@@ -34,6 +36,7 @@ __all__ = [
     "CapacityTarget",
     "ClusterSnapshot",
     "InstanceView",
+    "MarginalConfig",
     "OffloadController",
     "PoolOffer",
     "QueueView",
@@ -50,6 +53,7 @@ __all__ = [
     "effective_throughput",
     "eligible",
     "plan_capacity",
+    "plan_marginal",
     "reap",
     "steal",
 ]

@@ -60,7 +60,7 @@ def effective_throughput(offer: PoolOffer, config: CapacityConfig) -> float:
     return offer.throughput / (1 + offer.preemptions_per_hour * config.warmup_s / 3600)
 
 
-def _rank_key(offer: PoolOffer, config: CapacityConfig) -> tuple[float, float, float, str]:
+def rank_key(offer: PoolOffer, config: CapacityConfig) -> tuple[float, float, float, str]:
     """Price per effective throughput; ties: higher availability, fewer preemptions, pool name."""
     cost = offer.price_per_hour / effective_throughput(offer, config)
     return (cost, -offer.availability, offer.preemptions_per_hour, offer.pool)
@@ -70,7 +70,7 @@ def plan_capacity(offers: tuple[PoolOffer, ...], config: CapacityConfig) -> tupl
     """One target per offer, in the offers' order.
 
     Pools over their price cap or under `min_availability` get 0. The others are taken in rank
-    order (`_rank_key`) twice: first up to their `min_instances`, then up to `max_instances`, each
+    order (`rank_key`) twice: first up to their `min_instances`, then up to `max_instances`, each
     instance only while the budget and `max_total` allow it; a pool that cannot afford one more
     instance does not stop cheaper-priced pools further down the ranking from being filled.
     """
@@ -79,7 +79,7 @@ def plan_capacity(offers: tuple[PoolOffer, ...], config: CapacityConfig) -> tupl
         for o in offers
         if (o.price_cap is None or o.price_per_hour <= o.price_cap) and o.availability >= config.min_availability
     ]
-    ranked = sorted(usable, key=lambda o: _rank_key(o, config))
+    ranked = sorted(usable, key=lambda o: rank_key(o, config))
     targets = {o.pool: 0 for o in offers}
     spend = 0.0
     room = math.inf if config.max_total is None else config.max_total

@@ -9,6 +9,9 @@ work left and waited for the next version: training was the bottleneck) makes it
 On top of the rule the controller hill-climbs on throughput, remembering per spot count the best
 `T_local` seen (a move that lowered throughput is reverted and later moves halved); §5 has the
 details. With no spot instance alive the reserved cluster never releases: it finishes the step.
+It also keeps the **throughput curve**, a moving average of step throughput per spot count (0:
+steps with no spot instance alive at all, `observe_alone`), which marginal fleet sizing reads
+(`infra.rollout.policies.marginal`).
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any
+
+CURVE_WEIGHT = 0.3
+"""Weight of the newest step in the throughput curve's moving average per spot count."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,7 @@ class OffloadController:
         self._t_local = initial_t_local
         self._last_num_spot: int | None = None
         self._memory: dict[int, _Memory] = {}
+        self._curve: dict[int, float] = {}
 
     def t_local(self, num_spot: int) -> float:
         """`T_local` for a step with `num_spot` spot instances: the current value while the spot
@@ -93,10 +100,24 @@ class OffloadController:
             memory = replace(memory, scale=memory.scale / 2)
             revert = True
         self._memory[n] = memory
+        self._fold(n, throughput)
         move = (timing.trainer_idle_s - timing.rollout_idle_s) / self.damping
         self._t_local = self._clamp(memory.best_t_local if revert else used + move * memory.scale)
         self._last_num_spot = n
         return self._t_local
+
+    def observe_alone(self, throughput: float) -> None:
+        """Learn the throughput of a step during which no spot instance was alive at all (the
+        curve's 0); `T_local` is unchanged."""
+        self._fold(0, throughput)
+
+    def throughput_curve(self) -> dict[int, float]:
+        """Step throughput per spot count: a moving average (`CURVE_WEIGHT`) of the steps at it."""
+        return dict(self._curve)
+
+    def _fold(self, n: int, throughput: float) -> None:
+        old = self._curve.get(n)
+        self._curve[n] = throughput if old is None else old + CURVE_WEIGHT * (throughput - old)
 
     def _clamp(self, t_local: float) -> float:
         t_local = max(self.floor, t_local)
@@ -111,6 +132,7 @@ class OffloadController:
             "damping": self.damping,
             "last_num_spot": self._last_num_spot,
             "memory": {str(n): asdict(m) for n, m in self._memory.items()},
+            "curve": {str(n): value for n, value in self._curve.items()},
         }
 
     @classmethod
@@ -118,4 +140,5 @@ class OffloadController:
         controller = cls(state["t_local"], state["floor"], state["ceiling"], state["damping"])
         controller._last_num_spot = state["last_num_spot"]
         controller._memory = {int(n): _Memory(**m) for n, m in state["memory"].items()}
+        controller._curve = {int(n): float(v) for n, v in state.get("curve", {}).items()}
         return controller
