@@ -2,7 +2,8 @@
 
 `SPECS`: `ondemand` (the reserved cluster alone, veRL's loop: on-policy, old log-probs recomputed,
 no spot), `rlboost` (this project: spot instances, token-level migration, steal, swarm weight pull),
-`rlboost_no_steal`, `paper` (the paper's choices: group-min truncation on preemption, weights from
+`rlboost_no_steal`, `rlboost_marginal` (`rlboost` holding only the spot instances worth their
+price: `plan_marginal`), `paper` (the paper's choices: group-min truncation on preemption, weights from
 the trainer's senders only, no steal, the artifact's offload rule, `infra.sim.artifact_offload`),
 `restart` (no token log: a sample that leaves an instance starts over), `rlboost_async_k1`/`_k2`
 (`rlboost` at bounded staleness K) and `ondemand_async_k1`/`_k2` (asynchrony without spot);
@@ -11,7 +12,7 @@ the trainer's senders only, no steal, the artifact's offload rule, `infra.sim.ar
 (`VariantSpec.recompute_logprobs`); `rlboost`, `rlboost_no_steal` and `restart` run the scenario's
 `training.max_staleness`. `compare` runs them; `measure` gives `Metrics` from `run.measure_from_step`
 on (trained tokens/s; dollars: the reserved cluster for the whole window, each spot instance from
-request to end; ratios against `ondemand`); `work_bound` is what no schedule beats
+request to end, the egress of its weight pulls; ratios against `ondemand`); `work_bound` is what no schedule beats
 (`fraction_of_bound`). Detail: docs/internals.md §11, docs/simulator.md ("Variants").
 """
 
@@ -41,6 +42,7 @@ SPECS: dict[str, VariantSpec] = {
     "ondemand": VariantSpec("ondemand", use_spot=False, max_staleness=0, recompute_logprobs=True),
     "rlboost": VariantSpec("rlboost", use_spot=True, migration="token", steal=True, swarm=True),
     "rlboost_no_steal": VariantSpec("rlboost_no_steal", use_spot=True, migration="token", steal=False, swarm=True),
+    "rlboost_marginal": VariantSpec("rlboost_marginal", use_spot=True, capacity="marginal"),
     "paper": VariantSpec(
         "paper",
         use_spot=True,
@@ -88,6 +90,10 @@ class Metrics:
     max_staleness: int = 0
     fraction_of_bound: float | None = None
     """Trained tokens/s over the scenario's work-conservation bound (`WorkBound`)."""
+    egress_usd: float = 0.0
+    """Egress of the spot instances' weight pulls in the window (part of `cost_usd`)."""
+    egress_usd_per_step: float = 0.0
+    """`egress_usd` over the measured steps."""
 
 
 @dataclass(frozen=True)
@@ -225,7 +231,9 @@ def measure(result: RunResult, from_step: int, baseline: Metrics | None) -> Metr
     measured = [s for s in result.steps if s.started_at >= lo]
     tokens = sum(s.trained_tokens for s in measured)
     spot_s = sum(_overlap(a, b, lo, hi) for a, b in result.spot_intervals)
-    cost = (result.reserved_price_per_hour * wall + result.spot_price_per_hour * spot_s) / 3600
+    pulled = sum(nbytes for t, nbytes in result.pulls if lo <= t < hi)
+    egress = pulled / 1e9 * result.egress_usd_per_gb
+    cost = (result.reserved_price_per_hour * wall + result.spot_price_per_hour * spot_s) / 3600 + egress
     counts = result.instance_counts + [(hi, result.instance_counts[-1][1])]
     spot_mean = sum(c * _overlap(t0, t1, lo, hi) for (t0, c), (t1, _) in zip(counts, counts[1:])) / wall
     all_spot_s = sum(b - a for a, b in result.spot_intervals)
@@ -251,6 +259,8 @@ def measure(result: RunResult, from_step: int, baseline: Metrics | None) -> Metr
         reserved_gpus=result.reserved_gpus,
         train_fraction=sum(s.train_s for s in measured) / wall,
         max_staleness=result.max_staleness,
+        egress_usd=egress,
+        egress_usd_per_step=egress / len(measured) if measured else 0.0,
     )
 
 

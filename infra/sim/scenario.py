@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field, NonNegativeInt, PositiveInt, ValidationEr
 
 from infra.availability.traces import TraceError, load_trace
 from infra.pricing import PriceNotFound, default_catalog
+from infra.pricing.egress import egress_usd_per_gb
 from infra.rollout.controller import ControllerConfig
 from infra.run.config import ConfigError, line_of, read_yaml_sections
 from infra.sim.hardware import GPUS, GPUSpec, ModelShape
@@ -29,6 +30,7 @@ Variant = Literal[
     "ondemand",
     "rlboost",
     "rlboost_no_steal",
+    "rlboost_marginal",
     "paper",
     "restart",
     "ondemand_equal_cost",
@@ -233,7 +235,7 @@ class AvailabilitySection(Section):
 
 
 class NetworkSection(Section):
-    """Weight-transfer bandwidths."""
+    """Weight-transfer bandwidths, bytes and egress price."""
 
     trainer_gbps: float = Field(100.0, gt=0)
     """Upload of the trainer's weight senders, Gbit/s."""
@@ -241,6 +243,14 @@ class NetworkSection(Section):
     """Download (and upload, in the swarm) of one spot instance, Gbit/s."""
     local_sync_s: float = Field(2.0, ge=0)
     """Time for the co-located engines to load a new version from the trainer on the same node."""
+    weight_bytes_fraction: float = Field(1.0, gt=0, le=1)
+    """Share of the model's weight bytes a spot instance pulls per new version (1: the full
+    weights in the engine dtype; less with sparse weight deltas). A freshly booted instance pulls
+    the full weights."""
+    egress_usd_per_gb: float | None = Field(None, ge=0)
+    """Egress price of the weight bytes sent to a spot instance, USD per GB; None: the bundled
+    table's price from the reserved cluster's cloud and region to the spot pool's
+    (`infra.pricing.egress`: 0 within one region)."""
 
 
 class TokenLogSection(Section):
@@ -417,6 +427,10 @@ def _problems(scenario: Scenario) -> list[tuple[tuple[str, ...], str]]:
                 load_trace(availability.trace)
             except TraceError as error:
                 found.append((("availability", "trace"), f"{error}. Fix: name a shipped trace (see infra/data/traces)"))
+    try:
+        egress_price(scenario)
+    except (LookupError, KeyError) as error:
+        found.append((("network", "egress_usd_per_gb"), f"{error}. Fix: set network.egress_usd_per_gb"))
     catalog = default_catalog()
     at = scenario.run.prices_at.astimezone(UTC) if scenario.run.prices_at else None
     lookups = [
@@ -472,6 +486,15 @@ def load_scenario(path: str | Path) -> Scenario:
     except OSError as error:
         raise ConfigError(f"{path}: cannot read the scenario file: {error.strerror}") from None
     return parse_scenario(text, str(path))
+
+
+def egress_price(scenario: Scenario) -> float:
+    """USD per GB of the weights sent from the trainer (the reserved cluster) to a spot instance."""
+    given = scenario.network.egress_usd_per_gb
+    if given is not None:
+        return given
+    reserved, spot = scenario.reserved, scenario.spot
+    return egress_usd_per_gb(reserved.provider, reserved.region, spot.provider, spot.region)
 
 
 def prices_per_hour(scenario: Scenario) -> tuple[float, float, float]:

@@ -7,7 +7,10 @@ each step ends with `OffloadController.update(StepTiming(...))` (the `paper` var
 `infra.sim.artifact_offload` instead). Workers claim what `infra.sim.claiming.dispatch` hands them,
 in the token log's order (`ClaimQueue`); a steal's samples wait for their receiver until
 `StealConfig.route_s`. Migration modes (the variants): `token` (logged tokens kept), `group_min`
-(a preempted group's samples keep as many as its shortest one), `restart` (nothing kept).
+(a preempted group's samples keep as many as its shortest one), `restart` (nothing kept). Spot
+instances follow the trace's capacity (`budget`), or, with `capacity: marginal`, as many of them
+as `plan_marginal` finds worth their price from the curve learned so far (drained, newest first,
+when not); every spot instance's weight pull is counted in bytes for the egress bill.
 
 A snapshot's running samples are rebuilt when an engine's samples change, and their token counts
 refreshed only when the queue is empty: with samples queued no policy reads those counts, so the
@@ -24,14 +27,18 @@ from typing import Literal
 
 from infra.availability.traces import TraceSchedule
 from infra.rollout.policies import (
+    CapacityConfig,
     ClusterSnapshot,
     InstanceView,
+    MarginalConfig,
     OffloadController,
+    PoolOffer,
     QueueView,
     ReaperConfig,
     RunningSample,
     StepTiming,
     StepView,
+    plan_marginal,
     reap,
     steal,
 )
@@ -40,7 +47,7 @@ from infra.sim.availability import capacity_changes
 from infra.sim.claiming import ClaimQueue, dispatch
 from infra.sim.events import EventLoop
 from infra.sim.hardware import DecodeModel, MeasuredDecode, pull_seconds, train_seconds
-from infra.sim.scenario import Scenario
+from infra.sim.scenario import Scenario, egress_price
 
 Migration = Literal["token", "group_min", "restart"]
 EPS = 1e-6
@@ -68,6 +75,14 @@ class VariantSpec:
     """The trainer runs a separate no-grad forward to recompute the old log-probs (veRL, the
     artifact: `training.old_logprob_flops_per_param` of its FLOPs); this project's does not (one
     update per RL step: the proximal log-probs are the training forward's)."""
+    capacity: Literal["budget", "marginal"] = "budget"
+    """`budget`: hold every spot instance the trace allows (up to `spot.max_instances`);
+    `marginal`: only as many as `plan_marginal` finds worth their price (the trace's capacity the
+    ceiling), re-planned at every step's end and capacity change (needs `offload: runtime`)."""
+
+    def __post_init__(self) -> None:
+        if self.capacity == "marginal" and self.offload != "runtime":
+            raise ValueError(f"{self.name}: marginal capacity reads the runtime offload controller's curve")
 
 
 @dataclass
@@ -188,6 +203,10 @@ class RunResult:
     open_tokens: float = 0.0
     """Logged tokens of those samples: generated, neither trained nor wasted."""
     max_staleness: int = 0
+    pulls: list[tuple[float, float]] = field(default_factory=list)
+    """(time, bytes) of every spot instance's weight pull."""
+    egress_usd_per_gb: float = 0.0
+    """What a GB of those pulls costs (the trainer's region to the spot pool's)."""
 
 
 def decode_model(scenario: Scenario, section: Literal["reserved", "spot"], gpus: int, max_running: int) -> DecodeModel:
@@ -242,6 +261,12 @@ class Simulation:
         self.schedule = schedule
         self.reserved_price = variant.reserved_price_per_hour or prices[0]
         self.spot_price = prices[1]
+        self.egress_usd_per_gb = egress_price(scenario)
+        self.available = 0
+        """Spot instances the trace allows now."""
+        self.pulls: list[tuple[float, float]] = []
+        self.step_counts: set[int] = set()
+        """Spot instance counts registered at some time during the current step."""
         self.loop = EventLoop()
         self.config = scenario.controller
         self.offload: OffloadController | ArtifactOffload = (
@@ -336,6 +361,8 @@ class Simulation:
             open_samples=len(open_samples),
             open_tokens=sum(sample.logged for sample in open_samples),
             max_staleness=self.k,
+            pulls=self.pulls,
+            egress_usd_per_gb=self.egress_usd_per_gb,
         )
 
     # --- engines: decode by the roofline ---------------------------------------------------------
@@ -492,6 +519,7 @@ class Simulation:
         self.step += 1
         version = self.step
         self.started_at = self.loop.now
+        self.step_counts = {self.instance_counts[-1][1]}
         self.cycle_idle = 0.0
         last = self.step + self.k
         if self.s.run.max_steps is not None:
@@ -516,7 +544,7 @@ class Simulation:
                 engine.policy_version = None
                 self.loop.after(self.s.network.local_sync_s, lambda e=engine: self._loaded(e, version))
         pullers = [e for e in self.engines if e.capacity_class == "spot" and e.generating_alive]
-        self._pull(pullers, peers=0)
+        self._pull(pullers, peers=0, fresh=False)
         self._soon_claim()
 
     def _admit(self, step: int) -> None:
@@ -556,15 +584,17 @@ class Simulation:
         engine.stall_until = max(engine.stall_until, self.loop.now) + seconds
         self._reschedule(engine)
 
-    def _pull(self, pullers: list[Engine], peers: int) -> None:
+    def _pull(self, pullers: list[Engine], peers: int, fresh: bool) -> None:
+        """`pullers` load the current version: the full weights if `fresh` (just booted), else
+        `network.weight_bytes_fraction` of them (an update of the version they hold)."""
         if not pullers:
             return
         n = self.s.network
-        seconds = pull_seconds(
-            self.model.weight_bytes, len(pullers), n.trainer_gbps, n.instance_gbps, self.v.swarm, peers
-        )
+        nbytes = self.model.weight_bytes * (1.0 if fresh else n.weight_bytes_fraction)
+        seconds = pull_seconds(nbytes, len(pullers), n.trainer_gbps, n.instance_gbps, self.v.swarm, peers)
         version = self.version
         for engine in pullers:
+            self.pulls.append((self.loop.now, nbytes))
             self._hold(engine, seconds)
             engine.policy_version = None
             self.loop.after(seconds, lambda e=engine: self._loaded(e, version))
@@ -660,6 +690,8 @@ class Simulation:
                     num_spot=self.release_num_spot,
                 )
             )
+        if len(self.step_counts) == 1 and isinstance(self.offload, OffloadController):
+            self.offload.observe(next(iter(self.step_counts)), trained / max(end - self.started_at, 1e-9))
         self.steps.append(
             StepRecord(
                 step=self.step,
@@ -684,6 +716,8 @@ class Simulation:
         if self.loop.now >= self.s.run.duration_s or (max_steps is not None and len(self.steps) >= max_steps):
             self.finished = True
             return
+        if self.v.capacity == "marginal" and self.v.use_spot and self.s.spot.max_instances > 0:
+            self._fit_spot()
         self._start_step()
 
     # --- the controller and the workers ----------------------------------------------------------
@@ -844,17 +878,71 @@ class Simulation:
 
     def _count_instances(self) -> None:
         count = sum(1 for e in self.engines if e.capacity_class == "spot" and e.generating_alive)
+        self.step_counts.add(count)
         if count != self.instance_counts[-1][1]:
             self.instance_counts.append((self.loop.now, count))
 
     def _set_capacity(self, capacity: int) -> None:
-        """The pool holds at most `capacity` instances now: launch up to it, or preempt the oldest."""
+        """The trace allows `capacity` instances now."""
+        self.available = capacity
+        self._fit_spot()
+
+    def _fit_spot(self) -> None:
+        """Preempt the oldest instances beyond what the trace allows; then, with `marginal`
+        capacity, drain the newest beyond what `plan_marginal` finds worth holding; launch up to
+        the target."""
         held = self._spot_alive()
-        target = min(capacity, self.s.spot.max_instances)
-        for engine in held[: max(0, len(held) - target)]:
+        allowed = min(self.available, self.s.spot.max_instances)
+        cut = max(0, len(held) - allowed)
+        for engine in held[:cut]:
             self._preempt(engine)
+        held = held[cut:]
+        target = allowed if self.v.capacity == "budget" else self._marginal_target(allowed, len(held))
+        for engine in reversed(held[target:]):
+            self._drain(engine)
         for _ in range(max(0, target - len(held))):
             self._launch()
+
+    def _marginal_target(self, allowed: int, held: int) -> int:
+        """`plan_marginal`'s count for the spot pool: the trace's `allowed` the ceiling, the curve
+        the offload controller learned so far, prices, the preemption rate seen so far, boot plus
+        a first pull as the warm-up, each instance's weight egress per hour."""
+        assert isinstance(self.offload, OffloadController)
+        spot, n = self.s.spot, self.s.network
+        offer = PoolOffer(
+            "spot", self.spot_price, 1.0, max_instances=allowed, preemptions_per_hour=self._preemptions_per_hour()
+        )
+        first_pull = pull_seconds(self.model.weight_bytes, 1, n.trainer_gbps, n.instance_gbps, self.v.swarm)
+        config = CapacityConfig(budget_per_hour=self.spot_price * allowed + 1.0, warmup_s=spot.boot_s + first_pull)
+        marginal = MarginalConfig(self.reserved_price, {"spot": self._egress_per_hour()})
+        (planned,) = plan_marginal((offer,), config, marginal, self.offload.throughput_curve(), held)
+        return planned.target
+
+    def _preemptions_per_hour(self) -> float:
+        now = self.loop.now
+        hours = sum(min(e.ended_at or now, now) - e.launched_at for e in self.engines if e.capacity_class == "spot")
+        return self.preemptions / (hours / 3600) if hours > 0 else 0.0
+
+    def _egress_per_hour(self) -> float:
+        """One spot instance's weight updates per hour in USD, at the recent steps' pace."""
+        recent = self.steps[-8:]
+        if not recent or self.egress_usd_per_gb == 0:
+            return 0.0
+        step_s = sum(s.ended_at - s.started_at for s in recent) / len(recent)
+        nbytes = self.model.weight_bytes * self.s.network.weight_bytes_fraction
+        return nbytes / 1e9 * self.egress_usd_per_gb * 3600 / max(step_s, 1e-9)
+
+    def _drain(self, engine: Engine) -> None:
+        """The capacity manager drains an instance it no longer wants: it hands its samples back
+        (all their tokens kept) and is deleted; not a preemption."""
+        now = self.loop.now
+        if engine.registered:
+            self._evict_all(engine, "flushed", preempted=False)
+        engine.registered = False
+        engine.ended_at = now
+        engine.token += 1
+        self._count_instances()
+        self._soon_claim()
 
     def _launch(self) -> None:
         now = self.loop.now
@@ -874,7 +962,7 @@ class Simulation:
         engine.clock_at = self.loop.now
         self._count_instances()
         peers = sum(1 for e in self.engines if e.capacity_class == "spot" and e.policy_version == self.version)
-        self._pull([engine], peers)
+        self._pull([engine], peers, fresh=True)
 
     def _preempt(self, engine: Engine) -> None:
         now = self.loop.now

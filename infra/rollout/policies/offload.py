@@ -9,9 +9,9 @@ work left and waited for the next version: training was the bottleneck) makes it
 On top of the rule the controller hill-climbs on throughput, remembering per spot count the best
 `T_local` seen (a move that lowered throughput is reverted and later moves halved); §5 has the
 details. With no spot instance alive the reserved cluster never releases: it finishes the step.
-It also keeps the **throughput curve**, a moving average of step throughput per spot count (0:
-steps with no spot instance alive at all, `observe_alone`), which marginal fleet sizing reads
-(`infra.rollout.policies.marginal`).
+It also keeps the **throughput curve**: a moving average of step throughput per spot count, from
+the steps whose spot count stayed the same throughout (`observe`; 0: the reserved cluster alone),
+which marginal fleet sizing reads (`infra.rollout.policies.marginal`).
 """
 
 from __future__ import annotations
@@ -22,6 +22,9 @@ from typing import Any
 
 CURVE_WEIGHT = 0.3
 """Weight of the newest step in the throughput curve's moving average per spot count."""
+CURVE_MIN_STEPS = 3
+"""Steps a spot count needs before the curve shows it (the first ones, `T_local` not yet tuned
+for the count, would undersell it)."""
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,8 @@ class OffloadController:
         self._t_local = initial_t_local
         self._last_num_spot: int | None = None
         self._memory: dict[int, _Memory] = {}
-        self._curve: dict[int, float] = {}
+        self._curve: dict[int, tuple[float, int]] = {}
+        """Spot count -> (moving average of throughput, steps observed)."""
 
     def t_local(self, num_spot: int) -> float:
         """`T_local` for a step with `num_spot` spot instances: the current value while the spot
@@ -100,24 +104,22 @@ class OffloadController:
             memory = replace(memory, scale=memory.scale / 2)
             revert = True
         self._memory[n] = memory
-        self._fold(n, throughput)
         move = (timing.trainer_idle_s - timing.rollout_idle_s) / self.damping
         self._t_local = self._clamp(memory.best_t_local if revert else used + move * memory.scale)
         self._last_num_spot = n
         return self._t_local
 
-    def observe_alone(self, throughput: float) -> None:
-        """Learn the throughput of a step during which no spot instance was alive at all (the
-        curve's 0); `T_local` is unchanged."""
-        self._fold(0, throughput)
+    def observe(self, num_spot: int, throughput: float) -> None:
+        """Fold a step's throughput into the curve at `num_spot`; only for a step whose spot
+        count was `num_spot` throughout (one that gained or lost an instance would credit the
+        count with what a partly absent instance did). `T_local` is unchanged."""
+        old, steps = self._curve.get(num_spot, (throughput, 0))
+        self._curve[num_spot] = (old + CURVE_WEIGHT * (throughput - old), steps + 1)
 
     def throughput_curve(self) -> dict[int, float]:
-        """Step throughput per spot count: a moving average (`CURVE_WEIGHT`) of the steps at it."""
-        return dict(self._curve)
-
-    def _fold(self, n: int, throughput: float) -> None:
-        old = self._curve.get(n)
-        self._curve[n] = throughput if old is None else old + CURVE_WEIGHT * (throughput - old)
+        """Step throughput per spot count: a moving average (`CURVE_WEIGHT`) of the steps at it,
+        for the counts observed in at least `CURVE_MIN_STEPS` steps."""
+        return {n: value for n, (value, steps) in self._curve.items() if steps >= CURVE_MIN_STEPS}
 
     def _clamp(self, t_local: float) -> float:
         t_local = max(self.floor, t_local)
@@ -132,7 +134,7 @@ class OffloadController:
             "damping": self.damping,
             "last_num_spot": self._last_num_spot,
             "memory": {str(n): asdict(m) for n, m in self._memory.items()},
-            "curve": {str(n): value for n, value in self._curve.items()},
+            "curve": {str(n): list(entry) for n, entry in self._curve.items()},
         }
 
     @classmethod
@@ -140,5 +142,5 @@ class OffloadController:
         controller = cls(state["t_local"], state["floor"], state["ceiling"], state["damping"])
         controller._last_num_spot = state["last_num_spot"]
         controller._memory = {int(n): _Memory(**m) for n, m in state["memory"].items()}
-        controller._curve = {int(n): float(v) for n, v in state.get("curve", {}).items()}
+        controller._curve = {int(n): (float(v), int(k)) for n, (v, k) in state.get("curve", {}).items()}
         return controller

@@ -19,6 +19,7 @@ from infra.rollout.policies import (
     plan_marginal,
 )
 from infra.rollout.policies.marginal import estimate
+from infra.rollout.policies.offload import CURVE_MIN_STEPS
 
 UNLIMITED = CapacityConfig(budget_per_hour=1e9, warmup_s=1200.0)
 
@@ -143,14 +144,19 @@ def step(n: int, throughput: float) -> StepTiming:
 def test_offload_controller_learns_a_throughput_curve_and_keeps_it():
     c: OffloadController = OffloadSettings(initial_t_local_s=10.0).new_controller()
     assert c.throughput_curve() == {}
-    c.observe_alone(100.0)
     c.update(step(2, 200.0))
-    c.update(step(2, 300.0))
+    assert c.throughput_curve() == {}  # T_local's update alone does not feed the curve
+    for _ in range(CURVE_MIN_STEPS):
+        c.observe(0, 100.0)
+    c.observe(2, 200.0)
+    assert c.throughput_curve() == {0: 100.0}  # 2 is shown once observed in enough steps
+    for _ in range(CURVE_MIN_STEPS - 1):
+        c.observe(2, 300.0)
     curve = c.throughput_curve()
     assert curve[0] == 100.0 and 200.0 < curve[2] < 300.0  # a moving average, not the last step
     t_local = c.to_dict()["t_local"]
-    c.observe_alone(50.0)
-    assert c.to_dict()["t_local"] == t_local  # the reserved cluster alone teaches T_local nothing
+    c.observe(0, 50.0)
+    assert c.to_dict()["t_local"] == t_local  # the curve teaches T_local nothing
     resumed = OffloadController.from_dict(json.loads(json.dumps(c.to_dict())))
     assert resumed.throughput_curve() == c.throughput_curve()
     state = c.to_dict()
