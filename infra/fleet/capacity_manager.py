@@ -6,8 +6,11 @@ records and events; (2) plans a target per pool with the pure policy
 `size` and `max_price_per_hour`, the hourly budget, and each pool's recent history (`PoolHistory`:
 the fraction of requested instances that started, preemptions per instance-hour), which ranks
 pools but never empties one (a pool whose zones are out of capacity is retried as their back-offs
-expire, inside the provider); (3) launches each pool's shortfall (the provider fails over between
-zones) and terminates its excess, newest first, returning a `ReconcileReport`.
+expire, inside the provider); with `policy="marginal"` those targets are the ceiling of
+`plan_marginal`, which keeps only the instances worth their price on the run's throughput curve;
+(3) launches each pool's shortfall (the provider fails over between zones) and scales its excess
+down, newest first: drained (`drain`) and terminated once gone or after `drain_s`, or terminated
+at once without `drain`; returns a `ReconcileReport`.
 
 The clock is injected; `run()` repeats `reconcile()` until stopped. It drives providers whose
 `launch` starts instances now (the cloud providers); local pools are kept at size by
@@ -22,11 +25,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from infra.providers.errors import CloudError
 from infra.providers.interface import InstanceHandle, InstanceRecord, PreemptionEvent, Provider
 from infra.providers.pool import PoolSpec
 from infra.rollout.policies.capacity import CapacityConfig, PoolOffer, plan_capacity
+from infra.rollout.policies.marginal import MarginalConfig, plan_marginal
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +71,8 @@ class ReconcileReport:
     launched: tuple[InstanceHandle, ...]
     terminated: tuple[str, ...]
     preemptions: tuple[PreemptionEvent, ...]
+    drained: tuple[str, ...] = ()
+    """Instances asked to drain in this reconcile (terminated at a later one)."""
 
 
 class CapacityManager:
@@ -81,11 +88,23 @@ class CapacityManager:
         clock: Callable[[], float] = time.time,
         history_s: float = 3600.0,
         warmup_s: float = 120.0,
+        policy: Literal["budget", "marginal"] = "budget",
+        throughput_curve: Callable[[], Mapping[int, float]] | None = None,
+        base_price_per_hour: float = 0.0,
+        drain: Callable[[str], object] | None = None,
+        drain_s: float = 60.0,
     ) -> None:
         """`budget_per_hour`: ceiling on the summed hourly price of all targets (None: no ceiling);
         `throughput`: relative generation speed of one instance per pool (default 1.0), which ranks
         pools by price per throughput; `history_s`: the window of the availability and preemption
-        history; `warmup_s`: boot-to-useful time of an instance, which preemptions waste."""
+        history; `warmup_s`: boot-to-useful time of an instance, which preemptions waste.
+        `policy="marginal"` reads `throughput_curve` (step throughput per count of these pools'
+        instances: `OffloadController.throughput_curve`) and weighs each instance against
+        `base_price_per_hour` (what the run pays whatever its spot count). `drain` asks one
+        instance to finish its work (e.g. a registry `drain` message); a drained instance is
+        terminated once it stops running or `drain_s` after the request."""
+        if policy == "marginal" and throughput_curve is None:
+            raise ValueError("the marginal policy needs a throughput_curve")
         names = [pool.name for pool in pools]
         if len(set(names)) != len(names):
             raise ValueError(f"pool names must be unique, got {names}")
@@ -96,6 +115,13 @@ class CapacityManager:
         self._clock = clock
         self._warmup_s = warmup_s
         self._history = {pool.name: PoolHistory(history_s) for pool in self.pools}
+        self._policy = policy
+        self._curve = throughput_curve
+        self._base_price = base_price_per_hour
+        self._drain = drain
+        self._drain_s = drain_s
+        self._draining: dict[str, float] = {}
+        """Instance -> when it was asked to drain."""
 
     def reconcile(self) -> ReconcileReport:
         """Refresh, plan, and launch or terminate to bring every pool to its target."""
@@ -107,7 +133,10 @@ class CapacityManager:
                 self._history[event.pool].preemptions.append(event.at)
         for history in self._history.values():
             history.forget_before(now - history.window_s)
-        running = {pool.name: self._running(pool) for pool in self.pools}
+        terminated: list[str] = self._drained_out(now)
+        running = {
+            pool.name: [r for r in self._running(pool) if r.instance_id not in self._draining] for pool in self.pools
+        }
         quotes = {pool.name: self.provider.quote(pool) for pool in self.pools}
         offers = tuple(
             PoolOffer(
@@ -126,9 +155,16 @@ class CapacityManager:
             self._budget if self._budget is not None else sum(o.price_per_hour * o.max_instances for o in offers) + 1.0
         )
         config = CapacityConfig(budget_per_hour=budget, min_availability=0.0, warmup_s=self._warmup_s)
-        targets = {t.pool: t.target for t in plan_capacity(offers, config)}
+        if self._policy == "marginal":
+            assert self._curve is not None
+            held = sum(len(records) for records in running.values())
+            marginal = MarginalConfig(base_price_per_hour=self._base_price)
+            planned = plan_marginal(offers, config, marginal, self._curve(), held)
+        else:
+            planned = plan_capacity(offers, config)
+        targets = {t.pool: t.target for t in planned}
         launched: list[InstanceHandle] = []
-        terminated: list[str] = []
+        drained: list[str] = []
         for pool in self.pools:
             shortfall = targets[pool.name] - len(running[pool.name])
             if shortfall > 0:
@@ -136,17 +172,36 @@ class CapacityManager:
                 self._history[pool.name].requests.append((self._clock(), shortfall, len(started)))
                 launched.extend(started)
             for record in sorted(running[pool.name], key=lambda r: r.launched_at, reverse=True)[: max(-shortfall, 0)]:
-                self.provider.terminate(record.instance_id, "scaled_down")
-                terminated.append(record.instance_id)
-        if launched or terminated or events:
+                if self._drain is None:
+                    self.provider.terminate(record.instance_id, "scaled_down")
+                    terminated.append(record.instance_id)
+                else:
+                    self._draining[record.instance_id] = now
+                    self._drain(record.instance_id)
+                    drained.append(record.instance_id)
+        if launched or terminated or drained or events:
             log.info(
-                "capacity: targets %s; launched %d, terminated %d, preempted %d",
+                "capacity: targets %s; launched %d, draining %d, terminated %d, preempted %d",
                 targets,
                 len(launched),
+                len(drained),
                 len(terminated),
                 len(events),
             )
-        return ReconcileReport(now, quotes, targets, tuple(launched), tuple(terminated), events)
+        return ReconcileReport(now, quotes, targets, tuple(launched), tuple(terminated), events, tuple(drained))
+
+    def _drained_out(self, now: float) -> list[str]:
+        """Forget drained instances that stopped; terminate those still running after `drain_s`."""
+        live = {r.instance_id for r in self.provider.instances(live_only=True) if r.state == "running"}
+        terminated = []
+        for instance_id, asked in list(self._draining.items()):
+            if instance_id not in live:
+                del self._draining[instance_id]
+            elif now - asked >= self._drain_s:
+                self.provider.terminate(instance_id, "scaled_down")
+                del self._draining[instance_id]
+                terminated.append(instance_id)
+        return terminated
 
     def run(self, stop: threading.Event, interval_s: float = 30.0) -> None:
         """`reconcile()` every `interval_s` until `stop` is set. A `CloudError` (the pool's

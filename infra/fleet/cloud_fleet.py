@@ -51,12 +51,14 @@ class CloudFleet:
         interval_s: float,
         clock: Callable[[], float] = time.time,
         options: Mapping[str, Mapping[str, Any]] | None = None,
+        capacity: Mapping[str, Any] | None = None,
     ) -> None:
         """`pools`: the run's pools (local ones are skipped); `redis_url`: the run's Redis, which the
         VMs' workers join; `on_change` gets every cloud instance's record on each change;
         `boot_hooks` prepare each VM's work before it is created; `current_step` labels new VMs
         with the training step; `interval_s`: seconds between reconciles (`fabric.cloud.reconcile_s`); `clock` times the providers and the manager;
-        `options`: kind -> extra keyword arguments of that kind's provider (credentials, endpoints)."""
+        `options`: kind -> extra keyword arguments of that kind's provider (credentials, endpoints);
+        `capacity`: keyword arguments of the `CapacityManager` (policy, budget, curve, drain)."""
         self.pools = tuple(pool for pool in pools if pool.provider != "local")
         check_reachable_by_vms(redis_url, self.pools)
         self.providers: dict[str, Provider] = {}
@@ -71,7 +73,7 @@ class CloudFleet:
                     **({"current_step": current_step} if current_step is not None else {}),
                     **(options or {}).get(pool.provider, {}),
                 )
-        self.manager = CapacityManager(CompositeProvider(self.providers), self.pools, clock=clock)
+        self.manager = CapacityManager(CompositeProvider(self.providers), self.pools, clock=clock, **(capacity or {}))
         self.failure: CloudError | None = None
         """What stopped the reconcile loop early (a pool's configuration or credentials), if anything."""
         self._interval_s = interval_s

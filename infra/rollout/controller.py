@@ -266,6 +266,8 @@ class RolloutController:
         delivered = {int(g) for g in self.redis.smembers(self._key("delivered", step))}
         pending: list[Future[None]] = []
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"on-group-{step}")
+        spot_counts: set[int] = set()
+        """Spot counts seen by this driver's polls of the step (its throughput curve's key)."""
         try:
             while True:
                 if check is not None:
@@ -273,6 +275,7 @@ class RolloutController:
                 status = log.step_status(step)
                 snapshot = self._snapshot(log, status, started_at)
                 snapshot = self._reap(log, snapshot)
+                spot_counts.add(snapshot.rollout_only_alive)
                 released = self._offload(offload, snapshot)
                 self._steal(snapshot, released)
                 if status.complete:
@@ -293,7 +296,7 @@ class RolloutController:
                 future.result()
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
-        return self._finish(log, offload, step)
+        return self._finish(log, offload, step, spot_counts)
 
     def retire(self, step: int) -> None:
         """Delete a trained step from the token log and the controller's keys (its report too)."""
@@ -504,8 +507,9 @@ class RolloutController:
 
     # --- the end of a step ---------------------------------------------------------------------
 
-    def _finish(self, log: TokenLog, offload: OffloadController, step: int) -> StepReport:
-        """Measure the step, update and persist `T_local`, store and return the report."""
+    def _finish(self, log: TokenLog, offload: OffloadController, step: int, spot_counts: set[int]) -> StepReport:
+        """Measure the step, update and persist `T_local` and the throughput curve (a step whose
+        polls all saw one spot count, `spot_counts`), store and return the report."""
         end = self.clock()
         step_key = self._key("step", step)
         status = log.step_status(step)
@@ -522,20 +526,22 @@ class RolloutController:
         busy = [(float(a), float(b)) for a, b in (_str(i).split() for i in intervals)]
         rollout_idle = max(0.0, end - all_done_at)
         trainer_idle, t_local, num_spot = 0.0, None, 0
-        if "released_at" in state:  # a step that never released teaches nothing
+        throughput = (status.tokens_logged - dropped_tokens) / max(end - started_at, 1e-9)
+        if "released_at" in state:  # a step that never released teaches T_local nothing
             released_at = float(state["released_at"])
             trainer_idle = max(0.0, end - released_at - _busy_within(busy, released_at, end))
             t_local, num_spot = float(state["t_local"]), int(state["num_spot"])
-            trained_tokens = status.tokens_logged - dropped_tokens
             offload.update(
                 StepTiming(
                     t_local_s=t_local,
                     trainer_idle_s=trainer_idle,
                     rollout_idle_s=rollout_idle,
-                    throughput=trained_tokens / max(end - started_at, 1e-9),
+                    throughput=throughput,
                     num_spot=num_spot,
                 )
             )
+        if len(spot_counts) == 1:
+            offload.observe(next(iter(spot_counts)), throughput)
         report = StepReport(
             step=step,
             policy_version=status.policy_version,

@@ -240,7 +240,22 @@ class RolloutFabric:
             current_step=lambda: self._step,
             interval_s=cloud.reconcile_s,
             options=cloud_options(cloud),
+            capacity=self._capacity_options(),
         )
+
+    def _capacity_options(self) -> dict[str, Any]:
+        """The `CapacityManager`'s settings from `fabric.capacity`: the controller's throughput
+        curve, and a registry `drain` message for an instance scaled down."""
+        capacity = self.config.capacity
+        return {
+            "policy": capacity.policy,
+            "budget_per_hour": capacity.budget_per_hour,
+            "warmup_s": capacity.warmup_s,
+            "throughput_curve": lambda: self.controller.offload.throughput_curve(),
+            "base_price_per_hour": capacity.base_price(self.config.pools),
+            "drain": lambda instance_id: self.registry.request(instance_id, {"op": "drain"}),
+            "drain_s": capacity.drain_s,
+        }
 
     def _cloud_instance_changed(self, record: InstanceRecord) -> None:
         if record.state == "terminated" and self.instance_runs is not None:

@@ -63,6 +63,32 @@ class CloudSettings(Section):
     """Deleting the VMs of runs that are not alive (crashed drivers, ended runs), in the pools' scopes."""
 
 
+class CapacitySettings(Section):
+    """How the capacity manager sizes the cloud pools of a run (docs/internals.md §3)."""
+
+    policy: Literal["budget", "marginal"] = "marginal"
+    """`marginal`: hold a pool's k-th instance only while what it adds (the offload controller's step
+    throughput per spot count, discounted by preemptions x `warmup_s`) per dollar beats the run's
+    tokens per dollar without it; instances no longer worth their price are drained, then deleted.
+    `budget`: fill the pools up to their size, cheapest per throughput first, within `budget_per_hour`."""
+    budget_per_hour: float | None = Field(None, gt=0)
+    """Ceiling on the summed hourly price of the cloud pools' instances, under either policy (None: none)."""
+    base_price_per_hour: float | None = Field(None, ge=0)
+    """What the run pays per hour whatever its spot count (trainer, reserved machines), against
+    which `marginal` weighs an instance; None: the non-spot pools' `price_per_hour` x `size`."""
+    warmup_s: float = Field(240.0, gt=0)
+    """Seconds from an instance's request to its first useful token (boot, install, weight pull):
+    what each preemption wastes again."""
+    drain_s: float = Field(60.0, gt=0)
+    """How long an instance asked to drain (scaled down) may take before it is deleted."""
+
+    def base_price(self, pools: tuple[PoolSpec, ...]) -> float:
+        """`base_price_per_hour`, or the non-spot pools' price per hour at their size."""
+        if self.base_price_per_hour is not None:
+            return self.base_price_per_hour
+        return sum(pool.price_per_hour * pool.size for pool in pools if pool.capacity_class != "spot")
+
+
 class FabricConfig(Section):
     """Distributed rollout over a Redis token log and local instance pools."""
 
@@ -101,6 +127,8 @@ class FabricConfig(Section):
     """Reaping, stealing and adaptive offload."""
     cloud: CloudSettings = CloudSettings()
     """Cloud pools: VM boot script, base model copy, reconcile loop, API endpoints."""
+    capacity: CapacitySettings = CapacitySettings()
+    """How many instances the cloud pools hold: every one the budget allows, or those worth their price."""
     ready_timeout_s: float = Field(180.0, gt=0)
     """How long to wait for the first instance to register before failing the step (a run with only
     cloud pools waits for a VM to boot and install the project: allow several minutes)."""

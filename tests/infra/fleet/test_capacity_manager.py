@@ -294,3 +294,59 @@ def test_keeps_a_gcp_spot_pool_at_target_through_preemptions_and_a_zone_running_
         assert cost.reason == record.reason
         assert cost.billed_seconds == pytest.approx(end - record.launched_at)
         assert cost.spend_usd == pytest.approx(cost.billed_seconds / 3600 * 0.479872)
+
+
+def test_marginal_policy_grows_on_a_steep_curve_and_drains_before_terminating():
+    clock = Clock()
+    provider = ScriptedProvider(clock, {"a": 1.0})
+    curve: dict[int, float] = {}
+    asked: list[str] = []
+    manager = CapacityManager(
+        provider,
+        [pool("a", size=4)],
+        clock=clock,
+        policy="marginal",
+        throughput_curve=lambda: curve,
+        base_price_per_hour=10.0,
+        drain=asked.append,
+        drain_s=60.0,
+    )
+    assert manager.reconcile().targets == {"a": 0}  # the reserved cluster alone is not measured yet
+    curve[0] = 100.0
+    assert manager.reconcile().targets == {"a": 1}  # the first instance is explored
+    curve[1] = 150.0
+    assert manager.reconcile().targets == {"a": 2}
+    curve[2] = 200.0
+    report = manager.reconcile()
+    assert report.targets == {"a": 3} and len(running(provider, "a")) == 3
+    provider.prices["a"] = 10.0  # now an instance adds 50 tokens / $10 against the run's 10 / $
+    clock.advance(1.0)
+    report = manager.reconcile()
+    assert report.targets == {"a": 0} and report.terminated == ()
+    assert sorted(report.drained) == sorted(asked) == ["a-0", "a-1", "a-2"]
+    assert len(running(provider, "a")) == 3  # draining: still running, not counted, not relaunched
+    provider.terminate("a-1")  # one finished its work and stopped
+    clock.advance(30.0)
+    again = manager.reconcile()
+    assert again.launched == () and again.drained == () and again.terminated == ()
+    clock.advance(30.0)
+    late = manager.reconcile()
+    assert sorted(late.terminated) == ["a-0", "a-2"] and running(provider, "a") == []
+
+
+def test_marginal_policy_keeps_the_budget_as_its_ceiling():
+    clock = Clock()
+    provider = ScriptedProvider(clock, {"a": 1.0})
+    curve = {0: 100.0, 1: 150.0, 2: 200.0, 3: 250.0}
+    manager = CapacityManager(
+        provider,
+        [pool("a", size=4)],
+        budget_per_hour=2.0,
+        clock=clock,
+        policy="marginal",
+        throughput_curve=lambda: curve,
+        base_price_per_hour=10.0,
+    )
+    assert manager.reconcile().targets == {"a": 2}
+    with pytest.raises(ValueError):
+        CapacityManager(provider, [pool("a")], clock=clock, policy="marginal")
