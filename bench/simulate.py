@@ -11,7 +11,7 @@ Last line JSON: {"paper_rows": [{"spot", "sim_tok_s", "paper_tok_s", "rel_err", 
 "rlboost_no_steal_tok_s"}], "paper_max_rel_err", "cpu_rel_err", "cpu_check", "throughput_ratio",
 "cost_efficiency_gain", "vs_paper_choices", "vs_restart", "async_throughput_ratio",
 "async_cost_efficiency_gain", "async_fraction_of_bound", "async_k", "ondemand_async_ratio",
-"bound_throughput_ratio", "traces": [...]}. Each key and the method: docs/benchmarks.md; results:
+"bound_throughput_ratio", "traces": [...]} (each trace also with "marginal_*" and "egress_usd_per_step"). Each key and the method: docs/benchmarks.md; results:
 docs/simulator.md.
 """
 
@@ -34,7 +34,9 @@ from infra.sim.availability import spot_schedule  # noqa: E402
 from infra.sim.report import plot, table  # noqa: E402
 from infra.sim.runner import (  # noqa: E402
     ASYNC_K,
+    SPECS,
     Comparison,
+    Metrics,
     bounded,
     compare,
     equal_cost_spec,
@@ -131,7 +133,6 @@ def cpu_check(steps: int, warmup: int, calibration_steps: int) -> dict:
         spot_schedule,
     )
     from infra.run.config import DEFAULT_CONFIG, load_config
-    from infra.sim.runner import SPECS
 
     config = load_config(DEFAULT_CONFIG)
     if not (config.model.path / "config.json").exists():
@@ -252,25 +253,40 @@ def figures(comparison: Comparison, label: str, prices_at: str | None) -> dict:
         "restart_waste_fraction": round(m["restart"].waste_fraction, 4),
         "mean_spot_instances": round(rl.mean_spot_instances, 2),
         "preemptions": rl.preemptions,
+        "egress_usd_per_step": round(rl.egress_usd_per_step, 4),
+        **marginal_figures(m["rlboost_marginal"]),
         **async_figures(comparison),
     }
 
 
+def marginal_figures(marginal: Metrics) -> dict:
+    """The `marginal` capacity policy's figures (`rlboost_marginal`), beside `rlboost`'s (`budget`)."""
+    return {
+        "marginal_throughput_ratio": round(marginal.throughput_ratio, 3),
+        "marginal_cost_efficiency_gain": round(marginal.cost_efficiency_gain, 3),
+        "marginal_mean_spot_instances": round(marginal.mean_spot_instances, 2),
+        "marginal_egress_usd_per_step": round(marginal.egress_usd_per_step, 4),
+    }
+
+
 def repriced(comparison: Comparison, prices_at: str) -> Comparison:
-    """The same runs at another date's catalog prices (prices do not change the dynamics); the
-    equal-cost cluster is sized again for the new spend and simulated again."""
+    """The same runs at another date's catalog prices (prices do not change the dynamics of the
+    budget policy's variants); the equal-cost cluster is sized again for the new spend, and it
+    and the marginal policy's variant (whose decisions read the prices) are simulated again."""
     scenario = updated(comparison.scenario, run={"prices_at": prices_at})
     reserved, spot, _ = prices_per_hour(scenario)
+    schedule = spot_schedule(scenario)
+    again = {"ondemand_equal_cost", "rlboost_marginal"}
     results = {
         name: replace(r, spot_price_per_hour=spot, reserved_price_per_hour=reserved)
         for name, r in comparison.results.items()
-        if name != "ondemand_equal_cost"
+        if name not in again
     }
+    results["rlboost_marginal"] = Simulation(scenario, SPECS["rlboost_marginal"], schedule, (reserved, spot)).run()
     metrics: dict = {}
     for name, result in results.items():
         metrics[name] = measure(result, scenario.run.measure_from_step, metrics.get("ondemand"))
     spec = equal_cost_spec(scenario, reserved, metrics["rlboost"], spot)
-    schedule = spot_schedule(scenario)
     results[spec.name] = Simulation(scenario, spec, schedule, (reserved, spot)).run()
     metrics[spec.name] = measure(results[spec.name], scenario.run.measure_from_step, metrics["ondemand"])
     return bounded(scenario, results, metrics, schedule)

@@ -2,15 +2,13 @@
 
 Each `reconcile()`: (1) refreshes the provider, so preemptions and losses in the cloud become
 records and events; (2) plans a target per pool with the pure policy
-`infra.rollout.policies.capacity.plan_capacity`, from the current quotes, the pools' `min_size` /
-`size` and `max_price_per_hour`, the hourly budget, and each pool's recent history (`PoolHistory`:
-the fraction of requested instances that started, preemptions per instance-hour), which ranks
-pools but never empties one (a pool whose zones are out of capacity is retried as their back-offs
-expire, inside the provider); with `policy="marginal"` those targets are the ceiling of
-`plan_marginal`, which keeps only the instances worth their price on the run's throughput curve;
-(3) launches each pool's shortfall (the provider fails over between zones) and scales its excess
-down, newest first: drained (`drain`) and terminated once gone or after `drain_s`, or terminated
-at once without `drain`; returns a `ReconcileReport`.
+`plan_capacity`, from the quotes, the pools' `min_size` / `size` and `max_price_per_hour`, the
+budget, and each pool's recent history (`PoolHistory`: requests fulfilled, preemptions per
+instance-hour), which ranks pools but never empties one; with `policy="marginal"` those targets
+are the ceiling of `plan_marginal` (only the instances worth their price on the run's throughput
+curve); (3) launches each pool's shortfall (the provider fails over between zones) and scales its
+excess down, newest first: drained (`drain`), terminated once gone or after `drain_s` (at once
+without `drain`); returns a `ReconcileReport`.
 
 The clock is injected; `run()` repeats `reconcile()` until stopped. It drives providers whose
 `launch` starts instances now (the cloud providers); local pools are kept at size by

@@ -2,18 +2,18 @@
 
 `SPECS`: `ondemand` (the reserved cluster alone, veRL's loop: on-policy, old log-probs recomputed,
 no spot), `rlboost` (this project: spot instances, token-level migration, steal, swarm weight pull),
-`rlboost_no_steal`, `rlboost_marginal` (`rlboost` holding only the spot instances worth their
-price: `plan_marginal`), `paper` (the paper's choices: group-min truncation on preemption, weights from
-the trainer's senders only, no steal, the artifact's offload rule, `infra.sim.artifact_offload`),
+`rlboost_no_steal`, `rlboost_marginal` (holding only the spot instances worth their price),
+`paper` (the paper's choices: group-min truncation, weights from the trainer's senders only, no
+steal, the artifact's offload rule, `infra.sim.artifact_offload`),
 `restart` (no token log: a sample that leaves an instance starts over), `rlboost_async_k1`/`_k2`
 (`rlboost` at bounded staleness K) and `ondemand_async_k1`/`_k2` (asynchrony without spot);
 `equal_cost_spec` adds `ondemand_equal_cost`, a reserved cluster grown in whole engines to what
 `rlboost` spent per hour. This project's variants skip the old-log-prob forward
 (`VariantSpec.recompute_logprobs`); `rlboost`, `rlboost_no_steal` and `restart` run the scenario's
 `training.max_staleness`. `compare` runs them; `measure` gives `Metrics` from `run.measure_from_step`
-on (trained tokens/s; dollars: the reserved cluster for the whole window, each spot instance from
-request to end, the egress of its weight pulls; ratios against `ondemand`); `work_bound` is what no schedule beats
-(`fraction_of_bound`). Detail: docs/internals.md §11, docs/simulator.md ("Variants").
+on (trained tokens/s; dollars: the reserved cluster, each spot instance from request to end, the
+egress of its weight pulls; ratios against `ondemand`); `work_bound` is what no schedule beats.
+Detail: docs/internals.md §11, docs/simulator.md ("Variants").
 """
 
 from __future__ import annotations

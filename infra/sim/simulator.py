@@ -8,13 +8,11 @@ each step ends with `OffloadController.update(StepTiming(...))` (the `paper` var
 in the token log's order (`ClaimQueue`); a steal's samples wait for their receiver until
 `StealConfig.route_s`. Migration modes (the variants): `token` (logged tokens kept), `group_min`
 (a preempted group's samples keep as many as its shortest one), `restart` (nothing kept). Spot
-instances follow the trace's capacity (`budget`), or, with `capacity: marginal`, as many of them
-as `plan_marginal` finds worth their price from the curve learned so far (drained, newest first,
-when not); every spot instance's weight pull is counted in bytes for the egress bill.
+instances follow the trace (`budget`), or as many of them as `plan_marginal` finds worth their
+price (`marginal`; the rest drained); every weight pull's bytes are counted for egress.
 
-A snapshot's running samples are rebuilt when an engine's samples change, and their token counts
-refreshed only when the queue is empty: with samples queued no policy reads those counts, so the
-decisions are the ones fresh snapshots would give.
+A snapshot's running samples are rebuilt when an engine's samples change, their token counts
+refreshed only when the queue is empty (no policy reads them while samples are queued).
 """
 
 from __future__ import annotations

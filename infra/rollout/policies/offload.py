@@ -22,9 +22,11 @@ from typing import Any
 
 CURVE_WEIGHT = 0.3
 """Weight of the newest step in the throughput curve's moving average per spot count."""
+CURVE_WARMUP_STEPS = 2
+"""The first steps ever observed at a spot count are left out of its average: `T_local` is not
+yet tuned for the count and would undersell it."""
 CURVE_MIN_STEPS = 3
-"""Steps a spot count needs before the curve shows it (the first ones, `T_local` not yet tuned
-for the count, would undersell it)."""
+"""Steps after the warm-up a spot count needs before the curve shows it."""
 
 
 @dataclass(frozen=True)
@@ -114,12 +116,14 @@ class OffloadController:
         count was `num_spot` throughout (one that gained or lost an instance would credit the
         count with what a partly absent instance did). `T_local` is unchanged."""
         old, steps = self._curve.get(num_spot, (throughput, 0))
-        self._curve[num_spot] = (old + CURVE_WEIGHT * (throughput - old), steps + 1)
+        fresh = steps <= CURVE_WARMUP_STEPS  # the warm-up's steps, and the first after it
+        self._curve[num_spot] = (throughput if fresh else old + CURVE_WEIGHT * (throughput - old), steps + 1)
 
     def throughput_curve(self) -> dict[int, float]:
-        """Step throughput per spot count: a moving average (`CURVE_WEIGHT`) of the steps at it,
-        for the counts observed in at least `CURVE_MIN_STEPS` steps."""
-        return {n: value for n, (value, steps) in self._curve.items() if steps >= CURVE_MIN_STEPS}
+        """Step throughput per spot count: a moving average (`CURVE_WEIGHT`) of the steps at it
+        after `CURVE_WARMUP_STEPS`, for the counts with `CURVE_MIN_STEPS` such steps."""
+        shown = CURVE_WARMUP_STEPS + CURVE_MIN_STEPS
+        return {n: value for n, (value, steps) in self._curve.items() if steps >= shown}
 
     def _clamp(self, t_local: float) -> float:
         t_local = max(self.floor, t_local)
