@@ -24,7 +24,7 @@ CURVE_WEIGHT = 0.3
 """Weight of the newest step in the throughput curve's moving average per spot count."""
 CURVE_WARMUP_STEPS = 2
 """The first steps ever observed at a spot count are left out of its average: `T_local` is not
-yet tuned for the count and would undersell it."""
+yet tuned for the count and would undersell it (0 has no `T_local`: neither warm-up nor minimum)."""
 CURVE_MIN_STEPS = 3
 """Steps after the warm-up a spot count needs before the curve shows it."""
 
@@ -116,14 +116,14 @@ class OffloadController:
         count was `num_spot` throughout (one that gained or lost an instance would credit the
         count with what a partly absent instance did). `T_local` is unchanged."""
         old, steps = self._curve.get(num_spot, (throughput, 0))
-        fresh = steps <= CURVE_WARMUP_STEPS  # the warm-up's steps, and the first after it
+        fresh = num_spot > 0 and steps <= CURVE_WARMUP_STEPS  # the warm-up's steps, and the first after it
         self._curve[num_spot] = (throughput if fresh else old + CURVE_WEIGHT * (throughput - old), steps + 1)
 
     def throughput_curve(self) -> dict[int, float]:
         """Step throughput per spot count: a moving average (`CURVE_WEIGHT`) of the steps at it
         after `CURVE_WARMUP_STEPS`, for the counts with `CURVE_MIN_STEPS` such steps."""
         shown = CURVE_WARMUP_STEPS + CURVE_MIN_STEPS
-        return {n: value for n, (value, steps) in self._curve.items() if steps >= shown}
+        return {n: value for n, (value, steps) in self._curve.items() if n == 0 or steps >= shown}
 
     def _clamp(self, t_local: float) -> float:
         t_local = max(self.floor, t_local)

@@ -146,12 +146,11 @@ def test_offload_controller_learns_a_throughput_curve_and_keeps_it():
     assert c.throughput_curve() == {}
     c.update(step(2, 200.0))
     assert c.throughput_curve() == {}  # T_local's update alone does not feed the curve
+    c.observe(0, 100.0)  # the reserved cluster alone: no T_local to tune, shown at once
+    assert c.throughput_curve() == {0: 100.0}
     for _ in range(CURVE_WARMUP_STEPS):
-        c.observe(0, 10.0)  # the warm-up: left out
-    for _ in range(CURVE_MIN_STEPS):
-        c.observe(0, 100.0)
-    for _ in range(CURVE_WARMUP_STEPS + 1):
-        c.observe(2, 200.0)
+        c.observe(2, 20.0)  # the warm-up: left out
+    c.observe(2, 200.0)
     assert c.throughput_curve() == {0: 100.0}  # 2 is shown once observed in enough steps
     for _ in range(CURVE_MIN_STEPS - 1):
         c.observe(2, 300.0)
