@@ -24,9 +24,9 @@ from infra.rollout.policies.capacity import (
     CapacityConfig,
     CapacityTarget,
     PoolOffer,
-    rank_key,
     effective_throughput,
     plan_capacity,
+    rank_key,
 )
 
 

@@ -63,9 +63,7 @@ def test_price_rise_releases_instances():
 def test_budget_ceiling_holds():
     curve = {0: 100.0, 1: 150.0, 2: 200.0, 3: 250.0, 4: 300.0}
     assert target(curve, config=CapacityConfig(budget_per_hour=2.5, warmup_s=1200.0)) == 2
-    capped = plan_marginal(
-        (spot(price_cap=0.5),), UNLIMITED, MarginalConfig(base_price_per_hour=10.0), curve, held=0
-    )
+    capped = plan_marginal((spot(price_cap=0.5),), UNLIMITED, MarginalConfig(base_price_per_hour=10.0), curve, held=0)
     assert capped == (CapacityTarget("spot", 0),)
 
 
