@@ -4,9 +4,8 @@
 no spot), `rlboost` (this project: spot instances, token-level migration, steal, swarm weight pull),
 `rlboost_no_steal`, `rlboost_marginal` (holding only the spot instances worth their price),
 `paper` (the paper's choices: group-min truncation, weights from the trainer's senders only, no
-steal, the artifact's offload rule, `infra.sim.artifact_offload`),
-`restart` (no token log: a sample that leaves an instance starts over), `rlboost_async_k1`/`_k2`
-(`rlboost` at bounded staleness K) and `ondemand_async_k1`/`_k2` (asynchrony without spot);
+steal, the artifact's offload rule), `restart` (a sample that leaves an instance starts over),
+`rlboost_async_k1`/`_k2` (`rlboost` at staleness K), `ondemand_async_k1`/`_k2` (without spot);
 `equal_cost_spec` adds `ondemand_equal_cost`, a reserved cluster grown in whole engines to what
 `rlboost` spent per hour. This project's variants skip the old-log-prob forward
 (`VariantSpec.recompute_logprobs`); `rlboost`, `rlboost_no_steal` and `restart` run the scenario's
