@@ -245,13 +245,21 @@ class RolloutFabric:
 
     def _capacity_options(self) -> dict[str, Any]:
         """The `CapacityManager`'s settings from `fabric.capacity`: the controller's throughput
-        curve, and a registry `drain` message for an instance scaled down."""
+        curve, and a registry `drain` message for an instance scaled down. A run whose rollout
+        has no local pool makes nothing without the cloud's instances: its curve starts at 0 tokens
+        for 0 instances (otherwise the marginal policy would wait for a step that never runs)."""
         capacity = self.config.capacity
+        alone = any(pool.provider == "local" for pool in self.config.pools)
+
+        def curve() -> dict[int, float]:
+            measured = self.controller.offload.throughput_curve()
+            return measured if alone else {0: 0.0, **measured}
+
         return {
             "policy": capacity.policy,
             "budget_per_hour": capacity.budget_per_hour,
             "warmup_s": capacity.warmup_s,
-            "throughput_curve": lambda: self.controller.offload.throughput_curve(),
+            "throughput_curve": curve,
             "base_price_per_hour": capacity.base_price(self.config.pools),
             "drain": lambda instance_id: self.registry.request(instance_id, {"op": "drain"}),
             "drain_s": capacity.drain_s,
