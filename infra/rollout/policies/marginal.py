@@ -90,7 +90,7 @@ def worth_holding(
             break
         offer = slots[count]
         gain = (after - before) * effective_throughput(offer, config) / offer.throughput
-        bar = before / spend if spend > 0 else math.inf
+        bar = before / spend if spend > 0 else (math.inf if before > 0 else 0.0)
         if count < held:
             bar *= 1 - marginal.hold_margin
         price = cost(offer)

@@ -89,6 +89,12 @@ def test_hold_margin_keeps_a_held_instance_near_the_bar():
     assert target(curve, held=1, hold_margin=0.0) == 0
 
 
+def test_a_run_that_makes_nothing_without_spot_grows_from_zero():
+    assert target({0: 0.0}, base=0.0) == 1
+    assert target({0: 0.0, 1: 50.0}, base=0.0) == 2
+    assert target({0: 0.0, 1: 50.0, 2: 60.0}, base=0.0, held=2) == 1  # 10 / $1 against 50 / $1
+
+
 def test_nothing_measured_holds_only_the_minimum():
     (planned,) = plan_marginal(
         (spot(min_instances=2),), UNLIMITED, MarginalConfig(base_price_per_hour=10.0), {}, held=0
