@@ -6,9 +6,10 @@ builds the run's `infra.ledger.report.CostReport` and prints per-step costs, spe
 class and the run totals (spend, the trainer's share, $ per million trained tokens, trained
 tokens/s). With `--baseline`, the ledger run id of a measured reserved-only run of the same
 configuration, it also prints the comparison with it (`infra.ledger.comparison`), labelled as
-such. `--csv` writes one row per step plus a `total` row (run totals: it includes the instance
-time no step used, so it exceeds the sum of the step rows); `--json` writes the whole report, and
-the comparison under `comparison`. An unknown run, a missing price, a baseline that cannot be
+such. The books add up: the steps' costs and the named lines of what no step holds (before step
+1, between steps, after the last step, egress outside steps, ...) sum to the total, in the tables,
+in `--csv` (a row per step, per line, then `total`) and in `--json` (the whole report, the
+comparison under `comparison`). An unknown run, a missing price, a baseline that cannot be
 compared or an unreachable database exits with status 1 and a message saying how to fix it.
 """
 
@@ -128,6 +129,20 @@ def steps_table(report: CostReport) -> Table:
             _usd(s.usd_per_million_generated),
             _usd(s.usd_per_million_trained),
         )
+    table.add_section()
+    for line in report.unattributed:
+        if line.usd or line.instance_seconds:
+            table.add_row(line.name, "", f"{line.instance_seconds:.0f}", *[""] * 4, _usd(line.usd))
+    table.add_section()
+    total = _total_row(report)
+    table.add_row(
+        "total",
+        *(str(total[k]) for k in ("instances",)),
+        f"{total['instance_seconds']:.0f}",
+        *(str(total[k]) for k in ("tokens_generated", "tokens_wasted", "tokens_trained", "preemptions")),
+        *(_usd(total[k]) for k in ("cost_usd", "spot_usd", "trainer_usd")),
+        *(_usd(total[k]) for k in ("usd_per_million_generated", "usd_per_million_trained")),
+    )
     return table
 
 
@@ -173,7 +188,8 @@ def summary_table(report: CostReport) -> Table:
             else "not recorded (set ledger.trainer)",
         ),
         ("weight egress $", f"{_usd(report.egress_usd)} ({report.transfer_bytes / 1e9:.2f} GB)"),
-        ("not attributed to a step $", _usd(report.unattributed_usd) + " (boot, idle, notice periods)"),
+        ("in the steps $", _usd(report.attributed_usd) + _share(report.attributed_usd, report.total_usd)),
+        *((f"{line.name} $", _usd(line.usd) + _share(line.usd, report.total_usd)) for line in report.unattributed),
         ("tokens generated / trained", f"{report.tokens_generated:,} / {report.tokens_trained:,}"),
         ("tokens wasted", f"{report.tokens_wasted:,}" + _share(report.tokens_wasted, report.tokens_generated)),
         ("$ per million generated tokens", _usd(report.usd_per_million_generated)),
@@ -232,9 +248,14 @@ def _total_row(report: CostReport) -> dict[str, object]:
 
 
 def write_csv(report: CostReport, path: Path) -> None:
-    """One row per step (the `StepCost` fields) and a final `total` row of run totals."""
+    """One row per step (the `StepCost` fields), one per line of the books (`step` is its name),
+    whose `cost_usd` add up to the final `total` row's."""
     with path.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(StepCost.model_fields))
         writer.writeheader()
         writer.writerows(step.model_dump(mode="json") for step in report.steps)
+        writer.writerows(
+            {"step": line.name, "instance_seconds": line.instance_seconds, "cost_usd": line.usd}
+            for line in report.unattributed
+        )
         writer.writerow(_total_row(report))

@@ -7,7 +7,7 @@ so it takes role `trainer` instead; the configuration refuses both); per step (`
 `end_step`) its times and trained tokens, every instance the provider has run with its lifecycle,
 each instance's seconds and generated tokens inside the step, and the weight pulls this attempt's
 instances reported; a heartbeat every `heartbeat_s`, so a killed driver's run is billed only up to
-its last beat; at the end the run's end. `summary()` is the cost report as one flat dict,
+its last beat; at the end the run's end. `report()` is the cost report so far (billed to now),
 `baseline_summary(id)` its comparison with a measured reserved-only run. A step's wasted tokens
 are split evenly over the instances that stopped in it, else given to the one that generated most.
 Writes are idempotent per (run, step, instance), so a step recorded again replaces its rows; a
@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
-from infra.ledger import BaselineMismatch, Ledger, UnknownRun
+from infra.ledger import BaselineMismatch, CostReport, Ledger, UnknownRun
 from infra.ledger.config import TrainerMachine
 from infra.providers.interface import InstanceRecord, Provider
 from infra.providers.pool import PoolSpec
@@ -182,9 +182,9 @@ class RunAccounting:
         if self._trainer is not None:
             self.ledger.record_instance(self.run_id, self._trainer, provider=self._trainer_provider, role="trainer")
 
-    def summary(self) -> dict[str, object]:
-        """The run's cost report as one flat dict (`CostReport.summary`)."""
-        return self.ledger.report(self.run_id).summary()
+    def report(self) -> CostReport:
+        """The run's cost report so far: instances still up are billed to now (the clock)."""
+        return self.ledger.report(self.run_id, as_of=self.clock())
 
     def baseline_summary(self, baseline_run_id: str) -> dict[str, object]:
         """The run against the measured reserved-only run `baseline_run_id`, as flat summary

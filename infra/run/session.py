@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from infra.ledger import Ledger
+from infra.ledger import CostReport, Ledger
 from infra.run.accounting import RunAccounting
 from infra.run.config import RunConfig
 from infra.run.driver_lock import DriverLock
@@ -395,9 +395,9 @@ class TrainingSession:
             self.accounting.end_step(step, tokens_trained, instance_tokens, wasted)
         return {"cost_usd": self.accounting.step_cost_usd(step) or 0.0}
 
-    def cost_summary(self) -> dict[str, object]:
-        """The run's cost report so far, as one flat dict."""
-        return self.accounting.summary()
+    def cost_report(self) -> CostReport:
+        """The run's cost report so far (instances still up are billed to now)."""
+        return self.accounting.report()
 
     @contextmanager
     def _stops_when_redis_is_gone(self) -> Iterator[None]:
