@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from pydantic import BaseModel
 
@@ -91,6 +91,8 @@ class CostReport(BaseModel):
     ended_at: datetime | None
     as_of: datetime
     """Instances without a termination time are billed up to this time."""
+    workload: dict[str, Any] | None
+    """What the run ran (`runs.workload`: model, data, batch, pools, trainer; None: not recorded)."""
     steps: list[StepCost]
     classes: list[ClassSpend]
     """Spend per capacity class (reserved, ondemand, spot), classes with instances only."""
@@ -124,7 +126,7 @@ class CostReport(BaseModel):
 
     def summary(self) -> dict[str, object]:
         """The run totals as one flat dict (for the run summary artifact)."""
-        totals = self.model_dump(mode="json", exclude={"steps", "classes", "instances", "unattributed"})
+        totals = self.model_dump(mode="json", exclude={"steps", "classes", "instances", "unattributed", "workload"})
         totals.update({f"unattributed_{line.key}_usd": line.usd for line in self.unattributed})
         totals.update({f"spend_{name}_usd": self.spend(name) for name in CAPACITY_CLASSES})
         totals["steps"] = len(self.steps)
@@ -271,6 +273,7 @@ def build_report(records: RunRecords, prices: PriceSource, as_of: datetime | Non
         started_at=run.started_at,
         ended_at=run.ended_at,
         as_of=as_of,
+        workload=run.workload,
         steps=steps,
         classes=_class_spends(instances),
         instances=instances,

@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 from infra.ledger import BaselineMismatch, CostReport, Ledger, UnknownRun
 from infra.ledger.config import TrainerMachine
@@ -51,11 +52,12 @@ class RunAccounting:
         trainer: TrainerMachine | None = None,
         instance_prefix: str = "",
         heartbeat_s: float = 5.0,
+        workload: dict[str, Any] | None = None,
     ) -> None:
         """`transfers` returns the weight pulls reported since its last call (`RolloutFabric.drain_transfers`);
         `trainer` is the trainer's machine (`ledger.trainer` of the run configuration);
         `instance_prefix` starts this attempt's instance ids (the trainer's); the driver heartbeats
-        every `heartbeat_s`."""
+        every `heartbeat_s`; `workload` is what the run runs (`infra.run.workload.run_workload`)."""
         self.ledger = ledger
         self.run_id = run_id
         self.provider = provider
@@ -65,7 +67,7 @@ class RunAccounting:
         self._trainer_pools = {pool.name for pool in pools if pool.colocated}
         self._step_started: dict[int, float] = {}
         started = clock()
-        ledger.start_run(run_id, name=name, started_at=started)
+        ledger.start_run(run_id, name=name, started_at=started, workload=workload)
         ledger.heartbeat(run_id, at=started)
         self._trainer = (
             None

@@ -36,6 +36,7 @@ from infra.run.identity import claim_identity
 from infra.run.preflight import in_process_engine_device, preflight
 from infra.run.redis_outage import RedisUnreachable, RunStopped
 from infra.run.sweep import SweepSchedule, start_sweeps
+from infra.run.workload import run_workload
 from rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rl.devices import resolve_device
 from rl.distributed.protocol import TrainSpec
@@ -171,6 +172,7 @@ class TrainingSession:
                 transfers=self.fabric.drain_transfers if self.fabric else None,
                 trainer=config.ledger.trainer,
                 instance_prefix=self.identity.instance_prefix,
+                workload=run_workload(config, _parameters(self.model)),
             )
         except BaseException:
             if self._sweeps is not None:
@@ -459,6 +461,11 @@ class TrainingSession:
             self.accounting.finish()
             self.accounting.ledger.close()
             self._driver_lock.release()
+
+
+def _parameters(model: Any) -> int | None:
+    """The policy's parameter count (None: its trainer ranks hold it, not this process)."""
+    return None if model is None else sum(p.numel() for p in model.parameters())
 
 
 def _make_trainer(config: RunConfig, device: torch.device, pad_token_id: int) -> tuple[Any, PolicyTrainer]:

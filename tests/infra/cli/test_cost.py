@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from typer.testing import CliRunner
@@ -12,7 +15,7 @@ from infra.cli.app import app
 from infra.ledger import Ledger
 from infra.providers.interface import InstanceRecord
 from tests.infra.ledger.test_ledger import RUN_ID, at, record_small_run
-from tests.infra.ledger.test_ledger_comparison import record_baseline, record_hybrid
+from tests.infra.ledger.test_ledger_comparison import record_baseline, record_hybrid, workload
 
 runner = CliRunner()
 WIDE = {"COLUMNS": "200"}
@@ -72,6 +75,27 @@ def test_a_baseline_with_spot_instances_is_refused_with_the_fix(tmp_path):
     result = runner.invoke(app, ["cost", "--run", "base-1", "--baseline", "hybrid-1", "--db", url], env=WIDE)
     assert result.exit_code == 2
     assert "baseline run hybrid-1 ran 2 spot instance(s)" in result.output and "reserved-only" in result.output
+
+
+def test_a_baseline_of_another_model_and_batch_exits_2_naming_the_fields(tmp_path):
+    """Through the real command line (a process, its console): one line naming each differing field, no traceback."""
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    with Ledger(url) as ledger:
+        record_hybrid(ledger)
+        record_baseline(ledger, "other-1", workload(**{"model.path": "models/other", "rollout.max_new_tokens": 64}))
+    result = subprocess.run(
+        [sys.executable, "-m", "infra.cli", "cost", "--run", "hybrid-1", "--baseline", "other-1", "--db", url],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "400"},
+        timeout=120,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output
+    assert "Traceback" not in output
+    (line,) = [line for line in output.splitlines() if "differs in" in line]
+    assert "model.path (run: '.rlboost/base-model', baseline: 'models/other')" in line
+    assert "batch.max_new_tokens (run: 6, baseline: 64)" in line
 
 
 def test_exports_csv_and_json_with_hand_computed_numbers(ledger_url, tmp_path):
