@@ -140,3 +140,34 @@ def test_the_plots_bars_and_the_run_summary_add_up_to_the_total(ledger, tmp_path
     parts = [value for key, value in summary.items() if key.startswith("unattributed_")]
     assert len(parts) == 5  # every non-zero line (no step in progress)
     assert abs(summary["attributed_usd"] + sum(parts) - summary["total_usd"]) < 1e-9
+
+
+def test_a_run_recorded_by_its_accounting_adds_up_with_the_costs_its_steps_reported(ledger):
+    """The demo's shape through `RunAccounting`: 60 s before step 1 (boot, base evaluation), three
+    30 s steps with 20 s evaluations between them, 40 s after the last; the trainer alone at
+    $3.60/h. The per-step costs the flow plots (`step_cost_usd`, $0.03 each) left out the $0.14 of
+    the other 140 s; the lines hold it."""
+    from infra.ledger import TrainerMachine
+    from infra.run.accounting import RunAccounting
+    from tests.infra.ledger.test_ledger_comparison import Clock
+
+    clock = Clock()
+    trainer = TrainerMachine(machine_type="a2-highgpu-1g", price_per_hour=3.60)
+    accounting = RunAccounting(ledger, "demo-1", "grpo-demo", (), None, clock=clock, trainer=trainer)
+    clock.now += 60
+    plotted = []
+    for step in (1, 2, 3):
+        accounting.begin_step(step)
+        clock.now += 30
+        accounting.end_step(step, tokens_trained=100)
+        plotted.append(accounting.step_cost_usd(step))
+        clock.now += 20 if step < 3 else 40
+    report = accounting.report()
+    accounting.finish()
+    assert plotted == pytest.approx([0.03, 0.03, 0.03])
+    lines = {line.key: line.usd for line in report.unattributed}
+    assert (lines["before_step_1"], lines["between_steps"], lines["after_last_step"]) == pytest.approx(
+        (0.06, 0.04, 0.04)
+    )
+    assert report.total_usd == pytest.approx(0.23)
+    assert abs(sum(plotted) + report.unattributed_usd - report.total_usd) < 1e-9
