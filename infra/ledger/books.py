@@ -10,6 +10,7 @@ ended: start to `as_of`), so the steps and the lines sum to the run's total up t
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from datetime import datetime
 
 from pydantic import BaseModel
 
+from infra.ledger.models import Step
 from infra.ledger.reader import RunRecords
 
 SECONDS_PER_HOUR = 3600.0
@@ -69,37 +71,46 @@ def _window_end(ended_at: datetime | None, started_at: datetime, as_of: datetime
     return (ended_at or max(as_of, started_at)).timestamp()
 
 
+def _labels(windows: list[tuple[float, float, Step]], boundaries: list[float]) -> list[tuple[str, Step | None]]:
+    """The line of each interval between consecutive `boundaries` (and the step it follows, between steps)."""
+    labels: list[tuple[str, Step | None]] = []
+    for lo, hi in zip(boundaries, boundaries[1:]):
+        mid = (lo + hi) / 2
+        covering = [s for a, b, s in windows if a < mid < b]
+        if any(s.ended_at is not None for s in covering):
+            labels.append(("in_steps", None))
+        elif covering:
+            labels.append(("step_in_progress", None))
+        else:
+            labels.append(("between_steps", max((w for w in windows if w[1] <= lo), key=lambda w: w[1])[2]))
+    return labels
+
+
 def books(records: RunRecords, rates: Mapping[str, float], as_of: datetime) -> Books:
     """The lines of `records` (instances priced at `rates`, USD per hour, by instance id)."""
     windows = [(s.started_at.timestamp(), _window_end(s.ended_at, s.started_at, as_of), s) for s in records.steps]
-    ended = [(lo, hi) for lo, hi, s in windows if s.ended_at is not None]
-    open_ = [(lo, hi) for lo, hi, s in windows if s.ended_at is None]
-    first = min((lo for lo, _, _ in windows), default=None)
-    last = max((hi for _, hi, _ in windows), default=None)
     boundaries = sorted({t for lo, hi, _ in windows for t in (lo, hi)})
+    labels = _labels(windows, boundaries)
     usd: dict[str, float] = defaultdict(float)
     seconds: dict[str, float] = defaultdict(float)
     idle_after: dict[int, float] = defaultdict(float)
     for instance in records.instances:
         rate = rates[instance.instance_id] / SECONDS_PER_HOUR
         start, end = instance.launched_at.timestamp(), (instance.terminated_at or as_of).timestamp()
-        cuts = [start, *(t for t in boundaries if start < t < end), end]
+        inside = boundaries[bisect_right(boundaries, start) : bisect_left(boundaries, end)]
+        cuts = [start, *inside, end]
         for lo, hi in zip(cuts, cuts[1:]):
             if hi <= lo:
                 continue
-            mid = (lo + hi) / 2
-            if any(a < mid < b for a, b in ended):
-                key = "in_steps"
-            elif any(a < mid < b for a, b in open_):
-                key = "step_in_progress"
-            elif first is None or mid < first:
-                key = "before_step_1"
-            elif last is not None and mid > last:
-                key = "after_last_step"
+            index = bisect_right(boundaries, (lo + hi) / 2) - 1
+            if index < 0:
+                key, previous = "before_step_1", None
+            elif index >= len(labels):
+                key, previous = "after_last_step", None
             else:
-                key = "between_steps"
-                previous = max((w for w in windows if w[1] <= lo), key=lambda w: w[1])
-                idle_after[previous[2].step] += (hi - lo) * rate
+                key, previous = labels[index]
+            if previous is not None:
+                idle_after[previous.step] += (hi - lo) * rate
             usd[key] += (hi - lo) * rate
             seconds[key] += hi - lo
     ended_steps = {s.step for s in records.steps if s.ended_at is not None}
