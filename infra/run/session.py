@@ -46,13 +46,16 @@ from rl.evaluation import evaluate_accuracy
 from rl.generation import GenerationEngine, SamplingParams
 from rl.models import load_policy, load_tokenizer
 from rl.prompt_source import PromptSource
-from rl.prompts import check_chat_template
+from rl.prompts import check_chat_template, encode_prompt
 from rl.rewards import make_reward_fn
 from rl.rollout import Sample, build_requests, read_samples, samples_from_results, write_samples
 from rl.scoring import score_samples
 from rl.stops import StopStrings
 from rl.streaming import StreamedStep
 from rl.trainer import PolicyTrainer, TrainBatch, Trainer
+
+PROMPTS_MEASURED = 64
+"""Held-out prompts encoded to measure the mean prompt length the ledger records (`runs.workload`)."""
 
 
 @dataclass
@@ -172,7 +175,7 @@ class TrainingSession:
                 transfers=self.fabric.drain_transfers if self.fabric else None,
                 trainer=config.ledger.trainer,
                 instance_prefix=self.identity.instance_prefix,
-                workload=run_workload(config, _parameters(self.model)),
+                workload=run_workload(config, _parameters(self.model), self._mean_prompt_tokens()),
             )
         except BaseException:
             if self._sweeps is not None:
@@ -182,6 +185,13 @@ class TrainingSession:
                 self.fabric.close()
             self.trainer.close()
             raise
+
+    def _mean_prompt_tokens(self) -> float | None:
+        """Mean tokens of the encoded prompts, over the first `PROMPTS_MEASURED` held-out ones."""
+        records = self.eval_records[:PROMPTS_MEASURED]
+        if not records:
+            return None
+        return sum(len(encode_prompt(self.tokenizer, r.prompt, self.config.prompt)) for r in records) / len(records)
 
     @property
     def engine(self) -> GenerationEngine:

@@ -1,7 +1,8 @@
 """What a run runs, as the ledger records it (`runs.workload`): `run_workload(config, params)`.
 
 A JSON-ready dict of five sections: `model` (its path, the architecture read from its
-`config.json`, the parameter count and dtype), `data` (the prompts' source), `batch` (prompts per
+`config.json`, the parameter count and dtype), `data` (the prompts' source and their mean length
+in tokens), `batch` (prompts per
 step, group size, response budget, sampling, bounded staleness), `pools` (every pool's name,
 provider, capacity class, size, machine type, price, co-location, notice, silent-kill fraction
 and availability) and `trainer` (`ledger.trainer`). A baseline comparison checks that two runs
@@ -50,8 +51,9 @@ def model_architecture(path: Path) -> dict[str, Any]:
     }
 
 
-def run_workload(config: RunConfig, params: int | None) -> dict[str, Any]:
-    """The workload of `config` (`params`: the policy's parameter count, None if not in this process)."""
+def run_workload(config: RunConfig, params: int | None, mean_prompt_tokens: float | None = None) -> dict[str, Any]:
+    """The workload of `config` (`params`: the policy's parameter count, None if not in this
+    process; `mean_prompt_tokens`: the encoded prompts' mean length, None if not measured)."""
     model, rollout = config.model, config.rollout
     return {
         "model": {
@@ -61,7 +63,10 @@ def run_workload(config: RunConfig, params: int | None) -> dict[str, Any]:
             "params": params,
             **model_architecture(model.path),
         },
-        "data": config.data.model_dump(mode="json", include={"source", "family", "path"}),
+        "data": {
+            **config.data.model_dump(mode="json", include={"source", "family", "path"}),
+            "mean_prompt_tokens": mean_prompt_tokens,
+        },
         "batch": {
             "prompts_per_step": rollout.prompts_per_step,
             "group_size": rollout.group_size,

@@ -50,6 +50,8 @@ MACHINE_GPUS: dict[str, tuple[str, int]] = {
 }
 """GPU type (`infra.sim.hardware.GPUS`) and count of each machine type the simulator can model."""
 BYTES_PER_VALUE = {"fp32": 4, "bf16": 2, "fp16": 2}
+PROMPT_TOKENS = 512
+"""Prompt length assumed for a run that recorded none (the scenario's default)."""
 _availability = TypeAdapter(TraceAvailability | PoissonAvailability)
 
 
@@ -177,12 +179,21 @@ def scenario_of(report: CostReport) -> tuple[Scenario, TraceSchedule, list[Sourc
     model = _model(workload, sources)
     reserved, spot, availability = _pools(workload, report, sources)
     mean_response = trained / samples
+    prompt_tokens = (workload.get("data") or {}).get("mean_prompt_tokens")
+    if prompt_tokens:
+        prompt_source = Source(
+            "prompt tokens", f"{prompt_tokens:.1f} (mean of the encoded held-out prompts)", "recorded"
+        )
+    else:
+        prompt_tokens = PROMPT_TOKENS
+        prompt_source = Source("prompt tokens", f"{PROMPT_TOKENS} (the run recorded no prompt length)", "assumed")
     sources += [
         Source("batch", f"{batch['prompts_per_step']} prompts x {batch['group_size']} samples", "recorded"),
         Source("response budget", f"{batch['max_new_tokens']} tokens", "recorded"),
         Source("mean response", f"{mean_response:.1f} tokens (trained tokens / samples)", "measured"),
         Source("steps", str(len(ended)), "measured"),
-        Source("prompt tokens, response spread", "512 tokens, cv 1.2", "assumed"),
+        prompt_source,
+        Source("response spread", "log-normal, cv 1.2", "assumed"),
         Source("speeds", "GPU roofline: decode eta 0.69, training MFU 0.28, spot boot 180 s", "assumed"),
     ]
     data = {
@@ -191,6 +202,7 @@ def scenario_of(report: CostReport) -> tuple[Scenario, TraceSchedule, list[Sourc
         "workload": {
             "prompts_per_step": batch["prompts_per_step"],
             "samples_per_prompt": batch["group_size"],
+            "prompt_tokens": max(1, round(prompt_tokens)),
             "mean_response_tokens": mean_response,
             "max_response_tokens": batch["max_new_tokens"],
         },

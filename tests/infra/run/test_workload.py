@@ -27,6 +27,7 @@ def test_the_demo_configuration_records_its_batch_every_pool_and_the_spot_availa
     assert (reserved["name"], reserved["colocated"], reserved["price_per_hour"]) == ("reserved", True, 3.67)
     assert spot["availability"]["poisson"] == {"mean_life_s": 60.0, "mean_gap_s": 5.0, "seed": 1}
     assert recorded["trainer"] is None and recorded["model"]["params"] is None
+    assert recorded["data"] == {"source": "arithmetic", "family": "add", "path": None, "mean_prompt_tokens": None}
     json.dumps(recorded)  # JSON-ready: the ledger stores it as JSON
 
 
@@ -51,3 +52,4 @@ def test_a_session_records_its_workload_with_the_models_size(tmp_path):
         **architecture,
     }
     assert recorded["batch"]["group_size"] == 2 and recorded["pools"] == []
+    assert recorded["data"]["mean_prompt_tokens"] > 1  # the held-out prompts, encoded with the chat template

@@ -41,7 +41,7 @@ SPOT_POOL = {
 WIDE = {"COLUMNS": "200"}
 
 
-def workload(model_dir, **changes) -> dict:
+def workload(model_dir, prompt_tokens: float | None = None, **changes) -> dict:
     model_dir.mkdir(exist_ok=True)
     (model_dir / "config.json").write_text(json.dumps(QWEN3_8B))
     overrides = {
@@ -53,7 +53,7 @@ def workload(model_dir, **changes) -> dict:
         "ledger.trainer": {"machine_type": "a3-highgpu-8g", "price_per_hour": 88.0},
         "fabric.pools": [SPOT_POOL],
     }
-    return run_workload(load_config(None, {**overrides, **changes}), params=8_190_735_360)
+    return run_workload(load_config(None, {**overrides, **changes}), 8_190_735_360, prompt_tokens)
 
 
 def record_run(ledger: Ledger, recorded: dict, run_id: str = "qwen-1", trainer_type: str = "a3-highgpu-8g") -> None:
@@ -80,7 +80,7 @@ def url(tmp_path):
 
 def test_predicts_the_recorded_run_beside_its_measured_figures(url, tmp_path):
     with Ledger(url) as ledger:
-        record_run(ledger, workload(tmp_path / "qwen"))
+        record_run(ledger, workload(tmp_path / "qwen", prompt_tokens=300.4))
     json_path = tmp_path / "cost.json"
     result = CliRunner().invoke(
         app, ["cost", "--run", "qwen-1", "--db", url, "--predict", "--json", str(json_path)], env=WIDE
@@ -101,6 +101,7 @@ def test_predicts_the_recorded_run_beside_its_measured_figures(url, tmp_path):
     assert figures["trained tokens per $ (steps)"]["measured"] == pytest.approx(3 * 384_000 / 25.5)
     scenario = prediction["scenario"]
     assert scenario["workload"]["mean_response_tokens"] == pytest.approx(1500)
+    assert scenario["workload"]["prompt_tokens"] == 300
     assert (scenario["reserved"]["gpu"], scenario["reserved"]["gpus"], scenario["reserved"]["price_per_hour"]) == (
         "H100",
         8,
@@ -113,8 +114,8 @@ def test_predicts_the_recorded_run_beside_its_measured_figures(url, tmp_path):
     )
     assert scenario["model"]["params_b"] == pytest.approx(8.19073536) and scenario["model"]["kv_heads"] == 8
     origins = {s["figure"]: s["origin"] for s in prediction["sources"]}
-    assert origins["mean response"] == "measured" and origins["batch"] == "recorded"
-    assert origins["speeds"] == origins["spot capacity"] == origins["prompt tokens, response spread"] == "assumed"
+    assert origins["mean response"] == "measured" and origins["batch"] == origins["prompt tokens"] == "recorded"
+    assert origins["speeds"] == origins["spot capacity"] == origins["response spread"] == "assumed"
     assert "recorded" in result.output and "assumed" in result.output
 
 
@@ -126,6 +127,8 @@ def test_a_pools_own_availability_drives_the_spot_capacity(url, tmp_path):
     scenario, schedule, sources = scenario_of(report)
     assert any(s.figure == "spot capacity" and "poisson" in s.value and s.origin == "recorded" for s in sources)
     assert schedule.events_between(0.0, 600.0)  # the Poisson lifetimes preempt, unlike the constant default
+    assert any(s.figure == "prompt tokens" and s.origin == "assumed" for s in sources)  # none recorded: 512
+    assert scenario.workload.prompt_tokens == 512
     assert scenario.run.max_steps == 3
 
 
