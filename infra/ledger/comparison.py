@@ -63,6 +63,8 @@ COMPARED_SECTIONS = ("model", "data", "batch", "trainer")
 """Workload sections a baseline must match (`infra.run.workload`); pools are compared apart from spot."""
 POOL_FIELDS = ("provider", "capacity_class", "size", "machine_type", "price_per_hour", "colocated")
 """What a baseline's non-spot pools must match, pool by pool (by name)."""
+MEASURED_FIELDS = ("data.mean_prompt_tokens",)
+"""Workload fields measured at the run's start (over however many held-out prompts it evaluates), not compared."""
 _ABSENT = "absent"
 
 
@@ -72,7 +74,9 @@ def _flat(workload: dict[str, Any]) -> dict[str, Any]:
     for section in COMPARED_SECTIONS:
         value = workload.get(section)
         if isinstance(value, dict):
-            flat.update({f"{section}.{key}": item for key, item in value.items()})
+            flat.update(
+                {f"{section}.{key}": item for key, item in value.items() if f"{section}.{key}" not in MEASURED_FIELDS}
+            )
         else:
             flat[section] = value
     for pool in workload.get("pools") or []:
