@@ -39,7 +39,7 @@ POOL = PoolSpec.model_validate(
         "size": 1,
         "machine_type": "n2-standard-8",
         "price_per_hour": 0.1,
-        "gcp": {"project": "p", "zones": ["us-central1-a"], "image": "img"},
+        "gcp": {"project": "rollout-proj", "zones": ["us-central1-a"], "image": "img"},
     }
 )
 

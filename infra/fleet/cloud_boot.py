@@ -85,6 +85,8 @@ class CloudBoot:
                 lock.write_text(code_bundle.lock_requirements(wheel, extras))
                 shipped_lock = code_bundle.upload(lock, store_url, options, env=LOCK_ENV)
                 locks[extras] = (shipped_lock, *self._wheelhouse(lock, bootstrap, store_url, options))
+                for file in locks[extras]:
+                    log.info("cloud VMs of extras [%s] fetch %s", ",".join(sorted(extras)), file.url)
             self.files[pool.name] = (shipped_wheel, *locks[extras])
 
     @staticmethod

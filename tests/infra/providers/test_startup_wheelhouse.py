@@ -2,7 +2,8 @@
 bash up to its worker: the package index is unreachable (pip's configuration ignored, the index an
 address that refuses connections), so only the wheelhouse can provide the wheels. An image's
 unpacked copy with a corrupt wheel is fetched again from the store; a store copy that does not
-match its sha256 is one boot-log line, then the index, whose failure fails the boot clearly. The
+match its sha256 is one boot-log line, then the index, whose failure fails the boot clearly. An
+image baked with deployments/image/bake-wheelhouse.sh installs only the run's wheel at boot. The
 lock is a two-package subset (tests/infra/fleet/test_wheelhouse.py), not torch."""
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from infra.providers.startup import (
     WorkerBootstrap,
     render_startup_script,
 )
+from tests.helpers import REPO_ROOT
 from tests.infra.fleet.test_code_bundle import gcp_pool
 from tests.infra.fleet.test_wheelhouse import SMALL_LOCK
 
@@ -105,7 +107,7 @@ def installed(tmp_path: Path) -> dict[str, str]:
         [
             str(python),
             "-c",
-            "from importlib import metadata as m; print({d.name: d.version for d in m.distributions()})",
+            "import json; from importlib import metadata as m; print(json.dumps({d.name: d.version for d in m.distributions()}))",
         ],
         check=True,
         capture_output=True,
@@ -172,6 +174,31 @@ def test_a_store_wheelhouse_that_fails_its_sha256_falls_back_to_the_index_and_sa
     [failed] = [line for line in done.stderr.splitlines() if line.startswith(FAILED_PREFIX)]
     assert "pip could not install the locked dependencies (requirements-gcp.txt)" in failed, "the index is unreachable"
     assert "cachetools" not in installed(tmp_path)
+
+
+def test_an_image_baked_with_the_recipe_installs_only_the_runs_wheel_at_boot(shipped, tmp_path):
+    files, store = shipped
+    install_dir = tmp_path / "opt"
+    baked = subprocess.run(
+        [
+            str(REPO_ROOT / "deployments" / "image" / "bake-wheelhouse.sh"),
+            str(store / "code" / files[2].sha256 / files[2].name),
+            str(store / "code" / files[1].sha256 / files[1].name),
+            str(install_dir),
+            sys._base_executable,
+        ],
+        env=NO_INDEX,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert baked.returncode == 0, baked.stderr
+    done = boot(files, tmp_path, "l4-spot-4")
+
+    assert done.returncode == 0, done.stderr
+    assert "installing the locked dependencies" not in done.stderr, "the image's venv holds the lock"
+    assert "installing rlboost_standin-0.1.0-py3-none-any.whl" in done.stderr
+    assert installed(tmp_path)["cachetools"] == "7.3.3"
 
 
 def test_a_plan_without_a_wheelhouse_says_the_boot_installs_from_the_index(shipped, tmp_path):
