@@ -7,12 +7,15 @@ clock starts), up to the start of its Prefect worker:
 - `index`: no wheelhouse in the boot plan: pip installs the lock from this machine's configured
   index (a local disk here: no download, so a real index is slower);
 - `wheelhouse`: the wheelhouse from the store, with the index unreachable (`--no-index`).
-Prints one JSON line: both boots' seconds, the wheelhouse's size and build time, the lock's size.
-    PYTHONPATH=$PWD python bench/boot.py
+Prints one JSON line: both boots' seconds (and the load average when each started: other work on
+the machine slows a boot), the wheelhouse's size and build time, the lock's size. `--torch V` pins
+torch to V in the lock instead (e.g. a CUDA build on the index, for a GPU VM's dominant install).
+    PYTHONPATH=$PWD python bench/boot.py [--torch 2.14.1]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -44,8 +47,9 @@ POOL = PoolSpec.model_validate(
 )
 
 
-def boot_seconds(files: tuple, install_dir: Path, env: dict[str, str]) -> float:
-    """Seconds from the boot script's start to its worker's start, on a bare venv made beforehand."""
+def boot_seconds(files: tuple, install_dir: Path, env: dict[str, str]) -> tuple[float, float]:
+    """Seconds from the boot script's start to its worker's start, on a bare venv made beforehand,
+    and the 1-minute load average when it started."""
     subprocess.run([sys._base_executable, "-m", "venv", str(install_dir / "venv")], check=True)
     script = render_startup_script(
         WorkerBootstrap(install_dir=str(install_dir)),
@@ -56,20 +60,27 @@ def boot_seconds(files: tuple, install_dir: Path, env: dict[str, str]) -> float:
         plan=BootPlan(files=files),
     )
     script = script.split("rlboost_log 'starting the Prefect worker")[0] + "exit 0\n"
+    load = os.getloadavg()[0]
     started = time.perf_counter()
     done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - started
     if done.returncode != 0:
         raise SystemExit(f"the boot failed:\n{done.stderr[-3000:]}")
-    return seconds
+    return seconds, load
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--torch", help="pin torch to this version in the lock (default: the training run's)")
+    args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="rlboost-boot-") as scratch:
         root = Path(scratch)
         wheel = code_bundle.build_wheel()
         lock = root / "requirements.txt"
-        lock.write_text(code_bundle.lock_requirements(wheel, pool_extras(POOL, EngineSpec(), "gs://b/s")))
+        pins = code_bundle.lock_requirements(wheel, pool_extras(POOL, EngineSpec(), "gs://b/s")).splitlines()
+        if args.torch:
+            pins = [f"torch=={args.torch}" if line.startswith("torch==") else line for line in pins]
+        lock.write_text("\n".join(pins) + "\n")
         started = time.perf_counter()
         directory = wheelhouse.build(lock, root / "cache")
         archive = wheelhouse.pack(directory)
@@ -80,15 +91,18 @@ def main() -> None:
             for path, env in ((wheel, WHEEL_ENV), (lock, LOCK_ENV), (archive, WHEELHOUSE_ENV))
         )
         base = {"PATH": os.environ["PATH"], "HOME": scratch}
-        index_s = boot_seconds(files[:2], root / "index", base)
-        wheelhouse_s = boot_seconds(files, root / "wheelhouse", {**base, **UNREACHABLE_INDEX})
-        pins = [line for line in lock.read_text().splitlines() if line and not line.startswith("#")]
+        index_s, index_load = boot_seconds(files[:2], root / "index", base)
+        wheelhouse_s, wheelhouse_load = boot_seconds(files, root / "wheelhouse", {**base, **UNREACHABLE_INDEX})
+        pins = [line for line in pins if line and not line.startswith("#")]
         print(
             json.dumps(
                 {
                     "bench": "boot",
                     "boot_index_s": round(index_s, 1),
                     "boot_wheelhouse_s": round(wheelhouse_s, 1),
+                    "load_avg_at_index_boot": round(index_load, 1),
+                    "load_avg_at_wheelhouse_boot": round(wheelhouse_load, 1),
+                    "torch": next(line for line in pins if line.startswith("torch==")),
                     "lock_requirements": len(pins),
                     "wheelhouse_wheels": len(list(directory.glob("*.whl"))),
                     "wheelhouse_mb": round(archive.stat().st_size / 1e6, 1),
