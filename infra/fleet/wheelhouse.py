@@ -23,9 +23,7 @@ import tempfile
 from pathlib import Path
 
 from infra.fleet.code_bundle import sha256_of
-
-MANIFEST = "SHA256SUMS"
-"""The wheelhouse's manifest: one `<sha256>  <wheel file name>` line per wheel, sorted by name."""
+from infra.providers.startup import MANIFEST
 
 
 class WheelhouseError(RuntimeError):

@@ -36,7 +36,8 @@ LOCK_ENV = env_vars.LOCK
 WHEELHOUSE_ENV = env_vars.WHEELHOUSE
 """A `BootFile.env`: the run's wheelhouse archive (`infra.fleet.wheelhouse`), fetched only when needed."""
 MANIFEST = "SHA256SUMS"
-"""The wheelhouse's manifest (`infra.fleet.wheelhouse.MANIFEST`)."""
+"""A wheelhouse's manifest (`infra.fleet.wheelhouse`): one `<sha256>  <wheel file name>` line per
+wheel, sorted by name (sha256sum's format, so the boot checks it with `sha256sum -c`)."""
 LOCK_MARKER = ".rlboost-lock-sha256"
 """In the venv: the sha256 of the lock it holds (the boot, or an image recipe, writes it)."""
 FLOW_RUN_ENV = env_vars.FLOW_RUN_ID
