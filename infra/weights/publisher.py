@@ -5,15 +5,15 @@
     publisher.close()                                # finishes pending work, stops serving
 
 `publish` copies the tensors to host memory (the trainer may update them right after) for a thread
-that encodes them: whole every `full_every` versions and first, else as a delta against the
-version before (`infra.weights.delta`; it keeps that one's copy), in chunks of `chunk_mb`. It
-records the manifest's sha256 in Redis and, with `serve_from_trainer`, serves the version from
-memory (`PeerServer`, the first seed; the newest `keep_in_memory` and what they are rebuilt from),
-announces `latest` (only forward), then queues it for the store. A second thread uploads the queue
-in order (a whole version drops what waits before it) and applies retention (`retention`); without
-`serve_from_trainer`, `latest` is announced once stored. `publish` blocks only while two snapshots
-wait. A store failure is logged (`last_upload_error`); anything that makes a version unreachable
-is a `PublishError` from the next `publish` or `flush` on. Detail: docs/internals.md §6.
+that encodes them, whole (the first, every `full_every`-th, any delta no smaller) or as a delta on
+the version before (`infra.weights.delta`; it keeps that copy), records the manifest's sha256 in
+Redis and, with `serve_from_trainer`, serves it from memory (`PeerServer`, the first seed: the
+newest `keep_in_memory` and what they are rebuilt from), announces `latest` (only forward) and
+queues it for the store. A second thread uploads the queue in order (a whole version drops what
+waits before it) and applies retention; without `serve_from_trainer`, `latest` is announced once
+stored. `publish` blocks only while two snapshots wait. A store failure is logged
+(`last_upload_error`); anything that makes a version unreachable is a `PublishError` from the next
+`publish` or `flush` on. Detail: docs/internals.md §6.
 """
 
 from __future__ import annotations
@@ -150,6 +150,7 @@ class WeightPublisher:
             version, parent, snapshot = item
             del item
             try:
+                encoded = None
                 if (
                     previous is not None
                     and deltas + 1 < self.config.full_every
@@ -157,7 +158,9 @@ class WeightPublisher:
                 ):
                     encoded = encode_delta(previous[1], snapshot, version, previous[0], self.config.chunk_bytes, parent)
                     deltas += 1
-                else:
+                    if encoded.manifest.total_bytes >= sum(t.numel() * t.element_size() for t in snapshot.values()):
+                        encoded = None  # no smaller than the whole version: send that, and end the chain
+                if encoded is None:
                     encoded = encode(snapshot, version, self.config.chunk_bytes, parent=parent)
                     deltas = 0
                 previous = (version, snapshot) if self.config.full_every > 1 else None

@@ -235,7 +235,23 @@ def test_full_every_one_publishes_whole_versions_only(redis_client, run):
     versions = _versions(3)
     publisher = WeightPublisher(config, redis_client, run_id, run_dir=run_dir)
     try:
-        _publish(publisher, versions)
+        for version in range(3):
+            _publish(publisher, versions, version, version + 1)
         assert [publisher.store.read_manifest(v).base for v in range(3)] == [None, None, None]
+    finally:
+        publisher.close()
+
+
+def test_a_delta_no_smaller_than_the_whole_version_is_published_whole(redis_client, run):
+    run_id, run_dir, registry = run
+    config = WeightsConfig(chunk_mb=1 / 64, full_every=10, keep_versions=3)
+    first, _, third = _versions(3)
+    everything_changed = {name: tensor + 1 for name, tensor in first.items()}
+    versions = [first, everything_changed, dict(everything_changed, proj=third["proj"])]
+    publisher = WeightPublisher(config, redis_client, run_id, run_dir=run_dir)
+    try:
+        for version in range(3):
+            _publish(publisher, versions, version, version + 1)
+        assert [publisher.store.read_manifest(v).base for v in range(3)] == [None, None, 1]
     finally:
         publisher.close()
