@@ -31,6 +31,7 @@ from pathlib import Path
 
 import redis
 import torch
+from weight_deltas import delta_figures
 
 from infra.services.ports import free_port
 from infra.services.redis_embedded import EmbeddedRedis
@@ -275,7 +276,13 @@ def main() -> None:
     parser.add_argument("--instances", type=int, default=8)
     parser.add_argument("--cap-mb-s", type=float, default=40.0, help="emulated uplink of every source, MiB/s")
     parser.add_argument("--chunk-mb", type=float, default=4.0)
+    parser.add_argument("--delta-steps", type=int, default=20, help="GRPO steps per model of the delta figures")
+    parser.add_argument("--delta-new-tokens", type=int, default=16, help="SmolLM2's tokens per sample there")
+    parser.add_argument("--delta-only", action="store_true", help="only the delta figures (bench/weight_deltas.py)")
     args = parser.parse_args()
+    if args.delta_only:
+        print(json.dumps(delta_figures(args.delta_steps, args.delta_new_tokens)))
+        return
     torch.set_num_threads(1)
     os.environ.setdefault(env_vars.WEIGHTS_SECRET, secrets.token_hex(32))
 
@@ -385,9 +392,11 @@ def main() -> None:
     print(
         f"transfer efficiency (raw loopback copy / uncapped swarm): {raw_s:.2f} / {uncapped['swarm']:.2f} = {efficiency:.3f}"
     )
+    deltas = delta_figures(args.delta_steps, args.delta_new_tokens)
     print(
         json.dumps(
             {
+                **deltas,
                 "trainer_s": round(capped["trainer"], 3),
                 "store_s": round(capped["store"], 3),
                 "swarm_s": round(capped["swarm"], 3),

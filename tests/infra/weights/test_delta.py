@@ -167,3 +167,12 @@ def test_unchanged_tensors_are_the_bases_own_and_the_base_is_not_modified():
     assert rebuilt["embed"] is base["embed"]
     assert rebuilt["proj"] is not base["proj"]
     assert fingerprint(base) == before
+
+
+def test_full_every_below_one_is_one_clear_line_of_the_run_config():
+    from infra.run.config import ConfigError, parse_config
+
+    text = "run:\n  name: t\nfabric:\n  weights:\n    full_every: 0\n"
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, "cfg.yaml")
+    assert str(info.value) == "cfg.yaml:5: fabric.weights.full_every: Input should be greater than or equal to 1 (got 0)"

@@ -1,0 +1,153 @@
+"""Weight deltas on real GRPO steps: what a version costs as a delta, and whether it rebuilds exactly.
+
+    .venv/bin/python bench/weights.py --delta-only [--delta-steps 20] [--delta-new-tokens N]
+
+For SmolLM2-135M-Instruct (`deployments/configs/smollm2.yaml`, converted first if missing) and the
+demo's tiny model (`demo.yaml`, pretrained first if missing) this runs `--delta-steps` real GRPO
+steps in one process: a `TrainingSession` without the fabric (the in-process HF engine generates
+each step's groups from the config's prompts; they are scored and trained by the real trainer, in
+fp32, at the config's learning rate). After each step the version is published in bf16 through a
+real `WeightPublisher` (embedded Redis, file:// store, `full_every` above the step count, so each
+version after the first is a delta on the one before) and pulled by a `WeightPuller`, which
+rebuilds it from its previous version. Figures: the median of delta bytes / whole-version bytes
+over the steps, and the fraction of versions whose pulled fingerprint (sha256) equals the
+published bf16 state's. To fit a 2-core machine SmolLM2 generates at most `--delta-new-tokens`
+tokens per sample (default 16 of the config's 40); the demo runs its configuration unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rl import env_vars
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIGS = {
+    "smollm2": REPO / "deployments" / "configs" / "smollm2.yaml",
+    "demo": REPO / "deployments" / "configs" / "demo.yaml",
+}
+
+
+def _ensure_model(model: str, config) -> None:
+    if (config.model.path / "config.json").exists():
+        return
+    if model == "smollm2":
+        from rl.model_import import import_model
+
+        import_model("smollm2", config.model.path)
+        return
+    from rl.pretrain import pretrain
+
+    pretrain(config.pretrain, config.model, threads=config.run.torch_threads)
+
+
+def model_figures(model: str, steps: int, new_tokens: int | None, scratch: Path) -> dict:
+    """Run `steps` GRPO steps of `model`, publishing and pulling every version (module docstring)."""
+    import redis
+    import torch
+
+    from infra.run.config import load_config
+    from infra.run.session import TrainingSession
+    from infra.services.redis_embedded import EmbeddedRedis
+    from infra.weights.config import WeightsConfig
+    from infra.weights.manifest import fingerprint
+    from infra.weights.publisher import WeightPublisher
+    from infra.weights.puller import WeightPuller
+
+    overrides = {
+        "run.name": f"bench-deltas-{model}-{int(time.time())}",
+        "run.output_dir": str(scratch / "runs"),
+        "run.steps": steps,
+        "fabric.enabled": False,
+        "rollout.engine": "hf",
+        "ledger.url": f"sqlite:///{scratch / f'{model}-ledger.db'}",
+    }
+    if new_tokens is not None:
+        overrides["rollout.max_new_tokens"] = new_tokens
+    config = load_config(CONFIGS[model], overrides)
+    _ensure_model(model, config)
+    weights = WeightsConfig(full_every=steps + 1, keep_versions=1, keep_in_memory=1, serve_from_peers=False)
+    fractions, exact, rewards = [], [], []
+    started = time.monotonic()
+    with EmbeddedRedis() as redis_server:
+        client = redis.Redis.from_url(redis_server.url)
+        session = TrainingSession(config)
+        publisher = WeightPublisher(weights, client, "deltas", run_dir=scratch / model, dtype=torch.bfloat16)
+        puller = WeightPuller(weights, client, "deltas", "instance", run_dir=scratch / model)
+        try:
+            whole_bytes = None
+            for step in range(steps + 1):
+                if step:
+                    rollout = session.rollout(step)
+                    scores = session.score(step, rollout["path"])
+                    session.train(step, rollout["path"], scores["path"])
+                    rewards.append(scores["reward"])
+                state = session.trainer.policy_state()
+                published = fingerprint(
+                    {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in state.items()}
+                )
+                publisher.publish(step, state)
+                publisher.flush(timeout=600)
+                exact.append(fingerprint(puller.pull(step)) == published)
+                manifest = publisher.store.read_manifest(step)
+                if manifest.base is None:
+                    whole_bytes = manifest.total_bytes
+                else:
+                    fractions.append(manifest.total_bytes / whole_bytes)
+                print(
+                    f"  {model} v{step}: {'delta' if manifest.base is not None else 'whole'} "
+                    f"{manifest.total_bytes / 1e6:.2f} MB, exact {exact[-1]}, {time.monotonic() - started:.0f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        finally:
+            puller.close()
+            publisher.close()
+            session.close()
+    return {
+        "delta_bytes_fraction": statistics.median(fractions),
+        "delta_bytes_fraction_max": max(fractions),
+        "delta_reconstruct_exact": sum(exact) / len(exact),
+        "lr": config.optim.lr,
+        "steps": steps,
+        "max_new_tokens": config.rollout.max_new_tokens,
+        "reward_first": rewards[0],
+        "reward_last": rewards[-1],
+        "minutes": (time.monotonic() - started) / 60,
+    }
+
+
+def delta_figures(steps: int, new_tokens: int) -> dict:
+    """The `delta_*` keys of bench/weights.py: SmolLM2's, then the demo model's (`_demo`)."""
+    import torch
+
+    torch.set_num_threads(os.cpu_count() or 1)  # the swarm figures run with one thread per process
+    os.environ.setdefault(env_vars.WEIGHTS_SECRET, os.urandom(16).hex())
+    with tempfile.TemporaryDirectory() as scratch:
+        smollm2 = model_figures("smollm2", steps, new_tokens, Path(scratch))
+        demo = model_figures("demo", steps, None, Path(scratch))
+    figures = {
+        "delta_bytes_fraction": round(smollm2["delta_bytes_fraction"], 4),
+        "delta_reconstruct_exact": min(smollm2["delta_reconstruct_exact"], demo["delta_reconstruct_exact"]),
+        "delta_bytes_fraction_demo": round(demo["delta_bytes_fraction"], 4),
+    }
+    for model, result in (("smollm2", smollm2), ("demo", demo)):
+        for key in (
+            "delta_bytes_fraction_max",
+            "lr",
+            "steps",
+            "max_new_tokens",
+            "reward_first",
+            "reward_last",
+            "minutes",
+        ):
+            value = result[key]
+            figures[f"delta_{model}_{key.removeprefix('delta_')}"] = (
+                round(value, 4) if isinstance(value, float) else value
+            )
+    return figures
