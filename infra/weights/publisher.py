@@ -11,9 +11,8 @@ Redis and, with `serve_from_trainer`, serves it from memory (`PeerServer`, the f
 newest `keep_in_memory` and what they are rebuilt from), announces `latest` (only forward) and
 queues it for the store. A second thread uploads the queue in order (a whole version drops what
 waits before it) and applies retention; without `serve_from_trainer`, `latest` is announced once
-stored. `publish` blocks only while two snapshots wait. A store failure is logged
-(`last_upload_error`); anything that makes a version unreachable is a `PublishError` from the next
-`publish` or `flush` on. Detail: docs/internals.md §6.
+stored. `publish` blocks only while two snapshots wait. A store failure is logged; anything that
+makes a version unreachable is a `PublishError` from the next `publish` or `flush` on (§6).
 """
 
 from __future__ import annotations

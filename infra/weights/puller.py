@@ -7,14 +7,12 @@
 `pull(version)` leases the version (store retention keeps it), checks the manifest it fetched from
 any source against the sha256 the trainer recorded (`HolderRegistry.manifest_sha256`), downloads
 the chunks striped over every live holder and the trainer (`parallel_fetches` at a time, at most
-`max_uploads_per_peer + 2` per holder), verifies each chunk, drops a failing or slow source for
-another or the store, rebuilds a delta on the version it holds (`infra.weights.delta`: checked
-against the published sha256; without that base, or on a mismatch, from the whole version and the
-deltas after it, a `full_fallbacks` in the report), and then serves it (`serve_from_peers`). It
-returns the complete version or raises `PullError`, keeping nothing: an instance never loads or
-serves part of one. Versions only move forward (older than the newest held is a ValueError; a
-held one is returned again); one pull at a time; `last_report` (a `PullReport`) says where the
-bytes came from and what failed. The pull step by step, and why the `+ 2`: docs/internals.md §6.
+`max_uploads_per_peer + 2` per holder), verifies each, drops a failing or slow source for another
+or the store, rebuilds a delta on the version it holds (`infra.weights.delta`, checked against the
+published sha256; else from the whole version and the deltas after it: `full_fallbacks`) and
+serves it (`serve_from_peers`). It returns the complete version or raises `PullError`, keeping
+nothing: an instance never loads or serves part of one. Versions only move forward; one pull at a
+time; `last_report` (a `PullReport`) says where the bytes came from and what failed. The pull step by step, and why the `+ 2`: docs/internals.md §6.
 """
 
 from __future__ import annotations
