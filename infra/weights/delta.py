@@ -2,11 +2,11 @@
 
 `encode_delta(base, state, version, base_version, chunk_bytes)` compares each tensor's bit patterns
 (never float equality: NaN, -0.0) with the base's and packs, per tensor that changed, the changed
-flat positions and their new values (in the tensor's own dtype: the engines') into an ordinary
-payload (`infra.weights.manifest.encode`: manifest + sha256-checked safetensors chunks), whose
-manifest names its `base` and the `full_sha256` (`fingerprint`) of the version it reconstructs.
-Positions travel compressed (zlib), either as gaps between positions (byte planes apart) or as a
-bitmap, whichever is smaller. `apply_delta(base, payload)` rebuilds the full state dict (unchanged
+flat positions and their new bit patterns (in the tensor's own dtype: the engines') into an
+ordinary payload (`infra.weights.manifest.encode`: manifest + sha256-checked safetensors chunks),
+whose manifest names its `base` and the `full_sha256` (`fingerprint`) of the version it rebuilds.
+Positions travel as gaps or as a bitmap, whichever is smaller; the new bits as their wrapping
+integer difference from the old (mostly a rounding step or two); all zlib-compressed by bytes. `apply_delta(base, payload)` rebuilds the full state dict (unchanged
 tensors are the base's own, read only) and `reconstruct` checks it against `full_sha256`; a
 mismatch is a `DeltaError`, never weights. `delta_layout_matches`: whether a delta can describe
 `state` at all (same names, dtypes and shapes as the base). Detail: docs/internals.md §6.
@@ -22,7 +22,7 @@ import torch
 
 from infra.weights.manifest import EncodedVersion, ManifestError, encode, fingerprint
 
-GAPS, MASK, VALUES = "#gaps", "#mask", "#values"
+GAPS, MASK, VALUES = "#gaps", "#mask", "#steps"
 """Suffixes of a changed tensor's entries in a delta payload (after the tensor's name)."""
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _ZLIB_LEVEL = 6
@@ -47,21 +47,24 @@ def delta_layout_matches(base: Mapping[str, torch.Tensor], state: Mapping[str, t
     )
 
 
-def _changed(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-    """Flat positions (int64) whose bit patterns differ."""
-    a, b = _bits(old.detach().cpu().contiguous().reshape(-1)), _bits(new.detach().cpu().contiguous().reshape(-1))
-    differ = a != b
-    if differ.dim() == 2:
-        differ = differ.any(dim=1)
-    return differ.nonzero().reshape(-1)
+def _pack(rows: np.ndarray) -> bytes:
+    """Fixed-width values as a (count, width) byte matrix, compressed: one byte of width, then zlib
+    of the byte planes (all first bytes, then all second bytes, ...): far smaller than interleaved."""
+    return bytes([rows.shape[1]]) + zlib.compress(np.ascontiguousarray(rows.T).tobytes(), _ZLIB_LEVEL)
+
+
+def _unpack(data: bytes) -> np.ndarray:
+    """`_pack`'s (count, width) byte matrix."""
+    planes = np.frombuffer(zlib.decompress(data[1:]), dtype=np.uint8).reshape(data[0], -1)
+    return planes.T.copy(order="C")
 
 
 def _encode_positions(positions: np.ndarray, numel: int) -> tuple[str, bytes]:
     """The smaller of the compressed gaps and the compressed bitmap of sorted `positions`."""
     gaps = np.diff(positions, prepend=-1)
-    width = np.uint32 if numel <= np.iinfo(np.uint32).max else np.uint64
-    planes = np.ascontiguousarray(gaps.astype(f"<u{np.dtype(width).itemsize}").view(np.uint8).reshape(len(gaps), -1).T)
-    as_gaps = bytes([planes.shape[0]]) + zlib.compress(planes.tobytes(), _ZLIB_LEVEL)
+    as_gaps = _pack(
+        gaps.astype("<u4" if numel <= np.iinfo(np.uint32).max else "<u8").view(np.uint8).reshape(len(gaps), -1)
+    )
     mask = np.zeros(numel, dtype=bool)
     mask[positions] = True
     as_mask = zlib.compress(np.packbits(mask).tobytes(), _ZLIB_LEVEL)
@@ -73,25 +76,35 @@ def _decode_positions(kind: str, data: bytes, numel: int, name: str) -> np.ndarr
         if kind == MASK:
             bits = np.unpackbits(np.frombuffer(zlib.decompress(data), dtype=np.uint8), count=numel)
             return np.flatnonzero(bits)
-        width = data[0]
-        planes = np.frombuffer(zlib.decompress(data[1:]), dtype=np.uint8).reshape(width, -1)
-        gaps = np.ascontiguousarray(planes.T).view(f"<u{width}").reshape(-1)
-        return np.cumsum(gaps.astype(np.int64)) - 1
+        rows = _unpack(data)
+        if rows.shape[1] not in (4, 8):
+            raise ValueError(f"gaps of {rows.shape[1]} bytes")
+        return np.cumsum(rows.view(f"<u{rows.shape[1]}").reshape(-1).astype(np.int64)) - 1
     except (zlib.error, ValueError, IndexError, TypeError) as exc:
         raise DeltaError(f"{name}: changed positions do not decode: {exc}") from None
 
 
+def _flat_bits(tensor: torch.Tensor) -> torch.Tensor:
+    return _bits(tensor.detach().cpu().contiguous().reshape(-1))
+
+
+def _blob(data: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
 def diff(base: Mapping[str, torch.Tensor], state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The delta payload's tensors: per changed tensor of `state`, its positions and new values."""
+    """The delta payload's tensors: per changed tensor of `state`, its positions and new bits."""
     payload: dict[str, torch.Tensor] = {}
     for name, tensor in state.items():
-        positions = _changed(base[name], tensor)
+        old, new = _flat_bits(base[name]), _flat_bits(tensor)
+        differ = old != new
+        positions = (differ.any(dim=1) if differ.dim() == 2 else differ).nonzero().reshape(-1)
         if positions.numel() == 0:
             continue
-        flat = tensor.detach().cpu().contiguous().reshape(-1)
-        kind, data = _encode_positions(positions.numpy(), flat.numel())
-        payload[name + kind] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        payload[name + VALUES] = flat[positions].clone()
+        kind, data = _encode_positions(positions.numpy(), len(new))
+        steps = (new[positions] - old[positions]).contiguous()  # integer arithmetic wraps: exact both ways
+        payload[name + kind] = _blob(data)
+        payload[name + VALUES] = _blob(_pack(steps.reshape(len(positions), -1).view(torch.uint8).numpy()))
     return payload
 
 
@@ -132,17 +145,24 @@ def apply_delta(base: Mapping[str, torch.Tensor], payload: Mapping[str, torch.Te
         if change is None:
             state[name] = tensor
             continue
-        values = change.get(VALUES)
+        steps = change.get(VALUES)
         kinds = [kind for kind in (GAPS, MASK) if kind in change]
-        if values is None or len(kinds) != 1 or values.dtype != tensor.dtype:
-            raise DeltaError(f"{name}: the delta needs one position entry and values of dtype {tensor.dtype}")
+        if steps is None or len(kinds) != 1:
+            raise DeltaError(f"{name}: the delta needs one entry of positions and one of steps")
         flat = tensor.detach().reshape(-1).clone()
-        data = change[kinds[0]].numpy().tobytes()
-        positions = _decode_positions(kinds[0], data, flat.numel(), name)
-        if len(positions) != values.numel() or (len(positions) and (positions[0] < 0 or positions[-1] >= flat.numel())):
-            raise DeltaError(f"{name}: {len(positions)} positions for {values.numel()} values of {flat.numel()}")
-        index = torch.from_numpy(positions)
-        _bits(flat)[index] = _bits(values.reshape(-1))
+        positions = _decode_positions(kinds[0], change[kinds[0]].numpy().tobytes(), flat.numel(), name)
+        try:
+            rows = _unpack(steps.numpy().tobytes())
+        except (zlib.error, ValueError, IndexError) as exc:
+            raise DeltaError(f"{name}: steps do not decode: {exc}") from None
+        width = flat.element_size()
+        if rows.shape != (len(positions), width) or (
+            len(positions) and (positions[0] < 0 or positions[-1] >= len(flat))
+        ):
+            raise DeltaError(f"{name}: {len(positions)} positions, {rows.shape[0]} steps of {rows.shape[1]} bytes")
+        bits, index = _bits(flat), torch.from_numpy(positions)
+        step_bits = torch.from_numpy(rows).view(bits.dtype).reshape(bits[index].shape)
+        bits[index] = bits[index] + step_bits  # wraps, as the publisher's difference did
         state[name] = flat.reshape(tensor.shape)
     return state
 

@@ -77,7 +77,7 @@ def test_nan_and_signed_zero_are_compared_by_bits():
     nan_bits[1] = 0x7FC1  # another NaN payload than the base's
     state = {"w": nan_bits.view(torch.bfloat16)}
     payload = diff(base, state)
-    assert payload["w" + VALUES].numel() == 3  # both zeros flipped sign, the NaN changed payload
+    assert "w" + MASK in payload or "w" + GAPS in payload
     _assert_bit_equal(_roundtrip(base, state), state)
     same_nan = {"w": base["w"].clone()}
     assert diff(base, same_nan) == {}  # NaN == NaN bit for bit: no change
@@ -149,14 +149,27 @@ def test_malformed_payloads_are_delta_errors():
     broken = dict(payload, **{positions: torch.tensor([1, 2, 3], dtype=torch.uint8)})
     with pytest.raises(DeltaError, match="do not decode"):
         apply_delta(base, broken)
-    too_few = dict(payload, **{"w" + VALUES: payload["w" + VALUES][:1]})
-    with pytest.raises(DeltaError, match="positions for 1 values"):
-        apply_delta(base, too_few)
-    wrong_dtype = dict(payload, **{"w" + VALUES: payload["w" + VALUES].float()})
-    with pytest.raises(DeltaError, match="dtype"):
-        apply_delta(base, wrong_dtype)
+    one_step = diff({"w": base["w"][:1]}, {"w": state["w"][3:4]})["w" + VALUES]
+    with pytest.raises(DeltaError, match="2 positions, 1 steps"):
+        apply_delta(base, dict(payload, **{"w" + VALUES: one_step}))
+    with pytest.raises(DeltaError, match="steps do not decode"):
+        apply_delta(base, dict(payload, **{"w" + VALUES: torch.tensor([2, 9, 9], dtype=torch.uint8)}))
+    with pytest.raises(DeltaError, match="one entry of positions and one of steps"):
+        apply_delta(base, {positions: payload[positions]})
     with pytest.raises(DeltaError, match="names no tensor"):
         apply_delta(base, {"w#bogus": payload["w" + VALUES]})
+
+
+def test_integer_extremes_wrap_exactly():
+    base = {"i": torch.tensor([torch.iinfo(torch.int64).max, torch.iinfo(torch.int64).min, 0, 5])}
+    state = {"i": torch.tensor([torch.iinfo(torch.int64).min, torch.iinfo(torch.int64).max, -1, 5])}
+    _assert_bit_equal(_roundtrip(base, state), state)
+    bits = {"b": torch.tensor([-32768, 32767, 0], dtype=torch.int16).view(torch.bfloat16)}
+    flipped = {"b": torch.tensor([32767, -32768, -1], dtype=torch.int16).view(torch.bfloat16)}
+    _assert_bit_equal(_roundtrip(bits, flipped), flipped)
+    complex_base = {"c": torch.tensor([1 + 2j, 3 - 1j], dtype=torch.complex128)}
+    complex_state = {"c": torch.tensor([1 + 2j, -3 + 1e-300j], dtype=torch.complex128)}
+    _assert_bit_equal(_roundtrip(complex_base, complex_state), complex_state)
 
 
 def test_unchanged_tensors_are_the_bases_own_and_the_base_is_not_modified():
@@ -175,4 +188,6 @@ def test_full_every_below_one_is_one_clear_line_of_the_run_config():
     text = "run:\n  name: t\nfabric:\n  weights:\n    full_every: 0\n"
     with pytest.raises(ConfigError) as info:
         parse_config(text, "cfg.yaml")
-    assert str(info.value) == "cfg.yaml:5: fabric.weights.full_every: Input should be greater than or equal to 1 (got 0)"
+    assert (
+        str(info.value) == "cfg.yaml:5: fabric.weights.full_every: Input should be greater than or equal to 1 (got 0)"
+    )
