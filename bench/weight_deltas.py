@@ -33,6 +33,13 @@ CONFIGS = {
 }
 
 
+def _bytes(tensor):
+    """A tensor's elements as rows of bytes (to compare bit patterns)."""
+    import torch
+
+    return tensor.detach().reshape(-1).contiguous().view(torch.uint8).view(-1, tensor.element_size())
+
+
 def _ensure_model(model: str, config) -> None:
     if (config.model.path / "config.json").exists():
         return
@@ -46,7 +53,7 @@ def _ensure_model(model: str, config) -> None:
     pretrain(config.pretrain, config.model, threads=config.run.torch_threads)
 
 
-def model_figures(model: str, steps: int, new_tokens: int | None, scratch: Path) -> dict:
+def model_figures(model: str, steps: int, new_tokens: int | None, prompts: int | None, scratch: Path) -> dict:
     """Run `steps` GRPO steps of `model`, publishing and pulling every version (module docstring)."""
     import redis
     import torch
@@ -67,12 +74,14 @@ def model_figures(model: str, steps: int, new_tokens: int | None, scratch: Path)
         "rollout.engine": "hf",
         "ledger.url": f"sqlite:///{scratch / f'{model}-ledger.db'}",
     }
-    if new_tokens is not None:
+    if model == "smollm2" and new_tokens is not None:
         overrides["rollout.max_new_tokens"] = new_tokens
+    if model == "smollm2" and prompts is not None:
+        overrides["rollout.prompts_per_step"] = prompts
     config = load_config(CONFIGS[model], overrides)
     _ensure_model(model, config)
     weights = WeightsConfig(full_every=steps + 1, keep_versions=1, keep_in_memory=1, serve_from_peers=False)
-    fractions, exact, rewards = [], [], []
+    fractions, changed, exact = [], [], []
     started = time.monotonic()
     with EmbeddedRedis() as redis_server:
         client = redis.Redis.from_url(redis_server.url)
@@ -80,17 +89,15 @@ def model_figures(model: str, steps: int, new_tokens: int | None, scratch: Path)
         publisher = WeightPublisher(weights, client, "deltas", run_dir=scratch / model, dtype=torch.bfloat16)
         puller = WeightPuller(weights, client, "deltas", "instance", run_dir=scratch / model)
         try:
-            whole_bytes = None
+            whole_bytes, previous = None, {}
             for step in range(steps + 1):
                 if step:
                     rollout = session.rollout(step)
                     scores = session.score(step, rollout["path"])
                     session.train(step, rollout["path"], scores["path"])
-                    rewards.append(scores["reward"])
                 state = session.trainer.policy_state()
-                published = fingerprint(
-                    {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in state.items()}
-                )
+                bf16 = {k: v.to(torch.bfloat16) if v.is_floating_point() else v.clone() for k, v in state.items()}
+                published = fingerprint(bf16)
                 publisher.publish(step, state)
                 publisher.flush(timeout=600)
                 exact.append(fingerprint(puller.pull(step)) == published)
@@ -99,6 +106,10 @@ def model_figures(model: str, steps: int, new_tokens: int | None, scratch: Path)
                     whole_bytes = manifest.total_bytes
                 else:
                     fractions.append(manifest.total_bytes / whole_bytes)
+                    elements = sum(t.numel() for t in bf16.values())
+                    rows = ((_bytes(t) != _bytes(previous[k])).any(1).sum() for k, t in bf16.items())
+                    changed.append(sum(int(n) for n in rows) / elements)
+                previous = bf16
                 print(
                     f"  {model} v{step}: {'delta' if manifest.base is not None else 'whole'} "
                     f"{manifest.total_bytes / 1e6:.2f} MB, exact {exact[-1]}, {time.monotonic() - started:.0f} s",
@@ -111,43 +122,35 @@ def model_figures(model: str, steps: int, new_tokens: int | None, scratch: Path)
             session.close()
     return {
         "delta_bytes_fraction": statistics.median(fractions),
-        "delta_bytes_fraction_max": max(fractions),
+        "bytes_fraction_max": max(fractions),
         "delta_reconstruct_exact": sum(exact) / len(exact),
+        "changed_fraction": statistics.median(changed),
         "lr": config.optim.lr,
         "steps": steps,
+        "samples": config.rollout.prompts_per_step * config.rollout.group_size,
         "max_new_tokens": config.rollout.max_new_tokens,
-        "reward_first": rewards[0],
-        "reward_last": rewards[-1],
         "minutes": (time.monotonic() - started) / 60,
     }
 
 
-def delta_figures(steps: int, new_tokens: int) -> dict:
-    """The `delta_*` keys of bench/weights.py: SmolLM2's, then the demo model's (`_demo`)."""
+def delta_figures(steps: int, new_tokens: int, prompts: int | None = None, models: str = "smollm2,demo") -> dict:
+    """The `delta_*` keys of bench/weights.py: SmolLM2's, and the demo model's (`_demo`)."""
     import torch
 
     torch.set_num_threads(os.cpu_count() or 1)  # the swarm figures run with one thread per process
     os.environ.setdefault(env_vars.WEIGHTS_SECRET, os.urandom(16).hex())
+    results = {}
     with tempfile.TemporaryDirectory() as scratch:
-        smollm2 = model_figures("smollm2", steps, new_tokens, Path(scratch))
-        demo = model_figures("demo", steps, None, Path(scratch))
-    figures = {
-        "delta_bytes_fraction": round(smollm2["delta_bytes_fraction"], 4),
-        "delta_reconstruct_exact": min(smollm2["delta_reconstruct_exact"], demo["delta_reconstruct_exact"]),
-        "delta_bytes_fraction_demo": round(demo["delta_bytes_fraction"], 4),
-    }
-    for model, result in (("smollm2", smollm2), ("demo", demo)):
-        for key in (
-            "delta_bytes_fraction_max",
-            "lr",
-            "steps",
-            "max_new_tokens",
-            "reward_first",
-            "reward_last",
-            "minutes",
-        ):
+        for model in models.split(","):
+            results[model] = model_figures(model, steps, new_tokens, prompts, Path(scratch))
+            print(f"  {model}: {results[model]}", file=sys.stderr, flush=True)
+    figures = {}
+    for model, result in results.items():
+        suffix = "" if model == "smollm2" else f"_{model}"
+        figures[f"delta_bytes_fraction{suffix}"] = round(result["delta_bytes_fraction"], 4)
+    figures["delta_reconstruct_exact"] = min(result["delta_reconstruct_exact"] for result in results.values())
+    for model, result in results.items():
+        for key in ("changed_fraction", "bytes_fraction_max", "lr", "steps", "samples", "max_new_tokens", "minutes"):
             value = result[key]
-            figures[f"delta_{model}_{key.removeprefix('delta_')}"] = (
-                round(value, 4) if isinstance(value, float) else value
-            )
+            figures[f"delta_{model}_{key}"] = round(value, 5) if isinstance(value, float) else value
     return figures

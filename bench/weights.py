@@ -278,10 +278,13 @@ def main() -> None:
     parser.add_argument("--chunk-mb", type=float, default=4.0)
     parser.add_argument("--delta-steps", type=int, default=20, help="GRPO steps per model of the delta figures")
     parser.add_argument("--delta-new-tokens", type=int, default=16, help="SmolLM2's tokens per sample there")
+    parser.add_argument("--delta-prompts", type=int, help="SmolLM2's prompts per step there (default: its config's)")
+    parser.add_argument("--delta-models", default="smollm2,demo")
     parser.add_argument("--delta-only", action="store_true", help="only the delta figures (bench/weight_deltas.py)")
     args = parser.parse_args()
+    deltas = lambda: delta_figures(args.delta_steps, args.delta_new_tokens, args.delta_prompts, args.delta_models)  # noqa: E731
     if args.delta_only:
-        print(json.dumps(delta_figures(args.delta_steps, args.delta_new_tokens)))
+        print(json.dumps(deltas()))
         return
     torch.set_num_threads(1)
     os.environ.setdefault(env_vars.WEIGHTS_SECRET, secrets.token_hex(32))
@@ -392,11 +395,10 @@ def main() -> None:
     print(
         f"transfer efficiency (raw loopback copy / uncapped swarm): {raw_s:.2f} / {uncapped['swarm']:.2f} = {efficiency:.3f}"
     )
-    deltas = delta_figures(args.delta_steps, args.delta_new_tokens)
     print(
         json.dumps(
             {
-                **deltas,
+                **deltas(),
                 "trainer_s": round(capped["trainer"], 3),
                 "store_s": round(capped["store"], 3),
                 "swarm_s": round(capped["swarm"], 3),

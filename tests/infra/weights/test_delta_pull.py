@@ -246,7 +246,13 @@ def test_a_delta_no_smaller_than_the_whole_version_is_published_whole(redis_clie
     run_id, run_dir, registry = run
     config = WeightsConfig(chunk_mb=1 / 64, full_every=10, keep_versions=3)
     first, _, third = _versions(3)
-    everything_changed = {name: tensor + 1 for name, tensor in first.items()}
+    generator = torch.Generator().manual_seed(7)
+    everything_changed = {  # random bits: their differences from the old do not compress
+        name: torch.randint(-(2**15), 2**15, tensor.shape, dtype=torch.int16, generator=generator).view(tensor.dtype)
+        if tensor.dtype == torch.bfloat16
+        else torch.randint(-(2**62), 2**62, tensor.shape, generator=generator)
+        for name, tensor in first.items()
+    }
     versions = [first, everything_changed, dict(everything_changed, proj=third["proj"])]
     publisher = WeightPublisher(config, redis_client, run_id, run_dir=run_dir)
     try:
