@@ -12,6 +12,7 @@ seconds until the last instance holds the verified, decoded version, against the
 cap; target: swarm / best single source <= 0.4. Last line JSON: {"trainer_s": .., "store_s": ..,
 "swarm_s": .., "swarm_ratio": .., "efficiency": .., "instances": N, ...} (trainer_s, store_s,
 swarm_s: capped; *_uncapped_s, raw_s, cap_mb_s too). Method and the ideals: docs/benchmarks.md.
+Then the delta_* keys (`--delta-only`: just those): deltas on real GRPO steps, bench/weight_deltas.py.
 """
 
 from __future__ import annotations
