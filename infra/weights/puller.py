@@ -12,7 +12,8 @@ or the store, rebuilds a delta on the version it holds (`infra.weights.delta`, c
 published sha256; else from the whole version and the deltas after it: `full_fallbacks`) and
 serves it (`serve_from_peers`). It returns the complete version or raises `PullError`, keeping
 nothing: an instance never loads or serves part of one. Versions only move forward; one pull at a
-time; `last_report` (a `PullReport`) says where the bytes came from and what failed. The pull step by step, and why the `+ 2`: docs/internals.md §6.
+time; `last_report` (a `PullReport`) says where the bytes came from and what failed. The pull
+step by step, and why the `+ 2`: docs/internals.md §6.
 """
 
 from __future__ import annotations
@@ -68,9 +69,8 @@ class PullReport:
     delta_bytes: int = 0
     """Of `bytes`, those of delta payloads."""
     full_fallbacks: int = 0
-    """1 when the version, a delta, was rebuilt from a whole version instead of the base this
-    instance held (none held, or the rebuilt weights' sha256 did not match); 2 when that was retried
-    after a mismatch."""
+    """Times this pull rebuilt the version from a whole version instead of on the base it held:
+    it held none (or not the delta's base), or the rebuilt weights' sha256 did not match."""
 
 
 def _from_store(read: Callable[..., bytes], *args) -> bytes:
@@ -170,6 +170,8 @@ class WeightPuller:
             payload = self._held.get(current) or fetched.get(current) or self._fetch_payload(current, report, leased)
             fetched[current] = payload
             chain.append(payload)
+            if payload.manifest.base is not None and payload.manifest.base >= current:
+                raise DeltaError(f"version {current}: a delta's base must be older, got {payload.manifest.base}")
             current = payload.manifest.base
         if use_base and state is None and len(chain) > 1:  # lacked the base: whole version + deltas
             report.full_fallbacks += 1
