@@ -12,8 +12,7 @@ or the store, rebuilds a delta on the version it holds (`infra.weights.delta`, c
 published sha256; else from the whole version and the deltas after it: `full_fallbacks`) and
 serves it (`serve_from_peers`). It returns the complete version or raises `PullError`, keeping
 nothing: an instance never loads or serves part of one. Versions only move forward; one pull at a
-time; `last_report` (a `PullReport`) says where the bytes came from and what failed. The pull
-step by step, and why the `+ 2`: docs/internals.md §6.
+time; `last_report` (a `PullReport`): sources, failures. Step by step, the `+ 2`: internals §6.
 """
 
 from __future__ import annotations
