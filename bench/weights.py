@@ -12,6 +12,7 @@ seconds until the last instance holds the verified, decoded version, against the
 cap; target: swarm / best single source <= 0.4. Last line JSON: {"trainer_s": .., "store_s": ..,
 "swarm_s": .., "swarm_ratio": .., "efficiency": .., "instances": N, ...} (trainer_s, store_s,
 swarm_s: capped; *_uncapped_s, raw_s, cap_mb_s too). Method and the ideals: docs/benchmarks.md.
+Then the delta_* keys (`--delta-only`: just those): deltas on real GRPO steps, bench/weight_deltas.py.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pathlib import Path
 
 import redis
 import torch
+from weight_deltas import delta_figures
 
 from infra.services.ports import free_port
 from infra.services.redis_embedded import EmbeddedRedis
@@ -275,7 +277,16 @@ def main() -> None:
     parser.add_argument("--instances", type=int, default=8)
     parser.add_argument("--cap-mb-s", type=float, default=40.0, help="emulated uplink of every source, MiB/s")
     parser.add_argument("--chunk-mb", type=float, default=4.0)
+    parser.add_argument("--delta-steps", type=int, default=20, help="GRPO steps per model of the delta figures")
+    parser.add_argument("--delta-new-tokens", type=int, default=16, help="SmolLM2's tokens per sample there")
+    parser.add_argument("--delta-prompts", type=int, help="SmolLM2's prompts per step there (default: its config's)")
+    parser.add_argument("--delta-models", default="smollm2,demo")
+    parser.add_argument("--delta-only", action="store_true", help="only the delta figures (bench/weight_deltas.py)")
     args = parser.parse_args()
+    deltas = lambda: delta_figures(args.delta_steps, args.delta_new_tokens, args.delta_prompts, args.delta_models)  # noqa: E731
+    if args.delta_only:
+        print(json.dumps(deltas()))
+        return
     torch.set_num_threads(1)
     os.environ.setdefault(env_vars.WEIGHTS_SECRET, secrets.token_hex(32))
 
@@ -388,6 +399,7 @@ def main() -> None:
     print(
         json.dumps(
             {
+                **deltas(),
                 "trainer_s": round(capped["trainer"], 3),
                 "store_s": round(capped["store"], 3),
                 "swarm_s": round(capped["swarm"], 3),

@@ -7,12 +7,12 @@
 `pull(version)` leases the version (store retention keeps it), checks the manifest it fetched from
 any source against the sha256 the trainer recorded (`HolderRegistry.manifest_sha256`), downloads
 the chunks striped over every live holder and the trainer (`parallel_fetches` at a time, at most
-`max_uploads_per_peer + 2` per holder), verifies each chunk, drops a failing or slow source for
-another or the store, and then serves the version itself (`serve_from_peers`). It returns the
-complete version or raises `PullError`, keeping nothing: an instance never loads or serves part of
-one. Versions only move forward (an older one than the newest held is a ValueError; a held one is
-returned again); one pull at a time; `last_report` (a `PullReport`) says where the bytes came from
-and what failed. The pull step by step, and why the `+ 2`: docs/internals.md §6.
+`max_uploads_per_peer + 2` per holder), verifies each, drops a failing or slow source for another
+or the store, rebuilds a delta on the version it holds (`infra.weights.delta`, checked against the
+published sha256; else from the whole version and the deltas after it: `full_fallbacks`) and
+serves it (`serve_from_peers`). It returns the complete version or raises `PullError`, keeping
+nothing: an instance never loads or serves part of one. Versions only move forward; one pull at a
+time; `last_report` (a `PullReport`): sources, failures. Step by step, the `+ 2`: internals §6.
 """
 
 from __future__ import annotations
@@ -31,10 +31,12 @@ import redis
 import torch
 
 from infra.weights.config import WeightsConfig
+from infra.weights.delta import DeltaError, reconstruct
 from infra.weights.holders import HolderRegistry
 from infra.weights.manifest import MANIFEST_FILE, EncodedVersion, Manifest, chunk_is_valid, decode, sha256_hex
 from infra.weights.peer_client import PeerClient, SourceBusy, SourceFailed
 from infra.weights.peer_server import PROGRESS_HEADER, PULL_STARTED_HEADER, PeerServer
+from infra.weights.retention import with_bases
 from infra.weights.store import WeightStore
 
 log = logging.getLogger(__name__)
@@ -63,6 +65,11 @@ class PullReport:
     """Verified chunk bytes per source (a peer's base URL, or `STORE`)."""
     failures: list[str] = field(default_factory=list)
     """One line per failed attempt: source, what, why."""
+    delta_bytes: int = 0
+    """Of `bytes`, those of delta payloads."""
+    full_fallbacks: int = 0
+    """Times this pull rebuilt the version from a whole version instead of on the base it held:
+    it held none (or not the delta's base), or the rebuilt weights' sha256 did not match."""
 
 
 def _from_store(read: Callable[..., bytes], *args) -> bytes:
@@ -90,6 +97,9 @@ class WeightPuller:
         self.server = PeerServer(config) if config.serve_from_peers else None
         self.registry = HolderRegistry(redis_client, run_id, config.holder_ttl_s)
         self._held: dict[int, EncodedVersion] = {}
+        """Payloads (whole or delta) this instance serves."""
+        self._base: tuple[int, dict[str, torch.Tensor]] | None = None
+        """The newest pulled version's state dict: the base of the next delta."""
         self._fetchers = ThreadPoolExecutor(config.parallel_fetches, thread_name_prefix=f"pull-{instance_id}")
         self._pulling = threading.Lock()
         self.last_report: PullReport | None = None
@@ -105,11 +115,11 @@ class WeightPuller:
         return sorted(self._held)
 
     def pull(self, version: int) -> dict[str, torch.Tensor]:
-        """The complete, verified state dict of `version` (see the module docstring)."""
+        """The complete, verified state dict of `version` (see the module docstring). Its tensors are
+        shared with the puller (the next delta's base): read them, never write them."""
         with self._pulling:
-            if version in self._held:
-                held = self._held[version]
-                return decode(held.manifest, held.chunks)
+            if self._base is not None and self._base[0] == version:
+                return dict(self._base[1])
             if self._held and version < max(self._held):
                 raise ValueError(
                     f"versions only move forward: {self.instance_id} holds {max(self._held)}, asked for {version}"
@@ -117,15 +127,70 @@ class WeightPuller:
             report = PullReport(version=version, instance_id=self.instance_id)
             self.last_report = report
             started = time.monotonic()
-            self.registry.lease(version, self.instance_id)
+            fetched: dict[int, EncodedVersion] = {}
+            leased: list[int] = []
             try:
-                encoded = self._download(version, report)
+                try:
+                    state = self._rebuild(version, report, fetched, leased, use_base=True)
+                except DeltaError as exc:
+                    report.full_fallbacks += 1
+                    report.failures.append(f"v{version}: {exc}: rebuilding it from the whole version")
+                    log.warning("weights v%d: %s: rebuilding it from the whole version", version, exc)
+                    state = self._rebuild(version, report, fetched, leased, use_base=False)
+            except DeltaError as exc:
+                raise PullError(f"version {version} cannot be rebuilt: {exc}") from None
             finally:
-                self.registry.unlease(version, self.instance_id)
-            self._hold(encoded)
-            state_dict = decode(encoded.manifest, encoded.chunks)
+                for leased_version in leased:
+                    self.registry.unlease(leased_version, self.instance_id)
+            report.manifest_sha256 = fetched[version].manifest_sha256 if version in fetched else ""
+            for payload_version in sorted(fetched):
+                self._hold(fetched[payload_version])
+            self._base = (version, state)
             report.seconds = time.monotonic() - started
-            return state_dict
+            return dict(state)
+
+    def _rebuild(
+        self,
+        version: int,
+        report: PullReport,
+        fetched: dict[int, EncodedVersion],
+        leased: list[int],
+        use_base: bool,
+    ) -> dict[str, torch.Tensor]:
+        """`version`'s state dict from its payload and those down its chain of bases, to the held base
+        (`use_base`) or a whole version; DeltaError when a rebuilt version's sha256 does not match."""
+        chain: list[EncodedVersion] = []
+        state = None
+        current: int | None = version
+        while current is not None:
+            if use_base and self._base is not None and self._base[0] == current:
+                state = self._base[1]
+                break
+            payload = self._held.get(current) or fetched.get(current) or self._fetch_payload(current, report, leased)
+            fetched[current] = payload
+            chain.append(payload)
+            if payload.manifest.base is not None and payload.manifest.base >= current:
+                raise DeltaError(f"version {current}: a delta's base must be older, got {payload.manifest.base}")
+            current = payload.manifest.base
+        if use_base and state is None and len(chain) > 1:  # lacked the base: whole version + deltas
+            report.full_fallbacks += 1
+        for payload in reversed(chain):
+            manifest = payload.manifest
+            decoded = decode(manifest, payload.chunks)
+            if manifest.base is None:
+                state = decoded
+            else:
+                state = reconstruct(state, decoded, manifest.full_sha256 or "", manifest.version)
+        return state
+
+    def _fetch_payload(self, version: int, report: PullReport, leased: list[int]) -> EncodedVersion:
+        """Download one version's payload, leased (store retention keeps it) until the pull ends."""
+        self.registry.lease(version, self.instance_id)
+        leased.append(version)
+        encoded = self._download(version, report)
+        if encoded.manifest.base is not None:
+            report.delta_bytes += encoded.manifest.total_bytes
+        return encoded
 
     def _holders(self, version: int) -> list[str]:
         """Live holders of `version` other than this instance (none if HTTP is off)."""
@@ -186,12 +251,15 @@ class WeightPuller:
         return self.peers.get(source, f"/weights/v{manifest.version}/{file}", priority_headers)
 
     def _hold(self, encoded: EncodedVersion) -> None:
-        """Keep a complete version; serve and advertise it; forget versions beyond keep_in_memory."""
+        """Keep a complete payload; serve and advertise it; forget payloads beyond keep_in_memory (and
+        the whole version and deltas those are rebuilt from)."""
         self._held[encoded.version] = encoded
         if self.server is not None:
             self.server.offer(encoded)
             self.registry.hold(encoded.version, self.server.url)
-        for old in sorted(self._held)[: -self.config.keep_in_memory]:
+        bases = {version: held.manifest.base for version, held in self._held.items()}
+        kept = with_bases(sorted(self._held)[-self.config.keep_in_memory :], bases)
+        for old in [version for version in sorted(self._held) if version not in kept]:
             if self.server is not None:
                 self.registry.unhold(old, self.server.url)
                 self.server.withdraw(old)

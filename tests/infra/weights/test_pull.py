@@ -322,7 +322,7 @@ def test_serving_without_a_secret_is_refused_with_a_clear_error(redis_client, ru
 
 def test_retention_keeps_the_newest_and_every_version_being_pulled(redis_client, run):
     run_id, run_dir, registry = run
-    config = WeightsConfig(chunk_mb=1 / 64, keep_versions=1, keep_in_memory=1)
+    config = WeightsConfig(chunk_mb=1 / 64, keep_versions=1, keep_in_memory=1, full_every=1)  # whole versions
     publisher = WeightPublisher(config, redis_client, run_id, run_dir=run_dir)
     try:
         publisher.publish(1, _state_dict(0.05, seed=1))
