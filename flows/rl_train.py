@@ -88,6 +88,8 @@ def rl_step(
         "grad_norm": metrics["grad_norm"],
         "kl": metrics["kl"],
         "cost_usd": cost["cost_usd"],
+        "weights_mb": cost["weights_mb"],
+        "weight_fallbacks": cost["weight_fallbacks"],
         "version_lag_mean": metrics["version_lag_mean"],
         "version_lag_max": metrics["version_lag_max"],
         "version_lag_histogram": metrics["version_lag_histogram"],

@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from infra.ledger import BaselineMismatch, CostReport, Ledger, UnknownRun
@@ -35,6 +35,16 @@ log = logging.getLogger(__name__)
 STOPPED_REASONS = ("preempted", "preempted_silent", "crashed")
 TRAINER_ID = "trainer"
 """Instance id and pool of the trainer's machine in the ledger."""
+
+
+@dataclass(frozen=True)
+class WeightTraffic:
+    """The weight pulls recorded with one step."""
+
+    nbytes: int = 0
+    """Bytes the instances received (deltas and whole versions, every source)."""
+    full_fallbacks: int = 0
+    """Pulls that fetched a whole version because a delta could not be applied."""
 
 
 class RunAccounting:
@@ -112,8 +122,9 @@ class RunAccounting:
         tokens_trained: int,
         instance_tokens: Mapping[str, int] | None = None,
         tokens_wasted: int = 0,
-    ) -> None:
-        """Step `step` ends now: record the instances, their usage in the step, and the step."""
+    ) -> WeightTraffic:
+        """Step `step` ends now: record the instances, their usage in the step, and the step;
+        returns the weight pulls recorded with it."""
         ended = self.clock()
         started = self._step_started.pop(step, ended)
         records = self.provider.instances() if self.provider is not None else []
@@ -135,6 +146,7 @@ class RunAccounting:
                     tokens_wasted=wasted.get(record.instance_id, 0),
                 )
         known = {record.instance_id for record in records}
+        traffic = WeightTraffic()
         for transfer in self.transfers() if self.transfers is not None else ():
             if transfer.instance_id not in known:  # reported by a dead attempt's instance, never recorded
                 log.info(
@@ -152,7 +164,9 @@ class RunAccounting:
                 step=step,
                 transferred_at=ended,
             )
+            traffic = WeightTraffic(traffic.nbytes + transfer.nbytes, traffic.full_fallbacks + transfer.full_fallbacks)
         self.ledger.record_step(self.run_id, step, started_at=started, ended_at=ended, tokens_trained=tokens_trained)
+        return traffic
 
     def step_cost_usd(self, step: int) -> float | None:
         """What the ledger attributes to `step` so far (None if it has no row)."""

@@ -34,6 +34,8 @@ STEP_COLUMNS = (
     ("migrations", "migrations", "{:d}"),
     ("tokens_wasted", "tokens wasted", "{:d}"),
     ("cost_usd", "cost $", "{:.4f}"),
+    ("weights_mb", "weights MiB", "{:.1f}"),
+    ("weight_fallbacks", "whole-version fallbacks", "{:d}"),
     ("version_lag_mean", "version lag", "{:.2f}"),
     ("version_lag_max", "max lag", "{:d}"),
     ("version_lag_histogram", "lag histogram", "{}"),

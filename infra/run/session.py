@@ -401,11 +401,16 @@ class TrainingSession:
         return {"version": step, "seconds": time.perf_counter() - started}
 
     def account(self, step: int, tokens_trained: int) -> dict:
-        """Record the step in the cost ledger (instances, their usage, the step); returns its cost."""
+        """Record the step in the cost ledger (instances, their usage, the step, the weight pulls);
+        returns its cost, the weight MiB the instances pulled and their whole-version fallbacks."""
         instance_tokens, wasted = self._step_usage.pop(step, ({}, 0))
         with self._stops_when_redis_is_gone():
-            self.accounting.end_step(step, tokens_trained, instance_tokens, wasted)
-        return {"cost_usd": self.accounting.step_cost_usd(step) or 0.0}
+            traffic = self.accounting.end_step(step, tokens_trained, instance_tokens, wasted)
+        return {
+            "cost_usd": self.accounting.step_cost_usd(step) or 0.0,
+            "weights_mb": traffic.nbytes / 2**20,
+            "weight_fallbacks": traffic.full_fallbacks,
+        }
 
     def cost_report(self) -> CostReport:
         """The run's cost report so far (instances still up are billed to now)."""
