@@ -22,7 +22,7 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Set
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,10 +30,11 @@ from pathlib import Path
 import redis
 import torch
 
+from infra.weights.chunk_choice import plan
 from infra.weights.config import WeightsConfig
-from infra.weights.holders import HolderRegistry
+from infra.weights.holders import HolderRegistry, chunk_bitmap, mark_chunk
 from infra.weights.manifest import MANIFEST_FILE, EncodedVersion, Manifest, chunk_is_valid, decode, sha256_hex
-from infra.weights.peer_client import PeerClient, SourceBusy, SourceFailed
+from infra.weights.peer_client import PeerClient, SourceBusy, SourceFailed, SourceLacks
 from infra.weights.peer_server import PROGRESS_HEADER, PULL_STARTED_HEADER, PeerServer
 from infra.weights.store import WeightStore
 
@@ -146,14 +147,52 @@ class WeightPuller:
         manifest = Manifest.from_bytes(manifest_bytes)
         download = _ChunkDownload(
             manifest,
-            holders=lambda: self._holders(version),
+            sources=lambda: self._sources(version),
             fetch=self._fetch_chunk,
+            verified=self._chunk_server(manifest),
             executor=self._fetchers,
             config=self.config,
             deadline=deadline,
             report=report,
         )
-        return EncodedVersion(manifest=manifest, manifest_bytes=manifest_bytes, chunks=download.run())
+        if self.server is not None:
+            self.server.offer_manifest(manifest, manifest_bytes)
+        try:
+            chunks = download.run()
+        except BaseException:
+            self._withdraw_partial(version)
+            raise
+        return EncodedVersion(manifest=manifest, manifest_bytes=manifest_bytes, chunks=chunks)
+
+    def _sources(self, version: int) -> dict[str, frozenset[int] | None]:
+        """Live sources of `version` other than this instance: complete holders (None: every
+        chunk) and partial holders (the chunks each serves)."""
+        if self.peers is None:
+            return {}
+        sources: dict[str, frozenset[int] | None] = dict.fromkeys(self._holders(version))
+        for url, chunks in self.registry.partial_holders(version).items():
+            if url != self.url and url not in sources:
+                sources[url] = chunks
+        return sources
+
+    def _chunk_server(self, manifest: Manifest) -> Callable[[int, bytes], None]:
+        """What to do with each chunk as soon as it is verified: serve it, then advertise every
+        chunk held so far (nothing when this instance does not serve)."""
+        held = chunk_bitmap(len(manifest.chunks))
+
+        def serve(index: int, data: bytes) -> None:
+            if self.server is not None:
+                self.server.offer_chunk(manifest.version, index, data)
+                mark_chunk(held, index)
+                self.registry.hold_chunks(manifest.version, self.server.url, bytes(held))
+
+        return serve
+
+    def _withdraw_partial(self, version: int) -> None:
+        """A failed pull: stop advertising and serving what it had verified."""
+        if self.server is not None:
+            self.registry.unhold_chunks(version, self.server.url)
+            self.server.withdraw(version)
 
     def _manifest(self, version: int, expected_sha256: str, deadline: float, report: PullReport) -> bytes:
         """The manifest's bytes from any holder or the store, checked against the published sha256."""
@@ -191,6 +230,7 @@ class WeightPuller:
         if self.server is not None:
             self.server.offer(encoded)
             self.registry.hold(encoded.version, self.server.url)
+            self.registry.unhold_chunks(encoded.version, self.server.url)
         for old in sorted(self._held)[: -self.config.keep_in_memory]:
             if self.server is not None:
                 self.registry.unhold(old, self.server.url)
@@ -214,16 +254,18 @@ class _ChunkDownload:
         self,
         manifest: Manifest,
         *,
-        holders: Callable[[], list[str]],
+        sources: Callable[[], Mapping[str, Set[int] | None]],
         fetch: Callable[[Manifest, int, str, dict[str, str]], bytes],
+        verified: Callable[[int, bytes], None],
         executor: ThreadPoolExecutor,
         config: WeightsConfig,
         deadline: float,
         report: PullReport,
     ) -> None:
         self.manifest = manifest
-        self.list_holders = holders
+        self.list_sources = sources
         self.fetch = fetch
+        self.verified = verified
         self.executor = executor
         self.parallel = config.parallel_fetches
         self.per_holder_limit = config.max_uploads_per_peer + 2
@@ -233,16 +275,17 @@ class _ChunkDownload:
         self.pull_started = time.time()
         self.progress = 0
         """Verified bytes so far (sent to holders, with `pull_started`, as this pull's priority)."""
-        self.pending: list[int] = list(range(len(manifest.chunks)))
+        self.pending: set[int] = set(range(len(manifest.chunks)))
         self.results: dict[int, bytes] = {}
         self.failed_on: dict[int, set[str]] = {}
-        """Sources that already failed to deliver a chunk."""
+        """Sources that already failed to deliver a chunk, or did not hold it yet."""
         self.dropped: set[str] = set()
         """Holders that failed once: not asked again during this pull."""
         self.in_flight: dict[Future, tuple[int, str]] = {}
         self.per_source: Counter[str] = Counter()
-        self.holders: list[str] = []
+        self.sources: Mapping[str, Set[int] | None] = {}
         self.store_retry_at = 0.0
+        self.rng = random.Random()
 
     def run(self) -> tuple[bytes, ...]:
         total = len(self.manifest.chunks)
@@ -256,7 +299,7 @@ class _ChunkDownload:
                         f"{self.pull_timeout_s:.0f} s; last failures: {self.report.failures[-3:]}"
                     )
                 if now >= next_refresh:
-                    self.holders = self.list_holders()
+                    self.sources = self.list_sources()
                     next_refresh = now + _HOLDERS_REFRESH_S
                 self._assign()
                 if not self.in_flight:  # no source can be tried: give them all another chance
@@ -273,27 +316,22 @@ class _ChunkDownload:
                 future.cancel()
         return tuple(self.results[i] for i in range(total))
 
-    def _choose(self, chunk: int) -> str | None:
-        """The least busy holder that may serve `chunk`; the store if no holder can; None to wait."""
-        failed = self.failed_on.get(chunk, ())
-        candidates = [h for h in self.holders if h not in self.dropped and h not in failed]
-        if candidates:
-            free = [h for h in candidates if self.per_source[h] < self.per_holder_limit]
-            return min(free, key=lambda h: (self.per_source[h], random.random())) if free else None
-        return STORE if time.monotonic() >= self.store_retry_at else None
-
     def _assign(self) -> None:
-        blocked = False  # a chunk nothing failed on had to wait: so will every such chunk
-        for chunk in list(self.pending):
+        """Request chunks, rarest first (`infra.weights.chunk_choice`), up to `parallel` at a time;
+        a chunk no usable holder has comes from the store."""
+        if len(self.in_flight) >= self.parallel or not self.pending:
+            return
+        usable = {source: chunks for source, chunks in self.sources.items() if source not in self.dropped}
+        store_open = time.monotonic() >= self.store_retry_at
+        for chunk, source in plan(
+            self.pending, usable, self.per_source, self.per_holder_limit, self.failed_on, self.rng
+        ):
             if len(self.in_flight) >= self.parallel:
                 return
-            fresh = chunk not in self.failed_on
-            if fresh and blocked:
-                continue
-            source = self._choose(chunk)
             if source is None:
-                blocked = blocked or fresh
-                continue
+                if not store_open:
+                    continue
+                source = STORE
             self.pending.remove(chunk)
             self.per_source[source] += 1
             headers = {PROGRESS_HEADER: str(self.progress), PULL_STARTED_HEADER: repr(self.pull_started)}
@@ -313,7 +351,11 @@ class _ChunkDownload:
         try:
             data = future.result()
         except SourceBusy:
-            self.pending.insert(0, chunk)
+            self.pending.add(chunk)
+            return
+        except SourceLacks:  # a partial holder asked just before its chunk arrived: not a failure
+            self.failed_on.setdefault(chunk, set()).add(source)
+            self.pending.add(chunk)
             return
         except SourceFailed as exc:
             self._failed(chunk, source, str(exc))
@@ -322,6 +364,7 @@ class _ChunkDownload:
         self.progress += len(data)
         self.report.bytes += len(data)
         self.report.bytes_by_source[source] = self.report.bytes_by_source.get(source, 0) + len(data)
+        self.verified(chunk, data)
 
     def _failed(self, chunk: int, source: str, why: str) -> None:
         self.report.failures.append(f"{source}: chunk {chunk}: {why}")
@@ -331,4 +374,4 @@ class _ChunkDownload:
             self.store_retry_at = time.monotonic() + _RETRY_BACKOFF_S
         else:
             self.dropped.add(source)
-        self.pending.insert(0, chunk)
+        self.pending.add(chunk)
