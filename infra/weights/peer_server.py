@@ -10,10 +10,10 @@ that serves what it pulled. Routes mirror the store:
 `offer` serves a complete version (an `EncodedVersion`); `offer_manifest` starts serving a version
 being pulled, and `offer_chunk` adds each chunk once the puller has verified it: a chunk not added
 yet gets 404 with the `NOT_HELD_HEADER` (not held yet: ask elsewhere). `withdraw` stops serving a
-version (a bare 404 from then on; uploads under way finish from the bytes they hold). A request without a valid
-`infra.weights.auth` signature gets 401 with an empty body, whatever the path. A chunk upload takes
-one of `max_uploads_per_peer` slots (`infra.weights.admission`: earliest puller first; 503 after
-`queue_timeout_s`) and stops when its client disconnects; `upload_cap_mb_s` caps the total upload
+version (a bare 404 from then on; uploads under way finish from the bytes they hold). A request
+without a valid `infra.weights.auth` signature gets 401 with an empty body, whatever the path. A chunk upload takes
+one of `max_uploads_per_peer` slots (`infra.weights.admission`: the chunk uploaded least often
+first, then the puller furthest behind; 503 after `queue_timeout_s`) and stops when its client disconnects; `upload_cap_mb_s` caps the total upload
 rate (`infra.weights.bandwidth`: a NIC emulated on one machine). Detail: docs/internals.md §6.
 """
 
@@ -76,16 +76,23 @@ class _RequireSignature:
 class _ChunkUpload:
     """The ASGI response of one chunk: wait for a slot, then stream the bytes under the cap."""
 
-    def __init__(self, body: bytes, rank: Priority, server: PeerServer) -> None:
-        self.body = body
-        self.rank = rank
+    def __init__(self, served: _Served, index: int, progress: int, pull_started: float, server: PeerServer) -> None:
+        self.served = served
+        self.index = index
+        self.progress = progress
+        self.pull_started = pull_started
         self.server = server
+
+    def rank(self) -> Priority:
+        return priority(self.served.uploads_begun[self.index], self.progress, self.pull_started)
 
     async def __call__(self, scope, receive, send) -> None:
         server = self.server
         if not await server.slots.acquire(self.rank, server.queue_timeout_s):
             await _send_empty(send, 503, [(b"retry-after", b"1")])
             return
+        self.served.uploads_begun[self.index] += 1
+        body = self.served.chunks[self.index]
         upload = asyncio.current_task()
         client_gone = False
 
@@ -99,11 +106,11 @@ class _ChunkUpload:
         watcher = asyncio.create_task(stop_when_client_disconnects())
         try:
             headers = [
-                (b"content-length", str(len(self.body)).encode()),
+                (b"content-length", str(len(body)).encode()),
                 (b"content-type", b"application/octet-stream"),
             ]
             await send({"type": "http.response.start", "status": 200, "headers": headers})
-            view = memoryview(self.body)
+            view = memoryview(body)
             for offset in range(0, len(view), _PIECE):
                 piece = view[offset : offset + _PIECE]
                 if server.cap is not None:
@@ -120,12 +127,14 @@ class _ChunkUpload:
 
 
 class _Served:
-    """A version being served: its manifest and the chunks held so far (None: not yet)."""
+    """A version being served: its manifest, the chunks held so far (None: not yet), and how many
+    uploads of each chunk have begun (the admission order's first key)."""
 
     def __init__(self, manifest: Manifest, manifest_bytes: bytes, chunks: list[bytes | None]) -> None:
         self.manifest_bytes = manifest_bytes
         self.files = {info.file: info.index for info in manifest.chunks}
         self.chunks = chunks
+        self.uploads_begun = [0] * len(chunks)
 
 
 class PeerServer:
@@ -175,9 +184,15 @@ class PeerServer:
                 time.sleep(0.01)
 
     def offer(self, encoded: EncodedVersion) -> None:
-        """Serve this (complete) version from now on."""
+        """Serve this (complete) version from now on (completing it in place if it was being pulled)."""
         with self._lock:
-            self._versions[encoded.version] = _Served(encoded.manifest, encoded.manifest_bytes, list(encoded.chunks))
+            served = self._versions.get(encoded.version)
+            if served is not None and served.manifest_bytes == encoded.manifest_bytes:
+                served.chunks[:] = encoded.chunks
+            else:
+                self._versions[encoded.version] = _Served(
+                    encoded.manifest, encoded.manifest_bytes, list(encoded.chunks)
+                )
 
     def offer_manifest(self, manifest: Manifest, manifest_bytes: bytes) -> None:
         """Serve a version being pulled: its (verified) manifest now, its chunks as `offer_chunk` adds them."""
@@ -212,8 +227,7 @@ class PeerServer:
         index = served.files.get(name)
         if index is None:
             return Response(status_code=404)
-        body = served.chunks[index]
-        if body is None:
+        if served.chunks[index] is None:
             return Response(status_code=404, headers={NOT_HELD_HEADER: "1"})
         try:
             progress = int(request.headers.get(PROGRESS_HEADER, "0"))
@@ -222,7 +236,7 @@ class PeerServer:
             return Response(status_code=400)
         if math.isnan(started):
             return Response(status_code=400)
-        return _ChunkUpload(body, priority(progress, started), self)
+        return _ChunkUpload(served, index, progress, started, self)
 
     def close(self) -> None:
         """Stop serving (uploads in flight are cut after a one-second grace period)."""

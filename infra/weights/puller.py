@@ -64,6 +64,7 @@ class PullReport:
     """Verified chunk bytes per source (a peer's base URL, or `STORE`)."""
     failures: list[str] = field(default_factory=list)
     """One line per failed attempt: source, what, why."""
+    timeline: list = field(default_factory=list)  # DEBUG
 
 
 def _from_store(read: Callable[..., bytes], *args) -> bytes:
@@ -361,6 +362,7 @@ class _ChunkDownload:
             self._failed(chunk, source, str(exc))
             return
         self.results[chunk] = data
+        self.report.timeline.append((time.time(), chunk, source))  # DEBUG
         self.progress += len(data)
         self.report.bytes += len(data)
         self.report.bytes_by_source[source] = self.report.bytes_by_source.get(source, 0) + len(data)
