@@ -7,14 +7,15 @@ This module owns
 * manifest digests: each published version's manifest sha256, written before the version is
   announced; a puller checks the manifest it fetched anywhere against it, every chunk against that;
 * holders: which peer URLs serve which version, whole (complete holders) or in part (partial
-  holders: instances still pulling it, with the set of chunks each has verified, as a bitmap);
+  holders: instances still pulling it, with the chunks each has verified and those it is fetching);
   pull leases: which versions instances are pulling now, so that store retention keeps them. All
   expire `ttl_s` after their last refresh (Redis's clock); a daemon thread refreshes this registry's
   own every `ttl_s / 3`, so a killed process stops being offered (and protecting a version) within
   `ttl_s`; `close` removes them at once.
 Keys (``P = "rlb:{<run_id>}:w:"``): ``P manifests`` (hash: version -> manifest sha256),
 ``P holders:<version>`` and ``P partial:<version>`` (sorted sets: URL scored by expiry, ms),
-``P have:<version>`` (hash: partial holder's URL -> chunk bitmap, `chunk_bitmap`), ``P leases``
+``P have:<version>`` (hash: partial holder's URL -> two chunk bitmaps, `chunk_bitmap`: the chunks
+it holds, then those it is fetching), ``P leases``
 (sorted set: ``<version>:<owner>`` scored by expiry, ms). Detail: docs/internals.md §6.
 """
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable, Mapping
+from typing import NamedTuple
 
 import redis
 
@@ -82,14 +84,24 @@ def chunk_bitmap(total: int) -> bytearray:
     return bytearray((total + 7) // 8)
 
 
-def mark_chunk(bitmap: bytearray, index: int) -> None:
-    """Set chunk `index` in `bitmap` (made by `chunk_bitmap`)."""
-    bitmap[index // 8] |= 1 << index % 8
+def mark_chunk(bitmap: bytearray, index: int, present: bool = True) -> None:
+    """Set (or with `present=False` clear) chunk `index` in `bitmap` (made by `chunk_bitmap`)."""
+    if present:
+        bitmap[index // 8] |= 1 << index % 8
+    else:
+        bitmap[index // 8] &= ~(1 << index % 8)
 
 
 def chunks_in(bitmap: bytes) -> frozenset[int]:
     """The chunk indices set in `bitmap`."""
     return frozenset(8 * i + bit for i, byte in enumerate(bitmap) if byte for bit in range(8) if byte >> bit & 1)
+
+
+class PartialHolder(NamedTuple):
+    held: frozenset[int]
+    """The chunks it serves (verified)."""
+    fetching: frozenset[int]
+    """The chunks it has asked a source for and not received yet."""
 
 
 class HolderRegistry:
@@ -158,21 +170,28 @@ class HolderRegistry:
     def _partial_keys(self, version: int) -> tuple[str, str]:
         return f"{self._prefix}partial:{version}", f"{self._prefix}have:{version}"
 
-    def hold_chunks(self, version: int, url: str, bitmap: bytes) -> None:
-        """Announce that `url` serves the chunks of `version` set in `bitmap` (`chunk_bitmap`); each
-        call replaces the previous set. Kept alive until `unhold_chunks` or `close`."""
+    def hold_chunks(self, version: int, url: str, held: bytes, fetching: bytes) -> None:
+        """Announce that `url` serves the chunks of `version` set in `held` and is fetching those
+        set in `fetching` (bitmaps of one length, `chunk_bitmap`); each call replaces the previous
+        sets. Kept alive until `unhold_chunks` or `close`."""
+        if len(held) != len(fetching):
+            raise ValueError(f"bitmaps of {len(held)} and {len(fetching)} bytes: they must be of one length")
         partial, have = self._partial_keys(version)
         with self._lock:
             self._own[partial, url] = (partial, have)
-            self._refresh(keys=[partial, have], args=[url, self.ttl_ms, bitmap])
+            self._refresh(keys=[partial, have], args=[url, self.ttl_ms, held + fetching])
 
     def unhold_chunks(self, version: int, url: str) -> None:
         self._remove(self._partial_keys(version), url)
 
-    def partial_holders(self, version: int) -> Mapping[str, frozenset[int]]:
-        """Live partial holders of `version`: base URL -> the chunks it serves."""
-        live, bitmaps = self._live_bitmaps(keys=list(self._partial_keys(version)))
-        return {url.decode(): chunks_in(bits) for url, bits in zip(live, bitmaps, strict=True) if bits is not None}
+    def partial_holders(self, version: int) -> Mapping[str, PartialHolder]:
+        """Live partial holders of `version`: base URL -> the chunks it serves and those it fetches."""
+        live, values = self._live_bitmaps(keys=list(self._partial_keys(version)))
+        return {
+            url.decode(): PartialHolder(chunks_in(value[: len(value) // 2]), chunks_in(value[len(value) // 2 :]))
+            for url, value in zip(live, values, strict=True)
+            if value is not None
+        }
 
     # pull leases ------------------------------------------------------------------------------
 

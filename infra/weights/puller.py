@@ -64,7 +64,6 @@ class PullReport:
     """Verified chunk bytes per source (a peer's base URL, or `STORE`)."""
     failures: list[str] = field(default_factory=list)
     """One line per failed attempt: source, what, why."""
-    timeline: list = field(default_factory=list)  # DEBUG
 
 
 def _from_store(read: Callable[..., bytes], *args) -> bytes:
@@ -150,7 +149,8 @@ class WeightPuller:
             manifest,
             sources=lambda: self._sources(version),
             fetch=self._fetch_chunk,
-            verified=self._chunk_server(manifest),
+            verified=self._serve_chunk,
+            advertise=self._advertise,
             executor=self._fetchers,
             config=self.config,
             deadline=deadline,
@@ -165,29 +165,29 @@ class WeightPuller:
             raise
         return EncodedVersion(manifest=manifest, manifest_bytes=manifest_bytes, chunks=chunks)
 
-    def _sources(self, version: int) -> dict[str, frozenset[int] | None]:
+    def _sources(self, version: int) -> tuple[dict[str, frozenset[int] | None], Counter[int]]:
         """Live sources of `version` other than this instance: complete holders (None: every
-        chunk) and partial holders (the chunks each serves)."""
+        chunk) and partial holders (the chunks each serves); and how many partial holders are
+        fetching each chunk."""
         if self.peers is None:
-            return {}
+            return {}, Counter()
         sources: dict[str, frozenset[int] | None] = dict.fromkeys(self._holders(version))
-        for url, chunks in self.registry.partial_holders(version).items():
+        fetching: Counter[int] = Counter()
+        for url, partial in self.registry.partial_holders(version).items():
             if url != self.url and url not in sources:
-                sources[url] = chunks
-        return sources
+                sources[url] = partial.held
+                fetching.update(partial.fetching)
+        return sources, fetching
 
-    def _chunk_server(self, manifest: Manifest) -> Callable[[int, bytes], None]:
-        """What to do with each chunk as soon as it is verified: serve it, then advertise every
-        chunk held so far (nothing when this instance does not serve)."""
-        held = chunk_bitmap(len(manifest.chunks))
+    def _serve_chunk(self, version: int, index: int, data: bytes) -> None:
+        """Serve a chunk as soon as it is verified (before it is advertised)."""
+        if self.server is not None:
+            self.server.offer_chunk(version, index, data)
 
-        def serve(index: int, data: bytes) -> None:
-            if self.server is not None:
-                self.server.offer_chunk(manifest.version, index, data)
-                mark_chunk(held, index)
-                self.registry.hold_chunks(manifest.version, self.server.url, bytes(held))
-
-        return serve
+    def _advertise(self, version: int, held: bytes, fetching: bytes) -> None:
+        """Advertise the chunks held (served already) and being fetched (bitmaps)."""
+        if self.server is not None:
+            self.registry.hold_chunks(version, self.server.url, held, fetching)
 
     def _withdraw_partial(self, version: int) -> None:
         """A failed pull: stop advertising and serving what it had verified."""
@@ -255,9 +255,10 @@ class _ChunkDownload:
         self,
         manifest: Manifest,
         *,
-        sources: Callable[[], Mapping[str, Set[int] | None]],
+        sources: Callable[[], tuple[Mapping[str, Set[int] | None], Mapping[int, int]]],
         fetch: Callable[[Manifest, int, str, dict[str, str]], bytes],
-        verified: Callable[[int, bytes], None],
+        verified: Callable[[int, int, bytes], None],
+        advertise: Callable[[int, bytes, bytes], None],
         executor: ThreadPoolExecutor,
         config: WeightsConfig,
         deadline: float,
@@ -267,6 +268,10 @@ class _ChunkDownload:
         self.list_sources = sources
         self.fetch = fetch
         self.verified = verified
+        self.advertise = advertise
+        self.held = chunk_bitmap(len(manifest.chunks))
+        self.fetching = chunk_bitmap(len(manifest.chunks))
+        self.advertised = (bytes(self.held), bytes(self.fetching))
         self.executor = executor
         self.parallel = config.parallel_fetches
         self.per_holder_limit = config.max_uploads_per_peer + 2
@@ -285,6 +290,7 @@ class _ChunkDownload:
         self.in_flight: dict[Future, tuple[int, str]] = {}
         self.per_source: Counter[str] = Counter()
         self.sources: Mapping[str, Set[int] | None] = {}
+        self.fetched_elsewhere: Mapping[int, int] = {}
         self.store_retry_at = 0.0
         self.rng = random.Random()
 
@@ -300,9 +306,13 @@ class _ChunkDownload:
                         f"{self.pull_timeout_s:.0f} s; last failures: {self.report.failures[-3:]}"
                     )
                 if now >= next_refresh:
-                    self.sources = self.list_sources()
+                    self.sources, self.fetched_elsewhere = self.list_sources()
                     next_refresh = now + _HOLDERS_REFRESH_S
                 self._assign()
+                state = (bytes(self.held), bytes(self.fetching))
+                if state != self.advertised:
+                    self.advertise(self.manifest.version, *state)
+                    self.advertised = state
                 if not self.in_flight:  # no source can be tried: give them all another chance
                     time.sleep(_RETRY_BACKOFF_S)
                     self.dropped.clear()
@@ -318,26 +328,37 @@ class _ChunkDownload:
         return tuple(self.results[i] for i in range(total))
 
     def _assign(self) -> None:
-        """Request chunks, rarest first (`infra.weights.chunk_choice`), up to `parallel` at a time;
-        a chunk no usable holder has comes from the store."""
+        """Request chunks, rarest first (`infra.weights.chunk_choice`), up to `parallel` at a time,
+        sparing the seeds unless this puller would be idle; a chunk no usable holder has comes
+        from the store."""
         if len(self.in_flight) >= self.parallel or not self.pending:
             return
         usable = {source: chunks for source, chunks in self.sources.items() if source not in self.dropped}
-        store_open = time.monotonic() >= self.store_retry_at
-        for chunk, source in plan(
-            self.pending, usable, self.per_source, self.per_holder_limit, self.failed_on, self.rng
-        ):
-            if len(self.in_flight) >= self.parallel:
+        for spare_seeds in (True, False):
+            for chunk, source in plan(
+                self.pending,
+                usable,
+                self.fetched_elsewhere,
+                self.per_source,
+                self.per_holder_limit,
+                self.failed_on,
+                self.rng,
+                spare_seeds=spare_seeds,
+            ):
+                if len(self.in_flight) >= self.parallel:
+                    return
+                if source is None:
+                    if time.monotonic() < self.store_retry_at:
+                        continue
+                    source = STORE
+                self.pending.remove(chunk)
+                mark_chunk(self.fetching, chunk)
+                self.per_source[source] += 1
+                headers = {PROGRESS_HEADER: str(self.progress), PULL_STARTED_HEADER: repr(self.pull_started)}
+                future = self.executor.submit(self._fetch_verified, chunk, source, headers)
+                self.in_flight[future] = (chunk, source)
+            if self.in_flight:
                 return
-            if source is None:
-                if not store_open:
-                    continue
-                source = STORE
-            self.pending.remove(chunk)
-            self.per_source[source] += 1
-            headers = {PROGRESS_HEADER: str(self.progress), PULL_STARTED_HEADER: repr(self.pull_started)}
-            future = self.executor.submit(self._fetch_verified, chunk, source, headers)
-            self.in_flight[future] = (chunk, source)
 
     def _fetch_verified(self, chunk: int, source: str, headers: dict[str, str]) -> bytes:
         """On a fetch thread: the chunk's bytes, checked against the manifest."""
@@ -349,12 +370,14 @@ class _ChunkDownload:
     def _settle(self, future: Future) -> None:
         chunk, source = self.in_flight.pop(future)
         self.per_source[source] -= 1
+        mark_chunk(self.fetching, chunk, present=False)
         try:
             data = future.result()
         except SourceBusy:
             self.pending.add(chunk)
             return
-        except SourceLacks:  # a partial holder asked just before its chunk arrived: not a failure
+        except SourceLacks:
+            # advertised but not served (yet): ask elsewhere, and keep the source
             self.failed_on.setdefault(chunk, set()).add(source)
             self.pending.add(chunk)
             return
@@ -362,11 +385,11 @@ class _ChunkDownload:
             self._failed(chunk, source, str(exc))
             return
         self.results[chunk] = data
-        self.report.timeline.append((time.time(), chunk, source))  # DEBUG
         self.progress += len(data)
         self.report.bytes += len(data)
         self.report.bytes_by_source[source] = self.report.bytes_by_source.get(source, 0) + len(data)
-        self.verified(chunk, data)
+        self.verified(self.manifest.version, chunk, data)
+        mark_chunk(self.held, chunk)
 
     def _failed(self, chunk: int, source: str, why: str) -> None:
         self.report.failures.append(f"{source}: chunk {chunk}: {why}")

@@ -8,8 +8,8 @@ from infra.weights.chunk_choice import plan
 from infra.weights.holders import chunk_bitmap, chunks_in, mark_chunk
 
 
-def _plan(wanted, sources, in_flight=None, limit=4, excluded=None, seed=0):
-    return plan(wanted, sources, in_flight or {}, limit, excluded or {}, random.Random(seed))
+def _plan(wanted, sources, in_flight=None, limit=4, excluded=None, fetching=None, seed=0):
+    return plan(wanted, sources, fetching or {}, in_flight or {}, limit, excluded or {}, random.Random(seed))
 
 
 def test_the_rarest_chunks_come_first():
@@ -19,6 +19,12 @@ def test_the_rarest_chunks_come_first():
     order = [rarity[chunk] for chunk, _ in planned]
     assert order == sorted(order)  # 3 and 4 (the trainer only), then 0, then 1, then 2
     assert {chunk for chunk, _ in planned[:2]} == {3, 4}
+
+
+def test_chunks_other_pullers_are_fetching_count_as_less_rare():
+    for seed in range(20):
+        planned = _plan(range(4), {"trainer": None}, fetching={0: 1, 1: 3, 3: 1}, seed=seed)
+        assert [chunk for chunk, _ in planned][0] == 2 and [chunk for chunk, _ in planned][-1] == 1
 
 
 def test_a_chunk_goes_to_a_source_that_holds_it_and_the_least_busy_one():
@@ -52,4 +58,5 @@ def test_bitmaps_round_trip():
     assert len(bitmap) == 3 and chunks_in(bytes(bitmap)) == frozenset()
     for index in (0, 7, 8, 19):
         mark_chunk(bitmap, index)
-    assert chunks_in(bytes(bitmap)) == {0, 7, 8, 19}
+    mark_chunk(bitmap, 8, present=False)
+    assert chunks_in(bytes(bitmap)) == {0, 7, 19}

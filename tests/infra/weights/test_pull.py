@@ -252,9 +252,11 @@ def test_an_instance_serves_only_verified_chunks_while_it_pulls_and_all_of_it_on
         result: dict = {}
         pulling = threading.Thread(target=lambda: result.update(state_dict=puller.pull(1)))
         pulling.start()
-        while puller.url not in registry.partial_holders(1):
+        offered: frozenset[int] = frozenset()
+        while not offered:
+            partial = registry.partial_holders(1).get(puller.url)
+            offered = partial.held if partial else frozenset()
             time.sleep(0.005)
-        offered = registry.partial_holders(1)[puller.url]
         assert 0 < len(offered) < len(manifest.chunks)
         assert 0 < puller.last_report.bytes < sum(t.numel() * 4 for t in state_dict.values())
         assert puller.url not in registry.holders(1)  # not a complete holder yet

@@ -62,7 +62,7 @@ def _partial_peer(encoded: EncodedVersion, chunks: dict[int, bytes], advertised,
     bitmap = chunk_bitmap(len(encoded.chunks))
     for index in advertised:
         mark_chunk(bitmap, index)
-    registry.hold_chunks(encoded.version, server.url, bytes(bitmap))
+    registry.hold_chunks(encoded.version, server.url, bytes(bitmap), bytes(len(bitmap)))
     return server
 
 
@@ -155,7 +155,7 @@ def test_pullers_started_together_all_finish_with_the_published_bytes_trading_ch
         for thread in threads:
             thread.start()
         while any(thread.is_alive() for thread in threads):
-            seen_partial |= {url for url, chunks in registry.partial_holders(1).items() if chunks}
+            seen_partial |= {url for url, partial in registry.partial_holders(1).items() if partial.held}
             served_while_pulling |= {p.url for p in pullers if p.server.bytes_sent and 1 not in p.server.versions()}
             time.sleep(0.01)
         assert pulled == dict.fromkeys(range(4), fingerprint(state_dict))
@@ -189,7 +189,7 @@ def test_a_failed_pull_withdraws_its_partial_offer(redis_client, run):
 
     def watch() -> None:
         while not offered:
-            offered.extend(chunks for url, chunks in registry.partial_holders(1).items() if url == puller.url)
+            offered.extend(partial.held for url, partial in registry.partial_holders(1).items() if url == puller.url)
             time.sleep(0.01)
 
     watcher = threading.Thread(target=watch, daemon=True)
