@@ -2,21 +2,17 @@
 
 This module owns
 * `latest`: the newest announced version (``rlb:{<run_id>}:latest_version``, announced on the
-  pub/sub channel ``rlb:{<run_id>}:weights``); `announce` only moves it forward (one Lua script:
-  SET if greater, then PUBLISH); `latest_version` reads it without a registry;
+  pub/sub channel ``rlb:{<run_id>}:weights``); `announce` only moves it forward (one Lua script);
 * manifest digests: each published version's manifest sha256, written before the version is
   announced; a puller checks the manifest it fetched anywhere against it, every chunk against that;
-* holders: which peer URLs serve which version, whole (complete holders) or in part (partial
-  holders: instances still pulling it, with the chunks each has verified and those it is fetching);
-  pull leases: which versions instances are pulling now, so that store retention keeps them. All
-  expire `ttl_s` after their last refresh (Redis's clock); a daemon thread refreshes this registry's
-  own every `ttl_s / 3`, so a killed process stops being offered (and protecting a version) within
-  `ttl_s`; `close` removes them at once.
-Keys (``P = "rlb:{<run_id>}:w:"``): ``P manifests`` (hash: version -> manifest sha256),
-``P holders:<version>`` and ``P partial:<version>`` (sorted sets: URL scored by expiry, ms),
-``P have:<version>`` (hash: partial holder's URL -> two chunk bitmaps, `chunk_bitmap`: the chunks
-it holds, then those it is fetching), ``P leases``
-(sorted set: ``<version>:<owner>`` scored by expiry, ms). Detail: docs/internals.md §6.
+* holders: which peer URLs serve which version, whole or in part (instances still pulling it, with
+  the chunks each holds and those it is fetching); pull leases: which versions instances are
+  pulling now, so that store retention keeps them. All expire `ttl_s` after their last refresh
+  (Redis's clock); a daemon thread refreshes this registry's own every `ttl_s / 3`; `close`
+  removes them at once.
+Keys (``P = "rlb:{<run_id>}:w:"``): ``P manifests`` (hash: version -> sha256), ``P holders:<v>``,
+``P partial:<v>`` and ``P leases`` (sorted sets: URL, or ``<v>:<owner>``, scored by expiry, ms),
+``P have:<v>`` (hash: partial holder's URL -> `chunk_bitmap`s held + fetching). docs/internals.md §6.
 """
 
 from __future__ import annotations

@@ -1,20 +1,18 @@
 """`PeerServer`: serves versions held in memory, whole or in part, to other instances over HTTP.
 
 A starlette app on uvicorn in a background thread, on a free port of `bind_host` (HTTPS with `tls`;
-every setting is the run's `WeightsConfig`'s): the trainer runs one, and so does every instance
-that serves what it pulled. Routes mirror the store:
+every setting is the run's `WeightsConfig`'s): the trainer runs one, and so does every instance.
+Routes mirror the store:
 
     GET /weights/v<version>/manifest.json            the manifest (not rate-limited, no slot)
     GET /weights/v<version>/chunk-00000.safetensors  one chunk's bytes
 
-`offer` serves a complete version (an `EncodedVersion`); `offer_manifest` starts serving a version
-being pulled, and `offer_chunk` adds each chunk once the puller has verified it: a chunk not added
-yet gets 404 with the `NOT_HELD_HEADER` (not held yet: ask elsewhere). `withdraw` stops serving a
-version (a bare 404 from then on; uploads under way finish from the bytes they hold). A request
-without a valid `infra.weights.auth` signature gets 401 with an empty body, whatever the path. A chunk upload takes
-one of `max_uploads_per_peer` slots (`infra.weights.admission`: the chunk uploaded least often
-first, then the puller furthest behind; 503 after `queue_timeout_s`) and stops when its client disconnects; `upload_cap_mb_s` caps the total upload
-rate (`infra.weights.bandwidth`: a NIC emulated on one machine). Detail: docs/internals.md §6.
+`offer` serves a complete version; `offer_manifest` starts serving one being pulled, `offer_chunk`
+adds each chunk once verified (until then: 404 with `NOT_HELD_HEADER`). `withdraw` stops serving a
+version (a bare 404; uploads under way finish). A request without a valid `infra.weights.auth`
+signature gets 401 with an empty body. A chunk upload takes one of `max_uploads_per_peer` slots
+(`infra.weights.admission`; 503 after `queue_timeout_s`) and stops when its client disconnects;
+`upload_cap_mb_s` caps the total upload rate (`infra.weights.bandwidth`). docs/internals.md §6.
 """
 
 from __future__ import annotations

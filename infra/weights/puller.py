@@ -1,18 +1,18 @@
-"""`WeightPuller`: the instance side of weight transfer. Pulls a version, then serves it to peers.
+"""`WeightPuller`: the instance side of weight transfer. Pulls a version, serving it meanwhile.
 
     puller = WeightPuller(config, redis_client, run_id, instance_id, run_dir=run_dir)
     state_dict = puller.pull(version)      # blocks until the whole version is here and verified
-    puller.close()
 
 `pull(version)` leases the version (store retention keeps it), checks the manifest it fetched from
 any source against the sha256 the trainer recorded (`HolderRegistry.manifest_sha256`), downloads
-the chunks striped over every live holder and the trainer (`parallel_fetches` at a time, at most
-`max_uploads_per_peer + 2` per holder), verifies each chunk, drops a failing or slow source for
-another or the store, and then serves the version itself (`serve_from_peers`). It returns the
-complete version or raises `PullError`, keeping nothing: an instance never loads or serves part of
-one. Versions only move forward (an older one than the newest held is a ValueError; a held one is
-returned again); one pull at a time; `last_report` (a `PullReport`) says where the bytes came from
-and what failed. The pull step by step, and why the `+ 2`: docs/internals.md §6.
+the chunks from every live holder, complete or partial, rarest first (`infra.weights.chunk_choice`;
+`parallel_fetches` at a time, at most `max_uploads_per_peer + 2` per holder), verifies each chunk,
+drops a failing or slow source for another or the store. With `serve_from_peers` it serves and
+advertises each chunk once verified (and those it is fetching), then the whole version. It returns
+the complete version or raises `PullError`, withdrawing what it offered: it never loads part of a
+version nor serves an unverified chunk. Versions only move forward (an older one than the newest
+held is a ValueError; a held one is returned again); one pull at a time; `last_report` (a
+`PullReport`) says where the bytes came from. Step by step, and why the `+ 2`: docs/internals.md §6.
 """
 
 from __future__ import annotations
