@@ -164,7 +164,8 @@ def test_pullers_started_together_all_finish_with_the_published_bytes_trading_ch
         assert registry.partial_holders(1) == {}  # complete holders now
         assert served_while_pulling  # some served chunks before they held the whole version
         assert STORE not in {url for p in pullers for url in p.last_report.bytes_by_source}
-        print(publisher.server.bytes_sent / size)
+        # about one copy from the trainer; a swarm of whole-version holders needs 1 + 1/2 + 1/3 + 1/4
+        assert publisher.server.bytes_sent < 2 * size
     finally:
         for puller in pullers:
             puller.close()
