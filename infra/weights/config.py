@@ -61,7 +61,7 @@ class WeightsConfig(Section):
     """Chunks one puller downloads at the same time, across all its sources."""
     max_uploads_per_peer: int = Field(2, ge=1)
     """Chunks a server (trainer or instance) uploads at the same time; further requests wait
-    for a slot, the earliest puller first."""
+    for a slot, the chunk it has uploaded least often first, then the puller furthest behind."""
     queue_timeout_s: float = Field(2.0, gt=0)
     """How long a request waits for an upload slot before the server answers 503 (busy)."""
     chunk_timeout_s: float = Field(30.0, gt=0)
