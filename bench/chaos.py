@@ -10,8 +10,8 @@ an instance pulls from it. Then every step's samples are generated again in proc
 checkpoints of the versions that generated them and compared token by token. About four minutes
 on a 2-core machine. Ends with ONE JSON line: {"steps", "faults": {"worker", "driver", "redis",
 "peer"}, "samples_lost", "samples_duplicated", "responses_identical_fraction", "token_match_rate",
-"orphans_left", "open_ledger_instances", "minutes", "staleness", "max_version_lag", ...}. Method,
-what each key counts, and results: docs/benchmarks.md ("How each benchmark measures").
+"orphans_left", "open_ledger_instances", "minutes", "staleness", "max_version_lag", "weight_pulls",
+"weight_pulls_by_delta", "weight_full_fallbacks", ...}. Method and results: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import itertools
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -358,6 +359,21 @@ def compare_with_uninterrupted(run_dir: Path, base: Path, config_path: Path, ste
     }
 
 
+_PULL_LINE = re.compile(r"loaded policy version \d+ \((\d+) bytes, (\d+) of deltas; (\d+) whole-version fallbacks\)")
+
+
+def weight_pulls(run_dir: Path) -> dict:
+    """What the instances' logs say about their weight pulls: how many, how many came as deltas,
+    how many fell back to a whole version, and the bytes received."""
+    pulls = [m.groups() for log in run_dir.rglob("*.log") for m in _PULL_LINE.finditer(log.read_text(errors="replace"))]
+    return {
+        "weight_pulls": len(pulls),
+        "weight_pulls_by_delta": sum(1 for _, delta, _ in pulls if int(delta) > 0),
+        "weight_full_fallbacks": sum(int(fallbacks) for *_, fallbacks in pulls),
+        "weight_mb_pulled": round(sum(int(nbytes) for nbytes, _, _ in pulls) / 2**20, 2),
+    }
+
+
 def ledger_state(ledger_url: str, run_id: str) -> tuple[int, int]:
     """(open instances of the run, steps counted more than once)."""
     from sqlalchemy import func, select
@@ -445,6 +461,7 @@ def main() -> None:
         "driver_attempts": chaos.attempts,
         "driver_exit_codes": chaos.exit_codes,
         "worker_signals": dict(chaos.signals),
+        **weight_pulls(chaos.run_dir),
         "work_dir": str(work),
     }
     print(json.dumps(result))

@@ -88,6 +88,8 @@ def rl_step(
         "grad_norm": metrics["grad_norm"],
         "kl": metrics["kl"],
         "cost_usd": cost["cost_usd"],
+        "weights_mb": cost["weights_mb"],
+        "weight_fallbacks": cost["weight_fallbacks"],
         "version_lag_mean": metrics["version_lag_mean"],
         "version_lag_max": metrics["version_lag_max"],
         "version_lag_histogram": metrics["version_lag_histogram"],
@@ -177,7 +179,8 @@ def _train_loop(config: RunConfig, key: str, session, logger) -> dict:
             update_progress_artifact(progress_id, 100.0 * step / total)
     history = session.history
     base_acc, final_acc = history.evals[0][1], history.evals[-1][1]
-    plot = plot_curves(history.steps, history.evals, config.run.directory / "curves.png")
+    costs = session.cost_report()  # one report for the plot and the summary: their totals agree
+    plot = plot_curves(history.steps, history.evals, config.run.directory / "curves.png", costs)
     summary = {
         "run": config.run.name,
         "steps": total,
@@ -190,7 +193,7 @@ def _train_loop(config: RunConfig, key: str, session, logger) -> dict:
         "minutes_this_run": (time.perf_counter() - began) / 60,
         "curves_png": str(plot),
         "checkpoint": str(session.checkpoint_dir),
-        **_cost_summary(session.cost_summary()),
+        **_cost_summary(costs.summary()),
         **(session.accounting.baseline_summary(config.ledger.baseline_run_id) if config.ledger.baseline_run_id else {}),
         "ledger_run_id": session.run_id,
     }
@@ -228,9 +231,12 @@ def _staleness_summary(config: RunConfig, rows: list[dict]) -> dict:
 
 def _cost_summary(costs: dict) -> dict:
     """The cost figures the run summary shows (all of them: `rlboost cost --run <ledger run id>`; the
-    comparison with on-demand is against a measured baseline run, `ledger.baseline_run_id`)."""
+    comparison with on-demand is against a measured baseline run, `ledger.baseline_run_id`): the
+    total, the steps' part (`attributed_usd`) and each non-zero line of the rest, which add up to it."""
     keys = (
         "total_usd",
+        "attributed_usd",
+        *(key for key in costs if key.startswith("unattributed_") and key != "unattributed_usd" and costs[key]),
         "spend_spot_usd",
         "spend_reserved_usd",
         "trainer_usd",

@@ -93,6 +93,12 @@ FLOW_RUN_ID = _variable(
 )
 WHEEL = _variable("RLBOOST_WHEEL", "rlboost", "A cloud VM's downloaded wheel of the run's code (its local path).")
 LOCK = _variable("RLBOOST_LOCK", "rlboost", "A cloud VM's downloaded dependency lock (its local path).")
+WHEELHOUSE = _variable(
+    "RLBOOST_WHEELHOUSE",
+    "rlboost",
+    "A cloud VM's downloaded wheelhouse archive (its local path; deleted once unpacked into "
+    "`<install_dir>/wheelhouse/<sha256>/`).",
+)
 REDIS_CA_FILE = _variable(
     "RLBOOST_REDIS_CA_FILE",
     "rlboost",

@@ -108,5 +108,5 @@ def checkpoint_task(session_key: str) -> str:
 
 @task(name="account", **TASK_OPTIONS)
 def account_task(session_key: str, step: int, tokens_trained: int) -> dict:
-    """Record the step in the cost ledger (instances, their usage, the step); returns its cost in USD."""
+    """Record the step in the cost ledger; returns its cost in USD and the weight pulls recorded with it."""
     return get_session(session_key).account(step, tokens_trained)

@@ -247,7 +247,8 @@ def cloud_fabric_run(pool: dict, redis_url: str, install_dir: Path, **cloud) -> 
         "fabric.worker": {"slots": 8, "flush_tokens": 2, "flush_ms": 50, "heartbeat_s": 0.3, "ttl_s": 3.0},
         "fabric.controller": {"reap_timeout_s": 3.0},
         "fabric.cloud": {
-            "bootstrap": {"install_dir": str(install_dir), "grace_s": 20.0},
+            # The fakes' image has every dependency (bake_image_venv): no wheelhouse of torch to build.
+            "bootstrap": {"install_dir": str(install_dir), "grace_s": 20.0, "wheelhouse": False},
             "live_prices": False,
             "reconcile_s": 0.5,
             "drain_timeout_s": 60.0,

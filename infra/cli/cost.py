@@ -1,15 +1,16 @@
-"""`rlboost cost --run ID [--baseline ID]`: a run's cost report from the ledger, printed as rich
-tables and exported.
+"""`rlboost cost --run ID [--baseline ID] [--predict]`: a run's cost report from the ledger, as rich
+tables and exports.
 
-Reads the ledger at `--db` (default `$RLBOOST_LEDGER_URL`, else `sqlite:///.rlboost/ledger.sqlite`),
-builds the run's `infra.ledger.report.CostReport` and prints per-step costs, spend per capacity
-class and the run totals (spend, the trainer's share, $ per million trained tokens, trained
-tokens/s). With `--baseline`, the ledger run id of a measured reserved-only run of the same
-configuration, it also prints the comparison with it (`infra.ledger.comparison`), labelled as
-such. `--csv` writes one row per step plus a `total` row (run totals: it includes the instance
-time no step used, so it exceeds the sum of the step rows); `--json` writes the whole report, and
-the comparison under `comparison`. An unknown run, a missing price, a baseline that cannot be
-compared or an unreachable database exits with status 1 and a message saying how to fix it.
+Reads the ledger at `--db` (default `$RLBOOST_LEDGER_URL`, else `sqlite:///.rlboost/ledger.sqlite`)
+and prints the run's `CostReport`: per-step costs, spend per capacity class, run totals. The books
+add up: the steps and the named lines of what no step holds (before step 1, between steps, after
+the last step, egress outside steps, ...) sum to the total, in the tables, `--csv` (a row per step,
+per line, then `total`) and `--json` (the whole report). `--baseline`: the comparison with a
+measured reserved-only run of the same workload (`infra.ledger.comparison`); `--predict`: the
+simulator's prediction for the run's recorded workload beside the measured figures, with where each
+scenario figure came from (`infra.sim.from_run`). An unknown run, a missing price, a baseline that
+cannot be compared or a run that cannot be simulated exits 2, an unreachable database 1, each with
+one message saying how to fix it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from rich.table import Table
 from infra.ledger import BaselineComparison, BaselineMismatch, Ledger, LedgerUnavailable, UnknownRun
 from infra.ledger.report import CostReport, StepCost
 from infra.pricing import PriceNotFound
+from infra.sim import from_run
+from infra.sim.from_run import Prediction, Unmappable
 from rl import env_vars
 
 RunIdOption = Annotated[
@@ -50,6 +53,13 @@ BaselineOption = Annotated[
     ),
 ]
 JsonOption = Annotated[Optional[Path], typer.Option("--json", help="Write the whole report to this JSON file.")]
+PredictOption = Annotated[
+    bool,
+    typer.Option(
+        "--predict",
+        help="Also run the simulator on the run's recorded workload and show its prediction beside the measured figures.",
+    ),
+]
 
 _json_time = TypeAdapter(datetime)
 
@@ -60,10 +70,11 @@ def cost(
     baseline: BaselineOption = None,
     csv_path: CsvOption = None,
     json_path: JsonOption = None,
+    predict: PredictOption = False,
 ) -> None:
     """Cost of a run: per step, per million trained tokens, spot vs reserved, and (--baseline) against a measured reserved-only run."""
     console = Console()
-    comparison = None
+    comparison = prediction = None
     try:
         ledger = Ledger(db, create=False)
         try:
@@ -72,7 +83,9 @@ def cost(
                 comparison = ledger.compare(run, baseline)
         finally:
             ledger.close()
-    except (LedgerUnavailable, UnknownRun, PriceNotFound, BaselineMismatch) as error:
+        if predict:
+            prediction = _predict(report)
+    except (LedgerUnavailable, UnknownRun, PriceNotFound, BaselineMismatch, Unmappable) as error:
         console.print("[red]cost report failed[/red]")
         console.print(str(error), markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(1 if isinstance(error, LedgerUnavailable) else 2) from None  # 2: a bad argument
@@ -81,6 +94,9 @@ def cost(
     console.print(summary_table(report))
     if comparison is not None:
         console.print(comparison_table(comparison))
+    if prediction is not None:
+        console.print(prediction_table(report, prediction))
+        console.print(sources_table(prediction))
     if csv_path:
         write_csv(report, csv_path)
         console.print(f"wrote {csv_path}")
@@ -88,6 +104,8 @@ def cost(
         exported = report.as_dict()
         if comparison is not None:
             exported["comparison"] = comparison.model_dump(mode="json")
+        if prediction is not None:
+            exported["prediction"] = _prediction_dict(report, prediction)
         json_path.write_text(json.dumps(exported, indent=2) + "\n")
         console.print(f"wrote {json_path}")
 
@@ -128,6 +146,20 @@ def steps_table(report: CostReport) -> Table:
             _usd(s.usd_per_million_generated),
             _usd(s.usd_per_million_trained),
         )
+    table.add_section()
+    for line in report.unattributed:
+        if line.usd or line.instance_seconds:
+            table.add_row(line.name, "", f"{line.instance_seconds:.0f}", *[""] * 4, _usd(line.usd))
+    table.add_section()
+    total = _total_row(report)
+    table.add_row(
+        "total",
+        *(str(total[k]) for k in ("instances",)),
+        f"{total['instance_seconds']:.0f}",
+        *(str(total[k]) for k in ("tokens_generated", "tokens_wasted", "tokens_trained", "preemptions")),
+        *(_usd(total[k]) for k in ("cost_usd", "spot_usd", "trainer_usd")),
+        *(_usd(total[k]) for k in ("usd_per_million_generated", "usd_per_million_trained")),
+    )
     return table
 
 
@@ -173,7 +205,8 @@ def summary_table(report: CostReport) -> Table:
             else "not recorded (set ledger.trainer)",
         ),
         ("weight egress $", f"{_usd(report.egress_usd)} ({report.transfer_bytes / 1e9:.2f} GB)"),
-        ("not attributed to a step $", _usd(report.unattributed_usd) + " (boot, idle, notice periods)"),
+        ("in the steps $", _usd(report.attributed_usd) + _share(report.attributed_usd, report.total_usd)),
+        *((f"{line.name} $", _usd(line.usd) + _share(line.usd, report.total_usd)) for line in report.unattributed),
         ("tokens generated / trained", f"{report.tokens_generated:,} / {report.tokens_trained:,}"),
         ("tokens wasted", f"{report.tokens_wasted:,}" + _share(report.tokens_wasted, report.tokens_generated)),
         ("$ per million generated tokens", _usd(report.usd_per_million_generated)),
@@ -232,9 +265,96 @@ def _total_row(report: CostReport) -> dict[str, object]:
 
 
 def write_csv(report: CostReport, path: Path) -> None:
-    """One row per step (the `StepCost` fields) and a final `total` row of run totals."""
+    """One row per step (the `StepCost` fields), one per line of the books (`step` is its name),
+    whose `cost_usd` add up to the final `total` row's."""
     with path.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(StepCost.model_fields))
         writer.writeheader()
         writer.writerows(step.model_dump(mode="json") for step in report.steps)
+        writer.writerows(
+            {"step": line.name, "instance_seconds": line.instance_seconds, "cost_usd": line.usd}
+            for line in report.unattributed
+        )
         writer.writerow(_total_row(report))
+
+
+def _predict(report: CostReport) -> Prediction:
+    try:
+        return from_run.predict(report)
+    except Unmappable as error:
+        raise Unmappable(f"cannot predict run {report.run_id}: {error}") from None
+
+
+def _measured_and_predicted(report: CostReport, prediction: Prediction) -> list[tuple[str, float | None, float | None]]:
+    """(figure, measured, predicted) over the run's ended steps (the simulator models steps only)."""
+    ended = [s for s in report.steps if s.ended_at is not None]
+    steps_usd = sum(s.cost_usd for s in ended)
+    trained = sum(s.tokens_trained for s in ended)
+    step_s = sum((s.ended_at - s.started_at).total_seconds() for s in ended if s.ended_at is not None)
+
+    def ratio(a: float, b: float) -> float | None:
+        return a / b if b else None
+
+    return [
+        ("steps", len(ended), prediction.steps),
+        ("mean step time (s)", ratio(step_s, len(ended)), ratio(prediction.wall_s, prediction.steps)),
+        ("cost per step $", ratio(steps_usd, len(ended)), ratio(prediction.cost_usd, prediction.steps)),
+        ("total $ of the steps", steps_usd, prediction.cost_usd),
+        ("total $ of the run (with what no step holds)", report.total_usd, None),
+        (
+            "trained tokens per $ (steps)",
+            ratio(trained, steps_usd),
+            ratio(prediction.trained_tokens, prediction.cost_usd),
+        ),
+        (
+            "spot share of the steps' $",
+            ratio(sum(s.spot_usd for s in ended), steps_usd),
+            ratio(prediction.spot_usd, prediction.cost_usd),
+        ),
+        ("trained tokens/s", ratio(trained, step_s), ratio(prediction.trained_tokens, prediction.wall_s)),
+        ("preemptions", report.preemptions, prediction.preemptions),
+    ]
+
+
+def _figure(what: str, value: float | None) -> str:
+    if value is None:
+        return "not simulated"
+    if "share" in what:
+        return f"{value:.0%}"
+    if what in ("steps", "preemptions"):
+        return str(int(value))
+    return _usd(value) if "$" in what and "per $" not in what else _rate(value)
+
+
+def prediction_table(report: CostReport, prediction: Prediction) -> Table:
+    """The simulator's prediction for the run's recorded workload beside what the ledger measured."""
+    table = Table(title=f"run {report.run_id}: measured by the ledger vs predicted by the simulator")
+    table.add_column("what")
+    for header in ("measured", "predicted", "predicted / measured"):
+        table.add_column(header, justify="right")
+    for what, measured, predicted in _measured_and_predicted(report, prediction):
+        comparable = measured and predicted is not None and what not in ("steps", "preemptions") and "share" not in what
+        share = f"{predicted / measured:.2f}x" if comparable else ""
+        table.add_row(what, _figure(what, measured), _figure(what, predicted), share)
+    return table
+
+
+def sources_table(prediction: Prediction) -> Table:
+    """Each scenario figure and where it came from: recorded, measured, or the simulator's assumption."""
+    table = Table(title="the simulated scenario: what is recorded, measured or assumed")
+    for header in ("figure", "value", "source"):
+        table.add_column(header)
+    for source in prediction.sources:
+        table.add_row(source.figure, source.value, source.origin)
+    return table
+
+
+def _prediction_dict(report: CostReport, prediction: Prediction) -> dict[str, object]:
+    return {
+        "figures": [
+            {"what": what, "measured": measured, "predicted": predicted}
+            for what, measured, predicted in _measured_and_predicted(report, prediction)
+        ],
+        "sources": [vars(source) for source in prediction.sources],
+        "scenario": prediction.scenario.model_dump(mode="json"),
+    }

@@ -2,12 +2,12 @@
 
 `CloudBoot` is the `BootHooks` of a run's cloud providers. At start (`ship`) it builds the run's
 wheel once (`infra.fleet.code_bundle`), writes a dependency lock for each set of extras its pools
-need (the pool's cloud, the store's fsspec backend, vLLM for vLLM pools: `vllm-cuda` on a GPU) and
-uploads both to `<store>/code/` with their sha256. Before each VM is created (`before_boot`) it
-creates the VM's `rollout-instance` flow run (`InstanceRuns`) and returns the VM's `BootPlan`:
-the wheel and lock to fetch and verify, the flow run's id (boot failures are reported there), and
-a GPU check when the pool's engine runs on CUDA (a machine type with GPUs and device `auto`, or
-an explicit `cuda`: `PoolSpec.engine_spec`).
+need (the pool's cloud, the store's fsspec backend, vLLM for vLLM pools: `vllm-cuda` on a GPU)
+with its wheelhouse (`infra.fleet.wheelhouse`), and uploads them to `<store>/code/` with their
+sha256. Before each VM is created (`before_boot`) it creates the VM's `rollout-instance` flow run
+(`InstanceRuns`) and returns the VM's `BootPlan`: the files to fetch and verify, the flow run's id
+(boot failures are reported there), and a GPU check when the pool's engine runs on CUDA (a
+machine type with GPUs and device `auto`, or an explicit `cuda`: `PoolSpec.engine_spec`).
 
 To ship another file to every VM (e.g. a CA certificate), upload it with `code_bundle.upload(path,
 store, options, env="NAME")` in `ship` and add the `BootFile` to `self.files`: the boot script
@@ -16,17 +16,21 @@ fetches it, checks its sha256 and exports its local path as `$NAME`.
 
 from __future__ import annotations
 
+import logging
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from infra.fleet import code_bundle
+from infra.fleet import code_bundle, wheelhouse
 from infra.fleet.instance_runs import InstanceRuns
 from infra.providers.interface import BootFile, BootPlan
 from infra.providers.pool import PoolSpec
-from infra.providers.startup import FLOW_RUN_ENV, LOCK_ENV, WHEEL_ENV, WorkerBootstrap, fetch_command
+from infra.providers.startup import FLOW_RUN_ENV, LOCK_ENV, WHEEL_ENV, WHEELHOUSE_ENV, WorkerBootstrap, fetch_command
 from rl.engine_spec import EngineSpec
+
+log = logging.getLogger(__name__)
 
 STORE_EXTRAS = {"gs": "gcp", "gcs": "gcp", "az": "azure", "abfs": "azure", "abfss": "azure", "s3": "s3"}
 """fsspec scheme of the weight store -> the extra whose backend reads it."""
@@ -61,7 +65,7 @@ class CloudBoot:
         options: Mapping[str, Any] | None,
         scratch: Path,
     ) -> None:
-        """Build (or reuse) the wheel, lock it for each pool's extras, upload both (`install: wheel`)."""
+        """Build (or reuse) the wheel, lock it for each pool's extras with its wheelhouse, upload them (`install: wheel`)."""
         if bootstrap.install != "wheel":
             return
         wheel = Path(bootstrap.wheel) if bootstrap.wheel else code_bundle.build_wheel()
@@ -72,15 +76,38 @@ class CloudBoot:
         except ValueError as error:
             raise code_bundle.CodeBundleError(f"cloud pools: {error}") from None
         shipped_wheel = code_bundle.upload(wheel, store_url, options, env=WHEEL_ENV)
-        locks: dict[frozenset[str], BootFile] = {}
+        locks: dict[frozenset[str], tuple[BootFile, ...]] = {}
         scratch.mkdir(parents=True, exist_ok=True)
         for pool in pools:
             extras = pool_extras(pool, self.engine, store_url)
             if extras not in locks:
                 lock = scratch / f"requirements-{'-'.join(sorted(extras))}.txt"
                 lock.write_text(code_bundle.lock_requirements(wheel, extras))
-                locks[extras] = code_bundle.upload(lock, store_url, options, env=LOCK_ENV)
-            self.files[pool.name] = (shipped_wheel, locks[extras])
+                shipped_lock = code_bundle.upload(lock, store_url, options, env=LOCK_ENV)
+                locks[extras] = (shipped_lock, *self._wheelhouse(lock, bootstrap, store_url, options))
+                for file in locks[extras]:
+                    log.info("cloud VMs of extras [%s] fetch %s", ",".join(sorted(extras)), file.url)
+            self.files[pool.name] = (shipped_wheel, *locks[extras])
+
+    @staticmethod
+    def _wheelhouse(
+        lock: Path, bootstrap: WorkerBootstrap, store_url: str, options: Mapping[str, Any] | None
+    ) -> tuple[BootFile, ...]:
+        """The lock's wheelhouse, uploaded (none when `bootstrap.wheelhouse` is off, or the training
+        machine cannot build one for Linux VMs: they install the lock from the index, and say so)."""
+        if not bootstrap.wheelhouse:
+            return ()
+        if not sys.platform.startswith("linux"):
+            log.warning(
+                "no wheelhouse for %s: pip builds it for this %s machine, not the Linux VMs", lock.name, sys.platform
+            )
+            return ()
+        try:
+            directory = wheelhouse.build(lock, code_bundle.wheel_cache())
+        except wheelhouse.WheelhouseError as error:
+            log.warning("no wheelhouse for %s, the VMs install it from the index: %s", lock.name, error)
+            return ()
+        return (code_bundle.upload(wheelhouse.pack(directory), store_url, options, env=WHEELHOUSE_ENV),)
 
     def plan(self, pool: PoolSpec, flow_run_id: str) -> BootPlan:
         """The boot plan of a VM of `pool` whose flow run is `flow_run_id`."""

@@ -99,6 +99,11 @@ def source_digest(root: Path, files: Iterable[Path]) -> str:
     return digest.hexdigest()
 
 
+def wheel_cache() -> Path:
+    """Where built wheels (and `infra.fleet.wheelhouse`'s wheelhouses) are kept."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / PROJECT / "wheels")
+
+
 def build_wheel(root: Path | None = None, cache_dir: Path | None = None) -> Path:
     """The project's wheel built from `root` (default: `source_root()`), from the cache when the
     same sources were built before."""
@@ -110,7 +115,7 @@ def build_wheel(root: Path | None = None, cache_dir: Path | None = None) -> Path
             "(`pip wheel --no-deps .` in the checkout) and set fabric.cloud.bootstrap.wheel to its path"
         )
     files = source_files(root)
-    cache = Path(cache_dir or os.environ.get(CACHE_ENV) or Path.home() / ".cache" / PROJECT / "wheels")
+    cache = cache_dir or wheel_cache()
     target = cache / source_digest(root, files)[:32]
     built = sorted(target.glob("*.whl")) if target.is_dir() else []
     if built:

@@ -1,20 +1,23 @@
 """A run against a measured baseline: `compare(report, baseline) -> BaselineComparison`.
 
 The only comparison with on-demand the ledger makes is against another run it recorded: a
-*reserved-only* run that the user made with the same model, data, steps and trainer, named by its
-ledger run id. Both runs' figures are measured; nothing is re-priced. The ledger does not record a
-run's configuration, so only the absence of spot instances is checked, not the workload.
+*reserved-only* run of the same workload (the run's configuration with its spot pools removed),
+named by its ledger run id. Both runs' figures are measured; nothing is re-priced.
 
 - `cost_efficiency` = the baseline's $ per million trained tokens / the run's: trained tokens per
   dollar of the run relative to the baseline (1.3: 30 % more tokens per dollar).
 - `throughput_ratio` = the run's trained tokens/s / the baseline's (over each run's step time).
 
-Refused with `BaselineMismatch`, saying why and what to do: a baseline with spot instances (it is
-not reserved-only), a run or baseline that did not record the trainer's machine (its cost would
-leave out the trainer), one that trained no tokens or spent nothing, or the run itself as its own baseline.
+Refused with `BaselineMismatch`, saying why and what to do: a baseline with spot instances, one
+whose recorded workload (`runs.workload`) differs from the run's in the model, data, batch, trainer
+or any pool but the spot ones (each differing field named with both values), a run that recorded
+no workload, one without the trainer's machine, one that trained no tokens or spent nothing, or the
+run itself as its own baseline.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -56,6 +59,60 @@ def _check(report: CostReport, what: str) -> tuple[float, float]:
     return report.usd_per_million_trained, report.trained_tokens_per_s
 
 
+COMPARED_SECTIONS = ("model", "data", "batch", "trainer")
+"""Workload sections a baseline must match (`infra.run.workload`); pools are compared apart from spot."""
+POOL_FIELDS = ("provider", "capacity_class", "size", "machine_type", "price_per_hour", "colocated")
+"""What a baseline's non-spot pools must match, pool by pool (by name)."""
+MEASURED_FIELDS = ("data.mean_prompt_tokens",)
+"""Workload fields measured at the run's start (over however many held-out prompts it evaluates), not compared."""
+_ABSENT = "absent"
+
+
+def _flat(workload: dict[str, Any]) -> dict[str, Any]:
+    """The compared fields of a workload as dotted names, its spot pools left out."""
+    flat: dict[str, Any] = {}
+    for section in COMPARED_SECTIONS:
+        value = workload.get(section)
+        if isinstance(value, dict):
+            flat.update(
+                {f"{section}.{key}": item for key, item in value.items() if f"{section}.{key}" not in MEASURED_FIELDS}
+            )
+        else:
+            flat[section] = value
+    for pool in workload.get("pools") or []:
+        if pool.get("capacity_class") != "spot":
+            flat.update({f"pools.{pool.get('name')}.{field}": pool.get(field) for field in POOL_FIELDS})
+    return flat
+
+
+def workload_differences(run: dict[str, Any], baseline: dict[str, Any]) -> list[str]:
+    """Each compared field where the two workloads differ, as `field (run: X, baseline: Y)`."""
+    ours, theirs = _flat(run), _flat(baseline)
+    names = [*ours, *(name for name in theirs if name not in ours)]
+    return [
+        f"{name} (run: {ours.get(name, _ABSENT)!r}, baseline: {theirs.get(name, _ABSENT)!r})"
+        for name in names
+        if ours.get(name, _ABSENT) != theirs.get(name, _ABSENT)
+    ]
+
+
+def _check_workloads(report: CostReport, baseline: CostReport) -> None:
+    for what, side in (("the", report), ("baseline", baseline)):
+        if side.workload is None:
+            raise BaselineMismatch(
+                f"{what} run {side.run_id} recorded no workload (it was recorded without one, or before ledger "
+                f"migration 0004), so the ledger cannot check that both runs ran the same model, batch and pools: "
+                f"compare runs recorded since"
+            )
+    differences = workload_differences(report.workload or {}, baseline.workload or {})
+    if differences:
+        raise BaselineMismatch(
+            f"baseline run {baseline.run_id} did not run run {report.run_id}'s workload with its spot pools removed: "
+            f"it differs in {'; '.join(differences)}. Fix: name a reserved-only run of the same model, data, batch, "
+            f"trainer and pools (the run's configuration without its spot pools)"
+        )
+
+
 def compare(report: CostReport, baseline: CostReport) -> BaselineComparison:
     """`report` against the measured reserved-only `baseline` (see the module docstring)."""
     if report.run_id == baseline.run_id:
@@ -66,6 +123,7 @@ def compare(report: CostReport, baseline: CostReport) -> BaselineComparison:
             f"baseline run {baseline.run_id} ran {spot} spot instance(s): a baseline is a reserved-only run of the "
             f"same configuration (its spot pools removed)"
         )
+    _check_workloads(report, baseline)
     usd_per_million, tokens_per_s = _check(report, "the")
     baseline_usd_per_million, baseline_tokens_per_s = _check(baseline, "baseline")
     return BaselineComparison(

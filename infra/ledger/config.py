@@ -56,9 +56,9 @@ class LedgerConfig(Section):
     """The trainer's machine (None: a colocated reserved pool is it, or it is not recorded, and
     the report says so)."""
     baseline_run_id: str | None = None
-    """Ledger run id of a measured reserved-only run (yours, with the same model, data and steps;
-    not checked): the run summary compares this run's $ per million trained tokens and trained
-    tokens/s with it."""
+    """Ledger run id of a measured reserved-only run (yours, of this configuration with its spot
+    pools removed: the ledger checks the recorded model, data, batch, trainer and other pools): the
+    run summary compares this run's $ per million trained tokens and trained tokens/s with it."""
 
     def resolved_url(self) -> str:
         """The URL the run records to (see `resolve_ledger_url`)."""

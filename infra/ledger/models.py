@@ -13,8 +13,10 @@ a test checks that they produce exactly these models.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import (
+    JSON,
     BigInteger,
     CheckConstraint,
     DateTime,
@@ -90,6 +92,10 @@ class Run(Base):
     """When the run's driver last said it is alive (every few seconds, `RunAccounting`; and every
     `fabric.cloud.sweep.interval_s` with cloud pools; None: never). The VM sweep deletes the VMs of
     a run whose heartbeat is stale; a report of a run that never ended bills up to it."""
+    workload: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+    """What the run ran, as `infra.run.workload.run_workload` describes it: `model`, `data`, `batch`,
+    `pools` and `trainer` (None: recorded without one, or before migration 0004). A baseline
+    comparison checks it; `rlboost cost --predict` maps it to a simulator scenario."""
 
 
 class Step(Base):

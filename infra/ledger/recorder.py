@@ -133,9 +133,22 @@ class Ledger:
 
     # --- writes --------------------------------------------------------------------------------
 
-    def start_run(self, run_id: str, *, name: str | None = None, started_at: Moment | None = None) -> None:
-        """Record a run (`started_at` defaults to now; a repeat keeps the first one)."""
-        values = {"run_id": run_id, "name": name, "started_at": as_utc(started_at) or datetime.now(UTC)}
+    def start_run(
+        self,
+        run_id: str,
+        *,
+        name: str | None = None,
+        started_at: Moment | None = None,
+        workload: dict[str, Any] | None = None,
+    ) -> None:
+        """Record a run (`started_at` defaults to now; a repeat keeps the first one) and what it runs
+        (`workload`, `models.Run.workload`; a repeat with one replaces it)."""
+        values = {
+            "run_id": run_id,
+            "name": name,
+            "started_at": as_utc(started_at) or datetime.now(UTC),
+            "workload": workload,
+        }
         self._upsert(Run, values, f"start_run({run_id!r})", insert_only=("started_at",))
 
     def finish_run(self, run_id: str, *, ended_at: Moment | None = None) -> None:

@@ -3,12 +3,12 @@
 `build_report` prices every instance (its recorded `price_per_hour`, else the catalog's for its
 class at its launch) and computes its spend (billed seconds up to `as_of`: default the run's end,
 else its driver's last heartbeat, so a run whose driver died stops costing there), each step's cost
-from the usage rows plus transfer egress (the rest is `unattributed_usd`), $ per million generated
-and trained tokens, the trainer's share (role `trainer`; `trainer_recorded`), trained tokens per
-second of step time, preemptions and evictions. `CostReport.as_dict()` is the whole report as
+from the usage rows plus transfer egress, and the books: what no step holds, as named lines
+(`unattributed`, `infra.ledger.books`) that add up with the steps to `total_usd`; $ per million
+generated and trained tokens, the trainer's share (role `trainer`; `trainer_recorded`), trained
+tokens per second of step time, preemptions and evictions. `as_dict()` is the whole report as
 JSON-ready data, `summary()` the flat run totals; a price neither the ledger nor the catalog gives
-raises `PriceNotFound` naming the instance. Each figure's definition: docs/cost-ledger.md ("In
-code").
+raises `PriceNotFound` naming the instance. Definitions: docs/cost-ledger.md ("In code").
 
 There is no on-demand figure here: re-pricing the same instance-seconds at on-demand prices says
 nothing about what an on-demand run would cost (it would take a different time); comparing with
@@ -20,10 +20,11 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from pydantic import BaseModel
 
+from infra.ledger.books import Books, CostLine, books
 from infra.ledger.models import CAPACITY_CLASSES, PREEMPTION_REASONS, Instance, Usage
 from infra.ledger.reader import RunRecords
 from infra.pricing.catalog import PriceNotFound
@@ -68,6 +69,9 @@ class StepCost(BaseModel):
     """The part of `cost_usd` spent on spot instances."""
     trainer_usd: float
     """The part of `cost_usd` spent on the trainer's machine."""
+    idle_after_usd: float
+    """Instance cost between the step's end and the next step's start (not in `cost_usd`; the run's
+    `between steps` line is their sum)."""
     usd_per_million_generated: float | None
     usd_per_million_trained: float | None
 
@@ -87,6 +91,8 @@ class CostReport(BaseModel):
     ended_at: datetime | None
     as_of: datetime
     """Instances without a termination time are billed up to this time."""
+    workload: dict[str, Any] | None
+    """What the run ran (`runs.workload`: model, data, batch, pools, trainer; None: not recorded)."""
     steps: list[StepCost]
     classes: list[ClassSpend]
     """Spend per capacity class (reserved, ondemand, spot), classes with instances only."""
@@ -96,6 +102,9 @@ class CostReport(BaseModel):
     transfer_bytes: int
     total_usd: float
     attributed_usd: float
+    """The steps' costs, summed."""
+    unattributed: list[CostLine]
+    """What no step holds, line by line (`infra.ledger.books`): with `attributed_usd` they make `total_usd`."""
     unattributed_usd: float
     tokens_generated: int
     tokens_wasted: int
@@ -117,7 +126,8 @@ class CostReport(BaseModel):
 
     def summary(self) -> dict[str, object]:
         """The run totals as one flat dict (for the run summary artifact)."""
-        totals = self.model_dump(mode="json", exclude={"steps", "classes", "instances"})
+        totals = self.model_dump(mode="json", exclude={"steps", "classes", "instances", "unattributed", "workload"})
+        totals.update({f"unattributed_{line.key}_usd": line.usd for line in self.unattributed})
         totals.update({f"spend_{name}_usd": self.spend(name) for name in CAPACITY_CLASSES})
         totals["steps"] = len(self.steps)
         return totals
@@ -185,7 +195,7 @@ def _instance_costs(records: RunRecords, prices: PriceSource, as_of: datetime) -
     return costs
 
 
-def _step_costs(records: RunRecords, instances: list[InstanceCost], as_of: datetime) -> list[StepCost]:
+def _step_costs(records: RunRecords, instances: list[InstanceCost], as_of: datetime, books: Books) -> list[StepCost]:
     by_id = {i.instance_id: i for i in instances}
     preemption_times = [t for i in records.instances if (t := _preempted_at(i)) is not None]
     egress_by_step: dict[int | None, float] = defaultdict(float)
@@ -217,6 +227,7 @@ def _step_costs(records: RunRecords, instances: list[InstanceCost], as_of: datet
                 cost_usd=cost,
                 spot_usd=usd([u for u in rows if by_id[u.instance_id].capacity_class == "spot"]),
                 trainer_usd=usd([u for u in rows if by_id[u.instance_id].role == "trainer"]),
+                idle_after_usd=books.idle_after.get(step.step, 0.0),
                 usd_per_million_generated=_per_million(cost, generated),
                 usd_per_million_trained=_per_million(cost, trained),
             )
@@ -246,7 +257,8 @@ def build_report(records: RunRecords, prices: PriceSource, as_of: datetime | Non
     run = records.run
     as_of = as_of or run.ended_at or run.heartbeat_at or datetime.now(UTC)
     instances = _instance_costs(records, prices, as_of)
-    steps = _step_costs(records, instances, as_of)
+    lines = books(records, {c.instance_id: c.usd_per_hour for c in instances}, as_of)
+    steps = _step_costs(records, instances, as_of, lines)
     egress = sum(t.egress_usd for t in records.transfers)
     total = egress + sum(c.spend_usd for c in instances)
     attributed = sum(s.cost_usd for s in steps)
@@ -261,6 +273,7 @@ def build_report(records: RunRecords, prices: PriceSource, as_of: datetime | Non
         started_at=run.started_at,
         ended_at=run.ended_at,
         as_of=as_of,
+        workload=run.workload,
         steps=steps,
         classes=_class_spends(instances),
         instances=instances,
@@ -269,7 +282,8 @@ def build_report(records: RunRecords, prices: PriceSource, as_of: datetime | Non
         transfer_bytes=sum(t.bytes for t in records.transfers),
         total_usd=total,
         attributed_usd=attributed,
-        unattributed_usd=total - attributed,
+        unattributed=lines.lines,
+        unattributed_usd=sum(line.usd for line in lines.lines),
         tokens_generated=generated,
         tokens_wasted=sum(s.tokens_wasted for s in steps),
         tokens_trained=trained,

@@ -1,18 +1,17 @@
 """The boot script of a cloud instance (GCE `startup-script`, Azure custom data).
 
 `render_startup_script` writes a bash script that, in order: (1) runs `nvidia-smi` when the pool's
-engine runs on CUDA (first, to fail fast); (2) fetches the files of the instance's `BootPlan` (the
-run's wheel and dependency lock, and e.g. a CA) into `<install_dir>/boot/`, each checked against its
-sha256; (3) finds Python >= 3.11 (`bootstrap.python`, else `uv python install 3.11` where the image
-has uv) and, with `install: wheel`, installs into `<install_dir>/venv` (`--system-site-packages`;
-an existing venv is reused) the lock, then exactly the run's wheel `--no-deps`, never the project
-by name from an index (`install: image` runs the baked-in venv as it is); (4) runs, under its
-cloud's preemption watcher (`python -m infra.watchers gce|azure`), a Prefect worker that polls only
-the instance's work queue and exits when its one run ends (`infra.fleet.instance_runs`). A failing
-step writes `rlboost boot failed on <instance>: <why>` to the boot log and sets the instance's flow
-run (`RLBOOST_FLOW_RUN_ID`) Failed through the Prefect API. Values are shell-quoted and the script
-carries no credentials (secrets come from the flow run's Secret block). A run adds a file with a
-`BootFile` in the plan (`infra.fleet.cloud_boot`). Detail: docs/cloud-pools.md, docs/internals.md §3.
+engine runs on CUDA (fail fast); (2) fetches the `BootPlan`'s files (the run's wheel and lock, e.g.
+a CA) into `<install_dir>/boot/`, each checked against its sha256; (3) finds Python >= 3.11
+(`bootstrap.python`, else `uv python install 3.11` where the image has uv) and, with `install:
+wheel`, installs into `<install_dir>/venv` (`--system-site-packages`, reused) the lock unless the
+venv holds it: from the run's wheelhouse with `--no-index` (an image's unpacked copy, else fetched;
+every wheel checked against its manifest; a failure logs one line and falls back to the index),
+then exactly the run's wheel `--no-deps` (`install: image` runs the baked-in venv as it is); (4)
+runs, under its cloud's preemption watcher, a Prefect worker that polls only the instance's work
+queue and exits when its one run ends. A failing step writes `rlboost boot failed on <instance>:
+<why>` to the boot log and sets the instance's flow run Failed through the Prefect API. Values are
+shell-quoted; the script carries no credentials. Detail: docs/cloud-pools.md, docs/internals.md §3.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from urllib.parse import unquote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from infra.providers.interface import BootPlan, instance_work_queue
+from infra.providers.interface import BootFile, BootPlan, instance_work_queue
 from infra.providers.pool import PoolSpec
 from infra.services.redis_embedded import REDIS_CA_FILE_ENV
 from rl import env_vars
@@ -34,6 +33,13 @@ MIN_PYTHON = (3, 11)
 WHEEL_ENV = env_vars.WHEEL
 """A `BootFile.env`: the local path of the run's wheel on the VM."""
 LOCK_ENV = env_vars.LOCK
+WHEELHOUSE_ENV = env_vars.WHEELHOUSE
+"""A `BootFile.env`: the run's wheelhouse archive (`infra.fleet.wheelhouse`), fetched only when needed."""
+MANIFEST = "SHA256SUMS"
+"""A wheelhouse's manifest (`infra.fleet.wheelhouse`): one `<sha256>  <wheel file name>` line per
+wheel, sorted by name (sha256sum's format, so the boot checks it with `sha256sum -c`)."""
+LOCK_MARKER = ".rlboost-lock-sha256"
+"""In the venv: the sha256 of the lock it holds (the boot, or an image recipe, writes it)."""
 FLOW_RUN_ENV = env_vars.FLOW_RUN_ID
 FAILED_PREFIX = "rlboost boot failed on"
 """How every boot-log line of a failed boot starts."""
@@ -49,6 +55,10 @@ class WorkerBootstrap(BaseModel):
     its source checkout (or takes from `wheel`) and uploads to the weight store with their sha256;
     `image`: the image already has the project in `<install_dir>/venv` (you keep it in step with
     the training run's code)."""
+    wheelhouse: bool = True
+    """With `install: wheel`, also ship every locked dependency as a wheelhouse (built with `pip
+    wheel` on the training machine, which must be Linux like the VMs, cached, uploaded beside the
+    wheel) that the VMs install from with no index; False: the VMs install the lock from the index."""
     wheel: str | None = None
     """A prebuilt wheel of this project to ship instead of building one from the checkout (needed
     when rlboost is installed from a wheel, not from a source checkout)."""
@@ -174,7 +184,10 @@ def render_startup_script(
                 "ubuntu-hpc or NVIDIA GPU-driver-extension image on Azure), or set the pool's device to cpu"
             )
         )
+    wheelhouse = next((f for f in plan.files if f.env == WHEELHOUSE_ENV), None)
     for file in plan.files:
+        if file is wheelhouse:
+            continue  # fetched only when the venv does not hold the lock yet
         local = f"{boot}/{file.name}"
         part = f"{local}.part-{instance_id}"  # its own partial download; the rename is atomic
         lines += [
@@ -185,7 +198,9 @@ def render_startup_script(
             "fi",
             *([f"export {file.env}={q(local)}"] if file.env else []),
         ]
-    lines += _python_and_install(bootstrap, venv, root)
+    lines += _venv_python(bootstrap, venv)
+    if bootstrap.install == "wheel":
+        lines += _install_lock_and_wheel(venv, root, wheelhouse, instance_id)
     watch = [
         f"{venv}/bin/python",
         "-m",
@@ -213,8 +228,8 @@ def render_startup_script(
     return "\n".join(lines) + "\n"
 
 
-def _python_and_install(bootstrap: WorkerBootstrap, venv: str, root: str) -> list[str]:
-    """Check (or provide) the Python of the venv, and install the run's wheel into it."""
+def _venv_python(bootstrap: WorkerBootstrap, venv: str) -> list[str]:
+    """Check the venv's Python (`install: wheel`: create the venv, with Python 3.11+ found or provided)."""
     q = shlex.quote
     need = f"{MIN_PYTHON[0]}.{MIN_PYTHON[1]}"
     venv_python = f"{venv}/bin/python"
@@ -225,8 +240,6 @@ def _python_and_install(bootstrap: WorkerBootstrap, venv: str, root: str) -> lis
             f"rlboost_python_ok {q(venv_python)} || rlboost_fail "
             + q(f"{venv} runs an older Python than {need}: rebuild the image's venv"),
         ]
-    pip = f"{q(venv_python)} -m pip install --quiet --disable-pip-version-check --no-input"
-    marker = f"{venv}/.rlboost-wheel-sha256"
     return [
         f"if [ -x {q(venv_python)} ]; then",
         f"  rlboost_python_ok {q(venv_python)} || rlboost_fail "
@@ -246,17 +259,90 @@ def _python_and_install(bootstrap: WorkerBootstrap, venv: str, root: str) -> lis
         "  fi",
         f'  "$PYTHON" -m venv --system-site-packages {q(venv)}',
         "fi",
+    ]
+
+
+def _install_lock_and_wheel(venv: str, root: str, wheelhouse: BootFile | None, instance_id: str) -> list[str]:
+    """Install the lock (from the wheelhouse with no index, else from the index) unless the venv
+    holds it already, then the run's wheel unless it is the one installed."""
+    q = shlex.quote
+    pip = f"{q(venv + '/bin/python')} -m pip install --quiet --disable-pip-version-check --no-input"
+    wheel_marker, lock_marker = f"{venv}/.rlboost-wheel-sha256", f"{venv}/{LOCK_MARKER}"
+    from_index = (
+        f'  {pip} -r "${LOCK_ENV}" || rlboost_fail "pip could not install the locked dependencies ($(basename '
+        f'"${LOCK_ENV}")): check that the VM reaches the package index (PIP_INDEX_URL) or that the image has them"'
+    )
+    lines = [
         # One install at a time (GCE reruns startup scripts at every boot), and none twice.
         f"exec 9>{q(root + '/install.lock')}",
         "flock 9",
-        f'if [ "$(cat {q(marker)} 2>/dev/null)" != "$(sha256sum "${WHEEL_ENV}" | cut -d\' \' -f1)" ]; then',
-        f'  rlboost_log "installing $(basename "${WHEEL_ENV}") and its locked dependencies into {venv}"',
-        f'  {pip} -r "${LOCK_ENV}" || rlboost_fail "pip could not install the locked dependencies ($(basename '
-        f'"${LOCK_ENV}")): check that the VM reaches the package index (PIP_INDEX_URL) or that the image has them"',
+        f"LOCK_SHA=$(sha256sum \"${LOCK_ENV}\" | cut -d' ' -f1)",
+        f'if [ "$(cat {q(lock_marker)} 2>/dev/null)" != "$LOCK_SHA" ]; then',
+    ]
+    if wheelhouse is None:
+        lines += [
+            "  rlboost_log 'no wheelhouse in this boot plan: installing the locked dependencies from the package index'",
+            from_index,
+        ]
+    else:
+        lines += [
+            *("  " + line for line in _wheelhouse_function(wheelhouse, root, instance_id, pip)),
+            "  if ! rlboost_wheelhouse; then",
+            "  " + from_index,
+            "  fi",
+        ]
+    lines += [
+        f'  echo "$LOCK_SHA" > {q(lock_marker)}',
+        "fi",
+        f'if [ "$(cat {q(wheel_marker)} 2>/dev/null)" != "$(sha256sum "${WHEEL_ENV}" | cut -d\' \' -f1)" ]; then',
+        f'  rlboost_log "installing $(basename "${WHEEL_ENV}") into {venv}"',
         f'  {pip} --no-deps --force-reinstall "${WHEEL_ENV}"',
-        f"  sha256sum \"${WHEEL_ENV}\" | cut -d' ' -f1 > {q(marker)}",
+        f"  sha256sum \"${WHEEL_ENV}\" | cut -d' ' -f1 > {q(wheel_marker)}",
         "fi",
         "exec 9>&-",
+    ]
+    return lines
+
+
+def _wheelhouse_function(file: BootFile, root: str, instance_id: str, pip: str) -> list[str]:
+    """`rlboost_wheelhouse`: unpack the wheelhouse (an image's copy, else the store's), check every
+    wheel against its manifest and install the lock from it with no index; on any failure it logs
+    one line saying why and returns 1 (the caller installs from the index)."""
+    q = shlex.quote
+    home, archive = f"{root}/wheelhouse/{file.sha256}", f"{root}/boot/{file.name}"
+    instead = "installing the locked dependencies from the package index instead"
+    lacks = f"the wheelhouse lacks a locked dependency for this VM (its Python or platform is not the training machine's): {instead}"
+    # The failing wheels' lines ("<name>: FAILED"), on one line; the status is sha256sum's (pipefail).
+    check = f"bad=$(cd \"$home\" && sha256sum --quiet --strict -c {MANIFEST} 2>/dev/null | tr '\\n' ' ')"
+    return [
+        "rlboost_wheelhouse() {",
+        f"  local bad actual home={q(home)} archive={q(archive)} url={q(file.url)}",
+        f'  local staging="$home.part-{instance_id}"',
+        f'  if [ -f "$home/{MANIFEST}" ] && ! {check}; then',
+        f'    rlboost_log "the wheelhouse in $home fails its {MANIFEST} (${{bad% }}): fetching it again from the store"',
+        '    rm -rf "$home"',
+        "  fi",
+        f'  if [ ! -f "$home/{MANIFEST}" ]; then',
+        f'    {fetch_command(file.url, archive)} || {{ rlboost_log "could not fetch the wheelhouse $url: {instead}"; return 1; }}',
+        "    actual=$(sha256sum \"$archive\" | cut -d' ' -f1)",
+        f'    if [ "$actual" != {file.sha256} ]; then',
+        '      rm -f "$archive"',
+        f'      rlboost_log "the wheelhouse $url has sha256 $actual, not the {file.sha256} the run published: {instead}"',
+        "      return 1",
+        "    fi",
+        f'    export {WHEELHOUSE_ENV}="$archive"',
+        '    rm -rf "$staging" && mkdir -p "$staging"',
+        f'    tar -xf "$archive" -C "$staging" || {{ rlboost_log "could not unpack the wheelhouse $archive: {instead}"; return 1; }}',
+        '    rm -f "$archive" && rm -rf "$home" && mv "$staging" "$home"',
+        f"    if ! {check}; then",
+        f'      rlboost_log "the wheelhouse $url fails its {MANIFEST} (${{bad% }}): {instead}"',
+        '      rm -rf "$home"',
+        "      return 1",
+        "    fi",
+        "  fi",
+        '  rlboost_log "installing the locked dependencies from the wheelhouse $home, with no index"',
+        f'  {pip} --no-index --find-links "$home" -r "${LOCK_ENV}" || {{ rlboost_log {q(lacks)}; return 1; }}',
+        "}",
     ]
 
 

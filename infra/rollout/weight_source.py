@@ -76,7 +76,14 @@ class PulledWeights(_OnceAVersion):
         report = self._puller.last_report if self._puller is not None else None
         if report is not None:
             report_transfer(self.client, self.run_id, report)
-            log.info("loaded policy version %d (%d bytes) in %.2f s", version, report.bytes, report.seconds)
+            log.info(
+                "loaded policy version %d (%d bytes, %d of deltas; %d whole-version fallbacks) in %.2f s",
+                version,
+                report.bytes,
+                report.delta_bytes,
+                report.full_fallbacks,
+                report.seconds,
+            )
 
     def close(self) -> None:
         if self._puller is not None:

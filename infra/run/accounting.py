@@ -7,7 +7,7 @@ so it takes role `trainer` instead; the configuration refuses both); per step (`
 `end_step`) its times and trained tokens, every instance the provider has run with its lifecycle,
 each instance's seconds and generated tokens inside the step, and the weight pulls this attempt's
 instances reported; a heartbeat every `heartbeat_s`, so a killed driver's run is billed only up to
-its last beat; at the end the run's end. `summary()` is the cost report as one flat dict,
+its last beat; at the end the run's end. `report()` is the cost report so far (billed to now),
 `baseline_summary(id)` its comparison with a measured reserved-only run. A step's wasted tokens
 are split evenly over the instances that stopped in it, else given to the one that generated most.
 Writes are idempotent per (run, step, instance), so a step recorded again replaces its rows; a
@@ -21,9 +21,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Any
 
-from infra.ledger import BaselineMismatch, Ledger, UnknownRun
+from infra.ledger import BaselineMismatch, CostReport, Ledger, UnknownRun
 from infra.ledger.config import TrainerMachine
 from infra.providers.interface import InstanceRecord, Provider
 from infra.providers.pool import PoolSpec
@@ -34,6 +35,16 @@ log = logging.getLogger(__name__)
 STOPPED_REASONS = ("preempted", "preempted_silent", "crashed")
 TRAINER_ID = "trainer"
 """Instance id and pool of the trainer's machine in the ledger."""
+
+
+@dataclass(frozen=True)
+class WeightTraffic:
+    """The weight pulls recorded with one step."""
+
+    nbytes: int = 0
+    """Bytes the instances received (deltas and whole versions, every source)."""
+    full_fallbacks: int = 0
+    """Pulls that fetched a whole version because a delta could not be applied."""
 
 
 class RunAccounting:
@@ -51,11 +62,12 @@ class RunAccounting:
         trainer: TrainerMachine | None = None,
         instance_prefix: str = "",
         heartbeat_s: float = 5.0,
+        workload: dict[str, Any] | None = None,
     ) -> None:
         """`transfers` returns the weight pulls reported since its last call (`RolloutFabric.drain_transfers`);
         `trainer` is the trainer's machine (`ledger.trainer` of the run configuration);
         `instance_prefix` starts this attempt's instance ids (the trainer's); the driver heartbeats
-        every `heartbeat_s`."""
+        every `heartbeat_s`; `workload` is what the run runs (`infra.run.workload.run_workload`)."""
         self.ledger = ledger
         self.run_id = run_id
         self.provider = provider
@@ -65,7 +77,7 @@ class RunAccounting:
         self._trainer_pools = {pool.name for pool in pools if pool.colocated}
         self._step_started: dict[int, float] = {}
         started = clock()
-        ledger.start_run(run_id, name=name, started_at=started)
+        ledger.start_run(run_id, name=name, started_at=started, workload=workload)
         ledger.heartbeat(run_id, at=started)
         self._trainer = (
             None
@@ -110,8 +122,9 @@ class RunAccounting:
         tokens_trained: int,
         instance_tokens: Mapping[str, int] | None = None,
         tokens_wasted: int = 0,
-    ) -> None:
-        """Step `step` ends now: record the instances, their usage in the step, and the step."""
+    ) -> WeightTraffic:
+        """Step `step` ends now: record the instances, their usage in the step, and the step;
+        returns the weight pulls recorded with it."""
         ended = self.clock()
         started = self._step_started.pop(step, ended)
         records = self.provider.instances() if self.provider is not None else []
@@ -133,6 +146,7 @@ class RunAccounting:
                     tokens_wasted=wasted.get(record.instance_id, 0),
                 )
         known = {record.instance_id for record in records}
+        traffic = WeightTraffic()
         for transfer in self.transfers() if self.transfers is not None else ():
             if transfer.instance_id not in known:  # reported by a dead attempt's instance, never recorded
                 log.info(
@@ -150,7 +164,9 @@ class RunAccounting:
                 step=step,
                 transferred_at=ended,
             )
+            traffic = WeightTraffic(traffic.nbytes + transfer.nbytes, traffic.full_fallbacks + transfer.full_fallbacks)
         self.ledger.record_step(self.run_id, step, started_at=started, ended_at=ended, tokens_trained=tokens_trained)
+        return traffic
 
     def step_cost_usd(self, step: int) -> float | None:
         """What the ledger attributes to `step` so far (None if it has no row)."""
@@ -182,9 +198,9 @@ class RunAccounting:
         if self._trainer is not None:
             self.ledger.record_instance(self.run_id, self._trainer, provider=self._trainer_provider, role="trainer")
 
-    def summary(self) -> dict[str, object]:
-        """The run's cost report as one flat dict (`CostReport.summary`)."""
-        return self.ledger.report(self.run_id).summary()
+    def report(self) -> CostReport:
+        """The run's cost report so far: instances still up are billed to now (the clock)."""
+        return self.ledger.report(self.run_id, as_of=self.clock())
 
     def baseline_summary(self, baseline_run_id: str) -> dict[str, object]:
         """The run against the measured reserved-only run `baseline_run_id`, as flat summary

@@ -460,7 +460,12 @@ class RolloutFabric:
         for t in self._through_outage(lambda: drain_transfers(self.redis, self.run_id)):
             key = (t.instance_id, t.version, source(t.source))
             seen = merged.get(key)
-            merged[key] = replace(t, source=key[2], nbytes=t.nbytes + (seen.nbytes if seen else 0))
+            merged[key] = replace(
+                t,
+                source=key[2],
+                nbytes=t.nbytes + (seen.nbytes if seen else 0),
+                full_fallbacks=t.full_fallbacks + (seen.full_fallbacks if seen else 0),
+            )
         return list(merged.values())
 
     def offload_state(self) -> dict:

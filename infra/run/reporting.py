@@ -1,9 +1,11 @@
 """How a run is shown to people: the live progress bar, per-step and summary tables (rich, and
-markdown for Prefect artifacts), and the reward/accuracy curve as a PNG."""
+markdown for Prefect artifacts), and the reward/accuracy and cost curves as a PNG (the cost bars
+add up to the ledger's total: `cost_bars`)."""
 
 from __future__ import annotations
 
 import base64
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
@@ -13,6 +15,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn  # noqa: E402
 from rich.table import Table  # noqa: E402
+
+from infra.ledger.report import CostReport  # noqa: E402
 
 STEP_COLUMNS = (
     ("step", "step", "{:d}"),
@@ -30,6 +34,8 @@ STEP_COLUMNS = (
     ("migrations", "migrations", "{:d}"),
     ("tokens_wasted", "tokens wasted", "{:d}"),
     ("cost_usd", "cost $", "{:.4f}"),
+    ("weights_mb", "weights MiB", "{:.1f}"),
+    ("weight_fallbacks", "whole-version fallbacks", "{:d}"),
     ("version_lag_mean", "version lag", "{:.2f}"),
     ("version_lag_max", "max lag", "{:d}"),
     ("version_lag_histogram", "lag histogram", "{}"),
@@ -105,9 +111,10 @@ def summary_markdown(summary: dict, plot_path: Path | None) -> str:
     return "\n".join(lines)
 
 
-def plot_curves(rows: list[dict], evals: list[tuple[int, float]], path: Path) -> Path:
+def plot_curves(rows: list[dict], evals: list[tuple[int, float]], path: Path, costs: CostReport | None = None) -> Path:
     """Training reward per step and held-out sampled accuracy per evaluation (top), and the cost
-    of each step with the run's cumulative cost (bottom), in one PNG."""
+    of each step with the run's cumulative cost (bottom), in one PNG. With the run's `costs`, the
+    bottom adds what no step holds (`cost_bars`), so the cumulative line ends at its total."""
     fig, (ax, cost_ax) = plt.subplots(2, 1, figsize=(8, 6.5), dpi=110, height_ratios=(3, 2), sharex=True)
     steps = [r["step"] for r in rows]
     ax.plot(steps, [r["reward"] for r in rows], color="#9bb7d4", linewidth=1, label="train reward (batch mean)")
@@ -132,14 +139,17 @@ def plot_curves(rows: list[dict], evals: list[tuple[int, float]], path: Path) ->
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
     ax.set_title("GRPO: reward, held-out sampled accuracy and cost")
-    costs = [r.get("cost_usd") or 0.0 for r in rows]
-    cost_ax.bar(steps, costs, color="#8fbc8f", width=1.0, label="cost of the step ($)")
+    bars = cost_bars(rows, costs)
+    bottom = [0.0] * len(bars.x)
+    for label, color, heights in bars.series:
+        cost_ax.bar(bars.x, heights, bottom=bottom, color=color, width=1.0, label=label)
+        bottom = [b + h for b, h in zip(bottom, heights)]
     cost_ax.set_ylabel("$ per step")
     cost_ax.set_xlabel("RL step (policy version)")
     cost_ax.grid(alpha=0.3)
     total_ax = cost_ax.twinx()
     total_ax.plot(
-        steps, [sum(costs[: i + 1]) for i in range(len(costs))], color="#2e7d32", linewidth=2, label="cumulative ($)"
+        bars.x, [sum(bottom[: i + 1]) for i in range(len(bottom))], color="#2e7d32", linewidth=2, label="cumulative ($)"
     )
     total_ax.set_ylabel("cumulative $")
     handles = cost_ax.get_legend_handles_labels()[0] + total_ax.get_legend_handles_labels()[0]
@@ -149,3 +159,41 @@ def plot_curves(rows: list[dict], evals: list[tuple[int, float]], path: Path) ->
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+@dataclass(frozen=True)
+class CostBars:
+    """The cost plot's bars: x positions, then (label, colour, height per x) stacked in order."""
+
+    x: list[int]
+    series: list[tuple[str, str, list[float]]]
+
+
+def cost_bars(rows: list[dict], costs: CostReport | None) -> CostBars:
+    """Each step's cost (the ledger's where `costs` has the step, else the row's `cost_usd`);
+    with `costs`, the gap after each step (`between steps`) on top of it, `before step 1` one
+    position before the first step and the report's other lines one after the last: every bar
+    summed is `costs.total_usd`."""
+    steps = [r["step"] for r in rows]
+    if costs is None:
+        return CostBars(steps, [("cost of the step ($)", "#8fbc8f", [r.get("cost_usd") or 0.0 for r in rows])])
+    by_step = {s.step: s for s in costs.steps}
+    shown = set(steps)
+    unplotted = sum(s.cost_usd + s.idle_after_usd for s in costs.steps if s.step not in shown)
+    lines = {line.key: line.usd for line in costs.unattributed}
+    before = lines.pop("before_step_1") + unplotted
+    lines.pop("between_steps")
+    x = [steps[0] - 1 if steps else 0, *steps, steps[-1] + 1 if steps else 1]
+
+    def per_step(value) -> list[float]:
+        return [0.0, *(value(step) for step in steps), 0.0]
+
+    return CostBars(
+        x,
+        [
+            ("cost of the step ($)", "#8fbc8f", per_step(lambda s: by_step[s].cost_usd if s in by_step else 0.0)),
+            ("between steps ($)", "#f0b67f", per_step(lambda s: by_step[s].idle_after_usd if s in by_step else 0.0)),
+            ("before step 1 ($)", "#9e9e9e", [before] + [0.0] * (len(x) - 1)),
+            ("after the last step, other lines ($)", "#616161", [0.0] * (len(x) - 1) + [sum(lines.values())]),
+        ],
+    )

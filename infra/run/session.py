@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from infra.ledger import Ledger
+from infra.ledger import CostReport, Ledger
 from infra.run.accounting import RunAccounting
 from infra.run.config import RunConfig
 from infra.run.driver_lock import DriverLock
@@ -36,6 +36,7 @@ from infra.run.identity import claim_identity
 from infra.run.preflight import in_process_engine_device, preflight
 from infra.run.redis_outage import RedisUnreachable, RunStopped
 from infra.run.sweep import SweepSchedule, start_sweeps
+from infra.run.workload import run_workload
 from rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rl.devices import resolve_device
 from rl.distributed.protocol import TrainSpec
@@ -45,13 +46,16 @@ from rl.evaluation import evaluate_accuracy
 from rl.generation import GenerationEngine, SamplingParams
 from rl.models import load_policy, load_tokenizer
 from rl.prompt_source import PromptSource
-from rl.prompts import check_chat_template
+from rl.prompts import check_chat_template, encode_prompt
 from rl.rewards import make_reward_fn
 from rl.rollout import Sample, build_requests, read_samples, samples_from_results, write_samples
 from rl.scoring import score_samples
 from rl.stops import StopStrings
 from rl.streaming import StreamedStep
 from rl.trainer import PolicyTrainer, TrainBatch, Trainer
+
+PROMPTS_MEASURED = 64
+"""Held-out prompts encoded to measure the mean prompt length the ledger records (`runs.workload`)."""
 
 
 @dataclass
@@ -171,6 +175,7 @@ class TrainingSession:
                 transfers=self.fabric.drain_transfers if self.fabric else None,
                 trainer=config.ledger.trainer,
                 instance_prefix=self.identity.instance_prefix,
+                workload=run_workload(config, _parameters(self.model), self._mean_prompt_tokens()),
             )
         except BaseException:
             if self._sweeps is not None:
@@ -180,6 +185,13 @@ class TrainingSession:
                 self.fabric.close()
             self.trainer.close()
             raise
+
+    def _mean_prompt_tokens(self) -> float | None:
+        """Mean tokens of the encoded prompts, over the first `PROMPTS_MEASURED` held-out ones."""
+        records = self.eval_records[:PROMPTS_MEASURED]
+        if not records:
+            return None
+        return sum(len(encode_prompt(self.tokenizer, r.prompt, self.config.prompt)) for r in records) / len(records)
 
     @property
     def engine(self) -> GenerationEngine:
@@ -389,15 +401,20 @@ class TrainingSession:
         return {"version": step, "seconds": time.perf_counter() - started}
 
     def account(self, step: int, tokens_trained: int) -> dict:
-        """Record the step in the cost ledger (instances, their usage, the step); returns its cost."""
+        """Record the step in the cost ledger (instances, their usage, the step, the weight pulls);
+        returns its cost, the weight MiB the instances pulled and their whole-version fallbacks."""
         instance_tokens, wasted = self._step_usage.pop(step, ({}, 0))
         with self._stops_when_redis_is_gone():
-            self.accounting.end_step(step, tokens_trained, instance_tokens, wasted)
-        return {"cost_usd": self.accounting.step_cost_usd(step) or 0.0}
+            traffic = self.accounting.end_step(step, tokens_trained, instance_tokens, wasted)
+        return {
+            "cost_usd": self.accounting.step_cost_usd(step) or 0.0,
+            "weights_mb": traffic.nbytes / 2**20,
+            "weight_fallbacks": traffic.full_fallbacks,
+        }
 
-    def cost_summary(self) -> dict[str, object]:
-        """The run's cost report so far, as one flat dict."""
-        return self.accounting.summary()
+    def cost_report(self) -> CostReport:
+        """The run's cost report so far (instances still up are billed to now)."""
+        return self.accounting.report()
 
     @contextmanager
     def _stops_when_redis_is_gone(self) -> Iterator[None]:
@@ -459,6 +476,11 @@ class TrainingSession:
             self.accounting.finish()
             self.accounting.ledger.close()
             self._driver_lock.release()
+
+
+def _parameters(model: Any) -> int | None:
+    """The policy's parameter count (None: its trainer ranks hold it, not this process)."""
+    return None if model is None else sum(p.numel() for p in model.parameters())
 
 
 def _make_trainer(config: RunConfig, device: torch.device, pad_token_id: int) -> tuple[Any, PolicyTrainer]:

@@ -1,5 +1,6 @@
-"""Pull-based weight transfer (docs/internals.md §6): the trainer publishes each policy version once; every
-instance pulls it when it is ready, from peers that already hold it, falling back to the store.
+"""Pull-based weight transfer (docs/internals.md §6): the trainer publishes each policy version once
+(most as sparse deltas on the version before); every instance pulls it when it is ready, from peers
+that hold it or part of it, falling back to the store.
 
     publisher = WeightPublisher(config, redis_client, run_id, run_dir=run_dir)    # the trainer
     publisher.publish(version, model.state_dict())   # host copy, then background work

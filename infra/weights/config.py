@@ -30,10 +30,17 @@ class WeightsConfig(Section):
     """fsspec storage options of the store (e.g. `client_kwargs: {endpoint_url: ...}` for S3)."""
     chunk_mb: float = Field(8.0, gt=0)
     """Target chunk size in MiB; tensors larger than a chunk are split across chunks."""
+    full_every: int = Field(10, ge=1)
+    """Every `full_every`-th version (and the first a trainer publishes) is published whole; the
+    others as sparse deltas against the version before (`infra.weights.delta`: the changed elements
+    in the engines' dtype). An instance that lacks a delta's base pulls the newest whole version and
+    the deltas after it. 1: every version whole (no deltas)."""
     keep_versions: int = Field(2, ge=1)
-    """Newest complete versions kept in the store; older ones are deleted unless being pulled."""
+    """Newest complete versions kept in the store, with the whole version and deltas they are rebuilt
+    from; older ones are deleted unless being pulled."""
     keep_in_memory: int = Field(2, ge=1)
-    """Newest versions the trainer and each instance keep in memory and serve to peers."""
+    """Newest versions the trainer and each instance keep in memory and serve to peers (with the
+    whole version and deltas they are rebuilt from)."""
     serve_from_trainer: bool = True
     """The trainer serves each version from memory at once (the first seed). If False, `latest`
     is announced only once the version is in the store."""
@@ -54,7 +61,7 @@ class WeightsConfig(Section):
     """Chunks one puller downloads at the same time, across all its sources."""
     max_uploads_per_peer: int = Field(2, ge=1)
     """Chunks a server (trainer or instance) uploads at the same time; further requests wait
-    for a slot, the earliest puller first."""
+    for a slot, the chunk it has uploaded least often first, then the puller furthest behind."""
     queue_timeout_s: float = Field(2.0, gt=0)
     """How long a request waits for an upload slot before the server answers 503 (busy)."""
     chunk_timeout_s: float = Field(30.0, gt=0)

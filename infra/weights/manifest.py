@@ -73,6 +73,11 @@ class Manifest(_Model):
     """The version this one was trained from (None for the first)."""
     created: float
     """Unix seconds when the trainer published the version."""
+    base: int | None = None
+    """None: the chunks hold the whole version. Else they hold a delta against version `base`
+    (`infra.weights.delta`), which rebuilds the version whose `fingerprint` is `full_sha256`."""
+    full_sha256: str | None = None
+    """The `fingerprint` of the whole version a delta rebuilds (None for a whole version)."""
     tensors: tuple[TensorInfo, ...]
     chunks: tuple[ChunkInfo, ...]
 
@@ -163,8 +168,11 @@ def encode(
     chunk_bytes: int,
     parent: int | None = None,
     created: float | None = None,
+    base: int | None = None,
+    full_sha256: str | None = None,
 ) -> EncodedVersion:
-    """Chunk `state_dict` into safetensors byte chunks of about `chunk_bytes` each."""
+    """Chunk `state_dict` into safetensors byte chunks of about `chunk_bytes` each (`base` and
+    `full_sha256`: the state dict is a delta payload, `infra.weights.delta`)."""
     if chunk_bytes < 1:
         raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
     packer = _ChunkPacker(chunk_bytes)
@@ -185,6 +193,8 @@ def encode(
         version=version,
         parent=parent,
         created=time.time() if created is None else created,
+        base=base,
+        full_sha256=full_sha256,
         tensors=tuple(infos),
         chunks=chunks,
     )

@@ -4,6 +4,8 @@ Each thread keeps one keep-alive `http.client` connection per server. A request 
 whole body of a 200 response or raises:
 
 * `SourceBusy` on 503 (all the server's upload slots are taken; ask again, nothing is wrong);
+* `SourceLacks` (a `SourceFailed`) on a 404 that says the server does not hold that chunk yet (a
+  partial holder: ask elsewhere, nothing is wrong with the server);
 * `SourceFailed` on anything else, with the reason: connection refused or reset, an HTTP error
   (401, 404, ...), a body cut short, or a slow source: no response within `queue_timeout_s +
   chunk_timeout_s` (time to wait for an upload slot, then to start sending), or a body not complete
@@ -21,6 +23,7 @@ from urllib.parse import urlsplit
 
 from infra.weights.auth import authorization
 from infra.weights.config import WeightsConfig
+from infra.weights.peer_server import NOT_HELD_HEADER
 from infra.weights.tls import PeerCertificate
 
 _READ_BYTES = 1 << 20
@@ -32,6 +35,10 @@ class SourceBusy(Exception):
 
 class SourceFailed(Exception):
     """The source could not deliver (the message says why)."""
+
+
+class SourceLacks(SourceFailed):
+    """The source serves the version but does not hold this chunk yet."""
 
 
 class PeerClient:
@@ -101,6 +108,8 @@ class PeerClient:
                 response.read()
                 if response.status == 503:
                     raise SourceBusy()
+                if response.status == 404 and response.getheader(NOT_HELD_HEADER):
+                    raise SourceLacks("not held yet")
                 raise SourceFailed(f"HTTP {response.status}")
             length = int(response.getheader("content-length", "-1"))
             if length < 0:
@@ -119,8 +128,8 @@ class PeerClient:
                     raise SourceFailed(f"connection closed after {received} of {length} bytes")
                 received += n
             return bytes(body)
-        except SourceBusy:
-            raise
+        except (SourceBusy, SourceLacks):
+            raise  # the whole body was read: the connection stays usable
         except SourceFailed:
             self._drop(base_url)
             raise

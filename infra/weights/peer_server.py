@@ -1,18 +1,18 @@
-"""`PeerServer`: serves complete versions held in memory to other instances over HTTP.
+"""`PeerServer`: serves versions held in memory, whole or in part, to other instances over HTTP.
 
 A starlette app on uvicorn in a background thread, on a free port of `bind_host` (HTTPS with `tls`;
-every setting is the run's `WeightsConfig`'s): the trainer runs one, and so does every instance
-that serves what it pulled. Routes mirror the store:
+every setting is the run's `WeightsConfig`'s): the trainer runs one, and so does every instance.
+Routes mirror the store:
 
     GET /weights/v<version>/manifest.json            the manifest (not rate-limited, no slot)
     GET /weights/v<version>/chunk-00000.safetensors  one chunk's bytes
 
-Only complete versions are `offer`ed (an `EncodedVersion`); `withdraw` stops serving a version (404
-from then on; uploads under way finish from the bytes they hold). A request without a valid
-`infra.weights.auth` signature gets 401 with an empty body, whatever the path. A chunk upload takes
-one of `max_uploads_per_peer` slots (`infra.weights.admission`: earliest puller first; 503 after
-`queue_timeout_s`) and stops when its client disconnects; `upload_cap_mb_s` caps the total upload
-rate (`infra.weights.bandwidth`: a NIC emulated on one machine). Detail: docs/internals.md §6.
+`offer` serves a complete version; `offer_manifest` starts serving one being pulled, `offer_chunk`
+adds each chunk once verified (until then: 404 with `NOT_HELD_HEADER`). `withdraw` stops serving a
+version (a bare 404; uploads under way finish). A request without a valid `infra.weights.auth`
+signature gets 401 with an empty body. A chunk upload takes one of `max_uploads_per_peer` slots
+(`infra.weights.admission`; 503 after `queue_timeout_s`) and stops when its client disconnects;
+`upload_cap_mb_s` caps the total upload rate (`infra.weights.bandwidth`). docs/internals.md §6.
 """
 
 from __future__ import annotations
@@ -35,12 +35,14 @@ from infra.weights.admission import Priority, UploadSlots, priority
 from infra.weights.auth import SCHEME, is_authorized
 from infra.weights.bandwidth import UploadCap
 from infra.weights.config import WeightsConfig
-from infra.weights.manifest import MANIFEST_FILE, EncodedVersion
+from infra.weights.manifest import MANIFEST_FILE, EncodedVersion, Manifest
 
 PROGRESS_HEADER = "x-rlb-progress"
 """Request header: bytes of the version the puller already holds (verified)."""
 PULL_STARTED_HEADER = "x-rlb-pull-started"
 """Request header: unix seconds at which the puller started pulling the version."""
+NOT_HELD_HEADER = "x-rlb-not-held"
+"""Response header of a 404: the server serves the version but does not hold this chunk yet."""
 START_TIMEOUT_S = 30.0
 """How long a new server may take to start listening before it is an error."""
 _PIECE = 256 * 1024
@@ -72,16 +74,23 @@ class _RequireSignature:
 class _ChunkUpload:
     """The ASGI response of one chunk: wait for a slot, then stream the bytes under the cap."""
 
-    def __init__(self, body: bytes, rank: Priority, server: PeerServer) -> None:
-        self.body = body
-        self.rank = rank
+    def __init__(self, served: _Served, index: int, progress: int, pull_started: float, server: PeerServer) -> None:
+        self.served = served
+        self.index = index
+        self.progress = progress
+        self.pull_started = pull_started
         self.server = server
+
+    def rank(self) -> Priority:
+        return priority(self.served.uploads_begun[self.index], self.progress, self.pull_started)
 
     async def __call__(self, scope, receive, send) -> None:
         server = self.server
         if not await server.slots.acquire(self.rank, server.queue_timeout_s):
             await _send_empty(send, 503, [(b"retry-after", b"1")])
             return
+        self.served.uploads_begun[self.index] += 1
+        body = self.served.chunks[self.index]
         upload = asyncio.current_task()
         client_gone = False
 
@@ -95,11 +104,11 @@ class _ChunkUpload:
         watcher = asyncio.create_task(stop_when_client_disconnects())
         try:
             headers = [
-                (b"content-length", str(len(self.body)).encode()),
+                (b"content-length", str(len(body)).encode()),
                 (b"content-type", b"application/octet-stream"),
             ]
             await send({"type": "http.response.start", "status": 200, "headers": headers})
-            view = memoryview(self.body)
+            view = memoryview(body)
             for offset in range(0, len(view), _PIECE):
                 piece = view[offset : offset + _PIECE]
                 if server.cap is not None:
@@ -115,6 +124,17 @@ class _ChunkUpload:
             server.slots.release()
 
 
+class _Served:
+    """A version being served: its manifest, the chunks held so far (None: not yet), and how many
+    uploads of each chunk have begun (the admission order's first key)."""
+
+    def __init__(self, manifest: Manifest, manifest_bytes: bytes, chunks: list[bytes | None]) -> None:
+        self.manifest_bytes = manifest_bytes
+        self.files = {info.file: info.index for info in manifest.chunks}
+        self.chunks = chunks
+        self.uploads_begun = [0] * len(chunks)
+
+
 class PeerServer:
     def __init__(self, config: WeightsConfig) -> None:
         """Serve with `config`'s secret (from the environment), address, upload slots and cap, and
@@ -125,7 +145,7 @@ class PeerServer:
         self.queue_timeout_s = config.queue_timeout_s
         self.bytes_sent = 0
         """Chunk bytes uploaded so far (all versions, all clients)."""
-        self._versions: dict[int, tuple[EncodedVersion, dict[str, int]]] = {}
+        self._versions: dict[int, _Served] = {}
         self._lock = threading.Lock()
         app = Starlette(
             routes=[Route("/weights/v{version:int}/{name}", self._get)],
@@ -162,32 +182,51 @@ class PeerServer:
                 time.sleep(0.01)
 
     def offer(self, encoded: EncodedVersion) -> None:
-        """Serve this (complete) version from now on."""
-        files = {info.file: info.index for info in encoded.manifest.chunks}
+        """Serve this (complete) version from now on (completing it in place if it was being pulled)."""
         with self._lock:
-            self._versions[encoded.version] = (encoded, files)
+            served = self._versions.get(encoded.version)
+            if served is not None and served.manifest_bytes == encoded.manifest_bytes:
+                served.chunks[:] = encoded.chunks
+            else:
+                self._versions[encoded.version] = _Served(
+                    encoded.manifest, encoded.manifest_bytes, list(encoded.chunks)
+                )
+
+    def offer_manifest(self, manifest: Manifest, manifest_bytes: bytes) -> None:
+        """Serve a version being pulled: its (verified) manifest now, its chunks as `offer_chunk` adds them."""
+        with self._lock:
+            self._versions[manifest.version] = _Served(manifest, manifest_bytes, [None] * len(manifest.chunks))
+
+    def offer_chunk(self, version: int, index: int, data: bytes) -> None:
+        """Serve chunk `index` of a version offered by `offer_manifest` (verified against its manifest)."""
+        with self._lock:
+            served = self._versions.get(version)
+            if served is not None:
+                served.chunks[index] = data
 
     def withdraw(self, version: int) -> None:
         with self._lock:
             self._versions.pop(version, None)
 
     def versions(self) -> list[int]:
+        """The versions served whole."""
         with self._lock:
-            return sorted(self._versions)
+            return sorted(v for v, served in self._versions.items() if None not in served.chunks)
 
     async def _get(self, request: Request):
         version = request.path_params["version"]
         name = request.path_params["name"]
         with self._lock:
-            held = self._versions.get(version)
-        if held is None:
+            served = self._versions.get(version)
+        if served is None:
             return Response(status_code=404)
-        encoded, files = held
         if name == MANIFEST_FILE:
-            return Response(encoded.manifest_bytes, media_type="application/json")
-        index = files.get(name)
+            return Response(served.manifest_bytes, media_type="application/json")
+        index = served.files.get(name)
         if index is None:
             return Response(status_code=404)
+        if served.chunks[index] is None:
+            return Response(status_code=404, headers={NOT_HELD_HEADER: "1"})
         try:
             progress = int(request.headers.get(PROGRESS_HEADER, "0"))
             started = float(request.headers.get(PULL_STARTED_HEADER, "inf"))
@@ -195,7 +234,7 @@ class PeerServer:
             return Response(status_code=400)
         if math.isnan(started):
             return Response(status_code=400)
-        return _ChunkUpload(encoded.chunks[index], priority(progress, started), self)
+        return _ChunkUpload(served, index, progress, started, self)
 
     def close(self) -> None:
         """Stop serving (uploads in flight are cut after a one-second grace period)."""

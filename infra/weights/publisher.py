@@ -5,14 +5,14 @@
     publisher.close()                                # finishes pending work, stops serving
 
 `publish` copies the tensors to host memory (the trainer may update them right after) for a thread
-that encodes them (`infra.weights.manifest`: chunks of `chunk_mb`, sha256 each), records the
-manifest's sha256 in Redis and, with `serve_from_trainer`, serves the version from memory
-(`PeerServer`, the first seed; the newest `keep_in_memory` stay served), holds it and announces
-`latest` (only forward), then queues it for the store. A second thread uploads the newest encoded
-version (chunks, then the manifest) and applies retention (`infra.weights.retention`); without
-`serve_from_trainer`, `latest` is announced once it is stored. `publish` blocks only while two
-snapshots wait. A store failure is logged (`last_upload_error`); anything that makes a version
-unreachable is a `PublishError` from the next `publish` or `flush` on. Detail: docs/internals.md §6.
+that encodes them, whole (the first, every `full_every`-th, any delta no smaller) or as a delta on
+the version before (`infra.weights.delta`; it keeps that copy), records the manifest's sha256 in
+Redis and, with `serve_from_trainer`, serves it from memory (`PeerServer`, the first seed: the
+newest `keep_in_memory` and what they are rebuilt from), announces `latest` (only forward) and
+queues it for the store. A second thread uploads the queue in order (a whole version drops what
+waits before it) and applies retention; without `serve_from_trainer`, `latest` is announced once
+stored. `publish` blocks only while two snapshots wait. A store failure is logged; anything that
+makes a version unreachable is a `PublishError` from the next `publish` or `flush` on (§6).
 """
 
 from __future__ import annotations
@@ -27,10 +27,11 @@ import redis
 import torch
 
 from infra.weights.config import WeightsConfig
+from infra.weights.delta import delta_layout_matches, encode_delta
 from infra.weights.holders import HolderRegistry
 from infra.weights.manifest import EncodedVersion, encode
 from infra.weights.peer_server import PeerServer
-from infra.weights.retention import versions_to_delete
+from infra.weights.retention import versions_to_delete, with_bases
 from infra.weights.store import WeightStore
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,10 @@ class WeightPublisher:
         self._served: dict[int, EncodedVersion] = {}
         self._state = threading.Condition()
         self._published: int | None = None
-        self._upload_next: EncodedVersion | None = None
+        self._upload_queue: list[EncodedVersion] = []
+        """Encoded versions not yet stored, oldest first (from the newest whole version on)."""
+        self._bases: dict[int, int | None] = {}
+        """Each version's delta base (None: whole), as published or read from the store."""
         self._done_through = -1
         """Newest version whose whole pipeline (encode, serve, announce, store) has finished."""
         self._failure: BaseException | None = None
@@ -137,21 +141,43 @@ class WeightPublisher:
             self._state.notify_all()
 
     def _encode_loop(self) -> None:
+        previous: tuple[int, dict[str, torch.Tensor]] | None = None
+        """The version encoded last and its snapshot: the next delta's base."""
+        deltas = 0
+        """Deltas encoded since the last whole version."""
         while (item := self._snapshots.get()) is not None:
             version, parent, snapshot = item
             del item
             try:
-                encoded = encode(snapshot, version, self.config.chunk_bytes, parent=parent)
+                encoded = None
+                if (
+                    previous is not None
+                    and deltas + 1 < self.config.full_every
+                    and delta_layout_matches(previous[1], snapshot)
+                ):
+                    encoded = encode_delta(previous[1], snapshot, version, previous[0], self.config.chunk_bytes, parent)
+                    deltas += 1
+                    if encoded.manifest.total_bytes >= sum(t.numel() * t.element_size() for t in snapshot.values()):
+                        encoded = None  # no smaller than the whole version: send that, and end the chain
+                if encoded is None:
+                    encoded = encode(snapshot, version, self.config.chunk_bytes, parent=parent)
+                    deltas = 0
+                previous = (version, snapshot) if self.config.full_every > 1 else None
                 del snapshot
+                with self._state:
+                    self._bases[version] = encoded.manifest.base
                 self.registry.record_manifest(version, encoded.manifest_sha256)
                 if self.server is not None:
                     self._serve(encoded)
                     self.registry.announce(version)
             except Exception as exc:
+                previous = None  # the next version is whole: no receiver has a base for it
                 self._fail(exc)
                 continue
             with self._state:
-                self._upload_next = encoded
+                if encoded.manifest.base is None:  # nothing before a whole version is needed any more
+                    self._upload_queue.clear()
+                self._upload_queue.append(encoded)
                 self._state.notify_all()
 
     def _serve(self, encoded: EncodedVersion) -> None:
@@ -159,7 +185,8 @@ class WeightPublisher:
         self.registry.hold(encoded.version, self.server.url)
         with self._state:
             self._served[encoded.version] = encoded
-            evicted = sorted(self._served)[: -self.config.keep_in_memory]
+            kept = with_bases(sorted(self._served)[-self.config.keep_in_memory :], self._bases)
+            evicted = [old for old in self._served if old not in kept]
             for old in evicted:
                 del self._served[old]
         for old in evicted:
@@ -169,10 +196,10 @@ class WeightPublisher:
     def _upload_loop(self) -> None:
         while True:
             with self._state:
-                self._state.wait_for(lambda: self._upload_next is not None or self._closing)
-                if self._upload_next is None:
+                self._state.wait_for(lambda: self._upload_queue or self._closing)
+                if not self._upload_queue:
                     return
-                encoded, self._upload_next = self._upload_next, None
+                encoded = self._upload_queue.pop(0)
             try:
                 self.store.write(encoded)
                 if self.server is None:
@@ -203,10 +230,22 @@ class WeightPublisher:
 
     def _delete_expired_versions(self) -> None:
         leased = self.registry.leased_versions()
-        for version in versions_to_delete(self.store.versions(), leased, self.config.keep_versions):
+        stored = self.store.versions()
+        with self._state:
+            bases = dict(self._bases)
+        for version in (v for v, complete in stored.items() if complete and v not in bases):  # an earlier driver's
+            bases[version] = self.store.read_manifest(version).base
+        deleted = versions_to_delete(stored, leased, self.config.keep_versions, bases)
+        for version in deleted:
             self.store.delete(version)
         with self._state:
             served = set(self._served)
+            newest_stored = max(stored, default=-1)
+            self._bases = {
+                v: base
+                for v, base in (bases | self._bases).items()
+                if v in served or v > newest_stored or (v in stored and v not in deleted)
+            }
         kept = set(self.store.complete_versions()) | served | leased
         newest_kept = max(kept, default=-1)
         self.registry.forget_manifests(

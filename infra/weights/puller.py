@@ -1,18 +1,18 @@
-"""`WeightPuller`: the instance side of weight transfer. Pulls a version, then serves it to peers.
+"""`WeightPuller`: the instance side of weight transfer. Pulls a version, serving it meanwhile.
 
     puller = WeightPuller(config, redis_client, run_id, instance_id, run_dir=run_dir)
     state_dict = puller.pull(version)      # blocks until the whole version is here and verified
-    puller.close()
 
 `pull(version)` leases the version (store retention keeps it), checks the manifest it fetched from
 any source against the sha256 the trainer recorded (`HolderRegistry.manifest_sha256`), downloads
-the chunks striped over every live holder and the trainer (`parallel_fetches` at a time, at most
-`max_uploads_per_peer + 2` per holder), verifies each chunk, drops a failing or slow source for
-another or the store, and then serves the version itself (`serve_from_peers`). It returns the
-complete version or raises `PullError`, keeping nothing: an instance never loads or serves part of
-one. Versions only move forward (an older one than the newest held is a ValueError; a held one is
-returned again); one pull at a time; `last_report` (a `PullReport`) says where the bytes came from
-and what failed. The pull step by step, and why the `+ 2`: docs/internals.md §6.
+the chunks from every live holder, complete or partial, rarest first (`infra.weights.chunk_choice`;
+`parallel_fetches` at a time, at most `max_uploads_per_peer + 2` per holder), verifies each chunk,
+drops a failing or slow source for another or the store; with `serve_from_peers` it serves each
+chunk once verified. It rebuilds a delta on the version it holds (`infra.weights.delta`, checked
+against the published sha256; else from the whole version and the deltas after it:
+`full_fallbacks`). It returns the complete version or raises `PullError`, withdrawing what it
+offered: it never loads part of a version nor serves an unverified chunk. Versions only move
+forward; one pull at a time; `last_report` (a `PullReport`): sources, failures. Step by step: §6.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Set
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,11 +30,14 @@ from pathlib import Path
 import redis
 import torch
 
+from infra.weights.chunk_choice import plan
 from infra.weights.config import WeightsConfig
-from infra.weights.holders import HolderRegistry
+from infra.weights.delta import DeltaError, reconstruct
+from infra.weights.holders import HolderRegistry, chunk_bitmap, mark_chunk
 from infra.weights.manifest import MANIFEST_FILE, EncodedVersion, Manifest, chunk_is_valid, decode, sha256_hex
-from infra.weights.peer_client import PeerClient, SourceBusy, SourceFailed
+from infra.weights.peer_client import PeerClient, SourceBusy, SourceFailed, SourceLacks
 from infra.weights.peer_server import PROGRESS_HEADER, PULL_STARTED_HEADER, PeerServer
+from infra.weights.retention import with_bases
 from infra.weights.store import WeightStore
 
 log = logging.getLogger(__name__)
@@ -63,6 +66,11 @@ class PullReport:
     """Verified chunk bytes per source (a peer's base URL, or `STORE`)."""
     failures: list[str] = field(default_factory=list)
     """One line per failed attempt: source, what, why."""
+    delta_bytes: int = 0
+    """Of `bytes`, those of delta payloads."""
+    full_fallbacks: int = 0
+    """Times this pull rebuilt the version from a whole version instead of on the base it held:
+    it held none (or not the delta's base), or the rebuilt weights' sha256 did not match."""
 
 
 def _from_store(read: Callable[..., bytes], *args) -> bytes:
@@ -90,6 +98,9 @@ class WeightPuller:
         self.server = PeerServer(config) if config.serve_from_peers else None
         self.registry = HolderRegistry(redis_client, run_id, config.holder_ttl_s)
         self._held: dict[int, EncodedVersion] = {}
+        """Payloads (whole or delta) this instance serves."""
+        self._base: tuple[int, dict[str, torch.Tensor]] | None = None
+        """The newest pulled version's state dict: the base of the next delta."""
         self._fetchers = ThreadPoolExecutor(config.parallel_fetches, thread_name_prefix=f"pull-{instance_id}")
         self._pulling = threading.Lock()
         self.last_report: PullReport | None = None
@@ -105,11 +116,11 @@ class WeightPuller:
         return sorted(self._held)
 
     def pull(self, version: int) -> dict[str, torch.Tensor]:
-        """The complete, verified state dict of `version` (see the module docstring)."""
+        """The complete, verified state dict of `version` (see the module docstring). Its tensors are
+        shared with the puller (the next delta's base): read them, never write them."""
         with self._pulling:
-            if version in self._held:
-                held = self._held[version]
-                return decode(held.manifest, held.chunks)
+            if self._base is not None and self._base[0] == version:
+                return dict(self._base[1])
             if self._held and version < max(self._held):
                 raise ValueError(
                     f"versions only move forward: {self.instance_id} holds {max(self._held)}, asked for {version}"
@@ -117,15 +128,74 @@ class WeightPuller:
             report = PullReport(version=version, instance_id=self.instance_id)
             self.last_report = report
             started = time.monotonic()
-            self.registry.lease(version, self.instance_id)
+            fetched: dict[int, EncodedVersion] = {}
+            leased: list[int] = []
             try:
-                encoded = self._download(version, report)
+                try:
+                    state = self._rebuild(version, report, fetched, leased, use_base=True)
+                except DeltaError as exc:
+                    report.full_fallbacks += 1
+                    report.failures.append(f"v{version}: {exc}: rebuilding it from the whole version")
+                    log.warning("weights v%d: %s: rebuilding it from the whole version", version, exc)
+                    state = self._rebuild(version, report, fetched, leased, use_base=False)
+            except BaseException as exc:
+                for payload_version in fetched.keys() - self._held.keys():  # offered while pulled
+                    self._withdraw_partial(payload_version)
+                if isinstance(exc, DeltaError):
+                    raise PullError(f"version {version} cannot be rebuilt: {exc}") from None
+                raise
             finally:
-                self.registry.unlease(version, self.instance_id)
-            self._hold(encoded)
-            state_dict = decode(encoded.manifest, encoded.chunks)
+                for leased_version in leased:
+                    self.registry.unlease(leased_version, self.instance_id)
+            report.manifest_sha256 = fetched[version].manifest_sha256 if version in fetched else ""
+            for payload_version in sorted(fetched):
+                self._hold(fetched[payload_version])
+            self._base = (version, state)
             report.seconds = time.monotonic() - started
-            return state_dict
+            return dict(state)
+
+    def _rebuild(
+        self,
+        version: int,
+        report: PullReport,
+        fetched: dict[int, EncodedVersion],
+        leased: list[int],
+        use_base: bool,
+    ) -> dict[str, torch.Tensor]:
+        """`version`'s state dict from its payload and those down its chain of bases, to the held base
+        (`use_base`) or a whole version; DeltaError when a rebuilt version's sha256 does not match."""
+        chain: list[EncodedVersion] = []
+        state = None
+        current: int | None = version
+        while current is not None:
+            if use_base and self._base is not None and self._base[0] == current:
+                state = self._base[1]
+                break
+            payload = self._held.get(current) or fetched.get(current) or self._fetch_payload(current, report, leased)
+            fetched[current] = payload
+            chain.append(payload)
+            if payload.manifest.base is not None and payload.manifest.base >= current:
+                raise DeltaError(f"version {current}: a delta's base must be older, got {payload.manifest.base}")
+            current = payload.manifest.base
+        if use_base and state is None and len(chain) > 1:  # lacked the base: whole version + deltas
+            report.full_fallbacks += 1
+        for payload in reversed(chain):
+            manifest = payload.manifest
+            decoded = decode(manifest, payload.chunks)
+            if manifest.base is None:
+                state = decoded
+            else:
+                state = reconstruct(state, decoded, manifest.full_sha256 or "", manifest.version)
+        return state
+
+    def _fetch_payload(self, version: int, report: PullReport, leased: list[int]) -> EncodedVersion:
+        """Download one version's payload, leased (store retention keeps it) until the pull ends."""
+        self.registry.lease(version, self.instance_id)
+        leased.append(version)
+        encoded = self._download(version, report)
+        if encoded.manifest.base is not None:
+            report.delta_bytes += encoded.manifest.total_bytes
+        return encoded
 
     def _holders(self, version: int) -> list[str]:
         """Live holders of `version` other than this instance (none if HTTP is off)."""
@@ -146,14 +216,53 @@ class WeightPuller:
         manifest = Manifest.from_bytes(manifest_bytes)
         download = _ChunkDownload(
             manifest,
-            holders=lambda: self._holders(version),
+            sources=lambda: self._sources(version),
             fetch=self._fetch_chunk,
+            verified=self._serve_chunk,
+            advertise=self._advertise,
             executor=self._fetchers,
             config=self.config,
             deadline=deadline,
             report=report,
         )
-        return EncodedVersion(manifest=manifest, manifest_bytes=manifest_bytes, chunks=download.run())
+        if self.server is not None:
+            self.server.offer_manifest(manifest, manifest_bytes)
+        try:
+            chunks = download.run()
+        except BaseException:
+            self._withdraw_partial(version)
+            raise
+        return EncodedVersion(manifest=manifest, manifest_bytes=manifest_bytes, chunks=chunks)
+
+    def _sources(self, version: int) -> tuple[dict[str, frozenset[int] | None], Counter[int]]:
+        """Live sources of `version` other than this instance: complete holders (None: every
+        chunk) and partial holders (the chunks each serves); and how many partial holders are
+        fetching each chunk."""
+        if self.peers is None:
+            return {}, Counter()
+        sources: dict[str, frozenset[int] | None] = dict.fromkeys(self._holders(version))
+        fetching: Counter[int] = Counter()
+        for url, partial in self.registry.partial_holders(version).items():
+            if url != self.url and url not in sources:
+                sources[url] = partial.held
+                fetching.update(partial.fetching)
+        return sources, fetching
+
+    def _serve_chunk(self, version: int, index: int, data: bytes) -> None:
+        """Serve a chunk as soon as it is verified (before it is advertised)."""
+        if self.server is not None:
+            self.server.offer_chunk(version, index, data)
+
+    def _advertise(self, version: int, held: bytes, fetching: bytes) -> None:
+        """Advertise the chunks held (served already) and being fetched (bitmaps)."""
+        if self.server is not None:
+            self.registry.hold_chunks(version, self.server.url, held, fetching)
+
+    def _withdraw_partial(self, version: int) -> None:
+        """A failed pull: stop advertising and serving what it had verified."""
+        if self.server is not None:
+            self.registry.unhold_chunks(version, self.server.url)
+            self.server.withdraw(version)
 
     def _manifest(self, version: int, expected_sha256: str, deadline: float, report: PullReport) -> bytes:
         """The manifest's bytes from any holder or the store, checked against the published sha256."""
@@ -186,12 +295,16 @@ class WeightPuller:
         return self.peers.get(source, f"/weights/v{manifest.version}/{file}", priority_headers)
 
     def _hold(self, encoded: EncodedVersion) -> None:
-        """Keep a complete version; serve and advertise it; forget versions beyond keep_in_memory."""
+        """Keep a complete payload; serve and advertise it; forget payloads beyond keep_in_memory (and
+        the whole version and deltas those are rebuilt from)."""
         self._held[encoded.version] = encoded
         if self.server is not None:
             self.server.offer(encoded)
             self.registry.hold(encoded.version, self.server.url)
-        for old in sorted(self._held)[: -self.config.keep_in_memory]:
+            self.registry.unhold_chunks(encoded.version, self.server.url)
+        bases = {version: held.manifest.base for version, held in self._held.items()}
+        kept = with_bases(sorted(self._held)[-self.config.keep_in_memory :], bases)
+        for old in [version for version in sorted(self._held) if version not in kept]:
             if self.server is not None:
                 self.registry.unhold(old, self.server.url)
                 self.server.withdraw(old)
@@ -214,16 +327,23 @@ class _ChunkDownload:
         self,
         manifest: Manifest,
         *,
-        holders: Callable[[], list[str]],
+        sources: Callable[[], tuple[Mapping[str, Set[int] | None], Mapping[int, int]]],
         fetch: Callable[[Manifest, int, str, dict[str, str]], bytes],
+        verified: Callable[[int, int, bytes], None],
+        advertise: Callable[[int, bytes, bytes], None],
         executor: ThreadPoolExecutor,
         config: WeightsConfig,
         deadline: float,
         report: PullReport,
     ) -> None:
         self.manifest = manifest
-        self.list_holders = holders
+        self.list_sources = sources
         self.fetch = fetch
+        self.verified = verified
+        self.advertise = advertise
+        self.held = chunk_bitmap(len(manifest.chunks))
+        self.fetching = chunk_bitmap(len(manifest.chunks))
+        self.advertised = (bytes(self.held), bytes(self.fetching))
         self.executor = executor
         self.parallel = config.parallel_fetches
         self.per_holder_limit = config.max_uploads_per_peer + 2
@@ -233,16 +353,18 @@ class _ChunkDownload:
         self.pull_started = time.time()
         self.progress = 0
         """Verified bytes so far (sent to holders, with `pull_started`, as this pull's priority)."""
-        self.pending: list[int] = list(range(len(manifest.chunks)))
+        self.pending: set[int] = set(range(len(manifest.chunks)))
         self.results: dict[int, bytes] = {}
         self.failed_on: dict[int, set[str]] = {}
-        """Sources that already failed to deliver a chunk."""
+        """Sources that already failed to deliver a chunk, or did not hold it yet."""
         self.dropped: set[str] = set()
         """Holders that failed once: not asked again during this pull."""
         self.in_flight: dict[Future, tuple[int, str]] = {}
         self.per_source: Counter[str] = Counter()
-        self.holders: list[str] = []
+        self.sources: Mapping[str, Set[int] | None] = {}
+        self.fetched_elsewhere: Mapping[int, int] = {}
         self.store_retry_at = 0.0
+        self.rng = random.Random()
 
     def run(self) -> tuple[bytes, ...]:
         total = len(self.manifest.chunks)
@@ -256,9 +378,13 @@ class _ChunkDownload:
                         f"{self.pull_timeout_s:.0f} s; last failures: {self.report.failures[-3:]}"
                     )
                 if now >= next_refresh:
-                    self.holders = self.list_holders()
+                    self.sources, self.fetched_elsewhere = self.list_sources()
                     next_refresh = now + _HOLDERS_REFRESH_S
                 self._assign()
+                state = (bytes(self.held), bytes(self.fetching))
+                if state != self.advertised:
+                    self.advertise(self.manifest.version, *state)
+                    self.advertised = state
                 if not self.in_flight:  # no source can be tried: give them all another chance
                     time.sleep(_RETRY_BACKOFF_S)
                     self.dropped.clear()
@@ -273,32 +399,38 @@ class _ChunkDownload:
                 future.cancel()
         return tuple(self.results[i] for i in range(total))
 
-    def _choose(self, chunk: int) -> str | None:
-        """The least busy holder that may serve `chunk`; the store if no holder can; None to wait."""
-        failed = self.failed_on.get(chunk, ())
-        candidates = [h for h in self.holders if h not in self.dropped and h not in failed]
-        if candidates:
-            free = [h for h in candidates if self.per_source[h] < self.per_holder_limit]
-            return min(free, key=lambda h: (self.per_source[h], random.random())) if free else None
-        return STORE if time.monotonic() >= self.store_retry_at else None
-
     def _assign(self) -> None:
-        blocked = False  # a chunk nothing failed on had to wait: so will every such chunk
-        for chunk in list(self.pending):
-            if len(self.in_flight) >= self.parallel:
+        """Request chunks, rarest first (`infra.weights.chunk_choice`), up to `parallel` at a time,
+        sparing the seeds unless this puller would be idle; a chunk no usable holder has comes
+        from the store."""
+        if len(self.in_flight) >= self.parallel or not self.pending:
+            return
+        usable = {source: chunks for source, chunks in self.sources.items() if source not in self.dropped}
+        for spare_seeds in (True, False):
+            for chunk, source in plan(
+                self.pending,
+                usable,
+                self.fetched_elsewhere,
+                self.per_source,
+                self.per_holder_limit,
+                self.failed_on,
+                self.rng,
+                spare_seeds=spare_seeds,
+            ):
+                if len(self.in_flight) >= self.parallel:
+                    return
+                if source is None:
+                    if time.monotonic() < self.store_retry_at:
+                        continue
+                    source = STORE
+                self.pending.remove(chunk)
+                mark_chunk(self.fetching, chunk)
+                self.per_source[source] += 1
+                headers = {PROGRESS_HEADER: str(self.progress), PULL_STARTED_HEADER: repr(self.pull_started)}
+                future = self.executor.submit(self._fetch_verified, chunk, source, headers)
+                self.in_flight[future] = (chunk, source)
+            if self.in_flight:
                 return
-            fresh = chunk not in self.failed_on
-            if fresh and blocked:
-                continue
-            source = self._choose(chunk)
-            if source is None:
-                blocked = blocked or fresh
-                continue
-            self.pending.remove(chunk)
-            self.per_source[source] += 1
-            headers = {PROGRESS_HEADER: str(self.progress), PULL_STARTED_HEADER: repr(self.pull_started)}
-            future = self.executor.submit(self._fetch_verified, chunk, source, headers)
-            self.in_flight[future] = (chunk, source)
 
     def _fetch_verified(self, chunk: int, source: str, headers: dict[str, str]) -> bytes:
         """On a fetch thread: the chunk's bytes, checked against the manifest."""
@@ -310,10 +442,16 @@ class _ChunkDownload:
     def _settle(self, future: Future) -> None:
         chunk, source = self.in_flight.pop(future)
         self.per_source[source] -= 1
+        mark_chunk(self.fetching, chunk, present=False)
         try:
             data = future.result()
         except SourceBusy:
-            self.pending.insert(0, chunk)
+            self.pending.add(chunk)
+            return
+        except SourceLacks:
+            # advertised but not served (yet): ask elsewhere, and keep the source
+            self.failed_on.setdefault(chunk, set()).add(source)
+            self.pending.add(chunk)
             return
         except SourceFailed as exc:
             self._failed(chunk, source, str(exc))
@@ -322,6 +460,8 @@ class _ChunkDownload:
         self.progress += len(data)
         self.report.bytes += len(data)
         self.report.bytes_by_source[source] = self.report.bytes_by_source.get(source, 0) + len(data)
+        self.verified(self.manifest.version, chunk, data)
+        mark_chunk(self.held, chunk)
 
     def _failed(self, chunk: int, source: str, why: str) -> None:
         self.report.failures.append(f"{source}: chunk {chunk}: {why}")
@@ -331,4 +471,4 @@ class _ChunkDownload:
             self.store_retry_at = time.monotonic() + _RETRY_BACKOFF_S
         else:
             self.dropped.add(source)
-        self.pending.insert(0, chunk)
+        self.pending.add(chunk)

@@ -53,6 +53,8 @@ class Transfer:
     """A peer server's base URL, or `store`."""
     nbytes: int
     seconds: float
+    full_fallbacks: int = 0
+    """Whole versions this pull fetched because a delta could not be applied (counted once per pull)."""
 
 
 def report_transfer(client: redis.Redis, run_id: str, report: PullReport) -> None:
@@ -65,9 +67,10 @@ def report_transfer(client: redis.Redis, run_id: str, report: PullReport) -> Non
                 "source": source,
                 "nbytes": nbytes,
                 "seconds": report.seconds,
+                "full_fallbacks": report.full_fallbacks if i == 0 else 0,
             }
         )
-        for source, nbytes in sorted(report.bytes_by_source.items())
+        for i, (source, nbytes) in enumerate(sorted(report.bytes_by_source.items()))
     ]
     if entries:
         client.rpush(_transfers_key(run_id), *entries)

@@ -85,6 +85,12 @@ def test_two_steps_then_resume(prefect_harness, base_model, tmp_path):
     for s in costs.steps:  # to the microsecond the database keeps of each timestamp (1e-8 USD: ~10 us)
         assert s.trainer_usd == pytest.approx((s.ended_at - s.started_at).total_seconds() * 3.67 / 3600, abs=1e-8)
     assert 0 < summary["trainer_usd"] <= costs.trainer_usd  # billed to the summary; the session ran on after it
+    # The summary's books add up: the steps and each line of what no step holds (the base
+    # evaluation before step 1, evaluations and checkpoints between steps) make its total.
+    lines = [value for key, value in summary.items() if key.startswith("unattributed_")]
+    assert summary["unattributed_before_step_1_usd"] > 0 and summary["unattributed_between_steps_usd"] > 0
+    assert abs(summary["attributed_usd"] + sum(lines) - summary["total_usd"]) < 1e-9
+    assert summary["attributed_usd"] == pytest.approx(sum(s.cost_usd for s in costs.steps))
 
     async def artifacts(**filters):
         async with get_client() as client:  # filtered: the session's other runs made many more

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from typer.testing import CliRunner
@@ -12,7 +15,7 @@ from infra.cli.app import app
 from infra.ledger import Ledger
 from infra.providers.interface import InstanceRecord
 from tests.infra.ledger.test_ledger import RUN_ID, at, record_small_run
-from tests.infra.ledger.test_ledger_comparison import record_baseline, record_hybrid
+from tests.infra.ledger.test_ledger_comparison import record_baseline, record_hybrid, workload
 
 runner = CliRunner()
 WIDE = {"COLUMNS": "200"}
@@ -30,7 +33,7 @@ def test_prints_cost_per_step_spend_per_class_and_totals_without_re_pricing(ledg
     result = runner.invoke(app, ["cost", "--run", RUN_ID, "--db", ledger_url], env=WIDE)
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    step1 = next(line for line in lines if line.startswith("│    1 │"))
+    step1 = next(line for line in lines if line.startswith("│") and line.split("│")[1].strip() == "1")
     # step 1: 4 instances, 1800 + 1230 + 1800 + 200 instance-s, 3200 generated, 50 wasted, 3000 trained,
     # 1 preemption, $2.8219
     assert [cell.strip() for cell in step1.split("│")[1:9]] == ["1", "4", "5030", "3200", "50", "3000", "1", "2.8219"]
@@ -74,13 +77,34 @@ def test_a_baseline_with_spot_instances_is_refused_with_the_fix(tmp_path):
     assert "baseline run hybrid-1 ran 2 spot instance(s)" in result.output and "reserved-only" in result.output
 
 
+def test_a_baseline_of_another_model_and_batch_exits_2_naming_the_fields(tmp_path):
+    """Through the real command line (a process, its console): one line naming each differing field, no traceback."""
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    with Ledger(url) as ledger:
+        record_hybrid(ledger)
+        record_baseline(ledger, "other-1", workload(**{"model.path": "models/other", "rollout.max_new_tokens": 64}))
+    result = subprocess.run(
+        [sys.executable, "-m", "infra.cli", "cost", "--run", "hybrid-1", "--baseline", "other-1", "--db", url],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "400"},
+        timeout=120,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output
+    assert "Traceback" not in output
+    (line,) = [line for line in output.splitlines() if "differs in" in line]
+    assert "model.path (run: '.rlboost/base-model', baseline: 'models/other')" in line
+    assert "batch.max_new_tokens (run: 6, baseline: 64)" in line
+
+
 def test_exports_csv_and_json_with_hand_computed_numbers(ledger_url, tmp_path):
     csv_path, json_path = tmp_path / "cost.csv", tmp_path / "cost.json"
     result = runner.invoke(
         app, ["cost", "--run", RUN_ID, "--db", ledger_url, "--csv", str(csv_path), "--json", str(json_path)], env=WIDE
     )
     assert result.exit_code == 0, result.output
-    rows = list(csv.DictReader(csv_path.open()))
+    rows = [row for row in csv.DictReader(csv_path.open()) if row["step"] in ("1", "2", "total")]
     assert [row["step"] for row in rows] == ["1", "2", "total"]
     assert [float(row["cost_usd"]) for row in rows] == pytest.approx([2.821944, 2.688333, 5.540833], abs=1e-6)
     assert [float(row["spot_usd"]) for row in rows] == pytest.approx(

@@ -102,7 +102,7 @@ def test_each_pool_gets_the_extras_and_gpu_check_of_its_machine_and_engine(tmp_p
 
     boot = CloudBoot(runs=None, engine=run_engine)  # type: ignore[arg-type]  # `plan` never asks Prefect
     cpu_pool = gcp_pool(name="cpu-spot", machine_type="n2-standard-8")
-    bootstrap = WorkerBootstrap(wheel=str(wheel))
+    bootstrap = WorkerBootstrap(wheel=str(wheel), wheelhouse=False)  # tests/infra/fleet/test_wheelhouse.py
     boot.ship([gcp_pool(), cpu_pool], bootstrap, (tmp_path / "store").as_uri(), None, tmp_path / "code")
     plan = boot.plan(gcp_pool(), "flow-run-1")
     assert plan.require_gpu and plan.env == {FLOW_RUN_ENV: "flow-run-1"}

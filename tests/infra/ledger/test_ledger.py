@@ -108,7 +108,7 @@ def test_migrations_go_up_to_exactly_the_models_and_back_down(ledger_url):
     try:
         assert current_revision(engine) is None
         upgrade_to_head(engine)
-        assert current_revision(engine) == "0003"
+        assert current_revision(engine) == "0004"
         assert LEDGER_TABLES <= set(inspect(engine).get_table_names())
         with engine.connect() as connection:  # the migrated schema is the models' schema, nothing missing or extra
             assert compare_metadata(MigrationContext.configure(connection), Base.metadata) == []
@@ -120,6 +120,21 @@ def test_migrations_go_up_to_exactly_the_models_and_back_down(ledger_url):
         assert LEDGER_TABLES <= set(inspect(engine).get_table_names())
     finally:
         engine.dispose()
+
+
+def test_the_workload_migration_keeps_the_runs_and_the_workload_round_trips(ledger_url):
+    """0004 adds `runs.workload` in place: runs recorded before it have none; a recorded one comes
+    back as it was written, and a later `start_run` without one (a heartbeat) keeps it."""
+    workload = {"model": {"path": "m", "params": 7}, "batch": {"group_size": 8}, "pools": [], "trainer": None}
+    with Ledger(ledger_url) as ledger:
+        record_small_run(ledger)
+        downgrade_to(ledger.engine, "0003")
+        assert "workload" not in {c["name"] for c in inspect(ledger.engine).get_columns("runs")}
+        upgrade_to_head(ledger.engine)
+        assert ledger.report(RUN_ID).workload is None and _count(ledger, Usage) == 7
+        ledger.start_run(RUN_ID, name="grpo-demo", workload=workload)
+        ledger.heartbeat(RUN_ID, at=at(3600))
+        assert ledger.report(RUN_ID).workload == workload
 
 
 def test_the_role_migration_keeps_every_row_both_ways(ledger_url):
@@ -143,7 +158,7 @@ def test_opening_a_ledger_migrates_it_and_reopening_keeps_the_data(ledger_url):
     with Ledger(ledger_url) as first:
         record_small_run(first)
     with Ledger(ledger_url, create=False) as again:
-        assert current_revision(again.engine) == "0003"
+        assert current_revision(again.engine) == "0004"
         assert _count(again, Usage) == 7
 
 

@@ -1,7 +1,8 @@
 """The trainer's machine in the ledger, and a run against a measured reserved-only baseline run,
 on a real database (SQLite; PostgreSQL when DATABASE_URL is set).
 
-Two synthetic runs of the same work (6000 trained tokens in two steps), no training needed:
+Two synthetic runs of the same workload (the demo configuration's, `run_workload`: 6000 trained
+tokens in two steps), no training needed:
 
 - baseline `base-1`: reserved only, the trainer's a2-highgpu-1g ($3.67/h) alone, two 1800 s steps,
   recorded through `RunAccounting` (the trainer is instance `trainer`, billed 0-3600 s);
@@ -19,12 +20,28 @@ import pytest
 from infra.ledger import BaselineMismatch, Ledger, TrainerMachine
 from infra.providers.interface import InstanceRecord
 from infra.run.accounting import RunAccounting
+from infra.run.config import load_config
+from infra.run.workload import run_workload
 from tests.infra.ledger.test_ledger import at
 
 pytestmark = pytest.mark.integration
 
 TRAINER = TrainerMachine(machine_type="a2-highgpu-1g", price_per_hour=3.67)
 SPOT_PRICE = 1.10
+SPOT_POOL = {
+    "name": "spot",
+    "capacity_class": "spot",
+    "size": 2,
+    "machine_type": "a2-highgpu-1g",
+    "price_per_hour": 1.1,
+}
+
+
+def workload(spot: bool = False, **changes: object) -> dict:
+    """The demo configuration's workload with the trainer's machine; `spot`: plus a spot pool of
+    two; `changes`: dotted overrides of the configuration (another model, batch, ...)."""
+    overrides = {"ledger.trainer": TRAINER.model_dump(mode="json"), "fabric.pools": [SPOT_POOL] if spot else []}
+    return run_workload(load_config(None, {**overrides, **changes}), params=1_000_000)
 
 
 class Clock:
@@ -37,10 +54,13 @@ class Clock:
         return self.now
 
 
-def record_baseline(ledger: Ledger, run_id: str = "base-1") -> None:
-    """A reserved-only run through `RunAccounting`: the trainer alone, two 1800 s steps of 3000 tokens."""
+def record_baseline(ledger: Ledger, run_id: str = "base-1", recorded: dict | None = None) -> None:
+    """A reserved-only run through `RunAccounting`: the trainer alone, two 1800 s steps of 3000
+    tokens, running `recorded` (default: `workload()`)."""
     clock = Clock()
-    accounting = RunAccounting(ledger, run_id, "grpo-demo", (), None, clock=clock, trainer=TRAINER)
+    accounting = RunAccounting(
+        ledger, run_id, "grpo-demo", (), None, clock=clock, trainer=TRAINER, workload=recorded or workload()
+    )
     for step in (1, 2):
         accounting.begin_step(step)
         clock.now += 1800
@@ -50,7 +70,7 @@ def record_baseline(ledger: Ledger, run_id: str = "base-1") -> None:
 
 def record_hybrid(ledger: Ledger, run_id: str = "hybrid-1", trainer: bool = True) -> None:
     """The same work with two spot instances beside the trainer: two 900 s steps, through the recorder API."""
-    ledger.start_run(run_id, name="grpo-demo", started_at=at(0))
+    ledger.start_run(run_id, name="grpo-demo", started_at=at(0), workload=workload(spot=True))
     machines = [("spot-0", "spot", SPOT_PRICE, "rollout"), ("spot-1", "spot", SPOT_PRICE, "rollout")]
     if trainer:
         machines.append(("trainer", "reserved", TRAINER.price_per_hour, "trainer"))
@@ -111,7 +131,9 @@ def test_a_baseline_that_is_not_reserved_only_or_a_run_without_its_trainer_is_re
 def test_the_run_summary_names_its_baseline_or_why_it_was_not_compared(ledger):
     record_baseline(ledger)
     clock = Clock()
-    accounting = RunAccounting(ledger, "hybrid-3", "grpo-demo", (), None, clock=clock, trainer=TRAINER)
+    accounting = RunAccounting(
+        ledger, "hybrid-3", "grpo-demo", (), None, clock=clock, trainer=TRAINER, workload=workload(spot=True)
+    )
     accounting.begin_step(1)
     clock.now += 900
     accounting.end_step(1, tokens_trained=3000)
@@ -123,3 +145,39 @@ def test_the_run_summary_names_its_baseline_or_why_it_was_not_compared(ledger):
         "throughput_vs_baseline": pytest.approx(2.0),
     }
     assert accounting.baseline_summary("nope")["vs_baseline"].startswith("not compared: no run 'nope'")
+
+
+def test_a_baseline_of_another_workload_is_refused_naming_each_differing_field(ledger):
+    record_hybrid(ledger)
+    record_baseline(ledger, "other-1", workload(**{"model.path": "models/other", "rollout.group_size": 4}))
+    with pytest.raises(BaselineMismatch) as refused:
+        ledger.compare("hybrid-1", "other-1")
+    message = str(refused.value)
+    assert "\n" not in message and "baseline run other-1 did not run run hybrid-1's workload" in message
+    assert "model.path (run: '.rlboost/base-model', baseline: 'models/other')" in message
+    assert "batch.group_size (run: 8, baseline: 4)" in message
+    assert "batch.prompts_per_step" not in message and "pools.spot" not in message
+
+
+def test_pools_must_match_apart_from_spot_and_the_workload_must_be_recorded(ledger):
+    record_hybrid(ledger)
+    other_spot = {**SPOT_POOL, "size": 5, "price_per_hour": 0.9}
+    recorded = workload(**{"fabric.pools": [other_spot]})  # its spot pool is not compared, nor the measured
+    recorded["data"]["mean_prompt_tokens"] = 12.5  # prompt length (it depends on how many prompts it evaluates)
+    record_baseline(ledger, "base-1", recorded)
+    assert ledger.compare("hybrid-1", "base-1").cost_efficiency > 0
+    ondemand = {
+        "name": "od",
+        "capacity_class": "ondemand",
+        "size": 1,
+        "machine_type": "a2-highgpu-1g",
+        "price_per_hour": 3.67,
+    }
+    record_baseline(ledger, "base-2", workload(**{"fabric.pools": [ondemand], "ledger.trainer.price_per_hour": 2.0}))
+    with pytest.raises(BaselineMismatch) as refused:
+        ledger.compare("hybrid-1", "base-2")
+    assert "trainer.price_per_hour (run: 3.67, baseline: 2.0)" in str(refused.value)
+    assert "pools.od.capacity_class (run: 'absent', baseline: 'ondemand')" in str(refused.value)
+    ledger.start_run("unrecorded", name="grpo-demo", started_at=at(0))
+    with pytest.raises(BaselineMismatch, match="baseline run unrecorded recorded no workload.*migration 0004"):
+        ledger.compare("hybrid-1", "unrecorded")

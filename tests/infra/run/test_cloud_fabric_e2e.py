@@ -281,7 +281,7 @@ def test_vms_that_cannot_boot_fail_the_run_with_their_boot_log_line(prefect_harn
                 "fabric.allow_plaintext": True,  # the fakes' network is this machine
                 "fabric.ready_timeout_s": 600,
                 "fabric.cloud": {
-                    "bootstrap": {"install_dir": str(install_dir), "python": "python3.9"},
+                    "bootstrap": {"install_dir": str(install_dir), "python": "python3.9", "wheelhouse": False},
                     "gcp_api_endpoint": gce.url,
                     "live_prices": False,
                     "reconcile_s": 0.5,

@@ -1,6 +1,6 @@
 """Pulling versions end to end over real HTTP, Redis and stores: a peer SIGKILLed mid-transfer,
-the store-only and peer-only paths, monotonic versions, no partial version ever served or loaded,
-and store retention around pull leases."""
+the store-only and peer-only paths, monotonic versions, only verified chunks served while pulling
+and only whole versions loaded, and store retention around pull leases."""
 
 from __future__ import annotations
 
@@ -238,7 +238,7 @@ def test_versions_are_monotonic(redis_client, run):
         publisher.close()
 
 
-def test_an_instance_serves_a_version_only_once_it_has_all_of_it(redis_client, run):
+def test_an_instance_serves_only_verified_chunks_while_it_pulls_and_all_of_it_once_done(redis_client, run):
     run_id, run_dir, registry = run
     config = WeightsConfig(chunk_mb=1 / 16, upload_cap_mb_s=1, chunk_timeout_s=5, pull_timeout_s=30)
     state_dict = _state_dict(megabytes=1)
@@ -248,20 +248,27 @@ def test_an_instance_serves_a_version_only_once_it_has_all_of_it(redis_client, r
     try:
         publisher.publish(1, state_dict)
         publisher.flush(timeout=30)
+        manifest = publisher.store.read_manifest(1)
         result: dict = {}
         pulling = threading.Thread(target=lambda: result.update(state_dict=puller.pull(1)))
         pulling.start()
-        while puller.last_report is None or puller.last_report.bytes == 0:
+        offered: frozenset[int] = frozenset()
+        while not offered:
+            partial = registry.partial_holders(1).get(puller.url)
+            offered = partial.held if partial else frozenset()
             time.sleep(0.005)
+        assert 0 < len(offered) < len(manifest.chunks)
         assert 0 < puller.last_report.bytes < sum(t.numel() * 4 for t in state_dict.values())
-        assert puller.url not in registry.holders(1)
+        assert puller.url not in registry.holders(1)  # not a complete holder yet
         assert puller.server.versions() == []
-        assert _status(puller.url, manifest_path) == 404
+        assert _status(puller.url, manifest_path) == 200
+        assert all(_status(puller.url, f"/weights/v1/{manifest.chunks[i].file}") == 200 for i in offered)
         pulling.join(timeout=30)
         assert fingerprint(result["state_dict"]) == fingerprint(state_dict)
         assert puller.url in registry.holders(1)
+        assert puller.url not in registry.partial_holders(1)
         assert puller.server.versions() == [1]
-        assert _status(puller.url, manifest_path) == 200
+        assert all(_status(puller.url, f"/weights/v1/{info.file}") == 200 for info in manifest.chunks)
     finally:
         puller.close()
         publisher.close()
@@ -322,7 +329,7 @@ def test_serving_without_a_secret_is_refused_with_a_clear_error(redis_client, ru
 
 def test_retention_keeps_the_newest_and_every_version_being_pulled(redis_client, run):
     run_id, run_dir, registry = run
-    config = WeightsConfig(chunk_mb=1 / 64, keep_versions=1, keep_in_memory=1)
+    config = WeightsConfig(chunk_mb=1 / 64, keep_versions=1, keep_in_memory=1, full_every=1)  # whole versions
     publisher = WeightPublisher(config, redis_client, run_id, run_dir=run_dir)
     try:
         publisher.publish(1, _state_dict(0.05, seed=1))

@@ -91,6 +91,7 @@ def test_store_only_transfer_over_s3_needs_no_peers_and_no_secret(s3_options, re
         serve_from_peers=False,
         chunk_mb=0.05,
         keep_versions=1,
+        full_every=1,  # whole versions: the store keeps just the newest (deltas: tests/infra/weights/test_delta_pull.py)
     )
     run_id = uuid.uuid4().hex
     torch.manual_seed(1)

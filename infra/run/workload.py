@@ -1,0 +1,83 @@
+"""What a run runs, as the ledger records it (`runs.workload`): `run_workload(config, params)`.
+
+A JSON-ready dict of five sections: `model` (its path, the architecture read from its
+`config.json`, the parameter count and dtype), `data` (the prompts' source and their mean length
+in tokens), `batch` (prompts per
+step, group size, response budget, sampling, bounded staleness), `pools` (every pool's name,
+provider, capacity class, size, machine type, price, co-location, notice, silent-kill fraction
+and availability) and `trainer` (`ledger.trainer`). A baseline comparison checks that two runs
+agree on all of it but their spot pools (`infra.ledger.comparison`); `rlboost cost --predict`
+maps it to a simulator scenario (`infra.sim.from_run`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from infra.run.config import RunConfig
+
+POOL_FIELDS = (
+    "name",
+    "provider",
+    "capacity_class",
+    "size",
+    "machine_type",
+    "price_per_hour",
+    "colocated",
+    "notice_s",
+    "silent_kill_fraction",
+    "availability",
+)
+
+
+def model_architecture(path: Path) -> dict[str, Any]:
+    """Layers, widths and heads from the model's Hugging Face `config.json` (empty without one)."""
+    try:
+        hf = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    heads = hf.get("num_attention_heads")
+    hidden = hf.get("hidden_size")
+    return {
+        "model_type": hf.get("model_type"),
+        "layers": hf.get("num_hidden_layers"),
+        "hidden_size": hidden,
+        "heads": heads,
+        "kv_heads": hf.get("num_key_value_heads", heads),
+        "head_dim": hf.get("head_dim") or (hidden // heads if hidden and heads else None),
+        "vocab_size": hf.get("vocab_size"),
+    }
+
+
+def run_workload(config: RunConfig, params: int | None, mean_prompt_tokens: float | None = None) -> dict[str, Any]:
+    """The workload of `config` (`params`: the policy's parameter count, None if not in this
+    process; `mean_prompt_tokens`: the encoded prompts' mean length, None if not measured)."""
+    model, rollout = config.model, config.rollout
+    return {
+        "model": {
+            "path": str(model.path),
+            "gguf_file": model.gguf_file,
+            "dtype": model.dtype,
+            "params": params,
+            **model_architecture(model.path),
+        },
+        "data": {
+            **config.data.model_dump(mode="json", include={"source", "family", "path"}),
+            "mean_prompt_tokens": mean_prompt_tokens,
+        },
+        "batch": {
+            "prompts_per_step": rollout.prompts_per_step,
+            "group_size": rollout.group_size,
+            "max_new_tokens": rollout.max_new_tokens,
+            "temperature": rollout.temperature,
+            "top_p": rollout.top_p,
+            "top_k": rollout.top_k,
+            "max_staleness": config.training.max_staleness,
+        },
+        "pools": [pool.model_dump(mode="json", include=set(POOL_FIELDS)) for pool in config.fabric.pools]
+        if config.fabric.enabled
+        else [],
+        "trainer": config.ledger.trainer.model_dump(mode="json") if config.ledger.trainer else None,
+    }

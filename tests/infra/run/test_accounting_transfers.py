@@ -1,0 +1,52 @@
+"""The weight pulls of a step reach its row: each pull reported by an instance (through real
+Redis) is recorded in the ledger with the step, and `end_step` returns the bytes received and the
+whole-version fallbacks (counted once per pull however many sources it used)."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra.ledger import Ledger
+from infra.providers.interface import InstanceRecord
+from infra.run.accounting import RunAccounting, WeightTraffic
+from infra.weights.puller import PullReport
+from infra.weights.shared import drain_transfers, report_transfer
+from tests.helpers import Clock
+
+pytestmark = pytest.mark.integration
+
+
+class _Instances:
+    """The provider's side the accounting reads: the instances it has records of."""
+
+    def __init__(self, *records: InstanceRecord) -> None:
+        self.records = list(records)
+
+    def instances(self) -> list[InstanceRecord]:
+        return self.records
+
+
+def test_a_steps_pulls_are_summed_with_their_fallbacks(redis_client, tmp_path):
+    clock = Clock()
+    spot = InstanceRecord("spot-0", "spot", "spot", "a2-highgpu-1g", 1.0, clock())
+    report = PullReport(version=3, instance_id="spot-0", bytes=1500, full_fallbacks=1)
+    report.bytes_by_source = {"store": 1000, "http://peer": 500}
+    report_transfer(redis_client, "run-1", report)
+    report_transfer(redis_client, "run-1", PullReport(version=3, instance_id="gone-0", bytes_by_source={"store": 7}))
+    with Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}") as ledger:
+        accounting = RunAccounting(
+            ledger,
+            "run-1",
+            "run",
+            (),
+            _Instances(spot),
+            transfers=lambda: drain_transfers(redis_client, "run-1"),
+            clock=clock,
+            heartbeat_s=60,
+        )
+        accounting.begin_step(3)
+        clock.advance(10)
+        traffic = accounting.end_step(3, tokens_trained=100)
+        accounting.finish()
+        assert traffic == WeightTraffic(nbytes=1500, full_fallbacks=1)  # gone-0 is no instance of this run
+        assert ledger.report("run-1").transfer_bytes == 1500
