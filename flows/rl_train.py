@@ -236,7 +236,11 @@ def _cost_summary(costs: dict) -> dict:
     keys = (
         "total_usd",
         "attributed_usd",
-        *(key for key in costs if key.startswith("unattributed_") and key != "unattributed_usd" and costs[key]),
+        *(
+            key
+            for key in costs
+            if key.startswith("unattributed_") and key != "unattributed_usd" and abs(costs[key]) >= 5e-4
+        ),  # a line that shows as $0.000 is left out
         "spend_spot_usd",
         "spend_reserved_usd",
         "trainer_usd",
