@@ -397,7 +397,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--mean-gap-s", type=float, default=4.0, help="Mean time between two faults.")
     parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--upload-cap-mb-s", type=float, default=0.1, help="Each weight server's upload cap.")
+    parser.add_argument(
+        "--upload-cap-mb-s",
+        type=float,
+        default=0.03,
+        help="Each weight server's upload cap: a version's delta (~80 KB) takes about 2.7 s, so faults land in pulls.",
+    )
     parser.add_argument("--max-attempts", type=int, default=20, help="Drivers run before giving up.")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--staleness", type=int, default=0, help="training.max_staleness (K) of the run.")
