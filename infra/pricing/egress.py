@@ -14,7 +14,7 @@ import csv
 from functools import lru_cache
 from pathlib import Path
 
-from infra.pricing.catalog import region_of
+from infra.pricing.catalog import REFERENCE_REGIONS, region_of
 
 EGRESS_TABLE = Path(__file__).resolve().parent / "data" / "egress_prices.csv"
 SCOPES = ("region", "continent", "intercontinental", "internet")
@@ -74,6 +74,9 @@ def egress_usd_per_gb(source_cloud: str, source_region: str | None, dest_cloud: 
         raise LookupError(f"no egress prices for cloud {source_cloud!r} in {EGRESS_TABLE}: add its rows there")
     if dest_cloud != source_cloud:
         return table[source_cloud, "internet"]
+    for cloud, region in ((source_cloud, source_region), (dest_cloud, dest_region)):
+        if region is None and cloud not in REFERENCE_REGIONS:
+            raise LookupError(f"egress between regions of {cloud!r} needs both regions, and one is not given")
     source, dest = region_of(source_cloud, source_region), region_of(dest_cloud, dest_region)
     if source == dest:
         return table[source_cloud, "region"]

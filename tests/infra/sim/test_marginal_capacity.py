@@ -71,3 +71,9 @@ def test_egress_price_follows_the_regions():
     assert egress_usd_per_gb("local", None, "gcp", "us-central1") == 0.0
     assert egress_usd_per_gb("azure", "eastus", "azure", "westeurope") == 0.05
     assert egress_usd_per_gb("gcp", "us-central1-a", "gcp", "us-central1-b") == 0.0
+
+
+def test_egress_between_regions_of_a_cloud_without_a_reference_region_needs_both():
+    with pytest.raises(LookupError, match="needs both regions"):
+        egress_usd_per_gb("aws", None, "aws", "us-east-1")
+    assert egress_usd_per_gb("aws", None, "gcp", None) == egress_usd_per_gb("aws", "us-east-1", "gcp", None)
