@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     from rl.engine_spec import EngineSpec
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+PEER_SECRET = "weights-secret-for-the-tests-0123456789"
+"""The weight peers' shared secret in the tests (tests/infra/weights set it for every test)."""
 
 
 def on_a_small_disk(disk: Path, size: str, command: list[str]) -> list[str]:

@@ -4,34 +4,16 @@ exactly the published weights, or none; the store and the servers keep every del
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 import torch
 
 from infra.weights.config import WeightsConfig
 from infra.weights.delta import diff
-from infra.weights.holders import HolderRegistry
 from infra.weights.manifest import encode, fingerprint
 from infra.weights.publisher import WeightPublisher
 from infra.weights.puller import STORE, PullError, WeightPuller
 
 pytestmark = pytest.mark.integration
-
-SECRET = "delta-secret-for-the-tests-0123456789"
-
-
-@pytest.fixture(autouse=True)
-def _secret(monkeypatch):
-    monkeypatch.setenv("RLBOOST_WEIGHTS_SECRET", SECRET)
-
-
-@pytest.fixture
-def run(redis_client, tmp_path):
-    run_id = uuid.uuid4().hex
-    registry = HolderRegistry(redis_client, run_id, ttl_s=10)
-    yield run_id, tmp_path, registry
-    registry.close()
 
 
 def _versions(count: int, fraction: float = 0.01) -> list[dict[str, torch.Tensor]]:

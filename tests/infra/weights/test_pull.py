@@ -13,7 +13,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -23,22 +22,16 @@ import torch
 from infra.services.ports import free_port
 from infra.weights.auth import authorization
 from infra.weights.config import WeightsConfig
-from infra.weights.holders import HolderRegistry, weights_channel
+from infra.weights.holders import weights_channel
 from infra.weights.manifest import encode, fingerprint
 from infra.weights.peer_server import PeerServer
 from infra.weights.publisher import WeightPublisher
 from infra.weights.puller import STORE, PullError, WeightPuller
-from tests.helpers import REPO_ROOT
+from tests.helpers import PEER_SECRET, REPO_ROOT
 
 pytestmark = pytest.mark.integration
 
-SECRET = "pull-secret-for-the-tests-0123456789"
 REPO = REPO_ROOT
-
-
-@pytest.fixture(autouse=True)
-def _secret(monkeypatch):
-    monkeypatch.setenv("RLBOOST_WEIGHTS_SECRET", SECRET)
 
 
 def _state_dict(megabytes: float, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -51,7 +44,7 @@ def _status(url: str, path: str) -> int:
     parts = urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
     try:
-        conn.request("GET", path, headers={"Authorization": authorization(SECRET.encode(), "GET", path)})
+        conn.request("GET", path, headers={"Authorization": authorization(PEER_SECRET.encode(), "GET", path)})
         response = conn.getresponse()
         response.read()
         return response.status
@@ -92,14 +85,6 @@ class _InstanceProcess:
         if self.process.poll() is None:
             self.process.kill()
         self.process.wait(timeout=10)
-
-
-@pytest.fixture
-def run(redis_client, tmp_path):
-    run_id = uuid.uuid4().hex
-    registry = HolderRegistry(redis_client, run_id, ttl_s=10)
-    yield run_id, tmp_path, registry
-    registry.close()
 
 
 def test_a_peer_killed_mid_transfer_does_not_stop_the_pull(redis_url, redis_client, run):

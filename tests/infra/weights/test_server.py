@@ -20,15 +20,9 @@ from infra.weights.manifest import EncodedVersion, encode, fingerprint
 from infra.weights.peer_server import PeerServer
 from infra.weights.publisher import WeightPublisher
 from infra.weights.puller import STORE, WeightPuller
+from tests.helpers import PEER_SECRET
 
 pytestmark = pytest.mark.integration
-
-SECRET = "peer-secret-for-the-tests-0123456789"
-
-
-@pytest.fixture(autouse=True)
-def _secret(monkeypatch):
-    monkeypatch.setenv("RLBOOST_WEIGHTS_SECRET", SECRET)
 
 
 def _state_dict(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -84,14 +78,14 @@ def test_requests_without_or_with_a_wrong_secret_get_401_and_no_bytes():
         for path in (chunk, "/weights/v1/manifest.json", "/weights/v99/manifest.json", "/anything"):
             for headers in (
                 {},
-                {"Authorization": f"Bearer {SECRET}"},
+                {"Authorization": f"Bearer {PEER_SECRET}"},
                 {"Authorization": authorization(b"not-the-secret-but-long-enough", "GET", path)},
-                {"Authorization": authorization(SECRET.encode(), "GET", path, now=0)},
-                {"Authorization": authorization(SECRET.encode(), "GET", "/weights/v1/other")},
+                {"Authorization": authorization(PEER_SECRET.encode(), "GET", path, now=0)},
+                {"Authorization": authorization(PEER_SECRET.encode(), "GET", "/weights/v1/other")},
             ):
                 status, body, response_headers = _get(server.url, path, headers)
                 assert (status, body, response_headers["content-length"]) == (401, b"", "0"), (path, headers)
-        status, body, _ = _get(server.url, chunk, {"Authorization": authorization(SECRET.encode(), "GET", chunk)})
+        status, body, _ = _get(server.url, chunk, {"Authorization": authorization(PEER_SECRET.encode(), "GET", chunk)})
         assert (status, body) == (200, encoded.chunks[0])
         assert server.bytes_sent == len(encoded.chunks[0])
     finally:
@@ -106,7 +100,7 @@ def test_uploads_per_server_are_bounded_and_excess_requests_get_503():
     results: list[tuple[int, bytes]] = []
 
     def fetch() -> None:
-        status, body, _ = _get(server.url, path, {"Authorization": authorization(SECRET.encode(), "GET", path)})
+        status, body, _ = _get(server.url, path, {"Authorization": authorization(PEER_SECRET.encode(), "GET", path)})
         results.append((status, body))
 
     try:

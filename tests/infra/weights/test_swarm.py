@@ -8,35 +8,20 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-import uuid
 
 import pytest
 import torch
 
 from infra.weights.config import WeightsConfig
-from infra.weights.holders import HolderRegistry, chunk_bitmap, mark_chunk
+from infra.weights.holders import chunk_bitmap, mark_chunk
 from infra.weights.manifest import EncodedVersion, encode, fingerprint
 from infra.weights.peer_client import PeerClient, SourceFailed, SourceLacks
 from infra.weights.peer_server import PeerServer
 from infra.weights.publisher import WeightPublisher
 from infra.weights.puller import STORE, PullError, WeightPuller
+from tests.helpers import PEER_SECRET
 
 pytestmark = pytest.mark.integration
-
-SECRET = "swarm-secret-for-the-tests-0123456789"
-
-
-@pytest.fixture(autouse=True)
-def _secret(monkeypatch):
-    monkeypatch.setenv("RLBOOST_WEIGHTS_SECRET", SECRET)
-
-
-@pytest.fixture
-def run(redis_client, tmp_path):
-    run_id = uuid.uuid4().hex
-    registry = HolderRegistry(redis_client, run_id, ttl_s=10)
-    yield run_id, tmp_path, registry
-    registry.close()
 
 
 def _state_dict(megabytes: float, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -77,7 +62,7 @@ def test_a_partial_holder_serves_the_chunks_it_has_and_refuses_the_others_withou
     encoded = _stored(publisher, 1)
     assert len(encoded.chunks) >= 12
     partial = _partial_peer(encoded, {0: encoded.chunks[0]}, advertised=range(8), registry=registry)
-    client = PeerClient(SECRET.encode(), config)
+    client = PeerClient(PEER_SECRET.encode(), config)
     puller = WeightPuller(config, redis_client, run_id, "instance", run_dir=run_dir)
     try:
         held, missing = (f"/weights/v1/{encoded.manifest.chunks[i].file}" for i in (0, 1))
@@ -185,7 +170,7 @@ def test_a_failed_pull_withdraws_its_partial_offer(redis_client, run):
     registry.record_manifest(1, encoded.manifest_sha256)
     registry.hold(1, bad_peer.url)
     puller = WeightPuller(config, redis_client, run_id, "instance", run_dir=run_dir)
-    client = PeerClient(SECRET.encode(), config)
+    client = PeerClient(PEER_SECRET.encode(), config)
     offered: list[frozenset[int]] = []
 
     def watch() -> None:
