@@ -7,9 +7,8 @@ from the usage rows plus transfer egress, and the books: what no step holds, as 
 (`unattributed`, `infra.ledger.books`) that add up with the steps to `total_usd`; $ per million
 generated and trained tokens, the trainer's share (role `trainer`; `trainer_recorded`), trained
 tokens per second of step time, preemptions and evictions, boot seconds (launch to ready) per
-instance and per class (mean, count, their cost). `as_dict()` is the whole report as
-JSON-ready data, `summary()` the flat run totals; a price neither the ledger nor the catalog gives
-raises `PriceNotFound` naming the instance. Definitions: docs/cost-ledger.md ("In code").
+instance and class. `as_dict()` is the whole report as JSON-ready data, `summary()` the run totals;
+a price neither ledger nor catalog gives raises `PriceNotFound`. Detail: docs/cost-ledger.md.
 
 There is no on-demand figure here: re-pricing the same instance-seconds at on-demand prices says
 nothing about what an on-demand run would cost (it would take a different time); comparing with

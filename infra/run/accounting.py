@@ -6,14 +6,13 @@ the run and a price quote per pool, and the trainer's machine (`TrainerMachine`)
 so it takes role `trainer` instead; the configuration refuses both); per step (`begin_step`,
 `end_step`) its times and trained tokens, every instance the provider has run with its lifecycle
 and ready time (its worker's first registration seen), each instance's seconds and generated
-tokens inside the step, and the weight pulls this attempt's
-instances reported; a heartbeat every `heartbeat_s`, so a killed driver's run is billed only up to
-its last beat; at the end the run's end. `report()` is the cost report so far (billed to now),
-`baseline_summary(id)` its comparison with a measured reserved-only run. A step's wasted tokens
-are split evenly over the instances that stopped in it, else given to the one that generated most.
-Writes are idempotent per (run, step, instance), so a step recorded again replaces its rows; a
-re-run's instances carry the attempt's prefix, never overwriting the dead attempt's (the session
-closes those with `Ledger.resume_run` first). Detail: docs/cost-ledger.md ("In code").
+tokens inside the step, and the weight pulls this attempt's instances reported; a heartbeat every
+`heartbeat_s`, so a killed driver's run is billed only up to its last beat; at the end the run's
+end. `report()` is the cost report so far (billed to now), `baseline_summary(id)` its comparison
+with a measured reserved-only run. A step's wasted tokens go evenly to the instances that stopped in
+it, else to the one that generated most. Writes are idempotent per (run, step, instance); a re-run's
+instances carry the attempt's prefix, never overwriting the dead attempt's (the session closes those
+with `Ledger.resume_run` first). Detail: docs/cost-ledger.md ("In code").
 """
 
 from __future__ import annotations
