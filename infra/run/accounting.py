@@ -70,7 +70,7 @@ class RunAccounting:
         `instance_prefix` starts this attempt's instance ids (the trainer's); the driver heartbeats
         every `heartbeat_s`; `workload` is what the run runs (`infra.run.workload.run_workload`);
         `ready` returns the registered instances' registration times (`RolloutFabric.registered`),
-        recorded as their ready times."""
+        recorded as their ready times at each step's end (not at `finish()`: the fabric is closed)."""
         self.ledger = ledger
         self.run_id = run_id
         self.provider = provider
@@ -132,7 +132,7 @@ class RunAccounting:
         ended = self.clock()
         started = self._step_started.pop(step, ended)
         records = self.provider.instances() if self.provider is not None else []
-        self._record_instances(records)
+        self._record_instances(records, self.ready() if self.ready is not None and records else None)
         if self._trainer is not None:
             records = [*records, self._trainer]
         tokens = dict(instance_tokens or {})
@@ -191,8 +191,9 @@ class RunAccounting:
             self._record_trainer()
         self.ledger.finish_run(self.run_id, ended_at=ended)
 
-    def _record_instances(self, records: Sequence[InstanceRecord]) -> None:
-        ready = self.ready() if self.ready is not None and records else {}
+    def _record_instances(self, records: Sequence[InstanceRecord], ready: Mapping[str, float] | None = None) -> None:
+        """Record `records`, with the ready times `ready` gives (by instance id)."""
+        ready = ready or {}
         for record in records:
             role = "trainer" if record.pool in self._trainer_pools else "rollout"
             self.ledger.record_instance(
