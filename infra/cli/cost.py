@@ -166,7 +166,7 @@ def steps_table(report: CostReport) -> Table:
 def classes_table(report: CostReport) -> Table:
     table = Table(title="spend per capacity class")
     table.add_column("class")
-    for header in ("instances", "instance-hours", "spend $", "preemptions"):
+    for header in ("instances", "instance-hours", "spend $", "preemptions", "boot s (mean, n)", "booting $"):
         table.add_column(header, justify="right")
     for c in report.classes:
         table.add_row(
@@ -175,6 +175,8 @@ def classes_table(report: CostReport) -> Table:
             f"{c.instance_hours:.3f}",
             _usd(c.spend_usd),
             str(c.preemptions),
+            "-" if c.boot_s_mean is None else f"{c.boot_s_mean:.1f} ({c.booted})",
+            _usd(c.boot_usd),
         )
     return table
 

@@ -96,6 +96,11 @@ def _later_state(new: Any, stored: Any) -> Any:
     return case((case(rank, value=new) >= case(rank, value=stored), new), else_=stored)
 
 
+def _first_time(new: Any, stored: Any) -> Any:
+    """The stored time if there is one, else the new one (a first ready time is never overwritten)."""
+    return func.coalesce(stored, new)
+
+
 def as_utc(moment: Moment | None) -> datetime | None:
     """Epoch seconds or an aware datetime as an aware UTC datetime (None stays None; naive is refused)."""
     if moment is None:
@@ -254,7 +259,7 @@ class Ledger:
         """Record an instance from its `InstanceRecord` (call again whenever its state changes).
 
         `provider` is its pool's provider (`local`, `gcp`, `azure`); `zone` where it runs (None for
-        local pools); `ready_at` when it could first generate; `reason` overrides the record's
+        local pools); `ready_at` when it could first generate (the first one recorded is kept); `reason` overrides the record's
         termination reason (pass `evicted` for an instance the controller reaped); `role` is
         `trainer` for the machine the trainer runs on (`infra.ledger.models.INSTANCE_ROLES`)."""
         values = {
@@ -276,7 +281,10 @@ class Ledger:
             "exit_code": instance.exit_code,
         }
         self._upsert(
-            Instance, values, f"record_instance({run_id!r}, {instance.instance_id!r})", merge={"state": _later_state}
+            Instance,
+            values,
+            f"record_instance({run_id!r}, {instance.instance_id!r})",
+            merge={"state": _later_state, "ready_at": _first_time},
         )
 
     def record_usage(

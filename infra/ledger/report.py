@@ -6,9 +6,9 @@ else its driver's last heartbeat, so a run whose driver died stops costing there
 from the usage rows plus transfer egress, and the books: what no step holds, as named lines
 (`unattributed`, `infra.ledger.books`) that add up with the steps to `total_usd`; $ per million
 generated and trained tokens, the trainer's share (role `trainer`; `trainer_recorded`), trained
-tokens per second of step time, preemptions and evictions. `as_dict()` is the whole report as
-JSON-ready data, `summary()` the flat run totals; a price neither the ledger nor the catalog gives
-raises `PriceNotFound` naming the instance. Definitions: docs/cost-ledger.md ("In code").
+tokens per second of step time, preemptions and evictions, boot seconds (launch to ready) per
+instance and class. `as_dict()` is the whole report as JSON-ready data, `summary()` the run totals;
+a price neither ledger nor catalog gives raises `PriceNotFound`. Detail: docs/cost-ledger.md.
 
 There is no on-demand figure here: re-pricing the same instance-seconds at on-demand prices says
 nothing about what an on-demand run would cost (it would take a different time); comparing with
@@ -51,6 +51,8 @@ class InstanceCost(BaseModel):
     billed_seconds: float
     spend_usd: float
     reason: str | None
+    boot_s: float | None
+    """Seconds from launch to ready (None: no ready time recorded)."""
 
 
 class StepCost(BaseModel):
@@ -82,6 +84,12 @@ class ClassSpend(BaseModel):
     instance_hours: float
     spend_usd: float
     preemptions: int
+    booted: int
+    """Instances with a recorded ready time (`instances.ready_at`)."""
+    boot_s_mean: float | None
+    """Mean seconds from launch to ready over those (None: none recorded one)."""
+    boot_usd: float
+    """What they cost while booting: boot seconds x price."""
 
 
 class CostReport(BaseModel):
@@ -165,6 +173,13 @@ def billed_seconds(instance: Instance, as_of: datetime) -> float:
     return max((end - instance.launched_at).total_seconds(), 0.0)
 
 
+def boot_seconds(instance: Instance) -> float | None:
+    """Seconds from launch to ready (its worker registered), None without a ready time."""
+    if instance.ready_at is None:
+        return None
+    return max((instance.ready_at - instance.launched_at).total_seconds(), 0.0)
+
+
 def _preempted_at(instance: Instance) -> datetime | None:
     if instance.reason not in PREEMPTION_REASONS:
         return None
@@ -190,6 +205,7 @@ def _instance_costs(records: RunRecords, prices: PriceSource, as_of: datetime) -
                 billed_seconds=seconds,
                 reason=i.reason,
                 spend_usd=seconds * rate / SECONDS_PER_HOUR,
+                boot_s=boot_seconds(i),
             )
         )
     return costs
@@ -240,6 +256,7 @@ def _class_spends(instances: list[InstanceCost]) -> list[ClassSpend]:
     for name in CAPACITY_CLASSES:
         members = [c for c in instances if c.capacity_class == name]
         if members:
+            boots = [(c.boot_s, c.usd_per_hour) for c in members if c.boot_s is not None]
             classes.append(
                 ClassSpend(
                     capacity_class=name,
@@ -247,6 +264,9 @@ def _class_spends(instances: list[InstanceCost]) -> list[ClassSpend]:
                     instance_hours=sum(c.billed_seconds for c in members) / SECONDS_PER_HOUR,
                     spend_usd=sum(c.spend_usd for c in members),
                     preemptions=sum(1 for c in members if c.reason in PREEMPTION_REASONS),
+                    booted=len(boots),
+                    boot_s_mean=sum(s for s, _ in boots) / len(boots) if boots else None,
+                    boot_usd=sum(s * rate for s, rate in boots) / SECONDS_PER_HOUR,
                 )
             )
     return classes

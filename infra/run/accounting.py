@@ -4,15 +4,15 @@
 the run and a price quote per pool, and the trainer's machine (`TrainerMachine`) as instance
 `trainer` of role `trainer`, up until `finish()` (a co-located pool's instance runs on that machine,
 so it takes role `trainer` instead; the configuration refuses both); per step (`begin_step`,
-`end_step`) its times and trained tokens, every instance the provider has run with its lifecycle,
-each instance's seconds and generated tokens inside the step, and the weight pulls this attempt's
-instances reported; a heartbeat every `heartbeat_s`, so a killed driver's run is billed only up to
-its last beat; at the end the run's end. `report()` is the cost report so far (billed to now),
-`baseline_summary(id)` its comparison with a measured reserved-only run. A step's wasted tokens
-are split evenly over the instances that stopped in it, else given to the one that generated most.
-Writes are idempotent per (run, step, instance), so a step recorded again replaces its rows; a
-re-run's instances carry the attempt's prefix, never overwriting the dead attempt's (the session
-closes those with `Ledger.resume_run` first). Detail: docs/cost-ledger.md ("In code").
+`end_step`) its times and trained tokens, every instance the provider has run with its lifecycle
+and ready time (its worker's first registration seen), each instance's seconds and generated
+tokens inside the step, and the weight pulls this attempt's instances reported; a heartbeat every
+`heartbeat_s`, so a killed driver's run is billed only up to its last beat; at the end the run's
+end. `report()` is the cost report so far (billed to now), `baseline_summary(id)` its comparison
+with a measured reserved-only run. A step's wasted tokens go evenly to the instances that stopped in
+it, else to the one that generated most. Writes are idempotent per (run, step, instance); a re-run's
+instances carry the attempt's prefix, never overwriting the dead attempt's (the session closes those
+with `Ledger.resume_run` first). Detail: docs/cost-ledger.md ("In code").
 """
 
 from __future__ import annotations
@@ -63,15 +63,19 @@ class RunAccounting:
         instance_prefix: str = "",
         heartbeat_s: float = 5.0,
         workload: dict[str, Any] | None = None,
+        ready: Callable[[], Mapping[str, float]] | None = None,
     ) -> None:
         """`transfers` returns the weight pulls reported since its last call (`RolloutFabric.drain_transfers`);
         `trainer` is the trainer's machine (`ledger.trainer` of the run configuration);
         `instance_prefix` starts this attempt's instance ids (the trainer's); the driver heartbeats
-        every `heartbeat_s`; `workload` is what the run runs (`infra.run.workload.run_workload`)."""
+        every `heartbeat_s`; `workload` is what the run runs (`infra.run.workload.run_workload`);
+        `ready` returns the registered instances' registration times (`RolloutFabric.registered`),
+        recorded as their ready times at each step's end (not at `finish()`: the fabric is closed)."""
         self.ledger = ledger
         self.run_id = run_id
         self.provider = provider
         self.transfers = transfers
+        self.ready = ready
         self.clock = clock
         self._providers = {pool.name: pool.provider for pool in pools}
         self._trainer_pools = {pool.name for pool in pools if pool.colocated}
@@ -128,7 +132,7 @@ class RunAccounting:
         ended = self.clock()
         started = self._step_started.pop(step, ended)
         records = self.provider.instances() if self.provider is not None else []
-        self._record_instances(records)
+        self._record_instances(records, self.ready() if self.ready is not None and records else None)
         if self._trainer is not None:
             records = [*records, self._trainer]
         tokens = dict(instance_tokens or {})
@@ -187,11 +191,17 @@ class RunAccounting:
             self._record_trainer()
         self.ledger.finish_run(self.run_id, ended_at=ended)
 
-    def _record_instances(self, records: Sequence[InstanceRecord]) -> None:
+    def _record_instances(self, records: Sequence[InstanceRecord], ready: Mapping[str, float] | None = None) -> None:
+        """Record `records`, with the ready times `ready` gives (by instance id)."""
+        ready = ready or {}
         for record in records:
             role = "trainer" if record.pool in self._trainer_pools else "rollout"
             self.ledger.record_instance(
-                self.run_id, record, provider=self._providers.get(record.pool, "local"), role=role
+                self.run_id,
+                record,
+                provider=self._providers.get(record.pool, "local"),
+                ready_at=ready.get(record.instance_id),
+                role=role,
             )
 
     def _record_trainer(self) -> None:

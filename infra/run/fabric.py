@@ -449,6 +449,12 @@ class RolloutFabric:
     def preemptions(self) -> int:
         return sum(1 for r in self.provider.instances() if r.reason in ("preempted", "preempted_silent"))
 
+    def registered(self) -> dict[str, float]:
+        """When each registered instance's worker registered (the registry's clock, epoch seconds):
+        the ledger's ready times."""
+        snapshots = self._through_outage(self.registry.all)
+        return {s.spec.instance_id: s.registered_at for s in snapshots}
+
     def drain_transfers(self) -> list[Transfer]:
         """Weight pulls the instances reported since the last call, bytes summed per instance,
         version and kind of source: `trainer`, `store` or `peer`."""

@@ -173,6 +173,7 @@ class TrainingSession:
                 config.fabric.pools if self.fabric else (),
                 self.fabric.provider if self.fabric else None,
                 transfers=self.fabric.drain_transfers if self.fabric else None,
+                ready=self.fabric.registered if self.fabric else None,
                 trainer=config.ledger.trainer,
                 instance_prefix=self.identity.instance_prefix,
                 workload=run_workload(config, _parameters(self.model), self._mean_prompt_tokens()),

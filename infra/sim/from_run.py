@@ -2,9 +2,9 @@
 
 `scenario_of(report)` maps a run's ledger report (its recorded workload, `runs.workload`, and its
 measured figures) to a `Scenario`, and says where each figure came from (`Source`: `recorded` in
-the workload, `measured` by the ledger, or the simulator's `assumed` default); `predict(report)`
-runs it (this project's runtime, `rlboost`; without spot pools the reserved cluster alone) for
-the run's number of ended steps. Machine types map to the GPUs they carry (`MACHINE_GPUS`); the
+the workload, `measured` by the ledger (prices, mean spot boot seconds), or the simulator's
+`assumed` default); `predict(report)` runs it (this project's runtime, `rlboost`; without spot
+pools the reserved cluster alone) for the run's number of ended steps. Machine types map to the GPUs they carry (`MACHINE_GPUS`); the
 reserved cluster is the trainer's machine.
 A run that cannot be mapped (no workload, an unknown machine type, ...) raises `Unmappable`, its
 message one line saying why and what would fix it. Local pools are processes standing for their
@@ -25,7 +25,7 @@ from infra.providers.pool import PoissonAvailability, TraceAvailability
 from infra.run.config import ConfigError
 from infra.sim.availability import spot_schedule
 from infra.sim.runner import SPECS, measure
-from infra.sim.scenario import Scenario, parse_scenario
+from infra.sim.scenario import Scenario, SpotSection, parse_scenario
 from infra.sim.simulator import Simulation
 
 MACHINE_GPUS: dict[str, tuple[str, int]] = {
@@ -52,6 +52,8 @@ MACHINE_GPUS: dict[str, tuple[str, int]] = {
 BYTES_PER_VALUE = {"fp32": 4, "bf16": 2, "fp16": 2}
 PROMPT_TOKENS = 512
 """Prompt length assumed for a run that recorded none (the scenario's default)."""
+DEFAULT_BOOT_S: float = SpotSection.model_fields["boot_s"].default
+"""Spot boot seconds assumed for a run that recorded no ready times (the scenario's default)."""
 _availability = TypeAdapter(TraceAvailability | PoissonAvailability)
 
 
@@ -159,6 +161,12 @@ def _pools(workload: dict[str, Any], report: CostReport, sources: list[Source]) 
     origin = "measured" if spot_prices else "recorded"
     sources.append(Source("spot", f"{size} x {pool['machine_type']} ({count} x {gpu}), ${price:.4f}/h", origin))
     sources.append(Source("spot notice", f"{spot['notice_s']} s, {spot['silent_fraction']:.0%} silent", "recorded"))
+    booted = next((c for c in report.classes if c.capacity_class == "spot" and c.boot_s_mean is not None), None)
+    if booted is not None:
+        spot["boot_s"] = booted.boot_s_mean
+        sources.append(Source("spot boot", f"{booted.boot_s_mean:.1f} s (mean of {booted.booted} boots)", "measured"))
+    else:
+        sources.append(Source("spot boot", f"{DEFAULT_BOOT_S:.0f} s (the run recorded no ready times)", "assumed"))
     return reserved, spot, pool.get("availability")
 
 
@@ -194,7 +202,7 @@ def scenario_of(report: CostReport) -> tuple[Scenario, TraceSchedule, list[Sourc
         Source("steps", str(len(ended)), "measured"),
         prompt_source,
         Source("response spread", "log-normal, cv 1.2", "assumed"),
-        Source("speeds", "GPU roofline: decode eta 0.69, training MFU 0.28, spot boot 180 s", "assumed"),
+        Source("speeds", "GPU roofline: decode eta 0.69, training MFU 0.28", "assumed"),
     ]
     data = {
         "name": f"run {report.run_id}",

@@ -208,6 +208,18 @@ def test_instance_lifecycle_fills_in_and_a_stale_replay_does_not_revive_it(ledge
     assert _get(ledger, Instance, "r", "spot-0").reason == "evicted"
 
 
+def test_the_first_ready_time_is_kept(ledger):
+    ledger.start_run("r", started_at=at(0))
+    launched = InstanceRecord("spot-0", "spot", "spot", "a2-highgpu-1g", SPOT_PRICE, at(0))
+    ledger.record_instance("r", launched, provider="gcp")
+    ledger.record_instance("r", launched, provider="gcp", ready_at=at(95))
+    ledger.record_instance("r", launched, provider="gcp", ready_at=at(400))  # registered again later
+    ledger.record_instance(
+        "r", dataclasses.replace(launched, state="terminated", terminated_at=at(500)), provider="gcp"
+    )
+    assert _get(ledger, Instance, "r", "spot-0").ready_at == T0 + timedelta(seconds=95)
+
+
 def test_repeats_replace_totals_keep_the_first_start_and_keep_values_not_given(ledger):
     ledger.start_run("r", name="first", started_at=at(0))
     ledger.start_run("r", name="renamed", started_at=at(999))  # a resumed session

@@ -45,6 +45,7 @@ def instance(
     notice: float | None = None,
     machine_type: str = "g2-standard-8",
     role: str = "rollout",
+    ready: float | None = None,
 ) -> Instance:
     return Instance(
         run_id="r",
@@ -57,6 +58,7 @@ def instance(
         capacity_class=capacity_class,
         price_per_hour=price,
         launched_at=t(start),
+        ready_at=None if ready is None else t(ready),
         notice_at=None if notice is None else t(notice),
         terminated_at=None if end is None else t(end),
         state="running" if end is None else "terminated",
@@ -214,3 +216,20 @@ def test_a_run_without_tokens_or_instances_has_no_ratios():
     assert report.trained_tokens_per_s is None and report.classes == []
     summary = report.summary()
     assert summary["spend_spot_usd"] == 0.0 and summary["steps"] == 1 and "instances" not in summary
+
+
+def test_boot_seconds_are_launch_to_ready_per_class_with_their_cost():
+    instances = [
+        instance("spot-a", "spot", 0.36, 0, 3600, ready=90),
+        instance("spot-b", "spot", 0.36, 600, 3600, ready=900),
+        instance("spot-c", "spot", 0.36, 1200, 3600),  # never ready: not counted
+        instance("res", "reserved", 1.8, 0, 3600, ready=60),
+        instance("od", "ondemand", 0.85, 0, 3600),
+    ]
+    report = build_report(records(instances, []), CATALOG)
+    classes = {c.capacity_class: c for c in report.classes}
+    assert (classes["spot"].booted, classes["spot"].boot_s_mean) == (2, approx(195))
+    assert classes["spot"].boot_usd == approx(390 * 0.36 / 3600)
+    assert (classes["reserved"].booted, classes["reserved"].boot_s_mean) == (1, approx(60))
+    assert (classes["ondemand"].booted, classes["ondemand"].boot_s_mean, classes["ondemand"].boot_usd) == (0, None, 0)
+    assert {i.instance_id: i.boot_s for i in report.instances}["spot-b"] == approx(300)

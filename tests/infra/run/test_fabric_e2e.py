@@ -64,6 +64,8 @@ def test_fabric_run_with_preemptions_matches_in_process_generation(prefect_harne
         costs = ledger.report(state.result()["ledger_run_id"])
     assert [s.step for s in costs.steps] == [1, 2, 3] and costs.total_usd > 0
     assert costs.transfer_bytes > 0 and costs.tokens_generated > 0
+    reserved = next(c for c in costs.classes if c.capacity_class == "reserved")
+    assert reserved.booted == 1 and reserved.boot_s_mean > 0  # its worker's registration is its ready time
     run_dir = tmp_path / "runs" / "fabric-e2e"
     config = load_config(None, overrides)
 

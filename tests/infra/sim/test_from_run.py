@@ -56,14 +56,21 @@ def workload(model_dir, prompt_tokens: float | None = None, **changes) -> dict:
     return run_workload(load_config(None, {**overrides, **changes}), 8_190_735_360, prompt_tokens)
 
 
-def record_run(ledger: Ledger, recorded: dict, run_id: str = "qwen-1", trainer_type: str = "a3-highgpu-8g") -> None:
+def record_run(
+    ledger: Ledger,
+    recorded: dict,
+    run_id: str = "qwen-1",
+    trainer_type: str = "a3-highgpu-8g",
+    spot_ready: tuple[float, ...] = (),
+) -> None:
     ledger.start_run(run_id, name="qwen", started_at=at(0), workload=recorded)
     machines = [("trainer", "reserved", 88.0, "trainer", trainer_type)]
     machines += [(f"spot-{i}", "spot", 7.0, "rollout", "a3-highgpu-2g") for i in range(2)]
+    ready_at = {f"spot-{i}": at(seconds) for i, seconds in enumerate(spot_ready)}
     for instance_id, capacity_class, price, role, machine_type in machines:
         record = InstanceRecord(instance_id, instance_id.split("-")[0], capacity_class, machine_type, price, at(0))
         ended = replace(record, state="terminated", terminated_at=at(1000), reason="finished")
-        ledger.record_instance(run_id, ended, provider="local", role=role)
+        ledger.record_instance(run_id, ended, provider="local", role=role, ready_at=ready_at.get(instance_id))
     for step in (1, 2, 3):
         start = 100 + 300 * (step - 1)
         ledger.record_step(run_id, step, started_at=at(start))
@@ -116,6 +123,7 @@ def test_predicts_the_recorded_run_beside_its_measured_figures(url, tmp_path):
     origins = {s["figure"]: s["origin"] for s in prediction["sources"]}
     assert origins["mean response"] == "measured" and origins["batch"] == origins["prompt tokens"] == "recorded"
     assert origins["speeds"] == origins["spot capacity"] == origins["response spread"] == "assumed"
+    assert origins["spot boot"] == "assumed" and scenario["spot"]["boot_s"] == 180  # no ready times recorded
     assert "recorded" in result.output and "assumed" in result.output
 
 
@@ -130,6 +138,16 @@ def test_a_pools_own_availability_drives_the_spot_capacity(url, tmp_path):
     assert any(s.figure == "prompt tokens" and s.origin == "assumed" for s in sources)  # none recorded: 512
     assert scenario.workload.prompt_tokens == 512
     assert scenario.run.max_steps == 3
+
+
+def test_the_runs_measured_spot_boot_replaces_the_assumed_one(url, tmp_path):
+    with Ledger(url) as ledger:
+        record_run(ledger, workload(tmp_path / "qwen"), spot_ready=(40.0, 80.0))
+        report = ledger.report("qwen-1")
+    scenario, _, sources = scenario_of(report)
+    assert scenario.spot.boot_s == pytest.approx(60.0)
+    boot = next(s for s in sources if s.figure == "spot boot")
+    assert boot.origin == "measured" and "60.0 s" in boot.value and "2 boots" in boot.value
 
 
 @pytest.mark.parametrize(
