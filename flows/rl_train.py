@@ -232,15 +232,15 @@ def _staleness_summary(config: RunConfig, rows: list[dict]) -> dict:
 def _cost_summary(costs: dict) -> dict:
     """The cost figures the run summary shows (all of them: `rlboost cost --run <ledger run id>`; the
     comparison with on-demand is against a measured baseline run, `ledger.baseline_run_id`): the
-    total, the steps' part (`attributed_usd`) and each non-zero line of the rest, which add up to it."""
+    total, the steps' part (`attributed_usd`) and each line of the rest from a microdollar up: they add up to it."""
     keys = (
         "total_usd",
         "attributed_usd",
         *(
             key
             for key in costs
-            if key.startswith("unattributed_") and key != "unattributed_usd" and abs(costs[key]) >= 5e-4
-        ),  # a line that shows as $0.000 is left out
+            if key.startswith("unattributed_") and key != "unattributed_usd" and abs(costs[key]) >= 1e-6
+        ),  # under a microdollar: the database's timestamp rounding, not a cost
         "spend_spot_usd",
         "spend_reserved_usd",
         "trainer_usd",

@@ -79,12 +79,17 @@ def step_table_rows(rows: list[dict]) -> list[dict[str, str]]:
     return [{header: format_value(key, row.get(key)) for key, header, _ in STEP_COLUMNS} for row in rows]
 
 
+def _number(value: float) -> str:
+    """Three decimals, and never `-0.000` (a value that rounds to zero is zero)."""
+    return f"{round(value, 3) + 0.0:.3f}"
+
+
 def summary_table(summary: dict) -> Table:
     table = Table(title=f"rl-train {summary['run']}: summary")
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, value in summary.items():
-        table.add_row(key.replace("_", " "), f"{value:.3f}" if isinstance(value, float) else str(value))
+        table.add_row(key.replace("_", " "), _number(value) if isinstance(value, float) else str(value))
     return table
 
 
@@ -94,7 +99,7 @@ def summary_markdown(summary: dict, plot_path: Path | None) -> str:
     lines = [f"# rl-train {summary['run']}", "", "| metric | value |", "|---|---|"]
     for key, value in summary.items():
         lines.append(
-            f"| {key.replace('_', ' ')} | {value:.3f} |"
+            f"| {key.replace('_', ' ')} | {_number(value)} |"
             if isinstance(value, float)
             else f"| {key.replace('_', ' ')} | {value} |"
         )

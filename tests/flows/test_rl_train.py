@@ -89,7 +89,7 @@ def test_two_steps_then_resume(prefect_harness, base_model, tmp_path):
     # evaluation before step 1, evaluations and checkpoints between steps) make its total.
     lines = [value for key, value in summary.items() if key.startswith("unattributed_")]
     assert summary["unattributed_before_step_1_usd"] > 0 and summary["unattributed_between_steps_usd"] > 0
-    assert abs(summary["attributed_usd"] + sum(lines) - summary["total_usd"]) < 1e-9
+    assert abs(summary["attributed_usd"] + sum(lines) - summary["total_usd"]) < 1e-6  # lines < 1e-6 left out
     assert summary["attributed_usd"] == pytest.approx(sum(s.cost_usd for s in costs.steps))
 
     async def artifacts(**filters):
