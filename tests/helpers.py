@@ -34,6 +34,7 @@ import pytest
 from rl.generation import GenerationEngine, GenerationRequest, GenerationResult
 
 if TYPE_CHECKING:
+    from infra.providers.interface import InstanceRecord
     from infra.run.fabric_config import FabricConfig
     from rl.config import GRPOConfig, OptimConfig
     from rl.engine_spec import EngineSpec
@@ -257,3 +258,13 @@ def cloud_fabric_run(pool: dict, redis_url: str, install_dir: Path, **cloud) -> 
             **cloud,
         },
     }
+
+
+class RecordedInstances:
+    """The provider's side `RunAccounting` reads: the instances it has records of."""
+
+    def __init__(self, *records: InstanceRecord) -> None:
+        self.records = list(records)
+
+    def instances(self) -> list[InstanceRecord]:
+        return self.records

@@ -13,18 +13,9 @@ from infra.providers.interface import InstanceRecord
 from infra.rollout.instance import InstanceSpec
 from infra.rollout.registry import InstanceRegistry
 from infra.run.accounting import RunAccounting
+from tests.helpers import RecordedInstances
 
 pytestmark = pytest.mark.integration
-
-
-class _Instances:
-    """The provider's side the accounting reads: the instances it has records of."""
-
-    def __init__(self, *records: InstanceRecord) -> None:
-        self.records = list(records)
-
-    def instances(self) -> list[InstanceRecord]:
-        return self.records
 
 
 def test_the_first_registration_is_the_ready_time_and_stays(redis_client, tmp_path):
@@ -39,7 +30,7 @@ def test_the_first_registration_is_the_ready_time_and_stays(redis_client, tmp_pa
 
     with Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}") as ledger:
         accounting = RunAccounting(
-            ledger, "run-1", "run", (), _Instances(booted, booting), ready=ready, clock=time.time, heartbeat_s=60
+            ledger, "run-1", "run", (), RecordedInstances(booted, booting), ready=ready, clock=time.time, heartbeat_s=60
         )
         registry.register(spec, slots=4, ttl_s=30)
         first = ready()["spot-0"]

@@ -11,19 +11,9 @@ from infra.providers.interface import InstanceRecord
 from infra.run.accounting import RunAccounting, WeightTraffic
 from infra.weights.puller import PullReport
 from infra.weights.shared import drain_transfers, report_transfer
-from tests.helpers import Clock
+from tests.helpers import Clock, RecordedInstances
 
 pytestmark = pytest.mark.integration
-
-
-class _Instances:
-    """The provider's side the accounting reads: the instances it has records of."""
-
-    def __init__(self, *records: InstanceRecord) -> None:
-        self.records = list(records)
-
-    def instances(self) -> list[InstanceRecord]:
-        return self.records
 
 
 def test_a_steps_pulls_are_summed_with_their_fallbacks(redis_client, tmp_path):
@@ -39,7 +29,7 @@ def test_a_steps_pulls_are_summed_with_their_fallbacks(redis_client, tmp_path):
             "run-1",
             "run",
             (),
-            _Instances(spot),
+            RecordedInstances(spot),
             transfers=lambda: drain_transfers(redis_client, "run-1"),
             clock=clock,
             heartbeat_s=60,
