@@ -1,6 +1,7 @@
 """Atomic training checkpoints: policy weights, the trainer's state, RNG states, step, user state.
 
-Layout under a root: `step_NNNNNN/model.safetensors` (the policy, loadable on its own),
+Layout under a root: `step_NNNNNN/model.safetensors` (the policy, loadable on its own; with
+`model.lora`, `adapter_model.safetensors` and `adapter_config.json` instead: a PEFT adapter),
 `step_NNNNNN/trainer.pt` (the trainer's state, RNG states, user state such as the data cursor),
 `step_NNNNNN/deepspeed/` (the DeepSpeed ranks' optimizer shards) and `latest`, naming the newest
 complete one. What a trainer writes is its own (`PolicyTrainer.save_state`); this module owns the
@@ -29,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rl.lora import ADAPTER_WEIGHTS_FILE
 from rl.disk_space import LOW_SPACE_BYTES, describe_free, free_bytes, out_of_space
 from rl.trainer import WEIGHTS_FILE, PolicyTrainer
 
@@ -127,18 +129,24 @@ def damage(checkpoint: Path) -> str | None:
             archive.infolist()
     except (OSError, zipfile.BadZipFile) as exc:
         return f"{trainer} is unreadable or truncated ({exc})"
-    weights = checkpoint / WEIGHTS_FILE
-    if weights.exists():
-        size = weights.stat().st_size
-        try:
-            with weights.open("rb") as handle:
-                (header_size,) = struct.unpack("<Q", handle.read(8))
-                header = json.loads(handle.read(header_size))
-            end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
-        except (OSError, ValueError, struct.error, KeyError, TypeError) as exc:
-            return f"{weights} has no readable safetensors header ({type(exc).__name__})"
-        if size < 8 + header_size + end:
-            return f"{weights} is truncated: {size} bytes, its header describes {8 + header_size + end}"
+    for weights in (checkpoint / WEIGHTS_FILE, checkpoint / ADAPTER_WEIGHTS_FILE):
+        if weights.exists() and (problem := _safetensors_damage(weights)):
+            return problem
+    return None
+
+
+def _safetensors_damage(weights: Path) -> str | None:
+    """What is wrong with a safetensors file's header or length (None: whole)."""
+    size = weights.stat().st_size
+    try:
+        with weights.open("rb") as handle:
+            (header_size,) = struct.unpack("<Q", handle.read(8))
+            header = json.loads(handle.read(header_size))
+        end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+    except (OSError, ValueError, struct.error, KeyError, TypeError) as exc:
+        return f"{weights} has no readable safetensors header ({type(exc).__name__})"
+    if size < 8 + header_size + end:
+        return f"{weights} is truncated: {size} bytes, its header describes {8 + header_size + end}"
     return None
 
 

@@ -25,6 +25,35 @@ DType = Literal["fp32", "bf16", "fp16"]
 """Floating-point precision, by its short name (`rl.devices.TORCH_DTYPES` maps it to torch's)."""
 
 
+LORA_DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""Every linear layer of a Llama-family block (attention and MLP), as the LoRA and QLoRA papers advise."""
+
+
+class LoraSettings(Section):
+    """LoRA adapters (through `peft`): only they are trained, published and pulled; the base stays frozen."""
+
+    r: int = Field(default=16, ge=1)
+    """Rank of each adapter pair (A: r x in, B: out x r)."""
+    alpha: float = Field(default=32.0, gt=0)
+    """Scale numerator: an adapter adds (alpha / r) * B @ A to its layer's weight."""
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    """Dropout on each adapter's input while training (0 keeps the trainer's forward equal to the engines')."""
+    target_modules: tuple[str, ...] = LORA_DEFAULT_TARGETS
+    """Names of the linear layers that get adapters, matched against the last part of each module
+    name (`q_proj` matches `model.layers.3.self_attn.q_proj`); each must match at least one."""
+
+    @model_validator(mode="after")
+    def _targets(self) -> LoraSettings:
+        if not self.target_modules or any(not name for name in self.target_modules):
+            raise ValueError(f"target_modules must name at least one layer, got {list(self.target_modules)}")
+        return self
+
+    @property
+    def scale(self) -> float:
+        """alpha / r: what B @ A is multiplied by."""
+        return self.alpha / self.r
+
+
 class ModelConfig(Section):
     """Which policy to train, where, and in which precision."""
 
@@ -47,6 +76,10 @@ class ModelConfig(Section):
     each transfer). The trainer keeps fp32 weights and optimizer state; with `bf16` its forward and
     backward passes run under bf16 autocast (with `fp16` they stay fp32: fp16 training would need
     loss scaling)."""
+    lora: LoraSettings | None = None
+    """Train LoRA adapters instead of every weight (None: full fine-tuning). Each policy version is
+    then the adapter tensors alone (megabytes), the KL reference is the base with the adapters
+    switched off, and checkpoints hold the adapters and their optimizer state."""
 
     @model_validator(mode="after")
     def _head_dim(self) -> ModelConfig:

@@ -27,6 +27,7 @@ from rl.generation import (
     TokenChunk,
 )
 from rl.sampling import keyed_sample, sample_key
+from rl.lora import is_adapted, load_adapter_state
 
 
 @dataclass(eq=False)
@@ -147,7 +148,12 @@ class HFEngine(GenerationEngine):
 
     @torch.no_grad()
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        self.model.load_state_dict(state_dict, strict=True)
+        """Load a version in place: every weight, or on a model with LoRA adapters (`rl.lora`) the
+        adapter tensors alone, the base staying as it is."""
+        if is_adapted(self.model):
+            load_adapter_state(self.model, state_dict)
+        else:
+            self.model.load_state_dict(state_dict, strict=True)
         self.policy_version = version
 
     @torch.inference_mode()

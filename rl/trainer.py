@@ -27,8 +27,16 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from rl.config import GRPOConfig, OptimConfig
+from rl.config import GRPOConfig, LoraSettings, OptimConfig
 from rl.grpo import entropy_from_logits, policy_loss, token_logprobs
+from rl.lora import (
+    ADAPTER_WEIGHTS_FILE,
+    add_adapters,
+    adapter_state,
+    load_adapter_state,
+    same_settings,
+    save_adapter,
+)
 from rl.optimizer import adamw
 
 LOSS_METRICS = ("loss", "policy_loss")
@@ -180,11 +188,18 @@ class Trainer:
         temperature: float,
         gradient_checkpointing: bool,
         autocast_dtype: torch.dtype | None = None,
+        lora: LoraSettings | None = None,
     ) -> None:
         """`model` stays where it is (its device is the trainer's); `temperature` scores log-probs
         as the rollout sampled (`rollout.temperature`); `gradient_checkpointing`
         (`trainer.gradient_checkpointing`) recomputes activations in the backward pass (HF models);
-        `autocast_dtype`: mixed precision (`model.dtype: bf16`)."""
+        `autocast_dtype`: mixed precision (`model.dtype: bf16`); `lora` (`model.lora`): `model` is
+        wrapped with adapters (`self.model` is the wrapped one) and only they are trained, their
+        optimizer state kept and their tensors published; the KL reference is then the base, the
+        same model with its adapters switched off."""
+        self.lora = lora
+        if lora is not None:
+            model = add_adapters(model, lora)
         self.model = model
         if gradient_checkpointing:
             # An HF model's method; torch's `Module.__getattr__` types any attribute `Tensor | Module`:
@@ -198,9 +213,11 @@ class Trainer:
         self.optim_config = optim
         self.temperature = temperature
         self.reference = None
-        if grpo.kl_coef > 0:
+        """The frozen KL reference of full fine-tuning (with LoRA the base is the reference)."""
+        if grpo.kl_coef > 0 and lora is None:
             self.reference = copy.deepcopy(model).eval().requires_grad_(False)
-        self.optimizer = adamw(model.parameters(), lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = adamw(trainable, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: min(1.0, (step + 1) / (optim.warmup_steps + 1))
         )
@@ -225,6 +242,22 @@ class Trainer:
     def _logprobs(self, model: torch.nn.Module, packed: _Packed) -> tuple[Tensor, Tensor]:
         logits = self._response_logits(model, packed)
         return token_logprobs(logits, packed.targets, self.temperature), logits
+
+    @torch.no_grad()
+    def _reference_logprobs(self, packed: _Packed) -> Tensor | None:
+        """The KL reference's log-probs (None without a KL term): the frozen copy, or with LoRA the
+        policy's own base, its adapters switched off for this forward."""
+        if self.grpo.kl_coef == 0:
+            return None
+        if self.reference is not None:
+            return self._logprobs(self.reference, packed)[0]
+        with self.adapted_module.disable_adapter():  # pyright: ignore[reportCallIssue]
+            return self._logprobs(self.model, packed)[0]
+
+    @property
+    def adapted_module(self) -> torch.nn.Module:
+        """The module that carries the policy's weights (the peft model with LoRA)."""
+        return self.model
 
     @property
     def objective(self) -> str:
@@ -326,8 +359,7 @@ class Trainer:
             return False
         packed, behaviour_lp, tokens, sequences = prepared
         mask = packed.response_mask
-        with torch.no_grad():
-            ref_lp = self._logprobs(self.reference, packed)[0] if self.reference is not None else None
+        ref_lp = self._reference_logprobs(packed)
         logp, logits = self._logprobs(self.model, packed)
         proximal_lp = logp.detach() if proximal is None else proximal
         loss, metrics = policy_loss(
@@ -454,14 +486,17 @@ class Trainer:
 
     def state_dict(self) -> dict:
         return {
-            "model": self.model.state_dict(),
+            "model": self.policy_state(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "step": self.step,
         }
 
     def load_state_dict(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
+        if self.lora is not None:
+            load_adapter_state(self.adapted_module, state["model"])
+        else:
+            self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = state["step"]
@@ -469,17 +504,19 @@ class Trainer:
     # -- what the training session needs of any trainer (this one, or `rl.distributed`'s) ------
 
     def policy_state(self) -> dict[str, Tensor]:
-        """The policy's weights at version `step`, to publish and to load into engines."""
+        """The policy at version `step`, to publish and to load into engines: every weight, or with
+        LoRA the adapter tensors alone (`rl.lora.adapter_state`)."""
+        if self.lora is not None:
+            return adapter_state(self.adapted_module)
         return self.model.state_dict()
 
     def save_state(self, directory: Path) -> dict:
-        """Write the policy to `directory/model.safetensors`; returns the rest of the trainer's
-        state (optimizer, scheduler, step) for `rl.checkpoint` to store."""
-        weights = {k: v.detach().contiguous().clone() for k, v in self.model.state_dict().items()}
-        save_file(weights, str(directory / WEIGHTS_FILE))
+        """Write the policy to `directory/model.safetensors` (with LoRA: the adapters, as a PEFT
+        adapter directory); returns the rest of the trainer's state (optimizer, scheduler, step)
+        for `rl.checkpoint` to store."""
         state = self.state_dict()
-        del state["model"]
-        return {"backend": "torch", **state}
+        write_policy(directory, state.pop("model"), self.lora)
+        return {"backend": "torch", "lora": lora_record(self.lora), **state}
 
     def load_state(self, directory: Path, state: dict) -> None:
         """Restore what `save_state` wrote (`state` is what it returned)."""
@@ -491,7 +528,8 @@ class Trainer:
                 f"trainer.backend: torch. Resume it with trainer.backend={backend} "
                 f"trainer.world_size={state.get('world_size')}, or start a new run"
             )
-        self.load_state_dict({**state, "model": load_file(str(directory / WEIGHTS_FILE))})
+        check_lora_matches(directory, state, self.lora)
+        self.load_state_dict({**state, "model": read_policy(directory, self.lora)})
 
     def close(self) -> None:
         """Nothing to free: the trainer lives in this process."""
@@ -520,4 +558,48 @@ class PolicyTrainer(Protocol):
 
 
 class CheckpointMismatch(ValueError):
-    """A checkpoint this trainer cannot resume from (another backend or world size); the message says what to do."""
+    """A checkpoint this trainer cannot resume from (another backend or world size, LoRA against
+    full fine-tuning); the message says what to do."""
+
+
+def lora_record(lora: LoraSettings | None) -> dict | None:
+    """What a checkpoint records of the run's `model.lora` (None: full fine-tuning)."""
+    return None if lora is None else lora.model_dump(mode="json")
+
+
+def check_lora_matches(directory: Path, state: dict, lora: LoraSettings | None) -> None:
+    """`CheckpointMismatch` unless the checkpoint at `directory` (its trainer `state`) was written by
+    a run of the same kind: full fine-tuning, or LoRA adapters of the same rank and targets."""
+    saved = state.get("lora")
+    saved_lora = None if saved is None else LoraSettings.model_validate(saved)
+    if saved_lora is None and lora is None:
+        return
+    if saved_lora is None:
+        raise CheckpointMismatch(
+            f"checkpoint {directory} holds a full fine-tuning run (every weight), but this run has model.lora "
+            "set: resume it without model.lora, or start a new run (another run.name) to train adapters"
+        )
+    if lora is None:
+        raise CheckpointMismatch(
+            f"checkpoint {directory} holds LoRA adapters (model.lora r={saved_lora.r}), but this run has no "
+            "model.lora: resume it with the same model.lora, or start a new run (another run.name)"
+        )
+    if not same_settings(saved_lora, lora):
+        raise CheckpointMismatch(
+            f"checkpoint {directory} holds LoRA adapters of r={saved_lora.r} on {', '.join(saved_lora.target_modules)}, "
+            f"this run's model.lora is r={lora.r} on {', '.join(lora.target_modules)}: resume it with the "
+            "checkpoint's model.lora, or start a new run (another run.name)"
+        )
+
+
+def write_policy(directory: Path, policy: dict[str, Tensor], lora: LoraSettings | None) -> None:
+    """Write a checkpoint's policy: `model.safetensors`, or with LoRA a PEFT adapter directory."""
+    if lora is not None:
+        save_adapter(directory, policy, lora, base=None)
+        return
+    save_file({k: v.detach().to("cpu").contiguous().clone() for k, v in policy.items()}, str(directory / WEIGHTS_FILE))
+
+
+def read_policy(directory: Path, lora: LoraSettings | None) -> dict[str, Tensor]:
+    """The policy `write_policy` wrote in `directory`."""
+    return load_file(str(directory / (ADAPTER_WEIGHTS_FILE if lora is not None else WEIGHTS_FILE)))

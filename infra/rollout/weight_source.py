@@ -55,6 +55,9 @@ class PulledWeights(_OnceAVersion):
     def __init__(self, client: redis.Redis, run_id: str, instance_id: str) -> None:
         super().__init__()
         self.client, self.run_id, self.instance_id = client, run_id, instance_id
+        self.adapter_base: str | None = None
+        """The digest of the base model this instance applies LoRA adapters to (None: whole weights);
+        set once its engine is loaded, before the first pull."""
         self._puller: WeightPuller | None = None
 
     def newest(self) -> int | None:
@@ -77,8 +80,9 @@ class PulledWeights(_OnceAVersion):
         if report is not None:
             report_transfer(self.client, self.run_id, report)
             log.info(
-                "loaded policy version %d (%d bytes, %d of deltas; %d whole-version fallbacks) in %.2f s",
+                "loaded policy version %d (%s: %d bytes, %d of deltas; %d whole-version fallbacks) in %.2f s",
                 version,
+                "adapters" if self.adapter_base else "weights",
                 report.bytes,
                 report.delta_bytes,
                 report.full_fallbacks,
@@ -94,7 +98,7 @@ class PulledWeights(_OnceAVersion):
         settings = shared_config(self.client, self.run_id)
         if settings is None:
             return None
-        self._puller = WeightPuller(settings, self.client, self.run_id, self.instance_id)
+        self._puller = WeightPuller(settings, self.client, self.run_id, self.instance_id, adapter_base=self.adapter_base)
         return self._puller
 
 

@@ -39,6 +39,7 @@ from infra.rollout.tokenlog import Claim, TokenLog
 from infra.rollout.weight_source import HandedOverWeights, PulledWeights, WeightSource
 from infra.rollout.worker_config import TORCH_THREADS, WorkerConfig, parse_config
 from infra.services.redis_embedded import RedisSettings
+from infra.weights.puller import AdapterBaseMismatch
 from rl.driver_watch import watch_driver
 from rl.generation import GenerationEngine, TokenChunk
 
@@ -169,11 +170,14 @@ class RolloutWorker:
     def load_engine(self) -> GenerationEngine:
         """The configured engine on the base model (`infra.rollout.worker_engine`)."""
         self.engine = worker_engine.load_engine(self.config, self.client)
+        if isinstance(self._weights, PulledWeights):
+            self._weights.adapter_base = worker_engine.adapter_base(self.config, self.client)
         return self.engine
 
     def run(self) -> int:
         """Register, work until stopped, hand everything back, deregister. Returns the exit code
-        (0 after a graceful stop, 1 after an error)."""
+        (0 after a graceful stop, 2 when a version was made for another base model than its own,
+        1 after any other error)."""
         cfg = self.config
         if self.engine is None:
             try:
@@ -210,7 +214,12 @@ class RolloutWorker:
         except Exception as exc:
             code = 1
             self.failure = exc
-            log.exception("worker %s failed; handing its samples back", cfg.instance.instance_id)
+            if isinstance(exc, AdapterBaseMismatch):  # the instance's setup is wrong, not the run: one line
+                code = 2
+                log.debug("the refused version", exc_info=True)
+                log.error("worker %s: %s", cfg.instance.instance_id, exc)
+            else:
+                log.exception("worker %s failed; handing its samples back", cfg.instance.instance_id)
             try:
                 self._hand_back_everything()
             except Exception:

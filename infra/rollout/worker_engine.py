@@ -45,6 +45,13 @@ def load_engine(config: WorkerConfig, client: redis.Redis) -> GenerationEngine:
     return StopStrings(engine, tokenizer)
 
 
+def adapter_base(config: WorkerConfig, client: redis.Redis) -> str | None:
+    """The digest of the base model this worker applies LoRA adapters to (None without `lora`)."""
+    from rl.lora import base_digest
+
+    return None if config.engine.lora is None else base_digest(_local_model(config, client))
+
+
 def _local_model(config: WorkerConfig, client: redis.Redis) -> Path:
     """The base model's local directory, downloaded first when it is a URL (read with the run's
     weight-store options when it lies under the store)."""

@@ -94,7 +94,9 @@ class RunConfig(Section):
     def engine_spec(self) -> EngineSpec:
         """The run's engine: the in-process engine's and, with each pool's overrides, the instances'."""
         rollout = self.rollout
-        return EngineSpec(kind=rollout.engine, device=rollout.device, dtype=self.model.dtype, vllm=rollout.vllm)
+        return EngineSpec(
+            kind=rollout.engine, device=rollout.device, dtype=self.model.dtype, vllm=rollout.vllm, lora=self.model.lora
+        )
 
     @model_validator(mode="after")
     def _format_has_a_pattern(self) -> RunConfig:

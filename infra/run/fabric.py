@@ -55,6 +55,7 @@ from rl.config import PromptConfig, RolloutConfig
 from rl.datasets import PromptRecord
 from rl.devices import TORCH_DTYPES
 from rl.engine_spec import EngineSpec
+from rl.lora import base_digest
 from rl.prompts import encode_prompt
 from rl.rollout import Sample, step_seed
 
@@ -148,7 +149,14 @@ class RolloutFabric:
             if weights.tls and TLS_CERT_ENV not in os.environ:
                 os.environ.update(PeerCertificate.generate().environment())
         share_config(self.redis, run_id, weights, run_dir)
-        self.weights = WeightPublisher(weights, self.redis, run_id, run_dir=run_dir, dtype=TORCH_DTYPES[engine.dtype])
+        self.weights = WeightPublisher(
+            weights,
+            self.redis,
+            run_id,
+            run_dir=run_dir,
+            dtype=TORCH_DTYPES[engine.dtype],
+            adapter_base=None if engine.lora is None else base_digest(model_path),
+        )
         self._step = 0
         try:
             for index, pool in enumerate(config.pools):

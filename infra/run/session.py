@@ -500,8 +500,9 @@ def _make_trainer(config: RunConfig, device: torch.device, pad_token_id: int) ->
             temperature=config.rollout.temperature,
             autocast_dtype=torch.bfloat16 if autocast else None,
             gradient_checkpointing=trainer_config.gradient_checkpointing,
+            lora=model_config.lora,
         )
-        return model, trainer
+        return trainer.model, trainer
     spec = TrainSpec(
         model_path=model_config.path,
         gguf_file=model_config.gguf_file,

@@ -116,8 +116,10 @@ def encode_delta(
     chunk_bytes: int,
     parent: int | None = None,
     created: float | None = None,
+    adapter_base: str | None = None,
 ) -> EncodedVersion:
-    """`state` as a delta payload against `base` (version `base_version`); the layouts must match."""
+    """`state` as a delta payload against `base` (version `base_version`); the layouts must match
+    (`adapter_base`: the versions are LoRA adapters of that base model)."""
     if not delta_layout_matches(base, state):
         raise ValueError(f"version {version}: a delta needs the base's tensor names, dtypes and shapes")
     return encode(
@@ -128,6 +130,7 @@ def encode_delta(
         created=created,
         base=base_version,
         full_sha256=fingerprint(state),
+        adapter_base=adapter_base,
     )
 
 

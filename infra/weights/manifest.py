@@ -78,6 +78,9 @@ class Manifest(_Model):
     (`infra.weights.delta`), which rebuilds the version whose `fingerprint` is `full_sha256`."""
     full_sha256: str | None = None
     """The `fingerprint` of the whole version a delta rebuilds (None for a whole version)."""
+    adapter_base: str | None = None
+    """With LoRA (`model.lora`): the tensors are adapters, applied to the base model whose weights
+    have this sha256 (`rl.lora.base_digest`); None: they are the whole model."""
     tensors: tuple[TensorInfo, ...]
     chunks: tuple[ChunkInfo, ...]
 
@@ -170,9 +173,11 @@ def encode(
     created: float | None = None,
     base: int | None = None,
     full_sha256: str | None = None,
+    adapter_base: str | None = None,
 ) -> EncodedVersion:
     """Chunk `state_dict` into safetensors byte chunks of about `chunk_bytes` each (`base` and
-    `full_sha256`: the state dict is a delta payload, `infra.weights.delta`)."""
+    `full_sha256`: the state dict is a delta payload, `infra.weights.delta`; `adapter_base`: it
+    holds LoRA adapters of that base, `Manifest.adapter_base`)."""
     if chunk_bytes < 1:
         raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
     packer = _ChunkPacker(chunk_bytes)
@@ -195,6 +200,7 @@ def encode(
         created=time.time() if created is None else created,
         base=base,
         full_sha256=full_sha256,
+        adapter_base=adapter_base,
         tensors=tuple(infos),
         chunks=chunks,
     )

@@ -49,10 +49,14 @@ class WeightPublisher:
         run_id: str,
         run_dir: str | Path | None = None,
         dtype: torch.dtype | None = None,
+        adapter_base: str | None = None,
     ) -> None:
-        """`dtype`: floating-point tensors are published in it (the engines' dtype; None: as given)."""
+        """`dtype`: floating-point tensors are published in it (the engines' dtype; None: as given).
+        `adapter_base`: the versions are LoRA adapters of the base model with that digest
+        (`rl.lora.base_digest`), recorded in every manifest so an instance can check its base."""
         self.config = config
         self.dtype = dtype
+        self.adapter_base = adapter_base
         self.store = WeightStore(config.resolve_store_url(run_dir), config.store_options)
         self.server = PeerServer(config) if config.serve_from_trainer else None
         self.registry = HolderRegistry(redis_client, run_id, config.holder_ttl_s)
@@ -155,12 +159,22 @@ class WeightPublisher:
                     and deltas + 1 < self.config.full_every
                     and delta_layout_matches(previous[1], snapshot)
                 ):
-                    encoded = encode_delta(previous[1], snapshot, version, previous[0], self.config.chunk_bytes, parent)
+                    encoded = encode_delta(
+                        previous[1],
+                        snapshot,
+                        version,
+                        previous[0],
+                        self.config.chunk_bytes,
+                        parent,
+                        adapter_base=self.adapter_base,
+                    )
                     deltas += 1
                     if encoded.manifest.total_bytes >= sum(t.numel() * t.element_size() for t in snapshot.values()):
                         encoded = None  # no smaller than the whole version: send that, and end the chain
                 if encoded is None:
-                    encoded = encode(snapshot, version, self.config.chunk_bytes, parent=parent)
+                    encoded = encode(
+                        snapshot, version, self.config.chunk_bytes, parent=parent, adapter_base=self.adapter_base
+                    )
                     deltas = 0
                 previous = (version, snapshot) if self.config.full_every > 1 else None
                 del snapshot

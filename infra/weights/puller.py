@@ -48,6 +48,10 @@ _HOLDERS_REFRESH_S = 0.1
 _RETRY_BACKOFF_S = 1.0
 
 
+class AdapterBaseMismatch(ValueError):
+    """A version made for another base model than the instance's (the message names both)."""
+
+
 class PullError(RuntimeError):
     """A version could not be pulled completely; nothing of it was kept."""
 
@@ -89,8 +93,13 @@ class WeightPuller:
         run_id: str,
         instance_id: str,
         run_dir: str | Path | None = None,
+        adapter_base: str | None = None,
     ) -> None:
+        """`adapter_base`: this instance applies LoRA adapters to the base model with that digest
+        (`rl.lora.base_digest`); a version made for another base (or of whole weights, or the
+        reverse) is refused with `AdapterBaseMismatch` before any chunk is fetched."""
         self.config = config
+        self.adapter_base = adapter_base
         self.instance_id = instance_id
         self.store = WeightStore(config.resolve_store_url(run_dir), config.store_options)
         self.peers = PeerClient(config.secret(), config, config.certificate()) if config.serves else None
@@ -214,6 +223,7 @@ class WeightPuller:
         report.manifest_sha256 = expected
         manifest_bytes = self._manifest(version, expected, deadline, report)
         manifest = Manifest.from_bytes(manifest_bytes)
+        self._check_base(manifest)
         download = _ChunkDownload(
             manifest,
             sources=lambda: self._sources(version),
@@ -233,6 +243,27 @@ class WeightPuller:
             self._withdraw_partial(version)
             raise
         return EncodedVersion(manifest=manifest, manifest_bytes=manifest_bytes, chunks=chunks)
+
+    def _check_base(self, manifest: Manifest) -> None:
+        """`AdapterBaseMismatch` unless `manifest` holds what this instance applies: adapters of its
+        own base model, or whole weights when it runs without adapters."""
+        if manifest.adapter_base == self.adapter_base:
+            return
+        if self.adapter_base is None:
+            raise AdapterBaseMismatch(
+                f"policy version {manifest.version} holds LoRA adapters (of base {manifest.adapter_base[:12]}), but "
+                "this instance runs without model.lora: start it with the run's engine settings (its --engine JSON)"
+            )
+        if manifest.adapter_base is None:
+            raise AdapterBaseMismatch(
+                f"policy version {manifest.version} holds whole weights, but this instance applies LoRA adapters: "
+                "start it with the run's engine settings (its --engine JSON has no lora)"
+            )
+        raise AdapterBaseMismatch(
+            f"policy version {manifest.version} holds LoRA adapters of base model {manifest.adapter_base[:12]}, "
+            f"but this instance's base model (--model) is {self.adapter_base[:12]}: point --model at the run's "
+            "model.path (the same weights the trainer loaded)"
+        )
 
     def _sources(self, version: int) -> tuple[dict[str, frozenset[int] | None], Counter[int]]:
         """Live sources of `version` other than this instance: complete holders (None: every
