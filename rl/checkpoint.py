@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from rl.lora import ADAPTER_WEIGHTS_FILE
 from rl.disk_space import LOW_SPACE_BYTES, describe_free, free_bytes, out_of_space
+from rl.lora import ADAPTER_WEIGHTS_FILE
 from rl.trainer import WEIGHTS_FILE, PolicyTrainer
 
 LATEST = "latest"

@@ -26,8 +26,8 @@ from rl.generation import (
     GenerationRequest,
     TokenChunk,
 )
-from rl.sampling import keyed_sample, sample_key
 from rl.lora import is_adapted, load_adapter_state
+from rl.sampling import keyed_sample, sample_key
 
 
 @dataclass(eq=False)

@@ -45,7 +45,9 @@ class AdapterMismatch(ValueError):
 
 def linear_layer_names(model: torch.nn.Module) -> list[str]:
     """The distinct last name parts of `model`'s linear layers (`q_proj`, ..., `lm_head`)."""
-    return sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)})
+    return sorted(
+        {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
+    )
 
 
 def check_targets(model: torch.nn.Module, settings: LoraSettings, where: str) -> None:
@@ -113,7 +115,9 @@ def load_adapter_state(model: torch.nn.Module, state: Mapping[str, torch.Tensor]
     for name, target in current.items():
         source = state[name]
         if source.shape != target.shape:
-            raise AdapterMismatch(f"adapter tensor {name}: shape {tuple(source.shape)}, the model's is {tuple(target.shape)}")
+            raise AdapterMismatch(
+                f"adapter tensor {name}: shape {tuple(source.shape)}, the model's is {tuple(target.shape)}"
+            )
         target.copy_(source)
 
 
@@ -155,18 +159,30 @@ def save_adapter(
     `peft.PeftModel.from_pretrained(base_model, directory)` and vLLM's LoRA loader read."""
     directory.mkdir(parents=True, exist_ok=True)
     peft_config(settings, base).save_pretrained(str(directory))
-    save_file({k: v.detach().to("cpu").contiguous().clone() for k, v in state.items()}, str(directory / ADAPTER_WEIGHTS_FILE))
+    save_file(
+        {k: v.detach().to("cpu").contiguous().clone() for k, v in state.items()}, str(directory / ADAPTER_WEIGHTS_FILE)
+    )
+
+
+def read_settings(directory: Path) -> LoraSettings | None:
+    """The settings of the PEFT LoRA adapter in `directory` (None: it holds no adapter)."""
+    path = directory / ADAPTER_CONFIG_FILE
+    if not path.is_file():
+        return None
+    config = json.loads(path.read_text())
+    return LoraSettings(
+        r=config["r"],
+        alpha=config["lora_alpha"],
+        dropout=config.get("lora_dropout") or 0.0,
+        target_modules=tuple(sorted(config["target_modules"])),
+    )
 
 
 def read_adapter(directory: Path) -> tuple[dict[str, torch.Tensor], LoraSettings]:
     """The tensors and settings of a PEFT LoRA adapter directory written by `save_adapter`."""
-    config = json.loads((directory / ADAPTER_CONFIG_FILE).read_text())
-    settings = LoraSettings(
-        r=config["r"],
-        alpha=config["lora_alpha"],
-        dropout=config.get("lora_dropout", 0.0),
-        target_modules=tuple(sorted(config["target_modules"])),
-    )
+    settings = read_settings(directory)
+    if settings is None:
+        raise FileNotFoundError(f"{directory} holds no LoRA adapter ({ADAPTER_CONFIG_FILE} is missing)")
     return load_file(str(directory / ADAPTER_WEIGHTS_FILE)), settings
 
 

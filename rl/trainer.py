@@ -31,8 +31,8 @@ from rl.config import GRPOConfig, LoraSettings, OptimConfig
 from rl.grpo import entropy_from_logits, policy_loss, token_logprobs
 from rl.lora import (
     ADAPTER_WEIGHTS_FILE,
-    add_adapters,
     adapter_state,
+    add_adapters,
     load_adapter_state,
     same_settings,
     save_adapter,

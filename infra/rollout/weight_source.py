@@ -98,7 +98,9 @@ class PulledWeights(_OnceAVersion):
         settings = shared_config(self.client, self.run_id)
         if settings is None:
             return None
-        self._puller = WeightPuller(settings, self.client, self.run_id, self.instance_id, adapter_base=self.adapter_base)
+        self._puller = WeightPuller(
+            settings, self.client, self.run_id, self.instance_id, adapter_base=self.adapter_base
+        )
         return self._puller
 
 

@@ -8,7 +8,9 @@ trainer without DeepSpeed installed or with more ranks than GPUs; a device that
 does not exist here or a dtype it cannot run; an engine that cannot run the model (vLLM missing, the
 wrong vLLM build for the device, a head size vLLM's CPU kernels refuse, a colocated vLLM engine beside
 the in-process one in the same process); a pool's availability trace that is unknown, missing or
-corrupt; a run to resume whose `identity.json` is damaged or whose every checkpoint is damaged (`rl.checkpoint.CorruptCheckpoint`); cloud
+corrupt; a run to resume whose `identity.json` is damaged or whose every checkpoint is damaged (`rl.checkpoint.CorruptCheckpoint`), or whose
+checkpoints are of the other kind (LoRA adapters against full fine-tuning); `model.lora.target_modules`
+naming a layer the model lacks; cloud
 pools that would reach the run in plain text or through an unauthenticated Prefect server, unless
 `fabric.allow_plaintext` (`check_cloud_transport`).
 """
@@ -28,6 +30,8 @@ from infra.run.identity import stored_identity
 from rl.checkpoint import CorruptCheckpoint, latest_checkpoint
 from rl.devices import DeviceError, resolve_device, resolve_dtype
 from rl.engine_factory import check_engine
+from rl.lora import check_targets, read_settings
+from rl.trainer import check_lora_matches, lora_record
 
 
 class PreflightError(ValueError):
@@ -51,6 +55,7 @@ def preflight(config: RunConfig) -> None:
         if in_process.kind == "hf":
             resolve_device(in_process.device, "rollout.device")
         _check_trainer(config, device)
+        _check_lora(config)
         if config.fabric.enabled:
             _check_pools(config)
             check_cloud_transport(config)
@@ -76,6 +81,22 @@ def _check_model(config: RunConfig) -> None:
             f"model.path: {path} holds no Hugging Face model (no config.json); point it at a model directory, "
             "or set model.gguf_file for a GGUF file in it"
         )
+
+
+def _check_lora(config: RunConfig) -> None:
+    """`model.lora.target_modules` name layers the model has; a run to resume has checkpoints of
+    its own kind (adapters, or every weight: `rl.trainer.check_lora_matches`)."""
+    lora = config.model.lora
+    if lora is not None:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        kwargs = {"gguf_file": config.model.gguf_file} if config.model.gguf_file else {}
+        with torch.device("meta"):  # the module tree alone, no weights
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(config.model.path), **kwargs))
+        check_targets(model, lora, str(config.model.path))
+    checkpoint = latest_checkpoint(config.run.directory / "checkpoints")
+    if checkpoint is not None:
+        check_lora_matches(checkpoint, {"lora": lora_record(read_settings(checkpoint))}, lora)
 
 
 def _check_trainer(config: RunConfig, device) -> None:

@@ -26,7 +26,7 @@ from infra.weights.holders import weights_channel
 from infra.weights.manifest import encode, fingerprint
 from infra.weights.peer_server import PeerServer
 from infra.weights.publisher import WeightPublisher
-from infra.weights.puller import STORE, PullError, WeightPuller
+from infra.weights.puller import STORE, AdapterBaseMismatch, PullError, WeightPuller
 from tests.helpers import PEER_SECRET, REPO_ROOT
 
 pytestmark = pytest.mark.integration
@@ -351,6 +351,46 @@ def test_weights_are_published_in_the_engines_dtype(redis_client, run):
         assert all(torch.equal(pulled[name], state_dict[name].to(torch.bfloat16)) for name in floats)
         fp32_bytes = sum(state_dict[name].numel() * 4 for name in floats)
         assert sum(puller.last_report.bytes_by_source.values()) < 0.55 * fp32_bytes + 1024
+    finally:
+        puller.close()
+        publisher.close()
+
+
+@pytest.mark.parametrize(
+    ("published", "instance", "message"),
+    [
+        ("a" * 64, "b" * 64, "adapters of base model aaaaaaaaaaaa, but this instance's base model .* is bbbbbbbbbbbb"),
+        ("a" * 64, None, "holds LoRA adapters .* runs without model.lora"),
+        (None, "b" * 64, "holds whole weights, but this instance applies LoRA adapters"),
+    ],
+)
+def test_a_version_for_another_base_is_refused_before_any_chunk(redis_client, run, published, instance, message):
+    run_id, run_dir, _ = run
+    config = WeightsConfig(chunk_mb=1 / 64, serve_from_trainer=False)
+    publisher = WeightPublisher(config, redis_client, run_id, run_dir=run_dir, adapter_base=published)
+    publisher.publish(1, _state_dict(megabytes=0.1))
+    publisher.flush(timeout=30)
+    puller = WeightPuller(config, redis_client, run_id, "instance", run_dir=run_dir, adapter_base=instance)
+    try:
+        with pytest.raises(AdapterBaseMismatch, match=message):
+            puller.pull(1)
+        assert puller.last_report is not None and not puller.last_report.bytes_by_source  # no chunk fetched
+        assert puller.held_versions == []
+    finally:
+        puller.close()
+        publisher.close()
+
+
+def test_adapters_of_the_instances_base_are_pulled(redis_client, run):
+    run_id, run_dir, _ = run
+    config = WeightsConfig(chunk_mb=1 / 64, serve_from_trainer=False)
+    state_dict = _state_dict(megabytes=0.1)
+    publisher = WeightPublisher(config, redis_client, run_id, run_dir=run_dir, adapter_base="c" * 64)
+    publisher.publish(1, state_dict)
+    publisher.flush(timeout=30)
+    puller = WeightPuller(config, redis_client, run_id, "instance", run_dir=run_dir, adapter_base="c" * 64)
+    try:
+        assert fingerprint(puller.pull(1)) == fingerprint(state_dict)
     finally:
         puller.close()
         publisher.close()
