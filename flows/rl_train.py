@@ -37,6 +37,7 @@ from infra.run.reporting import (
     step_table_rows,
     summary_markdown,
     summary_table,
+    table_description,
 )
 from infra.run.session import close_session, get_session, open_session
 from infra.services.prefect_api import current_api_url
@@ -68,7 +69,7 @@ def rl_step(
     try:
         scores = score_task(session_key, step, rollout["path"])
         metrics = train_task(session_key, step, rollout["path"], scores["path"])
-        publish_task(session_key, step)
+        published = publish_task(session_key, step)
     finally:
         if ahead is not None:
             end_rollout_ahead(session_key, step)
@@ -88,7 +89,10 @@ def rl_step(
         "grad_norm": metrics["grad_norm"],
         "kl": metrics["kl"],
         "cost_usd": cost["cost_usd"],
+        "policy_version": published["version"],
         "weights_mb": cost["weights_mb"],
+        "pulls": cost["pulls"],
+        "pull_s": cost["pull_s"],
         "weight_fallbacks": cost["weight_fallbacks"],
         "version_lag_mean": metrics["version_lag_mean"],
         "version_lag_max": metrics["version_lag_max"],
@@ -105,7 +109,10 @@ def rl_step(
     if checkpoint:
         checkpoint_task(session_key)
     create_table_artifact(
-        table=step_table_rows([row]), description=f"RL step {step}: reward, accuracy, tokens, throughput, timings"
+        table=step_table_rows([row], adapters=session.adapter is not None),
+        description=table_description(
+            f"RL step {step}: reward, accuracy, tokens, throughput, timings, the version published", session.adapter
+        ),
     )
     return row
 
@@ -191,6 +198,7 @@ def _train_loop(config: RunConfig, key: str, session, logger) -> dict:
         "tokens_generated": sum(r["tokens"] for r in history.steps),
         **_staleness_summary(config, history.steps),
         "minutes_this_run": (time.perf_counter() - began) / 60,
+        **({"adapter_mib_per_version": session.adapter.nbytes / 2**20} if session.adapter else {}),
         "curves_png": str(plot),
         "checkpoint": str(session.checkpoint_dir),
         **_cost_summary(costs.summary()),
@@ -200,8 +208,8 @@ def _train_loop(config: RunConfig, key: str, session, logger) -> dict:
     console.print(summary_table(summary))
     create_table_artifact(
         key=artifact_key(f"{config.run.name}-steps"),
-        table=step_table_rows(history.steps),
-        description="Every RL step of the run",
+        table=step_table_rows(history.steps, adapters=session.adapter is not None),
+        description=table_description("Every RL step of the run", session.adapter),
     )
     create_markdown_artifact(
         key=artifact_key(f"{config.run.name}-summary"),

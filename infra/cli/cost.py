@@ -2,7 +2,8 @@
 tables and exports.
 
 Reads the ledger at `--db` (default `$RLBOOST_LEDGER_URL`, else `sqlite:///.rlboost/ledger.sqlite`)
-and prints the run's `CostReport`: per-step costs, spend per capacity class, run totals. The books
+and prints the run's `CostReport`: per-step costs (with the weight MiB each step's instances pulled
+and its slowest pull's seconds), spend per capacity class, run totals. The books
 add up: the steps and the named lines of what no step holds (before step 1, between steps, after
 the last step, egress outside steps, ...) sum to the total, in the tables, `--csv` (a row per step,
 per line, then `total`) and `--json` (the whole report). `--baseline`: the comparison with a
@@ -129,6 +130,8 @@ def steps_table(report: CostReport) -> Table:
         "trainer $",
         "$/M gen",
         "$/M trained",
+        "pulled MiB",
+        "slowest pull s",
     ):
         table.add_column(header, justify="right")
     for s in report.steps:
@@ -145,6 +148,8 @@ def steps_table(report: CostReport) -> Table:
             _usd(s.trainer_usd),
             _usd(s.usd_per_million_generated),
             _usd(s.usd_per_million_trained),
+            _mib(s.transfer_bytes),
+            _seconds(s.pull_s_max),
         )
     table.add_section()
     for line in report.unattributed:
@@ -159,8 +164,23 @@ def steps_table(report: CostReport) -> Table:
         *(str(total[k]) for k in ("tokens_generated", "tokens_wasted", "tokens_trained", "preemptions")),
         *(_usd(total[k]) for k in ("cost_usd", "spot_usd", "trainer_usd")),
         *(_usd(total[k]) for k in ("usd_per_million_generated", "usd_per_million_trained")),
+        _mib(report.transfer_bytes),
+        _seconds(_slowest_pull(report)),
     )
     return table
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.1f}"
+
+
+def _seconds(value: float | None) -> str:
+    return "" if value is None else f"{value:.2f}"
+
+
+def _slowest_pull(report: CostReport) -> float | None:
+    """The seconds of the run's slowest pull over its steps (None: none recorded a time)."""
+    return max((s.pull_s_max for s in report.steps if s.pull_s_max is not None), default=None)
 
 
 def classes_table(report: CostReport) -> Table:
@@ -263,6 +283,8 @@ def _total_row(report: CostReport) -> dict[str, object]:
         "trainer_usd": report.trainer_usd,
         "usd_per_million_generated": report.usd_per_million_generated,
         "usd_per_million_trained": report.usd_per_million_trained,
+        "transfer_bytes": report.transfer_bytes,
+        "pull_s_max": _slowest_pull(report),
     }
 
 

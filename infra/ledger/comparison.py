@@ -9,7 +9,7 @@ named by its ledger run id. Both runs' figures are measured; nothing is re-price
 - `throughput_ratio` = the run's trained tokens/s / the baseline's (over each run's step time).
 
 Refused with `BaselineMismatch`, saying why and what to do: a baseline with spot instances, one
-whose recorded workload (`runs.workload`) differs from the run's in the model, data, batch, trainer
+whose recorded workload (`runs.workload`) differs from the run's in the model, LoRA adapters, data, batch, trainer
 or any pool but the spot ones (each differing field named with both values), a run that recorded
 no workload, one without the trainer's machine, one that trained no tokens or spent nothing, or the
 run itself as its own baseline.
@@ -59,7 +59,7 @@ def _check(report: CostReport, what: str) -> tuple[float, float]:
     return report.usd_per_million_trained, report.trained_tokens_per_s
 
 
-COMPARED_SECTIONS = ("model", "data", "batch", "trainer")
+COMPARED_SECTIONS = ("model", "lora", "data", "batch", "trainer")
 """Workload sections a baseline must match (`infra.run.workload`); pools are compared apart from spot."""
 POOL_FIELDS = ("provider", "capacity_class", "size", "machine_type", "price_per_hour", "colocated")
 """What a baseline's non-spot pools must match, pool by pool (by name)."""

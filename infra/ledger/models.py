@@ -193,6 +193,9 @@ class WeightTransfer(Base):
     egress_usd: Mapped[float]
     """What moving the bytes cost (cross-region or internet egress), USD."""
     transferred_at: Mapped[datetime | None]
+    seconds: Mapped[float | None]
+    """Wall seconds of the whole pull these bytes were part of (every source of it together, so the
+    pull's rows carry the same figure; None: recorded without one, or before migration 0005)."""
 
 
 class SweptInstance(Base):

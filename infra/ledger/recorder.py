@@ -320,9 +320,11 @@ class Ledger:
         egress_usd: float = 0.0,
         step: int | None = None,
         transferred_at: Moment | None = None,
+        seconds: float | None = None,
     ) -> None:
         """Record that an instance pulled `nbytes` of policy `version` from `source` (`trainer`,
-        `store` or a peer's instance id), what the egress cost, and the step it served."""
+        `store` or a peer's instance id), what the egress cost, the step it served, and how many
+        `seconds` the whole pull took (all its sources together)."""
         values = {
             "run_id": run_id,
             "instance_id": instance_id,
@@ -332,6 +334,7 @@ class Ledger:
             "egress_usd": egress_usd,
             "step": step,
             "transferred_at": as_utc(transferred_at),
+            "seconds": seconds,
         }
         self._upsert(WeightTransfer, values, f"record_transfer({run_id!r}, {instance_id!r}, v{version}, {source!r})")
 

@@ -3,12 +3,12 @@
 `build_report` prices every instance (its recorded `price_per_hour`, else the catalog's for its
 class at its launch) and computes its spend (billed seconds up to `as_of`: default the run's end,
 else its driver's last heartbeat, so a run whose driver died stops costing there), each step's cost
-from the usage rows plus transfer egress, and the books: what no step holds, as named lines
-(`unattributed`, `infra.ledger.books`) that add up with the steps to `total_usd`; $ per million
-generated and trained tokens, the trainer's share (role `trainer`; `trainer_recorded`), trained
-tokens per second of step time, preemptions and evictions, boot seconds (launch to ready) per
-instance and class. `as_dict()` is the whole report as JSON-ready data, `summary()` the run totals;
-a price neither ledger nor catalog gives raises `PriceNotFound`. Detail: docs/cost-ledger.md.
+from the usage rows plus transfer egress (with its pulled bytes and slowest pull), and the books:
+what no step holds, as named lines (`unattributed`, `infra.ledger.books`) that add up with the
+steps to `total_usd`; $ per million generated and trained tokens, the trainer's share (role
+`trainer`; `trainer_recorded`), trained tokens/s of step time, preemptions and evictions, boot
+seconds per instance and class. `as_dict()` is the whole report as JSON-ready data, `summary()`
+the run totals; a price neither ledger nor catalog gives raises `PriceNotFound`. Detail: docs/cost-ledger.md.
 
 There is no on-demand figure here: re-pricing the same instance-seconds at on-demand prices says
 nothing about what an on-demand run would cost (it would take a different time); comparing with
@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel
 
 from infra.ledger.books import Books, CostLine, books
-from infra.ledger.models import CAPACITY_CLASSES, PREEMPTION_REASONS, Instance, Usage
+from infra.ledger.models import CAPACITY_CLASSES, PREEMPTION_REASONS, Instance, Usage, WeightTransfer
 from infra.ledger.reader import RunRecords
 from infra.pricing.catalog import PriceNotFound
 
@@ -76,6 +76,12 @@ class StepCost(BaseModel):
     `between steps` line is their sum)."""
     usd_per_million_generated: float | None
     usd_per_million_trained: float | None
+    transfer_bytes: int
+    """Weight bytes the instances pulled for the step (every source, deltas and whole versions)."""
+    pulls: int
+    """Weight pulls recorded with the step: one per (instance, version), however many sources it used."""
+    pull_s_max: float | None
+    """Seconds of the step's slowest pull (None: no pull, or none recorded its time: before migration 0005)."""
 
 
 class ClassSpend(BaseModel):
@@ -215,8 +221,11 @@ def _step_costs(records: RunRecords, instances: list[InstanceCost], as_of: datet
     by_id = {i.instance_id: i for i in instances}
     preemption_times = [t for i in records.instances if (t := _preempted_at(i)) is not None]
     egress_by_step: dict[int | None, float] = defaultdict(float)
+    bytes_by_step: dict[int | None, int] = defaultdict(int)
     for transfer in records.transfers:
         egress_by_step[transfer.step] += transfer.egress_usd
+        bytes_by_step[transfer.step] += transfer.bytes
+    pulls_by_step = _pulls_by_step(records.transfers)
     usage_by_step: dict[int, list[Usage]] = defaultdict(list)
     for usage in records.usage:
         usage_by_step[usage.step].append(usage)
@@ -226,7 +235,8 @@ def _step_costs(records: RunRecords, instances: list[InstanceCost], as_of: datet
 
     steps = []
     for step in records.steps:
-        rows, egress = usage_by_step[step.step], egress_by_step[step.step]
+        rows, egress, pulls = usage_by_step[step.step], egress_by_step[step.step], pulls_by_step[step.step]
+        timed = [seconds for seconds in pulls.values() if seconds is not None]
         cost = egress + usd(rows)
         generated, trained = sum(u.tokens_generated for u in rows), step.tokens_trained or 0
         steps.append(
@@ -246,9 +256,23 @@ def _step_costs(records: RunRecords, instances: list[InstanceCost], as_of: datet
                 idle_after_usd=books.idle_after.get(step.step, 0.0),
                 usd_per_million_generated=_per_million(cost, generated),
                 usd_per_million_trained=_per_million(cost, trained),
+                transfer_bytes=bytes_by_step[step.step],
+                pulls=len(pulls),
+                pull_s_max=max(timed) if timed else None,
             )
         )
     return steps
+
+
+def _pulls_by_step(transfers: Iterable[WeightTransfer]) -> dict[int | None, dict[tuple[str, int], float | None]]:
+    """Per step, each pull (instance, version) with its seconds (its rows, one per source, carry
+    the same figure; None where none was recorded)."""
+    pulls: dict[int | None, dict[tuple[str, int], float | None]] = defaultdict(dict)
+    for t in transfers:
+        key = (t.instance_id, t.version)
+        timed = [seconds for seconds in (pulls[t.step].get(key), t.seconds) if seconds is not None]
+        pulls[t.step][key] = max(timed) if timed else None
+    return pulls
 
 
 def _class_spends(instances: list[InstanceCost]) -> list[ClassSpend]:

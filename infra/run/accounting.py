@@ -4,15 +4,15 @@
 the run and a price quote per pool, and the trainer's machine (`TrainerMachine`) as instance
 `trainer` of role `trainer`, up until `finish()` (a co-located pool's instance runs on that machine,
 so it takes role `trainer` instead; the configuration refuses both); per step (`begin_step`,
-`end_step`) its times and trained tokens, every instance the provider has run with its lifecycle
-and ready time (its worker's first registration seen), each instance's seconds and generated
-tokens inside the step, and the weight pulls this attempt's instances reported; a heartbeat every
-`heartbeat_s`, so a killed driver's run is billed only up to its last beat; at the end the run's
-end. `report()` is the cost report so far (billed to now), `baseline_summary(id)` its comparison
-with a measured reserved-only run. A step's wasted tokens go evenly to the instances that stopped in
-it, else to the one that generated most. Writes are idempotent per (run, step, instance); a re-run's
-instances carry the attempt's prefix, never overwriting the dead attempt's (the session closes those
-with `Ledger.resume_run` first). Detail: docs/cost-ledger.md ("In code").
+`end_step`) its times and trained tokens, every instance with its lifecycle and ready time (its
+worker's first registration seen), each instance's seconds and generated tokens inside the step,
+and the weight pulls this attempt's instances reported, with their seconds (returned summed); a
+heartbeat every `heartbeat_s`, so a killed driver's run is billed only up to its last beat; at the
+end the run's end. `report()` is the cost report so far, `baseline_summary(id)` its comparison with
+a measured reserved-only run. A step's wasted tokens go evenly to the instances that stopped in it,
+else to the one that generated most. Writes are idempotent per (run, step, instance); a re-run's
+instances carry the attempt's prefix, never overwriting the dead attempt's (the session closes
+those with `Ledger.resume_run` first). Detail: docs/cost-ledger.md ("In code").
 """
 
 from __future__ import annotations
@@ -45,6 +45,11 @@ class WeightTraffic:
     """Bytes the instances received (deltas and whole versions, every source)."""
     full_fallbacks: int = 0
     """Pulls that fetched a whole version because a delta could not be applied."""
+    pulls: int = 0
+    """Pulls recorded: one per (instance, version), however many sources it received bytes from."""
+    pull_s: float | None = None
+    """Seconds of the slowest of them, each pull's wall time from its first request to verified
+    weights (None: no pull)."""
 
 
 class RunAccounting:
@@ -150,7 +155,7 @@ class RunAccounting:
                     tokens_wasted=wasted.get(record.instance_id, 0),
                 )
         known = {record.instance_id for record in records}
-        traffic = WeightTraffic()
+        recorded: list[Transfer] = []
         for transfer in self.transfers() if self.transfers is not None else ():
             if transfer.instance_id not in known:  # reported by a dead attempt's instance, never recorded
                 log.info(
@@ -167,10 +172,11 @@ class RunAccounting:
                 nbytes=transfer.nbytes,
                 step=step,
                 transferred_at=ended,
+                seconds=transfer.seconds,
             )
-            traffic = WeightTraffic(traffic.nbytes + transfer.nbytes, traffic.full_fallbacks + transfer.full_fallbacks)
+            recorded.append(transfer)
         self.ledger.record_step(self.run_id, step, started_at=started, ended_at=ended, tokens_trained=tokens_trained)
-        return traffic
+        return weight_traffic(recorded)
 
     def step_cost_usd(self, step: int) -> float | None:
         """What the ledger attributes to `step` so far (None if it has no row)."""
@@ -225,6 +231,19 @@ class RunAccounting:
             "cost_efficiency_vs_baseline": comparison.cost_efficiency,
             "throughput_vs_baseline": comparison.throughput_ratio,
         }
+
+
+def weight_traffic(transfers: Sequence[Transfer]) -> WeightTraffic:
+    """What `transfers` (one entry per pull and source, `infra.weights.shared`) add up to."""
+    seconds: dict[tuple[str, int], float] = {}
+    for t in transfers:  # a pull's entries all carry its wall time
+        seconds[(t.instance_id, t.version)] = max(t.seconds, seconds.get((t.instance_id, t.version), 0.0))
+    return WeightTraffic(
+        nbytes=sum(t.nbytes for t in transfers),
+        full_fallbacks=sum(t.full_fallbacks for t in transfers),
+        pulls=len(seconds),
+        pull_s=max(seconds.values(), default=None),
+    )
 
 
 def _seconds_within(record: InstanceRecord, start: float, end: float) -> float:

@@ -465,7 +465,7 @@ class RolloutFabric:
 
     def drain_transfers(self) -> list[Transfer]:
         """Weight pulls the instances reported since the last call, bytes summed per instance,
-        version and kind of source: `trainer`, `store` or `peer`."""
+        version and kind of source: `trainer`, `store` or `peer` (with the longest pull's seconds)."""
 
         def source(url: str) -> str:
             return "trainer" if url == self.weights.url else url if url == STORE else "peer"
@@ -479,6 +479,7 @@ class RolloutFabric:
                 source=key[2],
                 nbytes=t.nbytes + (seen.nbytes if seen else 0),
                 full_fallbacks=t.full_fallbacks + (seen.full_fallbacks if seen else 0),
+                seconds=max(t.seconds, seen.seconds if seen else 0.0),
             )
         return list(merged.values())
 

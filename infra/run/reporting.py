@@ -1,6 +1,7 @@
 """How a run is shown to people: the live progress bar, per-step and summary tables (rich, and
-markdown for Prefect artifacts), and the reward/accuracy and cost curves as a PNG (the cost bars
-add up to the ledger's total: `cost_bars`)."""
+markdown for Prefect artifacts; with `model.lora` the version column reads `adapter version` and
+the tables' descriptions say what a version weighs: `table_description`), and the reward/accuracy and
+cost curves as a PNG (the cost bars add up to the ledger's total: `cost_bars`)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table  # noqa: E402
 
 from infra.ledger.report import CostReport  # noqa: E402
+from infra.run.workload import AdapterSize  # noqa: E402
 
 STEP_COLUMNS = (
     ("step", "step", "{:d}"),
@@ -34,7 +36,9 @@ STEP_COLUMNS = (
     ("migrations", "migrations", "{:d}"),
     ("tokens_wasted", "tokens wasted", "{:d}"),
     ("cost_usd", "cost $", "{:.4f}"),
+    ("policy_version", "version", "{:d}"),
     ("weights_mb", "weights MiB", "{:.1f}"),
+    ("pull_s", "slowest pull s", "{:.2f}"),
     ("weight_fallbacks", "whole-version fallbacks", "{:d}"),
     ("version_lag_mean", "version lag", "{:.2f}"),
     ("version_lag_max", "max lag", "{:d}"),
@@ -74,9 +78,25 @@ def format_value(key: str, value) -> str:
     return str(value)
 
 
-def step_table_rows(rows: list[dict]) -> list[dict[str, str]]:
-    """Rows for a Prefect table artifact (column header -> formatted value)."""
-    return [{header: format_value(key, row.get(key)) for key, header, _ in STEP_COLUMNS} for row in rows]
+ADAPTER_HEADERS = {"policy_version": "adapter version"}
+"""The headers a run with `model.lora` shows instead (its versions are adapters, not whole models)."""
+
+
+def step_table_rows(rows: list[dict], adapters: bool = False) -> list[dict[str, str]]:
+    """Rows for a Prefect table artifact (column header -> formatted value); `adapters`: the run's
+    versions are LoRA adapters (`ADAPTER_HEADERS`)."""
+    headers = {key: (ADAPTER_HEADERS.get(key, header) if adapters else header) for key, header, _ in STEP_COLUMNS}
+    return [{headers[key]: format_value(key, row.get(key)) for key, _, _ in STEP_COLUMNS} for row in rows]
+
+
+def table_description(text: str, adapter: AdapterSize | None) -> str:
+    """A step table's description: `text`, and with `model.lora` (`adapter`: one version's size)
+    that its versions are LoRA adapters and what one weighs."""
+    if adapter is None:
+        return text
+    return (
+        f"{text}. Versions are LoRA adapters ({adapter.nbytes / 2**20:.2f} MiB, {adapter.parameters:,} parameters each)"
+    )
 
 
 def _number(value: float) -> str:

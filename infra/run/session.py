@@ -36,7 +36,7 @@ from infra.run.identity import claim_identity
 from infra.run.preflight import in_process_engine_device, preflight
 from infra.run.redis_outage import RedisUnreachable, RunStopped
 from infra.run.sweep import SweepSchedule, start_sweeps
-from infra.run.workload import run_workload
+from infra.run.workload import adapter_size, run_workload
 from rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rl.devices import resolve_device
 from rl.distributed.protocol import TrainSpec
@@ -104,6 +104,8 @@ class TrainingSession:
         self.tokenizer = load_tokenizer(config.model.path, config.model.gguf_file)
         check_chat_template(self.tokenizer, config.prompt, config.model.path)  # before any work
         self.model, self.trainer = _make_trainer(config, self.device, self.tokenizer.pad_token_id)
+        self.adapter = adapter_size(self.trainer.policy_state()) if config.model.lora is not None else None
+        """One adapter version's size (None: full fine-tuning, a version is every weight)."""
         self._engine: GenerationEngine | None = None
         """The in-process engine (rollout without the fabric, and evaluation), made on first use."""
         self._engine_shares_model = False
@@ -176,7 +178,7 @@ class TrainingSession:
                 ready=self.fabric.registered if self.fabric else None,
                 trainer=config.ledger.trainer,
                 instance_prefix=self.identity.instance_prefix,
-                workload=run_workload(config, _parameters(self.model), self._mean_prompt_tokens()),
+                workload=run_workload(config, _parameters(self.model), self._mean_prompt_tokens(), self.adapter),
             )
         except BaseException:
             if self._sweeps is not None:
@@ -403,7 +405,8 @@ class TrainingSession:
 
     def account(self, step: int, tokens_trained: int) -> dict:
         """Record the step in the cost ledger (instances, their usage, the step, the weight pulls);
-        returns its cost, the weight MiB the instances pulled and their whole-version fallbacks."""
+        returns its cost, the weight MiB the instances pulled, their whole-version fallbacks, how
+        many pulls and the slowest one's seconds (None: no pull)."""
         instance_tokens, wasted = self._step_usage.pop(step, ({}, 0))
         with self._stops_when_redis_is_gone():
             traffic = self.accounting.end_step(step, tokens_trained, instance_tokens, wasted)
@@ -411,6 +414,8 @@ class TrainingSession:
             "cost_usd": self.accounting.step_cost_usd(step) or 0.0,
             "weights_mb": traffic.nbytes / 2**20,
             "weight_fallbacks": traffic.full_fallbacks,
+            "pulls": traffic.pulls,
+            "pull_s": traffic.pull_s,
         }
 
     def cost_report(self) -> CostReport:

@@ -1,18 +1,21 @@
 """What a run runs, as the ledger records it (`runs.workload`): `run_workload(config, params)`.
 
-A JSON-ready dict of five sections: `model` (its path, the architecture read from its
-`config.json`, the parameter count and dtype), `data` (the prompts' source and their mean length
-in tokens), `batch` (prompts per
-step, group size, response budget, sampling, bounded staleness), `pools` (every pool's name,
-provider, capacity class, size, machine type, price, co-location, notice, silent-kill fraction
-and availability) and `trainer` (`ledger.trainer`). A baseline comparison checks that two runs
-agree on all of it but their spot pools (`infra.ledger.comparison`); `rlboost cost --predict`
-maps it to a simulator scenario (`infra.sim.from_run`).
+A JSON-ready dict of six sections: `model` (its path, the architecture read from its
+`config.json`, the parameter count and dtype), `lora` (None for full fine-tuning; with
+`model.lora` its rank, alpha, dropout and target modules, the adapters' trainable parameters and
+the bytes of one adapter version), `data` (the prompts' source and their mean length in tokens),
+`batch` (prompts per step, group size, response budget, sampling, bounded staleness), `pools`
+(every pool's name, provider, capacity class, size, machine type, price, co-location, notice,
+silent-kill fraction and availability) and `trainer` (`ledger.trainer`). A baseline comparison
+checks that two runs agree on all of it but their spot pools (`infra.ledger.comparison`);
+`rlboost cost --predict` maps it to a simulator scenario (`infra.sim.from_run`).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +33,24 @@ POOL_FIELDS = (
     "silent_kill_fraction",
     "availability",
 )
+
+
+@dataclass(frozen=True)
+class AdapterSize:
+    """One LoRA adapter version: its tensors' elements (the trainable parameters) and bytes."""
+
+    parameters: int
+    """Elements of the adapter tensors: the trainable parameters (the base stays frozen)."""
+    nbytes: int
+    """Bytes of the adapter tensors: what one published version weighs before chunking."""
+
+
+def adapter_size(state: Mapping[str, Any]) -> AdapterSize:
+    """The size of a policy version made of adapter tensors (`PolicyTrainer.policy_state()` with LoRA)."""
+    return AdapterSize(
+        parameters=sum(t.numel() for t in state.values()),
+        nbytes=sum(t.numel() * t.element_size() for t in state.values()),
+    )
 
 
 def model_architecture(path: Path) -> dict[str, Any]:
@@ -51,9 +72,15 @@ def model_architecture(path: Path) -> dict[str, Any]:
     }
 
 
-def run_workload(config: RunConfig, params: int | None, mean_prompt_tokens: float | None = None) -> dict[str, Any]:
+def run_workload(
+    config: RunConfig,
+    params: int | None,
+    mean_prompt_tokens: float | None = None,
+    adapter: AdapterSize | None = None,
+) -> dict[str, Any]:
     """The workload of `config` (`params`: the policy's parameter count, None if not in this
-    process; `mean_prompt_tokens`: the encoded prompts' mean length, None if not measured)."""
+    process; `mean_prompt_tokens`: the encoded prompts' mean length, None if not measured;
+    `adapter`: the size of one adapter version when the run has `model.lora`, None if not measured)."""
     model, rollout = config.model, config.rollout
     return {
         "model": {
@@ -62,6 +89,16 @@ def run_workload(config: RunConfig, params: int | None, mean_prompt_tokens: floa
             "dtype": model.dtype,
             "params": params,
             **model_architecture(model.path),
+        },
+        "lora": None
+        if model.lora is None
+        else {
+            "r": model.lora.r,
+            "alpha": model.lora.alpha,
+            "dropout": model.lora.dropout,
+            "target_modules": list(model.lora.target_modules),
+            "trainable_parameters": adapter.parameters if adapter else None,
+            "adapter_bytes": adapter.nbytes if adapter else None,
         },
         "data": {
             **config.data.model_dump(mode="json", include={"source", "family", "path"}),

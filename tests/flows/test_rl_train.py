@@ -64,10 +64,14 @@ def test_two_steps_then_resume(prefect_harness, base_model, tmp_path):
     run_dir = tmp_path / "runs" / "flow-test"
     assert (run_dir / "checkpoints" / "step_000002" / "model.safetensors").exists()
     assert (run_dir / "curves.png").stat().st_size > 10_000
+    pulls = {}
     for step in (1, 2):
         metrics = json.loads((run_dir / "steps" / f"{step:06d}" / "metrics.json").read_text())
         assert metrics["step"] == step and metrics["tokens"] > 0
         assert 0.0 <= metrics["reward"] <= 1.0
+        assert metrics["policy_version"] == step  # the version published at the step's end
+        assert (metrics["pull_s"] is None) == (metrics["pulls"] == 0) and (metrics["pull_s"] or 1) > 0
+        pulls[step] = (metrics["pulls"], metrics["pull_s"])
 
     runs, tasks = asyncio.run(_children(state.state_details.flow_run_id))
     steps = sorted(r.name for r in runs if r.name.startswith("step-"))
@@ -78,6 +82,7 @@ def test_two_steps_then_resume(prefect_harness, base_model, tmp_path):
         costs = ledger.report(summary["ledger_run_id"])
     assert [s.step for s in costs.steps] == [1, 2]
     assert all(s.ended_at is not None and s.tokens_trained > 0 for s in costs.steps)
+    assert {s.step: (s.pulls, s.pull_s_max) for s in costs.steps} == pulls  # the ledger has the pull times
     # The demo's colocated reserved instance runs on the trainer's machine: it is the trainer, up
     # for every step, so each step carries the step's duration of it.
     (trainer,) = [i for i in costs.instances if i.role == "trainer"]
@@ -126,6 +131,39 @@ def test_two_steps_then_resume(prefect_harness, base_model, tmp_path):
     assert summary["vs_baseline"] == f"not compared: run {first} cannot be its own baseline: name a reserved-only run"
     assert "cost_efficiency_vs_baseline" not in summary
     assert (run_dir / "checkpoints" / "step_000003").exists()
+
+
+def test_a_lora_run_labels_its_versions_as_adapters_with_their_size(prefect_harness, base_model, tmp_path):
+    """With `model.lora` the step tables' version column reads `adapter version`, their description
+    says what one adapter version weighs, and the ledger's workload says the run trained adapters."""
+    overrides = {
+        **_overrides(base_model, tmp_path, 1),
+        "run.name": "flow-lora",
+        "fabric.enabled": False,
+        "model.lora": {"r": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj"]},
+    }
+    state = rl_train(overrides=overrides, return_state=True)
+    assert state.is_completed()
+    summary = state.result()
+    with Ledger() as ledger:
+        lora = ledger.report(summary["ledger_run_id"]).workload["lora"]
+    assert (lora["r"], lora["target_modules"]) == (4, ["q_proj", "v_proj"]) and lora["trainable_parameters"] > 0
+    assert summary["adapter_mib_per_version"] == pytest.approx(lora["adapter_bytes"] / 2**20)
+
+    async def steps_table():
+        async with get_client() as client:
+            (found,) = await client.read_artifacts(
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["flow-lora-steps"]))
+            )
+            return found
+
+    table = asyncio.run(steps_table())
+    (row,) = json.loads(table.data) if isinstance(table.data, str) else table.data
+    assert row["adapter version"] == "1" and "version" not in row
+    mib = lora["adapter_bytes"] / 2**20
+    assert f"Versions are LoRA adapters ({mib:.2f} MiB, {lora['trainable_parameters']:,} parameters each)" in (
+        table.description or ""
+    )
 
 
 def test_bad_config_fails_before_any_work(prefect_harness, tmp_path):

@@ -37,6 +37,10 @@ def test_prints_cost_per_step_spend_per_class_and_totals_without_re_pricing(ledg
     # step 1: 4 instances, 1800 + 1230 + 1800 + 200 instance-s, 3200 generated, 50 wasted, 3000 trained,
     # 1 preemption, $2.8219
     assert [cell.strip() for cell in step1.split("│")[1:9]] == ["1", "4", "5030", "3200", "50", "3000", "1", "2.8219"]
+    # spot-2 pulled version 1 (10^9 bytes) in 4.5 s during step 1, version 2 in 12.25 s in step 2
+    assert [cell.strip() for cell in step1.split("│")[13:15]] == ["953.7", "4.50"]
+    total = next(line for line in lines if line.startswith("│") and line.split("│")[1].strip() == "total")
+    assert [cell.strip() for cell in total.split("│")[13:15]] == ["1907.3", "12.25"]
     assert any("spot" in line and "1.7508" in line and "2 │" in line for line in lines)  # 3 spot instances, 2 preempted
     for expected in ("5.5408", "939.12", "852.44", "2 / 0", "90 (2%)", "not recorded (set ledger.trainer)"):
         assert expected in result.output
@@ -111,6 +115,9 @@ def test_exports_csv_and_json_with_hand_computed_numbers(ledger_url, tmp_path):
         [3230 * 1.1 / 3600, 2400 * 1.1 / 3600, 5730 * 1.1 / 3600]
     )
     assert [int(row["tokens_wasted"]) for row in rows] == [50, 40, 90]
+    assert [int(row["transfer_bytes"]) for row in rows] == [10**9, 10**9, 2 * 10**9]
+    assert [row["pulls"] for row in rows] == ["1", "1", ""]  # the total row: the run's bytes and slowest pull
+    assert [float(row["pull_s_max"]) for row in rows] == [4.5, 12.25, 12.25]
     assert [int(row["preemptions"]) for row in rows] == [1, 1, 2]
     assert float(rows[2]["instance_seconds"]) == 3600 + 5730
     report = json.loads(json_path.read_text())

@@ -72,14 +72,16 @@ def record_small_run(ledger: Ledger, run_id: str = RUN_ID) -> None:
     ledger.record_step(run_id, 1, started_at=at(0))
     end(spot0, notice=1200, t=1230, reason="preempted", exit_code=0)
     spot2 = launch("spot-2", "spot", SPOT_PRICE, 1500)
-    ledger.record_transfer(run_id, "spot-2", 1, source="spot-1", nbytes=10**9, step=1, transferred_at=at(1550))
+    ledger.record_transfer(
+        run_id, "spot-2", 1, source="spot-1", nbytes=10**9, step=1, transferred_at=at(1550), seconds=4.5
+    )
     usage(1, "reserved-0", 1800, 1000)
     usage(1, "spot-0", 1230, 800, wasted=50)
     usage(1, "spot-1", 1800, 1200)
     usage(1, "spot-2", 200, 200)  # up at 1600 s: 100 s of boot are not attributed to the step
     ledger.record_step(run_id, 1, started_at=at(0), ended_at=at(1800), tokens_trained=3000)
     ledger.record_step(run_id, 2, started_at=at(1800))
-    ledger.record_transfer(run_id, "spot-2", 2, source="store", nbytes=10**9, egress_usd=0.12, step=2)
+    ledger.record_transfer(run_id, "spot-2", 2, source="store", nbytes=10**9, egress_usd=0.12, step=2, seconds=12.25)
     end(spot1, notice=2400, t=2400, reason="preempted_silent", exit_code=-9)
     usage(2, "reserved-0", 1800, 1000)
     usage(2, "spot-1", 600, 400, wasted=40)
@@ -108,7 +110,7 @@ def test_migrations_go_up_to_exactly_the_models_and_back_down(ledger_url):
     try:
         assert current_revision(engine) is None
         upgrade_to_head(engine)
-        assert current_revision(engine) == "0004"
+        assert current_revision(engine) == "0005"
         assert LEDGER_TABLES <= set(inspect(engine).get_table_names())
         with engine.connect() as connection:  # the migrated schema is the models' schema, nothing missing or extra
             assert compare_metadata(MigrationContext.configure(connection), Base.metadata) == []
@@ -137,6 +139,28 @@ def test_the_workload_migration_keeps_the_runs_and_the_workload_round_trips(ledg
         assert ledger.report(RUN_ID).workload == workload
 
 
+def test_the_transfer_seconds_migration_upgrades_a_0004_ledger_and_records_the_pull_time(ledger_url):
+    """0005 adds `weight_transfers.seconds` in place: the transfers of a 0004 ledger stay, with no
+    time (their steps' slowest pull is unknown, not 0); a pull recorded after it carries its time."""
+    with Ledger(ledger_url) as ledger:
+        record_small_run(ledger)
+        assert [(s.transfer_bytes, s.pulls, s.pull_s_max) for s in ledger.report(RUN_ID).steps] == [
+            (10**9, 1, 4.5),
+            (10**9, 1, 12.25),
+        ]
+        downgrade_to(ledger.engine, "0004")
+        assert "seconds" not in {c["name"] for c in inspect(ledger.engine).get_columns("weight_transfers")}
+        upgrade_to_head(ledger.engine)
+        assert current_revision(ledger.engine) == "0005"
+        assert (_count(ledger, Usage), _count(ledger, WeightTransfer)) == (7, 2)
+        report = ledger.report(RUN_ID)
+        assert [(s.transfer_bytes, s.pulls, s.pull_s_max) for s in report.steps] == [(10**9, 1, None), (10**9, 1, None)]
+        assert report.total_usd == pytest.approx(5.540833, abs=1e-6)  # what it cost is untouched
+        ledger.record_transfer(RUN_ID, "spot-2", 2, source="store", nbytes=10**9, egress_usd=0.12, step=2, seconds=3.0)
+        assert _get(ledger, WeightTransfer, RUN_ID, "spot-2", 2, "store").seconds == 3.0
+        assert ledger.report(RUN_ID).steps[1].pull_s_max == 3.0
+
+
 def test_the_role_migration_keeps_every_row_both_ways(ledger_url):
     """0002 adds `instances.role` without rebuilding the table (which on SQLite would cascade-delete
     the usage rows); the instances recorded before it are `rollout`, and a downgrade keeps the rows."""
@@ -158,7 +182,7 @@ def test_opening_a_ledger_migrates_it_and_reopening_keeps_the_data(ledger_url):
     with Ledger(ledger_url) as first:
         record_small_run(first)
     with Ledger(ledger_url, create=False) as again:
-        assert current_revision(again.engine) == "0004"
+        assert current_revision(again.engine) == "0005"
         assert _count(again, Usage) == 7
 
 

@@ -159,6 +159,21 @@ def test_a_baseline_of_another_workload_is_refused_naming_each_differing_field(l
     assert "batch.prompts_per_step" not in message and "pools.spot" not in message
 
 
+def test_a_lora_baseline_is_refused_for_a_full_run_and_an_older_full_one_is_not(ledger):
+    """Training adapters is another workload than training every weight; a baseline recorded before
+    workloads named LoRA (no `lora` section) trained every weight, so it still compares."""
+    record_hybrid(ledger)
+    older = workload()
+    del older["lora"]
+    record_baseline(ledger, "base-1", older)
+    assert ledger.compare("hybrid-1", "base-1").cost_efficiency > 0
+    record_baseline(ledger, "lora-1", workload(**{"model.lora": {"r": 8, "target_modules": ["q_proj"]}}))
+    with pytest.raises(BaselineMismatch) as refused:
+        ledger.compare("hybrid-1", "lora-1")
+    assert "lora.r (run: 'absent', baseline: 8)" in str(refused.value)
+    assert "lora.target_modules (run: 'absent', baseline: ['q_proj'])" in str(refused.value)
+
+
 def test_pools_must_match_apart_from_spot_and_the_workload_must_be_recorded(ledger):
     record_hybrid(ledger)
     other_spot = {**SPOT_POOL, "size": 5, "price_per_hour": 0.9}

@@ -107,12 +107,48 @@ def test_step_cost_is_its_instance_seconds_at_each_price_plus_its_egress():
     assert (step1.instances, step1.instance_seconds, step1.tokens_generated) == (2, 2700, 1200)
     assert step1.usd_per_million_generated == approx(0.50 / 1200 * 1e6)
     assert step2.cost_usd == approx(0.40) and step2.spot_usd == 0
+    assert (step1.transfer_bytes, step1.pulls, step1.pull_s_max) == (5, 1, None)  # recorded without seconds
+    assert (step2.transfer_bytes, step2.pulls, step2.pull_s_max) == (0, 0, None)
     # Billed: reserved 1 h at 0.80 + spot 1 h at 0.20; spot-0 idled 2700 s outside any step.
     assert report.total_usd == approx(0.80 + 0.20 + 0.05)
     assert report.unattributed_usd == approx(2700 * 0.20 / 3600)
     assert report.usd_per_million_trained == approx(1.05 / 2000 * 1e6)
     assert (report.step_seconds, report.trained_tokens_per_s) == (3600, approx(2000 / 3600))
     assert not report.trainer_recorded and report.trainer_usd == 0
+
+
+def transfer(instance_id: str, version: int, source: str, nbytes: int, seconds: float | None, step: int | None):
+    return WeightTransfer(
+        run_id="r",
+        instance_id=instance_id,
+        version=version,
+        source=source,
+        step=step,
+        bytes=nbytes,
+        egress_usd=0.0,
+        seconds=seconds,
+    )
+
+
+def test_a_steps_pulled_bytes_count_each_pull_once_and_its_slowest_pull():
+    """A pull from two sources is two rows carrying the pull's seconds: one pull. Step 1's slowest
+    pull is spot-1's 7.5 s; step 2's pull was recorded before migration 0005 (no seconds): its
+    slowest is unknown, not 0; a transfer outside the steps is in the run's bytes only."""
+    rows = records(
+        [instance("spot-0", "spot", 0.20, 0, 3600), instance("spot-1", "spot", 0.20, 0, 3600)],
+        [usage(1, "spot-0", 1800, 500), usage(2, "spot-0", 1800, 500)],
+        transfers=[
+            transfer("spot-0", 1, "store", 3 * 2**20, 2.5, step=1),
+            transfer("spot-0", 1, "spot-1", 2**20, 2.5, step=1),
+            transfer("spot-1", 1, "store", 4 * 2**20, 7.5, step=1),
+            transfer("spot-0", 2, "store", 2**20, None, step=2),
+            transfer("spot-1", 0, "store", 9, 1.0, step=None),
+        ],
+    )
+    step1, step2 = build_report(rows, CATALOG).steps
+    assert (step1.transfer_bytes, step1.pulls, step1.pull_s_max) == (8 * 2**20, 2, 7.5)
+    assert (step2.transfer_bytes, step2.pulls, step2.pull_s_max) == (2**20, 1, None)
+    assert build_report(rows, CATALOG).transfer_bytes == 9 * 2**20 + 9
 
 
 def _field_names(data: object) -> set[str]:

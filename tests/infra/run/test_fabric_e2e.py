@@ -64,6 +64,8 @@ def test_fabric_run_with_preemptions_matches_in_process_generation(prefect_harne
         costs = ledger.report(state.result()["ledger_run_id"])
     assert [s.step for s in costs.steps] == [1, 2, 3] and costs.total_usd > 0
     assert costs.transfer_bytes > 0 and costs.tokens_generated > 0
+    assert sum(s.transfer_bytes for s in costs.steps) == costs.transfer_bytes
+    assert all((s.pull_s_max or 0) > 0 for s in costs.steps if s.pulls)  # every pull recorded its seconds
     reserved = next(c for c in costs.classes if c.capacity_class == "reserved")
     assert reserved.booted == 1 and reserved.boot_s_mean > 0  # its worker's registration is its ready time
     run_dir = tmp_path / "runs" / "fabric-e2e"
@@ -77,6 +79,9 @@ def test_fabric_run_with_preemptions_matches_in_process_generation(prefect_harne
         assert all(0 < len(s.response_ids) <= 48 and len(s.logprobs) == len(s.response_ids) for s in samples)
         metrics = json.loads((run_dir / "steps" / f"{step:06d}" / "metrics.json").read_text())
         assert metrics["groups_dropped"] == 0
+        assert metrics["policy_version"] == step
+        ledger_step = costs.steps[step - 1]  # the step row's pulls are the ledger's, with their time
+        assert (metrics["pulls"], metrics["pull_s"]) == (ledger_step.pulls, ledger_step.pull_s_max)
         assert metrics["train_overlap_s"] > 0, "groups should be trained as they complete, during the rollout"
 
     totals = [json.loads((run_dir / "steps" / f"{s:06d}" / "metrics.json").read_text()) for s in (1, 2, 3)]

@@ -9,6 +9,7 @@ from infra.ledger import Ledger
 from infra.run.config import load_config
 from infra.run.session import TrainingSession
 from infra.run.workload import model_architecture, run_workload
+from rl.config import LoraSettings
 from tests.infra.run.test_session_prompts import TEMPLATE, config_for, tiny_model
 
 
@@ -27,6 +28,7 @@ def test_the_demo_configuration_records_its_batch_every_pool_and_the_spot_availa
     assert (reserved["name"], reserved["colocated"], reserved["price_per_hour"]) == ("reserved", True, 3.67)
     assert spot["availability"]["poisson"] == {"mean_life_s": 60.0, "mean_gap_s": 5.0, "seed": 1}
     assert recorded["trainer"] is None and recorded["model"]["params"] is None
+    assert recorded["lora"] is None  # full fine-tuning
     assert recorded["data"] == {"source": "arithmetic", "family": "add", "path": None, "mean_prompt_tokens": None}
     json.dumps(recorded)  # JSON-ready: the ledger stores it as JSON
 
@@ -53,3 +55,29 @@ def test_a_session_records_its_workload_with_the_models_size(tmp_path):
     }
     assert recorded["batch"]["group_size"] == 2 and recorded["pools"] == []
     assert recorded["data"]["mean_prompt_tokens"] > 1  # the held-out prompts, encoded with the chat template
+
+
+def test_a_lora_session_records_its_adapters_so_the_ledger_tells_it_from_a_full_run(tmp_path):
+    """With `model.lora` the workload says so: rank, alpha, dropout, targets, the trainable
+    parameters (the adapters alone: counted here on the live model) and one adapter version's bytes."""
+    model = tiny_model(tmp_path / "chat", TEMPLATE)
+    config = config_for(tmp_path, model, chat_template=True)
+    lora = LoraSettings(r=4, alpha=8.0, target_modules=("q_proj", "v_proj"))
+    config = config.model_copy(update={"model": config.model.model_copy(update={"lora": lora})})
+    session = TrainingSession(config)
+    try:
+        trainable = sum(p.numel() for p in session.model.parameters() if p.requires_grad)
+        run_id = session.run_id
+    finally:
+        session.close()
+    with Ledger(config.ledger.resolved_url()) as ledger:
+        recorded = ledger.report(run_id).workload["lora"]
+    assert recorded == {
+        "r": 4,
+        "alpha": 8.0,
+        "dropout": 0.0,
+        "target_modules": ["q_proj", "v_proj"],
+        "trainable_parameters": trainable,
+        "adapter_bytes": 4 * trainable,  # fp32 adapters
+    }
+    assert 0 < trainable < sum(p.numel() for p in session.model.parameters()) // 10
