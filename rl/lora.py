@@ -68,7 +68,7 @@ def peft_config(settings: LoraSettings, base: str | Path | None = None):
 
     return LoraConfig(
         r=settings.r,
-        lora_alpha=settings.alpha,
+        lora_alpha=settings.alpha,  # pyright: ignore[reportArgumentType]  (peft annotates int; any number scales)
         lora_dropout=settings.dropout,
         target_modules=list(settings.target_modules),
         bias="none",

@@ -1,7 +1,9 @@
 """LoRA GRPO through the whole loop: rl-train under a real Prefect server with `model.lora`, rollout
-on two worker processes (a reserved and a spot instance) that pull each version over HTTP. Every version the instances load is the adapters alone; the engines decode
+on two worker processes (a reserved instance and a spot instance preempted by real SIGTERM and
+SIGKILL) that pull each version over HTTP. Every version the instances load is the adapters alone; the engines decode
 the trained adapters, not the base (the silent "never delivered" failure would show as a gap
-between the trainer's log-probs and the engines'); the checkpoint is a PEFT adapter."""
+between the trainer's log-probs and the engines'); samples that migrated between instances carry the same
+keyed tokens as one in-process engine with the same adapters; the checkpoint is a PEFT adapter."""
 
 from __future__ import annotations
 
@@ -12,11 +14,13 @@ import torch
 
 from flows.rl_train import rl_train
 from infra.ledger import Ledger
-from rl.lora import ADAPTER_WEIGHTS_FILE, read_adapter
-from rl.models import load_policy
-from rl.rollout import read_samples
+from infra.run.config import load_config
+from rl.lora import ADAPTER_WEIGHTS_FILE, add_adapters, read_adapter
+from rl.models import load_model, load_policy
+from rl.prompt_source import PromptSource
+from rl.rollout import build_requests, read_samples
 from rl.trainer import WEIGHTS_FILE
-from tests.helpers import tiny_run
+from tests.helpers import hf_on_cpu, tiny_run
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +32,16 @@ POOLS = [
         "machine_type": "a2-highgpu-1g",
         "price_per_hour": 3.67,
     },
-    {"name": "spot", "capacity_class": "spot", "size": 1, "machine_type": "a2-highgpu-1g", "price_per_hour": 1.10},
+    {
+        "name": "spot",
+        "capacity_class": "spot",
+        "size": 1,
+        "machine_type": "a2-highgpu-1g",
+        "price_per_hour": 1.10,
+        "notice_s": 1.0,
+        "silent_kill_fraction": 0.5,
+        "availability": {"poisson": {"mean_life_s": 4.0, "mean_gap_s": 1.0, "seed": 3}},
+    },
 ]
 
 
@@ -57,7 +70,10 @@ def test_a_lora_run_publishes_adapters_and_every_engine_decodes_them(prefect_har
             "model.lora": {"r": 4, "alpha": 8},
             "optim.lr": 0.05,  # large enough that the adapters move the policy visibly in 3 steps
             "rollout.max_new_tokens": 16,
+            "run.checkpoint_every": 1,  # the adapters of version 2, to regenerate step 3 with
             "fabric.pools": POOLS,
+            "fabric.worker": {"flush_tokens": 2, "flush_ms": 50, "heartbeat_s": 0.3, "ttl_s": 1.5},
+            "fabric.controller": {"reap_timeout_s": 1.5},
             "training.max_logprob_gap": 0.01,  # a step whose engines decoded other weights fails
         },
     )
@@ -86,3 +102,20 @@ def test_a_lora_run_publishes_adapters_and_every_engine_decodes_them(prefect_har
         print(f"step {step}: trainer vs engines {trainer_gap:.2e}, base vs engines {base_gap:.2e}")
         assert trainer_gap < 1e-3
         assert base_gap > 10 * trainer_gap, "the engines decoded the base, not the adapters"
+
+    # Step 3 ran on version 2: the same requests on one in-process HF engine with version 2's
+    # adapters give the same keyed tokens, whichever instances (and migrations) made them.
+    config = load_config(None, overrides)
+    model, tokenizer = load_model(base)
+    engine = hf_on_cpu(add_adapters(model, settings).eval(), tokenizer.eos_token_id, tokenizer.pad_token_id)
+    engine.load_weights(read_adapter(run_dir / "checkpoints" / "step_000002")[0], 2)
+    records = PromptSource(config.data).take(2 * config.rollout.prompts_per_step, config.rollout.prompts_per_step)
+    requests = build_requests(tokenizer, records, 3, config.rollout, config.run.seed)
+    expected = {r.sample_id: res.token_ids for r, res in zip(requests, engine.generate(requests))}
+    got = {s.sample_id: s.response_ids for s in read_samples(run_dir / "steps" / "000003" / "rollout.jsonl")}
+    assert got.keys() == expected.keys()
+    matching = sum(sum(a == b for a, b in zip(expected[k], got[k])) for k in expected)
+    positions = sum(len(t) for t in expected.values())
+    metrics = json.loads((run_dir / "steps" / "000003" / "metrics.json").read_text())
+    print(f"step 3 against in-process: token match {matching / positions:.4f}, preemptions {metrics['preemptions']}")
+    assert matching / positions >= 0.99
