@@ -22,6 +22,7 @@ from rl.config import GRPOConfig, LoraSettings, OptimConfig, TrainerConfig
 from rl.distributed.group import RankFailure
 from rl.distributed.protocol import TrainSpec
 from rl.distributed.trainer import DistributedTrainer, check_supported
+from rl.lora import read_adapter
 from rl.models import load_model
 from rl.trainer import CheckpointMismatch, TrainBatch, Trainer
 from tests.helpers import run_trainer, save_tiny_model, tiny_shape
@@ -263,3 +264,59 @@ def test_two_ranks_take_the_torch_trainers_lora_steps(model_dir, tmp_path, zero_
                 assert got[step][key] == pytest.approx(want[step][key], rel=1e-4, abs=1e-6), (step, key)
     finally:
         distributed.close()
+
+
+def test_a_lora_checkpoint_resumes_exactly_and_is_refused_by_another_kind_of_run(model_dir, tmp_path):
+    root = tmp_path / "checkpoints"
+    first = ranks(model_dir, tmp_path, lora=LORA)
+    try:
+        for seed in (0, 1):
+            first.train_step(random_batch(seed=seed))
+        path = save_checkpoint(root, first, {"cursor": 2})
+        at_checkpoint = {k: v.clone() for k, v in first.policy_state().items()}
+        for seed in (2, 3):
+            first.train_step(random_batch(seed=seed))
+        straight = {k: v.clone() for k, v in first.policy_state().items()}
+    finally:
+        first.close()
+    # The policy is a PEFT adapter directory; DeepSpeed's own files leave the frozen base out
+
+    assert not (path / "model.safetensors").exists()
+    adapters, settings = read_adapter(path)
+    assert settings.r == LORA.r and max_difference(adapters, at_checkpoint) == 0.0
+    module = torch.load(path / "deepspeed" / "state" / "mp_rank_00_model_states.pt", weights_only=False)["module"]
+    # (DeepSpeed keeps a tied weight's second name: this tiny model ties lm_head to the embeddings.)
+    frozen = {key for key in module if ".lora_A." not in key and ".lora_B." not in key}
+    assert len(module) > len(frozen) and frozen <= {"base_model.model.lm_head.weight"}
+
+    resumed = ranks(model_dir, tmp_path, lora=LORA)
+    try:
+        assert load_checkpoint(latest_checkpoint(root), resumed) == {"cursor": 2}
+        assert resumed.step == 2 and max_difference(resumed.policy_state(), at_checkpoint) == 0.0
+        for seed in (2, 3):
+            resumed.train_step(random_batch(seed=seed))
+        assert max_difference(resumed.policy_state(), straight) == 0.0
+    finally:
+        resumed.close()
+
+    # Refused by the driver before any rank is sent anything (these trainers' ranks are gone).
+    state = torch.load(path / "trainer.pt", weights_only=False)["trainer"]
+    other_rank = LoraSettings(r=8, target_modules=("q_proj", "v_proj")).model_dump(mode="json")
+    refusals = [
+        (resumed, {**state, "lora": None}, r"holds a full fine-tuning run .* but this run has model\.lora set"),
+        (
+            resumed,
+            {**state, "lora": other_rank},
+            r"holds LoRA adapters of r=8 on q_proj, v_proj, this run's model\.lora is r=4",
+        ),
+    ]
+    full = ranks(model_dir, tmp_path)
+    full.close()
+    refusals.append((full, state, r"holds LoRA adapters \(model\.lora r=4\), but this run has no model\.lora"))
+    for trainer, saved, message in refusals:
+        with pytest.raises(CheckpointMismatch, match=message) as refused:
+            trainer.load_state(path, saved)
+        assert "\n" not in str(refused.value)
+    with pytest.raises(CheckpointMismatch, match=r"holds LoRA adapters"):
+        load_checkpoint(path, full)
+    assert resumed.step == 4 and full.step == 0
