@@ -266,9 +266,10 @@ def test_two_ranks_take_the_torch_trainers_lora_steps(model_dir, tmp_path, zero_
         distributed.close()
 
 
-def test_a_lora_checkpoint_resumes_exactly_and_is_refused_by_another_kind_of_run(model_dir, tmp_path):
+@pytest.mark.parametrize("zero_stage", [2, 3])
+def test_a_lora_checkpoint_resumes_exactly_and_is_refused_by_another_kind_of_run(model_dir, tmp_path, zero_stage):
     root = tmp_path / "checkpoints"
-    first = ranks(model_dir, tmp_path, lora=LORA)
+    first = ranks(model_dir, tmp_path, zero_stage=zero_stage, lora=LORA)
     try:
         for seed in (0, 1):
             first.train_step(random_batch(seed=seed))
@@ -284,12 +285,14 @@ def test_a_lora_checkpoint_resumes_exactly_and_is_refused_by_another_kind_of_run
     assert not (path / "model.safetensors").exists()
     adapters, settings = read_adapter(path)
     assert settings.r == LORA.r and max_difference(adapters, at_checkpoint) == 0.0
-    module = torch.load(path / "deepspeed" / "state" / "mp_rank_00_model_states.pt", weights_only=False)["module"]
+    prefix = "zero_pp_rank_0_" if zero_stage == 3 else ""
+    module = torch.load(path / "deepspeed" / "state" / f"{prefix}mp_rank_00_model_states.pt", weights_only=False)
+    module = module["module"]
     # (DeepSpeed keeps a tied weight's second name: this tiny model ties lm_head to the embeddings.)
     frozen = {key for key in module if ".lora_A." not in key and ".lora_B." not in key}
     assert len(module) > len(frozen) and frozen <= {"base_model.model.lm_head.weight"}
 
-    resumed = ranks(model_dir, tmp_path, lora=LORA)
+    resumed = ranks(model_dir, tmp_path, zero_stage=zero_stage, lora=LORA)
     try:
         assert load_checkpoint(latest_checkpoint(root), resumed) == {"cursor": 2}
         assert resumed.step == 2 and max_difference(resumed.policy_state(), at_checkpoint) == 0.0
@@ -310,7 +313,7 @@ def test_a_lora_checkpoint_resumes_exactly_and_is_refused_by_another_kind_of_run
             r"holds LoRA adapters of r=8 on q_proj, v_proj, this run's model\.lora is r=4",
         ),
     ]
-    full = ranks(model_dir, tmp_path)
+    full = ranks(model_dir, tmp_path, zero_stage=zero_stage)
     full.close()
     refusals.append((full, state, r"holds LoRA adapters \(model\.lora r=4\), but this run has no model\.lora"))
     for trainer, saved, message in refusals:
