@@ -518,6 +518,7 @@ def _make_trainer(config: RunConfig, device: torch.device, pad_token_id: int) ->
         grpo=grpo,
         optim=config.optim,
         trainer=trainer_config,
+        lora=model_config.lora,
     )
     trainer = DistributedTrainer(spec, config.run.directory / "trainer" / "ranks.log", state_dtype=model_config.dtype)
     return None, trainer

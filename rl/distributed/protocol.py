@@ -10,7 +10,8 @@ Each message goes to every rank and every rank answers (op: payload -> reply):
 ``init``: `TrainSpec` as a dict -> ``{"rank", "device", "threads"}``; ``begin``, ``abandon``,
 ``close``: None -> None; ``accumulate``: ``{"batch": wire batch | None, "rounds": n}`` -> None;
 ``finish``: ``{"weight": w}`` (the step's divisor) -> metric sums, ``grad_norm``, ``lr``;
-``state``: ``{"dtype": "bf16" | "fp32" | ... | None}`` -> safetensors bytes on rank 0, else None;
+``state``: ``{"dtype": "bf16" | "fp32" | ... | None}`` -> safetensors bytes of the policy (with
+LoRA the adapter tensors alone) on rank 0, else None;
 ``save``: ``{"directory": path}`` -> None; ``load``: ``{"directory": path}`` -> the restored step.
 Processes and faults: docs/internals.md §2, docs/trainers.md.
 """
@@ -22,7 +23,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from rl import env_vars
-from rl.config import GRPOConfig, OptimConfig, TrainerConfig
+from rl.config import GRPOConfig, LoraSettings, OptimConfig, TrainerConfig
 from rl.trainer import TrainBatch
 
 CHANNEL_ENV = env_vars.TRAINER_CHANNEL
@@ -44,6 +45,8 @@ class TrainSpec(BaseModel):
     grpo: GRPOConfig
     optim: OptimConfig
     trainer: TrainerConfig
+    lora: LoraSettings | None = None
+    """`model.lora`: the ranks train these adapters on the frozen base (None: every weight)."""
 
 
 def batch_to_wire(batch: TrainBatch) -> dict:

@@ -11,7 +11,10 @@ until `close` or until the channel closes; a watchdog thread ends it once the dr
 clipping, the schedule). Accumulation is the caller's: at `finish` the step's divisor becomes
 DeepSpeed's loss scale, so unscale-and-clip matches the torch trainer; every rank makes the same
 number of passes (`rounds`; zero-weight ones on a one-token sample), as ZeRO-2/3 reduce in every
-backward; `abandon` is a NaN-weighted pass that DeepSpeed skips as an overflow. Detail:
+backward; `abandon` is a NaN-weighted pass that DeepSpeed skips as an overflow. With `model.lora`
+the engine wraps the peft model: ZeRO holds only the adapters' optimizer state, the KL reference is
+the same engine's forward with the adapters switched off, and the state and checkpoints are the
+adapter tensors (ZeRO-3 gathers just those). Detail:
 docs/trainers.md ("The same step", "Faults"), docs/internals.md §2 and §9 ("One trainer interface").
 """
 
@@ -26,7 +29,7 @@ from multiprocessing.connection import Client
 from pathlib import Path
 
 import torch
-from safetensors.torch import save, save_file
+from safetensors.torch import save
 
 from rl.config import OptimConfig, TrainerConfig
 from rl.devices import TORCH_DTYPES
@@ -37,8 +40,9 @@ from rl.distributed.protocol import (
     batch_from_wire,
 )
 from rl.driver_watch import watch_driver
+from rl.lora import adapter_state
 from rl.models import load_model
-from rl.trainer import WEIGHTS_FILE, Accumulation, TrainBatch, Trainer
+from rl.trainer import Accumulation, TrainBatch, Trainer, write_policy
 
 CHECKPOINT_TAG = "state"
 """DeepSpeed's tag (subdirectory) of the sharded state inside a checkpoint's `deepspeed/`."""
@@ -74,17 +78,19 @@ class RankTrainer(Trainer):
             temperature=spec.temperature,
             autocast_dtype=torch.bfloat16 if spec.autocast == "bf16" else None,
             gradient_checkpointing=spec.trainer.gradient_checkpointing,
+            lora=spec.lora,
         )
         self.world_size = world_size
         self.zero_stage = spec.trainer.zero_stage
+        self.module = self.model
+        """The policy module (with LoRA the peft model) that the engine wraps."""
         self.engine, _, _, _ = deepspeed.initialize(
-            model=model,
-            optimizer=self.optimizer,
+            model=self.module,
+            optimizer=self.optimizer,  # the trainable parameters alone: with LoRA, the adapters
             # DeepSpeed annotates torch's deprecated `_LRScheduler`; it takes any `LRScheduler`:
             lr_scheduler=self.scheduler,  # pyright: ignore[reportArgumentType]
             config=deepspeed_config(spec.trainer, spec.optim),
         )
-        self.module = model
         self.model = self.engine  # forward passes go through the engine (ZeRO-3 gathers there)
         optimizer = self.engine.optimizer
         assert isinstance(optimizer, (DeepSpeedZeroOptimizer, DeepSpeedZeroOptimizer_Stage3)), (
@@ -95,6 +101,12 @@ class RankTrainer(Trainer):
         self._dummy = TrainBatch([[spec.pad_token_id]], [[spec.pad_token_id]], [[0.0]], [0.0])
         """A one-token sample: the pass a rank makes when it has no micro-batch of its own."""
         self._zero_optimizer.override_loss_scale(1.0)
+
+    @property
+    def adapted_module(self) -> torch.nn.Module:
+        """The peft model inside the engine: its adapters are switched off for the KL reference's
+        forward, which still goes through the engine."""
+        return self.module
 
     def _backward(self, loss: torch.Tensor) -> None:
         self.engine.backward(loss)
@@ -146,17 +158,22 @@ class RankTrainer(Trainer):
         self._pending = None
 
     def full_state(self, dtype: torch.dtype | None, rank: int) -> dict[str, torch.Tensor] | None:
-        """The whole policy on rank 0 (gathered from every rank under ZeRO-3), else None."""
+        """The policy on rank 0: every weight, or with LoRA the adapter tensors alone (under ZeRO-3
+        gathered from every rank: with LoRA only the adapters are gathered); None on other ranks."""
         if self.zero_stage != 3:
             return self._cast_state(dtype) if rank == 0 else None
         import deepspeed
 
-        with deepspeed.zero.GatheredParameters(list(self.module.parameters()), modifier_rank=None):
+        parameters = list(self.module.parameters())
+        if self.lora is not None:
+            parameters = [p for p in parameters if p.requires_grad]  # the adapters
+        with deepspeed.zero.GatheredParameters(parameters, modifier_rank=None):
             return self._cast_state(dtype) if rank == 0 else None
 
     def _cast_state(self, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
         state = {}
-        for name, tensor in self.module.state_dict().items():
+        policy = adapter_state(self.module) if self.lora is not None else self.module.state_dict()
+        for name, tensor in policy.items():
             tensor = tensor.detach()
             if dtype is not None and tensor.is_floating_point():
                 tensor = tensor.to(dtype)
@@ -164,17 +181,28 @@ class RankTrainer(Trainer):
         return state
 
     def save(self, directory: Path, rank: int) -> None:
-        """Every rank writes its shard of the optimizer state; rank 0 also the full weights."""
-        weights = self.full_state(None, rank)
-        if weights is not None:
-            save_file(weights, str(directory / WEIGHTS_FILE))
+        """Every rank writes its shard of the optimizer state; rank 0 also the policy
+        (`rl.trainer.write_policy`: the full weights, or with LoRA a PEFT adapter directory). With
+        LoRA DeepSpeed's own files leave the frozen base out."""
+        policy = self.full_state(None, rank)
+        if policy is not None:
+            write_policy(directory, policy, self.lora)
         self.engine.save_checkpoint(
-            str(directory / "deepspeed"), tag=CHECKPOINT_TAG, client_state={"step": self.step}, save_latest=False
+            str(directory / "deepspeed"),
+            tag=CHECKPOINT_TAG,
+            client_state={"step": self.step},
+            save_latest=False,
+            exclude_frozen_parameters=self.lora is not None,
         )
 
     def load(self, directory: Path) -> int:
+        """Restore what `save` wrote (the driver has checked the checkpoint's kind); returns its step."""
         path, client = self.engine.load_checkpoint(
-            str(directory / "deepspeed"), tag=CHECKPOINT_TAG, load_optimizer_states=True, load_lr_scheduler_states=True
+            str(directory / "deepspeed"),
+            tag=CHECKPOINT_TAG,
+            load_module_strict=self.lora is None,  # with LoRA the frozen base is not in the checkpoint
+            load_optimizer_states=True,
+            load_lr_scheduler_states=True,
         )
         if path is None or client is None:
             raise FileNotFoundError(f"no DeepSpeed state under {directory / 'deepspeed'}")

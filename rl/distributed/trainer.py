@@ -5,12 +5,14 @@ It lives in the training process and holds no model: each `accumulate` splits it
 the ranks by tokens (`rl.distributed.split`) and sends each rank its share; `finish_step` sends the
 step's divisor (its tokens or sequences, counted here exactly as the torch trainer counts them)
 and combines the ranks' metric sums into the same metrics. `policy_state()` gathers the whole
-policy once per version, in the engines' dtype, from rank 0 (`rl.distributed.rank`).
+policy once per version, in the engines' dtype, from rank 0 (`rl.distributed.rank`); with
+`model.lora` (`TrainSpec.lora`) the policy is the adapter tensors alone.
 
 Checkpoints: every rank writes its shard of the ZeRO state under the checkpoint's `deepspeed/`
-(DeepSpeed's own checkpointing) and rank 0 the full `model.safetensors`; `rl.checkpoint` adds the
-driver's RNG and data cursor. A checkpoint resumes on the same world size and ZeRO stage; another
-one fails before any rank starts training, with what to set.
+(DeepSpeed's own checkpointing) and rank 0 the policy (`model.safetensors`, or with LoRA a PEFT
+adapter directory); `rl.checkpoint` adds the driver's RNG and data cursor. A checkpoint resumes on
+the same world size, ZeRO stage and `model.lora` (or its absence); another one fails before any
+rank is sent anything, with what to set.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from rl.config import GRPOConfig, OptimConfig, TrainerConfig
 from rl.distributed.group import RankGroup
 from rl.distributed.protocol import TrainSpec, batch_to_wire
 from rl.distributed.split import TokenBalancer, rounds
-from rl.trainer import CheckpointMismatch, TrainBatch
+from rl.lora import ADAPTER_WEIGHTS_FILE
+from rl.trainer import WEIGHTS_FILE, CheckpointMismatch, TrainBatch, check_lora_matches, lora_record
 
 
 @dataclass
@@ -152,7 +155,8 @@ class DistributedTrainer:
         self.group.call("abandon")
 
     def policy_state(self) -> dict[str, Tensor]:
-        """The policy at version `step`, gathered once per version from rank 0 in `state_dtype`."""
+        """The policy at version `step` (with LoRA its adapter tensors), gathered once per version from
+        rank 0 in `state_dtype`."""
         if self._state is None or self._state[0] != self.step:
             blob = self.group.call("state", [{"dtype": self.state_dtype}] * self.config.world_size)[0]
             self._state = (self.step, load(blob))
@@ -164,6 +168,7 @@ class DistributedTrainer:
             "backend": "deepspeed",
             "world_size": self.config.world_size,
             "zero_stage": self.config.zero_stage,
+            "lora": lora_record(self.spec.lora),
             "step": self.step,
         }
 
@@ -174,13 +179,17 @@ class DistributedTrainer:
                 f"checkpoint {directory} was written by the torch trainer; this run has trainer.backend: deepspeed. "
                 "Resume it with trainer.backend=torch (one process), or start a new run"
             )
+        check_lora_matches(directory, state, self.spec.lora)
         if (state["world_size"], state["zero_stage"]) != (self.config.world_size, self.config.zero_stage):
+            kind, policy_file = (
+                ("weights", WEIGHTS_FILE) if self.spec.lora is None else ("adapters", ADAPTER_WEIGHTS_FILE)
+            )
             raise CheckpointMismatch(
                 f"checkpoint {directory} holds ZeRO-{state['zero_stage']} optimizer state sharded over "
                 f"{state['world_size']} ranks; this run has trainer.world_size={self.config.world_size} and "
                 f"trainer.zero_stage={self.config.zero_stage}. Resume it with --set trainer.world_size="
                 f"{state['world_size']} --set trainer.zero_stage={state['zero_stage']}, or start a new run "
-                f"(its weights alone are in {directory / 'model.safetensors'})"
+                f"(its {kind} alone are in {directory / policy_file})"
             )
         steps = self.group.call("load", [{"directory": str(directory)}] * self.config.world_size)
         if len(set(steps)) != 1 or steps[0] != state["step"]:

@@ -1,7 +1,7 @@
 """The DeepSpeed trainer (rl/distributed/) against the torch trainer, with real ranks under torchrun:
-the same update on 2 ranks for every ZeRO stage, exact resume from sharded checkpoints, clear
-refusals of checkpoints it cannot resume, a dropped step, and what happens when a rank or the
-training process is killed."""
+the same update on 2 ranks for every ZeRO stage (full fine-tuning and LoRA adapters), exact resume
+from sharded checkpoints, clear refusals of checkpoints it cannot resume, a dropped step, and what
+happens when a rank or the training process is killed."""
 
 from __future__ import annotations
 
@@ -18,10 +18,11 @@ import pytest
 import torch
 
 from rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from rl.config import GRPOConfig, OptimConfig, TrainerConfig
+from rl.config import GRPOConfig, LoraSettings, OptimConfig, TrainerConfig
 from rl.distributed.group import RankFailure
 from rl.distributed.protocol import TrainSpec
 from rl.distributed.trainer import DistributedTrainer, check_supported
+from rl.lora import read_adapter
 from rl.models import load_model
 from rl.trainer import CheckpointMismatch, TrainBatch, Trainer
 from tests.helpers import run_trainer, save_tiny_model, tiny_shape
@@ -29,6 +30,7 @@ from tests.helpers import run_trainer, save_tiny_model, tiny_shape
 pytestmark = pytest.mark.integration
 
 GRPO = GRPOConfig(kl_coef=0.05)
+LORA = LoraSettings(r=4, alpha=8.0)
 OPTIM = OptimConfig(lr=1e-3, micro_batch_size=3, warmup_steps=2)
 
 
@@ -68,6 +70,7 @@ def ranks(
     zero_stage: int = 2,
     grpo: GRPOConfig = GRPO,
     optim: OptimConfig = OPTIM,
+    lora: LoraSettings | None = None,
 ) -> DistributedTrainer:
     tokenizer = load_model(model_dir)[1]
     spec = TrainSpec(
@@ -78,13 +81,14 @@ def ranks(
         grpo=grpo,
         optim=optim,
         trainer=TrainerConfig(backend="deepspeed", world_size=world_size, zero_stage=zero_stage, threads_per_rank=1),
+        lora=lora,
     )
     return DistributedTrainer(spec, tmp_path / "ranks.log")
 
 
-def torch_trainer(model_dir: Path, grpo: GRPOConfig = GRPO) -> Trainer:
+def torch_trainer(model_dir: Path, grpo: GRPOConfig = GRPO, lora: LoraSettings | None = None) -> Trainer:
     model, tokenizer = load_model(model_dir)
-    return run_trainer(model, tokenizer.pad_token_id, grpo, OPTIM)
+    return run_trainer(model, tokenizer.pad_token_id, grpo, OPTIM, lora=lora)
 
 
 def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -235,3 +239,87 @@ def test_the_ranks_end_when_the_training_process_dies(model_dir, tmp_path):
         assert not any(alive(p) for p in pids), "a rank or torchrun outlived the training process"
     finally:
         process.kill()
+
+
+@pytest.mark.parametrize("zero_stage", [2, 3])
+def test_two_ranks_take_the_torch_trainers_lora_steps(model_dir, tmp_path, zero_stage):
+    reference = torch_trainer(model_dir, lora=LORA)
+    want = [reference.train_step(random_batch(seed=seed)) for seed in (0, 1)]
+    # Step 1 starts from B = 0 (the policy is the base: KL 0); step 2's KL is against the base.
+    assert want[0]["kl"] == 0 and want[1]["kl"] > 1e-9
+    distributed = ranks(model_dir, tmp_path, zero_stage=zero_stage, lora=LORA)
+    try:
+        distributed.begin_step()
+        for piece in pieces(random_batch(seed=0), 7):  # streamed in two pieces
+            distributed.accumulate(piece)
+        got = [distributed.finish_step(), distributed.train_step(random_batch(seed=1))]
+        state = distributed.policy_state()
+        # The adapters alone, under PEFT's keys, as the torch trainer publishes them; B has moved.
+        assert state.keys() == reference.policy_state().keys()
+        assert state and all(".lora_A." in key or ".lora_B." in key for key in state)
+        assert max(state[k].abs().max().item() for k in state if ".lora_B." in k) > 1e-4
+        assert max_difference(state, reference.policy_state()) <= 1e-5
+        for step in (0, 1):
+            for key in ("loss", "kl", "entropy", "grad_norm", "lr", "response_tokens", "rollout_logprob_gap"):
+                assert got[step][key] == pytest.approx(want[step][key], rel=1e-4, abs=1e-6), (step, key)
+    finally:
+        distributed.close()
+
+
+@pytest.mark.parametrize("zero_stage", [2, 3])
+def test_a_lora_checkpoint_resumes_exactly_and_is_refused_by_another_kind_of_run(model_dir, tmp_path, zero_stage):
+    root = tmp_path / "checkpoints"
+    first = ranks(model_dir, tmp_path, zero_stage=zero_stage, lora=LORA)
+    try:
+        for seed in (0, 1):
+            first.train_step(random_batch(seed=seed))
+        path = save_checkpoint(root, first, {"cursor": 2})
+        at_checkpoint = {k: v.clone() for k, v in first.policy_state().items()}
+        for seed in (2, 3):
+            first.train_step(random_batch(seed=seed))
+        straight = {k: v.clone() for k, v in first.policy_state().items()}
+    finally:
+        first.close()
+    # The policy is a PEFT adapter directory; DeepSpeed's own files leave the frozen base out
+
+    assert not (path / "model.safetensors").exists()
+    adapters, settings = read_adapter(path)
+    assert settings.r == LORA.r and max_difference(adapters, at_checkpoint) == 0.0
+    prefix = "zero_pp_rank_0_" if zero_stage == 3 else ""
+    module = torch.load(path / "deepspeed" / "state" / f"{prefix}mp_rank_00_model_states.pt", weights_only=False)
+    module = module["module"]
+    # (DeepSpeed keeps a tied weight's second name: this tiny model ties lm_head to the embeddings.)
+    frozen = {key for key in module if ".lora_A." not in key and ".lora_B." not in key}
+    assert len(module) > len(frozen) and frozen <= {"base_model.model.lm_head.weight"}
+
+    resumed = ranks(model_dir, tmp_path, zero_stage=zero_stage, lora=LORA)
+    try:
+        assert load_checkpoint(latest_checkpoint(root), resumed) == {"cursor": 2}
+        assert resumed.step == 2 and max_difference(resumed.policy_state(), at_checkpoint) == 0.0
+        for seed in (2, 3):
+            resumed.train_step(random_batch(seed=seed))
+        assert max_difference(resumed.policy_state(), straight) == 0.0
+    finally:
+        resumed.close()
+
+    # Refused by the driver before any rank is sent anything (these trainers' ranks are gone).
+    state = torch.load(path / "trainer.pt", weights_only=False)["trainer"]
+    other_rank = LoraSettings(r=8, target_modules=("q_proj", "v_proj")).model_dump(mode="json")
+    refusals = [
+        (resumed, {**state, "lora": None}, r"holds a full fine-tuning run .* but this run has model\.lora set"),
+        (
+            resumed,
+            {**state, "lora": other_rank},
+            r"holds LoRA adapters of r=8 on q_proj, v_proj, this run's model\.lora is r=4",
+        ),
+    ]
+    full = ranks(model_dir, tmp_path, zero_stage=zero_stage)
+    full.close()
+    refusals.append((full, state, r"holds LoRA adapters \(model\.lora r=4\), but this run has no model\.lora"))
+    for trainer, saved, message in refusals:
+        with pytest.raises(CheckpointMismatch, match=message) as refused:
+            trainer.load_state(path, saved)
+        assert "\n" not in str(refused.value)
+    with pytest.raises(CheckpointMismatch, match=r"holds LoRA adapters"):
+        load_checkpoint(path, full)
+    assert resumed.step == 4 and full.step == 0

@@ -1,11 +1,12 @@
 """A training session with the DeepSpeed trainer (infra/run/session.py + rl/distributed/): steps,
 evaluation on the gathered policy, bf16 with gradient checkpointing, and a rank killed mid-step
-whose run resumes from its last checkpoint."""
+whose run resumes from its last checkpoint, and LoRA adapters trained on the ranks."""
 
 from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ import torch
 from infra.run.config import load_config
 from infra.run.session import TrainingSession
 from rl.distributed.group import RankFailure
+from rl.lora import adapter_state
 from tests.helpers import save_tiny_model, tiny_run, tiny_shape
 
 pytestmark = pytest.mark.integration
@@ -91,5 +93,26 @@ def test_bf16_autocast_and_gradient_checkpointing_on_the_ranks(tmp_path):
         state = session.trainer.policy_state()
         assert {t.dtype for t in state.values() if t.is_floating_point()} == {torch.bfloat16}  # the engines' dtype
         assert session.engine.policy_version == 1
+    finally:
+        session.close()
+
+
+def test_lora_adapters_trained_on_the_ranks_reach_the_engine_and_the_checkpoint(tmp_path):
+    config = _config(tmp_path, **{"model.lora": {"r": 4, "alpha": 8.0}})
+    session = TrainingSession(config)
+    try:
+        _step(session, 1)
+        state = session.trainer.policy_state()
+        # The version is the adapters alone (the untrained model earns no reward, so B is still 0: the
+        # step's update is tested against the torch trainer in tests/rl/test_distributed_trainer.py).
+        assert state and all(".lora_A." in key or ".lora_B." in key for key in state)
+        engine = session.engine
+        assert engine.policy_version == 1
+        applied = adapter_state(engine.inner.model)  # the in-process HF engine's adapters
+        assert applied.keys() == state.keys() and all(
+            torch.equal(applied[k], v.to(applied[k].dtype)) for k, v in state.items()
+        )
+        checkpoint = Path(session.checkpoint())
+        assert (checkpoint / "adapter_model.safetensors").exists() and not (checkpoint / "model.safetensors").exists()
     finally:
         session.close()
