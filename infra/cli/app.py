@@ -1,4 +1,4 @@
-"""The `rlboost` command line: `demo`, `train --config FILE`, `pretrain`, `import-model`, `worker`, `simulate`, `cost`, `up`, `down`, `cloud sweep`.
+"""The `rlboost` command line: `demo`, `train --config FILE`, `pretrain`, `import-model`, `worker`, `simulate`, `cost`, `export`, `up`, `down`, `cloud sweep`.
 
 The CLI is the top layer, above the flows it starts: `rlboost train` runs the `rl-train` flow in
 this process. It imports torch, transformers and the flows only inside the commands that need
@@ -317,6 +317,10 @@ def simulate(
 from infra.cli.cost import cost  # noqa: E402  (the command lives in its own module)
 
 app.command(name="cost")(cost)
+
+from infra.cli.export import export  # noqa: E402  (the command lives in its own module)
+
+app.command(name="export")(export)
 
 from infra.cli.stack import down, up  # noqa: E402  (the stack commands live in their own module)
 

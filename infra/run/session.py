@@ -33,6 +33,7 @@ from infra.run.driver_lock import DriverLock
 from infra.run.fabric import RolloutFabric
 from infra.run.group_progress import GroupProgress
 from infra.run.identity import claim_identity
+from infra.run.model_record import record_model
 from infra.run.preflight import in_process_engine_device, preflight
 from infra.run.redis_outage import RedisUnreachable, RunStopped
 from infra.run.sweep import SweepSchedule, start_sweeps
@@ -141,6 +142,7 @@ class TrainingSession:
         # from the logged tokens (the fabric's take-over) and keeps the learned offload state.
         self.identity = claim_identity(self.directory, config.run.name)
         self.run_id = self.identity.run_id
+        record_model(self.directory, config.model)  # the base its checkpoints belong to (`rlboost export`)
         self._step_usage: dict[int, tuple[dict[str, int], int]] = {}
         """Per step in progress: tokens each instance generated, tokens wasted (for the ledger)."""
         self._taken_over = None
