@@ -11,7 +11,7 @@ Figures: the bytes of one whole published version (the adapter tensors against e
 the engines' dtype), the training process's peak RSS, the mean step time (the run's wall time over
 its steps, evaluations and checkpoint included) and training time, the reward gain (the mean
 training reward of the last five steps minus the first five), and the mean over steps of the
-slowest instance pull (the ledger's `pull_s_max`).
+slowest instance pull (the step table's `pull_s`, as the ledger records it).
 
     .venv/bin/python bench/lora.py [--steps 10] [--engine vllm|hf] [--set key=value ...]
 
@@ -71,7 +71,6 @@ def run_variant(variant: str, steps: int, engine: str, sets: list[str]) -> dict:
 
     import flows  # noqa: F401  (Prefect defaults before Prefect is imported)
     from flows.rl_train import run_training
-    from infra.ledger import Ledger
     from infra.run.config import load_config
     from rl.checkpoint import latest_checkpoint
 
@@ -92,16 +91,14 @@ def run_variant(variant: str, steps: int, engine: str, sets: list[str]) -> dict:
     run_dir = config.run.directory
     first = [r for step in range(1, 6) for r in step_rewards(run_dir, step)]
     last = [r for step in range(steps - 4, steps + 1) for r in step_rewards(run_dir, step)]
-    with Ledger(config.ledger.resolved_url()) as ledger:
-        report = ledger.report(summary["ledger_run_id"])
-    pulls = [s.pull_s_max for s in report.steps if s.pull_s_max is not None]
     history = [json.loads((run_dir / "steps" / f"{s:06d}" / "metrics.json").read_text()) for s in range(1, steps + 1)]
+    pulls = [row["pull_s"] for row in history if row.get("pull_s") is not None]
     checkpoint = latest_checkpoint(run_dir / "checkpoints")
     assert checkpoint is not None, f"the run wrote no checkpoint in {run_dir / 'checkpoints'}"
     return {
         "version_bytes": version_bytes(checkpoint),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "train_s": statistics.fmean(m["seconds"] for m in history),
+        "train_s": statistics.fmean(row["train_s"] for row in history),
         "step_s": summary["minutes_this_run"] * 60 / steps,
         "reward_gain": statistics.fmean(last) - statistics.fmean(first),
         "pull_s": statistics.fmean(pulls) if pulls else None,
