@@ -42,6 +42,31 @@ Variant = Literal[
 VARIANTS: tuple[Variant, ...] = get_args(Variant)
 
 
+class LoraSection(Section):
+    """LoRA (`model.lora`): only low-rank adapters on the base weights are trained and published,
+    so the trainer skips the base weights' gradients and a spot instance pulls each version as the
+    adapters' bytes (it still pulls the base once, after its boot). Absent: full fine-tuning.
+
+    The default fraction is r = 16 on every linear layer of Qwen3-8B (hidden 4096, MLP 12288,
+    32 query and 8 key/value heads of 128, 36 layers). An adapter of rank r on a `d_in x d_out`
+    weight adds `r (d_in + d_out)` parameters: per layer q and o `2 x 16 x 8192`, k and v
+    `2 x 16 x 5120`, gate, up and down `3 x 16 x 16384`, 1,212,416 in all; x 36 layers =
+    43.6M adapter parameters over 8.19B: 0.0053 (87 MB in bf16)."""
+
+    trainable_fraction: float = Field(0.0053, gt=0, le=1)
+    """Adapter parameters over the model's parameters (`model.params_b`): 0.0053 for r = 16 on
+    every linear layer of Qwen3-8B; it scales linearly with r."""
+    adapter_bytes: float | None = Field(None, gt=0)
+    """Bytes of one published adapter version; None: `trainable_fraction x params x
+    model.bytes_per_value` (the adapters in the engine dtype)."""
+
+    def bytes(self, params_b: float, bytes_per_value: int) -> float:
+        """One adapter version's bytes: `adapter_bytes`, or the fraction of the model's weights."""
+        if self.adapter_bytes is not None:
+            return self.adapter_bytes
+        return self.trainable_fraction * params_b * 1e9 * bytes_per_value
+
+
 class ModelSection(Section):
     """The policy model's size and KV-cache shape (defaults: Qwen3-8B)."""
 
@@ -57,11 +82,25 @@ class ModelSection(Section):
     """Bytes per weight and per KV value (2 for bf16)."""
     hidden_size: int = Field(4096, ge=1)
     """Width of the hidden state: what a tensor-parallel engine all-reduces per sample, twice per layer."""
+    lora: LoraSection | None = None
+    """LoRA adapters instead of full fine-tuning (`LoraSection`); None: every weight is trained."""
 
     def shape(self) -> ModelShape:
         return ModelShape.of(
             self.params_b, self.layers, self.kv_heads, self.head_dim, self.bytes_per_value, self.hidden_size
         )
+
+    def version_bytes(self) -> float:
+        """Bytes of one published policy version: the adapters with LoRA, else the whole weights."""
+        if self.lora is None:
+            return self.shape().weight_bytes
+        return self.lora.bytes(self.params_b, self.bytes_per_value)
+
+    def first_pull_bytes(self) -> float:
+        """Bytes a freshly booted spot instance pulls before it generates: the current version's
+        weights, or with LoRA the base weights once plus the current adapters."""
+        weights = self.shape().weight_bytes
+        return weights if self.lora is None else weights + self.version_bytes()
 
 
 class WorkloadSection(Section):
@@ -109,6 +148,15 @@ class TrainingSection(Section):
     """FLOPs per parameter per trained token over all passes of an update: 6 (forward and
     backward) + 2 (old log-probs); add 2 for a reference forward (a KL loss) and 2 for the
     recomputed forward of gradient checkpointing."""
+    weight_gradient_flops_per_param: float = Field(2.0, ge=0)
+    """The share of `flops_per_param` that is the backward pass's weight gradients: of forward
+    and backward's 6, 2 are the forward, 2 the input gradients and 2 the weight gradients (one
+    GEMM each per weight matrix and token). LoRA (`model.lora`) skips them for the base weights
+    and computes them for the adapters only, so it trains at `flops_per_param - w (1 - f)` (w this
+    field, f `model.lora.trainable_fraction`): the forwards (training, recomputed, old log-probs,
+    and the reference, which is the base with the adapters disabled) and the input gradients stay.
+    The adapters' own share of every forward and input gradient (~2f each) is left out: < 0.5% of
+    the total at f = 0.0053. Unused without LoRA."""
     old_logprob_flops_per_param: float = Field(2.0, ge=0)
     """The share of `flops_per_param` that is the separate no-grad forward recomputing the old
     log-probs (2: one forward). veRL and the RLBoost artifact run it (the `ondemand`, `paper` and
@@ -244,9 +292,9 @@ class NetworkSection(Section):
     local_sync_s: float = Field(2.0, ge=0)
     """Time for the co-located engines to load a new version from the trainer on the same node."""
     weight_bytes_fraction: float = Field(1.0, gt=0, le=1)
-    """Share of the model's weight bytes a spot instance pulls per new version (1: the full
-    weights in the engine dtype; less with sparse weight deltas). A freshly booted instance pulls
-    the full weights."""
+    """Share of a version's bytes a spot instance pulls per new version (1: the full weights in
+    the engine dtype, or with `model.lora` the adapters; less with sparse weight deltas). A
+    freshly booted instance pulls the full weights (with LoRA the base, then the adapters)."""
     egress_usd_per_gb: float | None = Field(None, ge=0)
     """Egress price of the weight bytes sent to a spot instance, USD per GB; None: the bundled
     table's price from the reserved cluster's cloud and region to the spot pool's
@@ -324,6 +372,16 @@ class Scenario(Section):
     def gpu(self, section: Literal["reserved", "spot"]) -> GPUSpec:
         return GPUS[getattr(self, section).gpu]
 
+    def train_flops_per_param(self, recompute_logprobs: bool) -> float:
+        """FLOPs per parameter per trained token of one update: `training.flops_per_param`, less
+        the old-log-prob forward where the trainer does not run it, less the base weights'
+        gradients with LoRA (`TrainingSection.weight_gradient_flops_per_param`)."""
+        training, lora = self.training, self.model.lora
+        flops = training.flops_per_param - (0.0 if recompute_logprobs else training.old_logprob_flops_per_param)
+        if lora is not None:
+            flops -= training.weight_gradient_flops_per_param * (1 - lora.trainable_fraction)
+        return flops
+
 
 def _field_doc(loc: tuple[Any, ...]) -> str | None:
     """The docstring of the field at `loc` in `Scenario`, if `loc` names one."""
@@ -334,8 +392,9 @@ def _field_doc(loc: tuple[Any, ...]) -> str | None:
             return doc
         info = model.model_fields[key]
         doc = " ".join((info.description or "").split()) or None
-        annotation = info.annotation
-        model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+        annotation = info.annotation  # a section, or an optional one (`X | None`)
+        sections = [a for a in (annotation, *get_args(annotation)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        model = sections[0] if sections else None
     return doc
 
 
@@ -390,6 +449,31 @@ def _problems(scenario: Scenario) -> list[tuple[tuple[str, ...], str]]:
                 f"{training.old_logprob_flops_per_param:g} is not a share of training.flops_per_param "
                 f"({training.flops_per_param:g}): without the old-log-prob forward nothing would be left to train. "
                 "Fix: lower it (2: one forward) or raise training.flops_per_param",
+            )
+        )
+    lora = scenario.model.lora
+    skipped = training.old_logprob_flops_per_param + training.weight_gradient_flops_per_param
+    if lora is not None and skipped >= training.flops_per_param:
+        found.append(
+            (
+                ("training", "weight_gradient_flops_per_param"),
+                f"{training.weight_gradient_flops_per_param:g} plus training.old_logprob_flops_per_param "
+                f"({training.old_logprob_flops_per_param:g}) leave nothing of training.flops_per_param "
+                f"({training.flops_per_param:g}) for LoRA's forward and input gradients. "
+                "Fix: lower it (2: the weight-gradient third of forward and backward's 6) or raise training.flops_per_param",
+            )
+        )
+    if (
+        lora is not None
+        and lora.adapter_bytes is not None
+        and lora.adapter_bytes >= scenario.model.shape().weight_bytes
+    ):
+        found.append(
+            (
+                ("model", "lora", "adapter_bytes"),
+                f"{lora.adapter_bytes:,.0f} bytes is not smaller than the model's {scenario.model.shape().weight_bytes:,.0f}: "
+                "an adapter is a small share of the weights. Fix: give the adapter's bytes, or leave it out "
+                "(trainable_fraction x params x bytes_per_value)",
             )
         )
     if (

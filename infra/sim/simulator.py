@@ -9,7 +9,8 @@ in the token log's order (`ClaimQueue`); a steal's samples wait for their receiv
 `StealConfig.route_s`. Migration modes (the variants): `token` (logged tokens kept), `group_min`
 (a preempted group's samples keep as many as its shortest one), `restart` (nothing kept). Spot
 instances follow the trace (`budget`), or as many of them as `plan_marginal` finds worth their
-price (`marginal`; the rest drained); every weight pull's bytes are counted for egress.
+price (`marginal`; the rest drained); every weight pull's bytes are counted for egress (with LoRA,
+`model.lora`, a version is the adapters' bytes; a booted instance pulls the base once).
 
 A snapshot's running samples are rebuilt when an engine's samples change, their token counts
 refreshed only when the queue is empty (no policy reads them while samples are queued).
@@ -238,14 +239,15 @@ def response_lengths(scenario: Scenario, step: int) -> list[int]:
 
 def cluster_train_seconds(scenario: Scenario, tokens: float, gpus: int, recompute_logprobs: bool) -> float:
     """Time for the reserved cluster of `gpus` GPUs to train on `tokens` tokens: the measured
-    profile's time per token (it times the runtime's own trainer, which does not recompute), or
-    the FLOPs model, less the old-log-prob forward where the trainer does not run it."""
+    profile's time per token (it times the runtime's own trainer, which does not recompute, LoRA
+    or not as it was configured), or the FLOPs model (`Scenario.train_flops_per_param`: less the
+    old-log-prob forward where the trainer does not run it, less the base weights' gradients
+    with LoRA)."""
     measured = scenario.measured
     if measured is not None:
         return tokens * measured.train_s_per_token * measured.slowdown
-    training = scenario.training
-    flops = training.flops_per_param - (0.0 if recompute_logprobs else training.old_logprob_flops_per_param)
-    return train_seconds(tokens, scenario.model.shape(), scenario.gpu("reserved"), gpus, flops, training.mfu)
+    flops = scenario.train_flops_per_param(recompute_logprobs)
+    return train_seconds(tokens, scenario.model.shape(), scenario.gpu("reserved"), gpus, flops, scenario.training.mfu)
 
 
 class Simulation:
@@ -274,7 +276,10 @@ class Simulation:
         )
         self.reaper = ReaperConfig(self.config.reap_timeout_s)
         self.rng = random.Random(f"{scenario.seed}/preemptions")
-        self.model = scenario.model.shape()
+        self.version_bytes = scenario.model.version_bytes()
+        """Bytes of one published version: the whole weights, or the adapters with LoRA."""
+        self.first_pull_bytes = scenario.model.first_pull_bytes()
+        """Bytes a booted spot instance pulls first (with LoRA the base, then the adapters)."""
         w = scenario.workload
         self.mean_context = w.prompt_tokens + min(w.mean_response_tokens, w.max_response_tokens)
         self.reserved_gpus = variant.reserved_gpus or scenario.reserved.gpus
@@ -583,12 +588,14 @@ class Simulation:
         self._reschedule(engine)
 
     def _pull(self, pullers: list[Engine], peers: int, fresh: bool) -> None:
-        """`pullers` load the current version: the full weights if `fresh` (just booted), else
-        `network.weight_bytes_fraction` of them (an update of the version they hold)."""
+        """`pullers` load the current version: if `fresh` (just booted) the full weights (with
+        LoRA the base once and the current adapters), else `network.weight_bytes_fraction` of a
+        version's bytes (the whole weights, or the adapters with LoRA: an update of the version
+        they hold)."""
         if not pullers:
             return
         n = self.s.network
-        nbytes = self.model.weight_bytes * (1.0 if fresh else n.weight_bytes_fraction)
+        nbytes = self.first_pull_bytes if fresh else self.version_bytes * n.weight_bytes_fraction
         seconds = pull_seconds(nbytes, len(pullers), n.trainer_gbps, n.instance_gbps, self.v.swarm, peers)
         version = self.version
         for engine in pullers:
@@ -910,7 +917,7 @@ class Simulation:
         offer = PoolOffer(
             "spot", self.spot_price, 1.0, max_instances=allowed, preemptions_per_hour=self._preemptions_per_hour()
         )
-        first_pull = pull_seconds(self.model.weight_bytes, 1, n.trainer_gbps, n.instance_gbps, self.v.swarm)
+        first_pull = pull_seconds(self.first_pull_bytes, 1, n.trainer_gbps, n.instance_gbps, self.v.swarm)
         config = CapacityConfig(budget_per_hour=self.spot_price * allowed + 1.0, warmup_s=spot.boot_s + first_pull)
         marginal = MarginalConfig(self.reserved_price, {"spot": self._egress_per_hour()})
         (planned,) = plan_marginal((offer,), config, marginal, self.offload.throughput_curve(), held)
@@ -927,7 +934,7 @@ class Simulation:
         if not recent or self.egress_usd_per_gb == 0:
             return 0.0
         step_s = sum(s.ended_at - s.started_at for s in recent) / len(recent)
-        nbytes = self.model.weight_bytes * self.s.network.weight_bytes_fraction
+        nbytes = self.version_bytes * self.s.network.weight_bytes_fraction
         return nbytes / 1e9 * self.egress_usd_per_gb * 3600 / max(step_s, 1e-9)
 
     def _drain(self, engine: Engine) -> None:
