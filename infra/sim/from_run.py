@@ -112,6 +112,18 @@ def _model(workload: dict[str, Any], sources: list[Source]) -> dict[str, Any]:
     sources.append(
         Source("model", f"{model['path']}: {model['params']:,} params, {model['layers']} layers", "recorded")
     )
+    lora = workload.get("lora")
+    if lora and lora.get("trainable_parameters"):
+        shape["lora"] = {"trainable_fraction": lora["trainable_parameters"] / model["params"]}
+        if lora.get("adapter_bytes"):
+            shape["lora"]["adapter_bytes"] = lora["adapter_bytes"]
+        sources.append(
+            Source(
+                "LoRA adapters",
+                f"r {lora['r']}: {lora['trainable_parameters']:,} trainable params, {lora.get('adapter_bytes') or 0:,} bytes a version",
+                "recorded",
+            )
+        )
     return shape
 
 

@@ -181,3 +181,27 @@ def test_a_run_that_cannot_be_mapped_exits_2_with_one_line(url, tmp_path, case, 
     assert expected in line
     with Ledger(url) as ledger, pytest.raises(Unmappable):
         scenario_of(ledger.report(run))
+
+
+def test_a_lora_run_is_predicted_with_its_recorded_adapters(url, tmp_path):
+    from infra.run.workload import AdapterSize
+
+    model_dir = tmp_path / "qwen"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps(QWEN3_8B))
+    overrides = {
+        "model.path": str(model_dir),
+        "model.lora": {"r": 16},
+        "rollout.max_new_tokens": 4096,
+        "ledger.trainer": {"machine_type": "a3-highgpu-8g", "price_per_hour": 88.0},
+        "fabric.pools": [SPOT_POOL],
+    }
+    adapter = AdapterSize(parameters=43_646_976, nbytes=87_293_952)
+    recorded = run_workload(load_config(None, overrides), 8_190_735_360, 300.0, adapter)
+    with Ledger(url) as ledger:
+        record_run(ledger, recorded)
+        scenario, _, sources = scenario_of(ledger.report("qwen-1"))
+    assert scenario.model.lora is not None
+    assert scenario.model.lora.trainable_fraction == pytest.approx(43_646_976 / 8_190_735_360)
+    assert scenario.model.lora.adapter_bytes == 87_293_952
+    assert any(s.figure == "LoRA adapters" and s.origin == "recorded" for s in sources)
