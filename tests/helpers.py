@@ -77,6 +77,34 @@ class Clock:
         self.t += seconds
 
 
+RESERVED_POOL = {
+    "name": "reserved",
+    "capacity_class": "reserved",
+    "size": 1,
+    "machine_type": "a2-highgpu-1g",
+    "price_per_hour": 3.67,
+}
+"""One local reserved instance, as a run configuration's `fabric.pools` entry."""
+POISSON_CHURN = {
+    "notice_s": 1.0,
+    "silent_kill_fraction": 0.5,
+    "availability": {"poisson": {"mean_life_s": 4.0, "mean_gap_s": 1.0, "seed": 3}},
+}
+"""Spot settings that preempt a test's local instances every few seconds (half of them silently)."""
+
+
+def spot_pool(size: int = 1, **settings) -> dict:
+    """A local spot pool of `size` instances (`settings`: more pool keys, e.g. `POISSON_CHURN`)."""
+    return {
+        "name": "spot",
+        "capacity_class": "spot",
+        "size": size,
+        "machine_type": "a2-highgpu-1g",
+        "price_per_hour": 1.10,
+        **settings,
+    }
+
+
 def tiny_shape(*, smallest: bool = False):
     """The tests' tiny Llama (width 64, 2 heads of 32): 2 layers and an MLP of 128, the model of
     the tests that train or run a fabric; `smallest`: 1 layer and an MLP of 64."""

@@ -20,29 +20,11 @@ from rl.models import load_model, load_policy
 from rl.prompt_source import PromptSource
 from rl.rollout import build_requests, read_samples
 from rl.trainer import WEIGHTS_FILE
-from tests.helpers import hf_on_cpu, tiny_run
+from tests.helpers import POISSON_CHURN, RESERVED_POOL, hf_on_cpu, spot_pool, tiny_run
 
 pytestmark = pytest.mark.integration
 
-POOLS = [
-    {
-        "name": "reserved",
-        "capacity_class": "reserved",
-        "size": 1,
-        "machine_type": "a2-highgpu-1g",
-        "price_per_hour": 3.67,
-    },
-    {
-        "name": "spot",
-        "capacity_class": "spot",
-        "size": 1,
-        "machine_type": "a2-highgpu-1g",
-        "price_per_hour": 1.10,
-        "notice_s": 1.0,
-        "silent_kill_fraction": 0.5,
-        "availability": {"poisson": {"mean_life_s": 4.0, "mean_gap_s": 1.0, "seed": 3}},
-    },
-]
+POOLS = [RESERVED_POOL, spot_pool(**POISSON_CHURN)]
 
 
 def engine_vs_base_gap(model_dir, samples) -> float:

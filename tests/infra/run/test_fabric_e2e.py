@@ -15,29 +15,11 @@ from infra.run.config import load_config
 from rl.models import load_model, save_model
 from rl.prompt_source import PromptSource
 from rl.rollout import build_requests, read_samples
-from tests.helpers import hf_on_cpu, tiny_model, tiny_run
+from tests.helpers import POISSON_CHURN, RESERVED_POOL, hf_on_cpu, spot_pool, tiny_model, tiny_run
 
 pytestmark = pytest.mark.integration
 
-POOLS = [
-    {
-        "name": "reserved",
-        "capacity_class": "reserved",
-        "size": 1,
-        "machine_type": "a2-highgpu-1g",
-        "price_per_hour": 3.67,
-    },
-    {
-        "name": "spot",
-        "capacity_class": "spot",
-        "size": 2,
-        "machine_type": "a2-highgpu-1g",
-        "price_per_hour": 1.10,
-        "notice_s": 1.0,
-        "silent_kill_fraction": 0.5,
-        "availability": {"poisson": {"mean_life_s": 4.0, "mean_gap_s": 1.0, "seed": 3}},
-    },
-]
+POOLS = [RESERVED_POOL, spot_pool(2, **POISSON_CHURN)]
 
 
 def test_fabric_run_with_preemptions_matches_in_process_generation(prefect_harness, tmp_path):

@@ -33,7 +33,7 @@ from infra.rollout.registry import InstanceRegistry
 from infra.rollout.settings import WorkerSettings
 from infra.stack.stack import StackState
 from rl.engine_spec import EngineSpec
-from tests.helpers import REPO_ROOT, save_tiny_model, tiny_run, tiny_shape
+from tests.helpers import REPO_ROOT, RESERVED_POOL, save_tiny_model, spot_pool, tiny_run, tiny_shape
 
 pytestmark = pytest.mark.integration
 
@@ -41,16 +41,7 @@ ROOT = REPO_ROOT
 BIN = Path(sys.executable).parent
 ZOMBIE_AFTER_S = 45
 """The automation's window in this test (the file's default is 90 s): above the 30 s heartbeat."""
-POOLS = [
-    {
-        "name": "reserved",
-        "capacity_class": "reserved",
-        "size": 1,
-        "machine_type": "a2-highgpu-1g",
-        "price_per_hour": 3.67,
-    },
-    {"name": "spot", "capacity_class": "spot", "size": 1, "machine_type": "a2-highgpu-1g", "price_per_hour": 1.10},
-]
+POOLS = [RESERVED_POOL, spot_pool()]
 
 
 def _cli(*args: str, env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
