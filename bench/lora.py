@@ -1,6 +1,6 @@
 """LoRA against full fine-tuning: GRPO on SmolLM2-135M-Instruct through the fabric, side by side.
 
-Runs `deployments/configs/smollm2-lora.yaml` (adapters r 8 on every linear layer, lr 2e-4) and
+Runs `deployments/configs/smollm2-lora.yaml` (adapters r 8 on every linear layer, lr 5e-4) and
 `deployments/configs/smollm2.yaml` (every weight, lr 2e-5), one after the other, on the same
 problems, seeds, rollout (a reserved and a Poisson-preempted spot vLLM instance; `--engine hf`)
 and step count, each in a child process so that its peak RSS is the training process's own.
