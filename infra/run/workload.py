@@ -42,7 +42,8 @@ class AdapterSize:
     parameters: int
     """Elements of the adapter tensors: the trainable parameters (the base stays frozen)."""
     nbytes: int
-    """Bytes of the adapter tensors: what one published version weighs before chunking."""
+    """Bytes of the adapter tensors in the trainer's dtype (fp32): what one published version weighs
+    before chunking when the engines run fp32 (`model.dtype: bf16` halves it)."""
 
 
 def adapter_size(state: Mapping[str, Any]) -> AdapterSize:
