@@ -30,6 +30,7 @@ STEP_COLUMNS = (
     ("rollout_s", "rollout s", "{:.2f}"),
     ("train_s", "train s", "{:.2f}"),
     ("train_overlap_s", "train during rollout s", "{:.2f}"),
+    ("trainer_peak_rss_mb", "trainer peak MiB", "{:.0f}"),
     ("step_s", "step s", "{:.2f}"),
     ("entropy", "entropy", "{:.3f}"),
     ("preemptions", "preemptions", "{:d}"),

@@ -39,6 +39,7 @@ from rl.distributed.protocol import (
 from rl.driver_watch import watch_driver
 from rl.lora import adapter_state
 from rl.models import load_model
+from rl.process_memory import peak_rss_mb
 from rl.trainer import Accumulation, TrainBatch, Trainer, write_policy
 
 CHECKPOINT_TAG = "state"
@@ -143,7 +144,7 @@ class RankTrainer(Trainer):
         if acc is not None:
             for group in ("weighted", "per_token"):
                 sums[group] = {k: float(v) for k, v in getattr(acc, group).items()}
-        return {**sums, "grad_norm": norm, "lr": lr}
+        return {**sums, "grad_norm": norm, "lr": lr, "peak_rss_mb": peak_rss_mb()}
 
     def abandon(self) -> None:
         """Drop the step's accumulated gradients on every rank; the policy is unchanged."""
