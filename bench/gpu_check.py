@@ -143,10 +143,42 @@ def run_stage(command: list[str], result: Path, log: Path, timeout_s: float) -> 
             return {"ok": False, "error": f"ran past its {timeout_s:.0f} s", "log": str(log)}
     seconds = round(time.perf_counter() - started, 1)
     if code == 0 and result.exists():
-        return {"ok": True, "seconds": seconds, **json.loads(result.read_text())}
+        figures = json.loads(result.read_text())
+        unmet = failed_checks(figures)
+        verdict = {"ok": True} if not unmet else {"ok": False, "error": "; ".join(unmet)}
+        return {**verdict, "seconds": seconds, **figures}
     lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
     error = lines[-1].strip() if lines else f"exit status {code}, no output"
     return {"ok": False, "seconds": seconds, "error": error[:300], "log": str(log)}
+
+
+CHECKS: dict[str, tuple[str, float]] = {
+    "token_match": (">=", 0.5),
+    "perturbed_changed": (">", 0.0),
+    "reload_token_match": (">=", 0.99),
+    "wake_token_match": (">=", 0.99),
+    "sleep_freed_gib": (">", 0.0),
+    "update_gap": ("<=", 0.05),
+    "steps": (">=", 10),
+    "tokens_per_s": (">", 0.0),
+}
+"""What a stage's figures must show to pass: vLLM draws mostly HF's tokens (bf16 kernels differ,
+and one flipped token changes the rest of its response), a reload changes the tokens and restores
+them, sleep frees memory and wake restores the tokens, the DeepSpeed step's update is within 5% of
+the torch trainer's (bf16 against fp32 autocast is about 10% apart), the fabric ran every step."""
+
+
+def failed_checks(figures: dict[str, object]) -> list[str]:
+    """The `CHECKS` that `figures` (one stage's) do not meet, each as `name value, wanted op bound`."""
+    unmet = []
+    for name, (op, bound) in CHECKS.items():
+        value = figures.get(name)
+        if not isinstance(value, int | float):
+            continue
+        holds = {">=": value >= bound, ">": value > bound, "<=": value <= bound}[op]
+        if not holds:
+            unmet.append(f"{name} {value:g}, wanted {op} {bound:g}")
+    return unmet
 
 
 def summary_line(gpus: list[dict[str, object]], stages: dict[str, dict[str, object]], seconds: float) -> str:
@@ -360,9 +392,18 @@ def _train_batch(vocab: int):
     return TrainBatch(prompts, responses, logprobs, advantages)
 
 
+def update_gap(before: dict, got: dict, want: dict) -> float:
+    """How far one step's update (`got` - `before`) is from another's (`want` - `before`): the L2
+    norm of their difference over the L2 norm of `want`'s, every tensor together."""
+    apart = sum(float(((got[k] - want[k]).double() ** 2).sum()) for k in want)
+    size = sum(float(((want[k] - before[k]).double() ** 2).sum()) for k in want)
+    return (apart / size) ** 0.5 if size else float("inf")
+
+
 def deepspeed_stage(model_dir: Path) -> dict[str, object]:
-    """One GRPO step of the DeepSpeed trainer (ZeRO-2, bf16 autocast, one rank per GPU, up to 2)
-    against the torch trainer's on the same batch: parameters apart, losses, step seconds."""
+    """One GRPO step of the DeepSpeed trainer (ZeRO-2, `autocast: bf16`, one rank per GPU, up to 2)
+    against the torch trainer's on the same batch, in bf16 autocast and in fp32: how far apart the
+    updates are (`update_gap`), the losses, step seconds."""
     import torch
 
     from rl.config import GRPOConfig, OptimConfig, TrainerConfig
@@ -373,24 +414,27 @@ def deepspeed_stage(model_dir: Path) -> dict[str, object]:
 
     grpo, optim = GRPOConfig(kl_coef=0.05), OptimConfig(lr=1e-5, micro_batch_size=8)
     model, tokenizer = load_model(model_dir)
+    before = {k: v.detach().float().clone() for k, v in model.state_dict().items()}
     batch = _train_batch(len(tokenizer))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    reference = Trainer(
-        model.to("cuda"),
-        pad,
-        grpo,
-        optim,
-        temperature=1.0,
-        gradient_checkpointing=False,
-        autocast_dtype=torch.bfloat16,
-    )
-    timed = time.perf_counter()
-    want = reference.train_step(batch)
-    torch.cuda.synchronize()
-    torch_s = time.perf_counter() - timed
-    want_state = {k: v.detach().float().cpu() for k, v in reference.policy_state().items()}
-    del reference, model
-    torch.cuda.empty_cache()
+    torch_side: dict[str, tuple[dict, dict, float]] = {}
+    for name, autocast in (("bf16", torch.bfloat16), ("fp32", None)):
+        reference = Trainer(
+            load_model(model_dir)[0].to("cuda"),
+            pad,
+            grpo,
+            optim,
+            temperature=1.0,
+            gradient_checkpointing=False,
+            autocast_dtype=autocast,
+        )
+        timed = time.perf_counter()
+        metrics = reference.train_step(batch)
+        torch.cuda.synchronize()
+        state = {k: v.detach().float().cpu() for k, v in reference.policy_state().items()}
+        torch_side[name] = (metrics, state, time.perf_counter() - timed)
+        del reference
+        torch.cuda.empty_cache()
     ranks = min(2, torch.cuda.device_count())
     spec = TrainSpec(
         model_path=model_dir,
@@ -409,13 +453,15 @@ def deepspeed_stage(model_dir: Path) -> dict[str, object]:
         timed = time.perf_counter()
         got = distributed.train_step(batch)
         deepspeed_s = time.perf_counter() - timed
-        got_state = distributed.policy_state()
-        apart = max((got_state[k].float().cpu() - want_state[k]).abs().max().item() for k in want_state)
+        got_state = {k: v.float().cpu() for k, v in distributed.policy_state().items()}
     finally:
         distributed.close()
+    want, want_state, torch_s = torch_side["bf16"]
     return {
         "ranks": ranks,
-        "param_max_abs_diff": float(f"{apart:.3g}"),
+        "update_gap": round(update_gap(before, got_state, want_state), 4),
+        "update_gap_vs_fp32": round(update_gap(before, got_state, torch_side["fp32"][1]), 4),
+        "bf16_vs_fp32_gap": round(update_gap(before, want_state, torch_side["fp32"][1]), 4),
         "loss_torch": round(want["loss"], 5),
         "loss_deepspeed": round(got["loss"], 5),
         "grad_norm_torch": round(want["grad_norm"], 4),

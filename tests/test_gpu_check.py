@@ -100,6 +100,18 @@ def test_a_stage_process_gives_its_figures_or_its_last_line(tmp_path, mode, want
         assert got["log"] == str(log) and "starting" in log.read_text()
 
 
+def test_figures_that_miss_a_check_fail_their_stage(tmp_path):
+    assert gpu_check.failed_checks({"token_match": 0.93, "reload_token_match": 1.0, "update_gap": 0.007}) == []
+    assert gpu_check.failed_checks({"update_gap": 0.105, "update_gap_vs_fp32": 0.0073, "wake_token_match": 0.5}) == [
+        "wake_token_match 0.5, wanted >= 0.99",
+        "update_gap 0.105, wanted <= 0.05",
+    ]
+    result, log = tmp_path / "stage.json", tmp_path / "stage.log"
+    code = f"open({str(result)!r}, 'w').write('{{\"update_gap\": 0.105}}')"
+    got = gpu_check.run_stage([sys.executable, "-c", code], result, log, timeout_s=30)
+    assert (got["ok"], got["error"], got["update_gap"]) == (False, "update_gap 0.105, wanted <= 0.05", 0.105)
+
+
 def test_the_last_line_is_one_json_object_with_every_stage():
     stages = {
         "engines": {"ok": True, "token_match": 0.98},
@@ -116,6 +128,18 @@ def test_the_last_line_is_one_json_object_with_every_stage():
         **stages,
         "seconds": 123.5,
     }
+
+
+def test_the_update_gap_is_relative_to_the_reference_update():
+    import torch
+
+    before = {"w": torch.zeros(4), "b": torch.ones(2)}
+    want = {"w": torch.tensor([1e-5, -1e-5, 1e-5, -1e-5]), "b": torch.ones(2)}
+    assert gpu_check.update_gap(before, want, want) == 0.0
+    flipped = {"w": -want["w"], "b": torch.ones(2)}  # every update the other way: twice its size apart
+    assert gpu_check.update_gap(before, flipped, want) == pytest.approx(2.0)
+    one_sign = {"w": torch.tensor([1e-5, -1e-5, 1e-5, 1e-5]), "b": torch.ones(2)}
+    assert gpu_check.update_gap(before, one_sign, want) == pytest.approx(1.0)
 
 
 def test_the_fabric_stage_runs_three_vllm_instances_on_a_third_of_gpu_0_each(tmp_path):
