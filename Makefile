@@ -15,7 +15,7 @@ export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 
-.PHONY: setup vllm-setup demo test test-unit test-full bench-learning constraints clean
+.PHONY: setup vllm-setup demo test test-unit test-full bench-learning gpu-check constraints clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -89,6 +89,12 @@ test-full: $(TEST_STAMP)
 
 bench-learning: setup
 	$(BIN)/python bench/learning.py
+
+# The CUDA paths on a GPU machine, one JSON line at the end (bench/gpu_check.py; docs/engines.md, "The
+# GPU check"): it makes its own .venv-gpu once (CUDA torch and vLLM), so it needs no `setup`.
+# Without a GPU it says so in one line and exits 2. `make gpu-check ARGS="--model tiny"`: a smoke run.
+gpu-check:
+	@$(PYTHON) bench/gpu_check.py $(ARGS)
 
 # Regenerate constraints.txt (after changing a dependency in pyproject.toml; 5-10 min): the test set
 # is installed in a throwaway venv WITHOUT the pins, as $(TEST_STAMP) installs it, and its

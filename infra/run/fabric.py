@@ -29,10 +29,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from infra.fleet.cloud_fleet import CloudFleet, check_reachable_by_vms
 from infra.providers.composite import CompositeProvider
 from infra.providers.interface import InstanceRecord, Provider
 from infra.providers.local import LocalProvider
+from infra.providers.placement import plan_node
 from infra.providers.pool import PoolSpec
 from infra.rollout.controller import AdmittedStep, RolloutController, StepReport, TakeOver, samples_of_group
 from infra.rollout.instance import InstanceSpec
@@ -111,6 +114,8 @@ class RolloutFabric:
         if not config.pools:
             raise ValueError("fabric.pools is empty: configure at least one pool of rollout instances")
         self.config = config
+        self.placement = plan_node(config.pools, config.node_gpus, torch.cuda.device_count)
+        """The GPU slots of each local pool with `gpus_per_instance` (`infra.providers.placement`)."""
         self.run_id = run_id
         self.model_path = Path(model_path)
         self.run_dir = Path(run_dir)
@@ -289,12 +294,15 @@ class RolloutFabric:
                 engine=self.engine,
                 redis_ca_file=self._ca_path(),
             )
-            return PrefectLocalProvider(spec, log_dir=log_dir, instance_prefix=self.instance_prefix)
+            return PrefectLocalProvider(
+                spec, log_dir=log_dir, instance_prefix=self.instance_prefix, placement=self.placement
+            )
         return LocalProvider(
             self._worker_command,
             log_dir=log_dir,
             environment=self.worker_environment(),
             instance_prefix=self.instance_prefix,
+            placement=self.placement,
         )
 
     def worker_environment(self) -> dict[str, str]:

@@ -115,6 +115,10 @@ class FabricConfig(Section):
     one line naming the Redis, the last checkpoint and the command that resumes the run."""
     pools: tuple[PoolSpec, ...] = ()
     """Instance pools: at least one; a `reserved` pool is the training cluster's share of rollout."""
+    node_gpus: int | None = Field(None, ge=0)
+    """GPUs of this machine (the trainer's node) that the local pools' `gpus_per_instance` are placed
+    on, numbered as this process's `CUDA_VISIBLE_DEVICES` lists them (else 0, 1, ...); None: as many
+    as torch counts here. A configuration that asks for more is refused before the run starts."""
     instances: Literal["process", "prefect"] = "process"
     """How local pools run an instance: `process` (a process group running `rlboost worker`) or
     `prefect` (a process group running a Prefect worker for its pool and a `rollout-instance/<pool>`
