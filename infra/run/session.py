@@ -441,6 +441,10 @@ class TrainingSession:
             self._stream = None
 
     def evaluate(self) -> float:
+        """Held-out accuracy of the current policy on the in-process engine. With the fabric that
+        engine does nothing else, so one that holds its own weights (vLLM, or an HF copy in another
+        dtype) is closed afterwards: between evaluations its memory is the trainer's (SmolLM2 on
+        vLLM: 1.5 GB, 0.9 GB of it returned), and the next evaluation builds it again."""
         eval_config = self.config.eval
         accuracy = evaluate_accuracy(
             self.engine,
@@ -452,6 +456,9 @@ class TrainingSession:
             seed=self.config.run.seed + 7919,
             prompt=self.config.prompt,
         )
+        if self.fabric is not None and self._engine is not None and not self._engine_shares_model:
+            self._engine.close()
+            self._engine = None
         self.history.evals.append((self.step, accuracy))
         return accuracy
 
