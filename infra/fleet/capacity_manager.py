@@ -10,10 +10,9 @@ curve); (3) launches each pool's shortfall (the provider fails over between zone
 excess down, newest first: drained (`drain`), terminated once gone or after `drain_s` (at once
 without `drain`); returns a `ReconcileReport`.
 
-The clock is injected; `run()` repeats `reconcile()` until stopped, at once after `wake()` (an
-instance stopped as failed: its replacement starts within the step). It drives providers whose
-`launch` starts instances now (the cloud providers); local pools are kept at size by
-`LocalProvider.tick()`. Instance lifecycles are the provider's records (`list()`, `on_change`).
+The clock is injected; `run()` repeats `reconcile()` until stopped, at once after `wake()` (a
+failed instance was stopped: its replacement starts now). It drives the cloud providers; local
+pools are kept at size by `LocalProvider.tick()`. Lifecycles: the provider's records.
 """
 
 from __future__ import annotations

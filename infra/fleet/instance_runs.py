@@ -9,9 +9,8 @@ fix) and creates the run, whose parameters carry no secret: the Redis URL and th
 travel in the environment, or in the Prefect Secret block its `environment_block` parameter names
 (`publish_environment` / `remove_environment`); `settle` cancels the run of an instance that ended
 before a worker picked it up and deletes its queue; `worker_ends` says how the runs of live
-instances ended (a VM's boot script sets its run Failed with the boot log's line; a worker that
-cannot start fails it with its cause), which `infra.fleet.instance_watch` turns into a replaced
-instance; `drain` asks live instances to finish (their runs end Completed) and cancels runs nobody
+instances ended (a failed boot or engine start sets its run Failed with the cause), for
+`infra.fleet.instance_watch` to replace them; `drain` asks live instances to finish (their runs end Completed) and cancels runs nobody
 picked up, until every run is final or the time is up. Detail: docs/internals.md §3,
 docs/prefect.md, docs/cloud-pools.md.
 """

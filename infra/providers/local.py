@@ -6,14 +6,13 @@ running `command_factory(pool, instance_id)` with `RLBOOST_INSTANCE_ID`, `RLBOOS
 on a command line) and this process's pid (`RLBOOST_DRIVER_PID`: a worker whose owner died stops by
 itself, `rl.driver_watch`). `tick()` (by its owner, or every `interval_s` from `start()`'s thread)
 applies each pool's availability schedule: it reaps exited instances (exit 0 `finished`, else
-`crashed`) and replaces them while the pool is below target; one that crashes within
-`START_WINDOW_S` of its launch failed to start, and its pool's next launch backs off
-(`RESTART_BACKOFF_S`, doubling up to `MAX_RESTART_BACKOFF_S`; who gives up on a pool is the
-run's `infra.fleet.instance_watch`, which reads `last_log_line`); it SIGKILLs stopping instances
-whose notice ran out and keeps each pool at `min(target, capacity now)`: the excess gets SIGTERM,
-then SIGKILL after the notice (or, `silent_kill_fraction` of the time, SIGKILL at once). An
-instance stopped as `crashed` (a failed one) is SIGKILLed at once and replaced. Lifecycles:
-`instances()`, `describe()`. `shutdown()` stops everything; a finalizer kills what is left. Detail: docs/internals.md §3.
+`crashed`) and replaces them while the pool is below target; after one that crashes within
+`START_WINDOW_S` of its launch (a failed start) the pool's next launch backs off (doubling, up
+to `MAX_RESTART_BACKOFF_S`; the run's `infra.fleet.instance_watch` gives up on a pool, reading
+`last_log_line`); it SIGKILLs stopping instances whose notice ran out and keeps each pool at
+`min(target, capacity now)`: the excess gets SIGTERM, then SIGKILL after the notice (or,
+`silent_kill_fraction` of the time, at once, as for an instance stopped as `crashed`).
+`shutdown()` stops everything; a finalizer kills what is left. Detail: docs/internals.md §3.
 """
 
 from __future__ import annotations
