@@ -10,9 +10,8 @@ while an instance pulls from it; `instance_start`: a worker SIGTERMed whose repl
 start (`tests/fakes/start_fault`, through the environment), replaced in turn. Then every step's
 samples are generated again in process from the checkpoints of the versions that generated them
 and compared token by token. About four minutes on a 2-core machine. Ends with ONE JSON line:
-{"steps", "faults": {kind: count}, "samples_lost", "samples_duplicated",
-"responses_identical_fraction", "token_match_rate", "orphans_left", "open_ledger_instances",
-"instances_replaced", "minutes", "staleness", "max_version_lag", "weight_pulls", ...}. Method and
+{"steps", "faults": {kind: count}, "samples_lost", "samples_duplicated", "responses_identical_fraction",
+"orphans_left", "open_ledger_instances", "instances_replaced", "minutes", ...}. Method and
 results: docs/benchmarks.md.
 """
 
