@@ -24,7 +24,7 @@ import secrets
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -213,7 +213,7 @@ class RolloutFabric:
             *([local.runs] if local is not None and not isinstance(local, LocalProvider) else []),
         ]
 
-    def _worker_ends(self, live: Sequence[str]) -> dict[str, WorkerEnd]:
+    def _worker_ends(self, live: Collection[str]) -> dict[str, WorkerEnd]:
         return {i: end for runs in self._instance_runs() for i, end in runs.worker_ends(live).items()}
 
     def _explain_exit(self, instance_id: str) -> str:
