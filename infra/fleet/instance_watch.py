@@ -24,7 +24,7 @@ from infra.providers.pool import PoolSpec
 
 log = logging.getLogger(__name__)
 
-WATCH_S = 1.0
+WATCH_S = 2.0
 """Shortest pause between two looks (the registry and the flow runs are read at each)."""
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.fleet.instance_watch import InstanceWatch, PoolFailure, WorkerEnd
+from infra.fleet.instance_watch import WATCH_S, InstanceWatch, PoolFailure, WorkerEnd
 from infra.providers import LocalProvider, PoolSpec
 from infra.providers.local import RESTART_BACKOFF_S
 from infra.rollout.instance import InstanceSpec
@@ -82,8 +82,8 @@ class Run:
         wait_for(gone, f"{instance_id} gone")
 
     def look(self) -> None:
-        """A watch's look, a second after the previous one."""
-        self.clock.advance(1.0)
+        """A watch's look, `WATCH_S` after the previous one."""
+        self.clock.advance(WATCH_S)
         self.watch.check()
 
 
@@ -108,7 +108,7 @@ def test_an_instance_that_never_registers_is_stopped_and_replaced(tmp_path, redi
     run = Run(tmp_path, redis_client, "wait")
     with run.provider:
         run.provider.launch(pool("flaky"), 1)
-        run.clock.advance(REGISTER_TIMEOUT_S - 2)
+        run.clock.advance(REGISTER_TIMEOUT_S - 2 * WATCH_S + 0.5)
         run.look()
         assert run.state("flaky-0") == ("running", None)  # not yet
         run.look()
