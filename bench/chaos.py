@@ -390,7 +390,9 @@ def compare_with_uninterrupted(run_dir: Path, base: Path, config_path: Path, ste
     }
 
 
-_PULL_LINE = re.compile(r"loaded policy version \d+ \((\d+) bytes, (\d+) of deltas; (\d+) whole-version fallbacks\)")
+_PULL_LINE = re.compile(
+    r"loaded policy version \d+ \((?:weights|adapters): (\d+) bytes, (\d+) of deltas; (\d+) whole-version fallbacks\)"
+)
 
 
 def weight_pulls(run_dir: Path) -> dict:
