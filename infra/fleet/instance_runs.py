@@ -10,9 +10,9 @@ travel in the environment, or in the Prefect Secret block its `environment_block
 (`publish_environment` / `remove_environment`); `settle` cancels the run of an instance that ended
 before a worker picked it up and deletes its queue; `worker_ends` says how the runs of live
 instances ended (a failed boot or engine start sets its run Failed with the cause), for
-`infra.fleet.instance_watch` to replace them; `drain` asks live instances to finish (their runs end Completed) and cancels runs nobody
-picked up, until every run is final or the time is up. Detail: docs/internals.md §3,
-docs/prefect.md, docs/cloud-pools.md.
+`infra.fleet.instance_watch` to replace them; `drain` asks live instances to finish (their runs
+end Completed) and cancels runs nobody picked up, until every run is final or the time is up.
+Detail: docs/internals.md §3, docs/prefect.md, docs/cloud-pools.md.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ from rl.engine_spec import EngineSpec
 log = logging.getLogger(__name__)
 
 FINAL_STATES = (StateType.FAILED, StateType.CRASHED, StateType.COMPLETED, StateType.CANCELLED)
+"""The states an instance's run ends in (its worker is gone)."""
 DEPLOYMENT_FLOW = "rollout-instance"
 """Flow name of the instance deployments: `rollout-instance/<pool>`."""
 
