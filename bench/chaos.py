@@ -49,7 +49,7 @@ from rl import env_vars
 
 KINDS = ("worker", "driver", "redis", "peer", "instance_start")
 FAULT = ROOT / "tests" / "fakes" / "start_fault"
-"""On the driver's PYTHONPATH: a rollout worker that finds a file in `RLBOOST_FAULT_FAIL_STARTS` fails at start."""
+"""On the driver's PYTHONPATH: a rollout worker that finds a file in `START_FAULT_DIR` fails at start."""
 WORKER_SIGNALS = (signal.SIGTERM, signal.SIGKILL, signal.SIGSTOP)
 REAP_TIMEOUT_S = 2.0
 PROMPTS, GROUP = 4, 4
@@ -214,7 +214,7 @@ class Chaos:
     def environment(self, env: dict[str, str]) -> dict[str, str]:
         """`env`, with the `instance_start` fault armable in the drivers' rollout workers."""
         path = os.pathsep.join(p for p in (str(FAULT), str(ROOT), env.get("PYTHONPATH", "")) if p)
-        return {**env, "PYTHONPATH": path, "RLBOOST_FAULT_FAIL_STARTS": str(self.armed)}
+        return {**env, "PYTHONPATH": path, "START_FAULT_DIR": str(self.armed)}
 
     def inject(self) -> None:
         kinds = self.args.faults

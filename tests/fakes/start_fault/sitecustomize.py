@@ -1,6 +1,6 @@
 """A fault injected through the environment: rollout workers that fail at start.
 
-With this directory on `PYTHONPATH` and `RLBOOST_FAULT_FAIL_STARTS` naming a directory, a Python
+With this directory on `PYTHONPATH` and `START_FAULT_DIR` naming a directory, a Python
 process that runs the rollout worker (`python -m infra.rollout.worker`, how a local instance
 starts) takes one file from that directory, if there is one, and exits with status 1 before
 anything else, its last line saying so: a worker that fails at start, before it registers. Each
@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 
-ARMED = "RLBOOST_FAULT_FAIL_STARTS"
+ARMED = "START_FAULT_DIR"  # not an `RLBOOST_` variable: a fault of the tests and benches, no setting of rlboost
 
 
 def _fail_if_armed() -> None:

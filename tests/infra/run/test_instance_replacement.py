@@ -1,7 +1,7 @@
 """Failed rollout instances are replaced within the step (fabric.max_instance_failures).
 
 The fault is real and comes through the environment (`tests/fakes/start_fault`): with its
-directory on `PYTHONPATH`, each file in `RLBOOST_FAULT_FAIL_STARTS` makes one rollout worker
+directory on `PYTHONPATH`, each file in `START_FAULT_DIR` makes one rollout worker
 process exit with status 1 at start, before it registers.
 
 * A local pool whose first instance's worker fails so: the instance is replaced within the step,
@@ -44,7 +44,7 @@ def arm(tmp_path: Path, starts: int) -> dict[str, str]:
         (armed / f"start-{n}").touch()
     return {
         "PYTHONPATH": os.pathsep.join([str(FAULT), str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
-        "RLBOOST_FAULT_FAIL_STARTS": str(armed),
+        "START_FAULT_DIR": str(armed),
     }
 
 
