@@ -9,7 +9,7 @@ one), or when it has not registered `register_timeout_s` after its launch. A liv
 is stopped (reason `crashed`); its pool's provider (`LocalProvider.tick`) or the capacity manager
 then launches its replacement. `replaced` counts them; an instance that registers resets its
 pool's count, and `max_failures` in a row raise `PoolFailure` naming the last one's error.
-`check()` runs at the step's polls; the clock is injected. Detail: docs/internals.md §3.
+`check()` runs at the step's polls (and at its start and end); the clock is injected. Detail: docs/internals.md §3.
 """
 
 from __future__ import annotations
@@ -98,13 +98,14 @@ class InstanceWatch:
         """`instance_id` was asked to finish its work: its worker's end is not a failure."""
         self._expected.add(instance_id)
 
-    def check(self) -> None:
-        """Look (at most every `interval_s`): stop the failed instances, count them, and raise
-        `PoolFailure` once a pool's failures in a row reach `max_failures` (again at every call)."""
+    def check(self, force: bool = False) -> None:
+        """Look (at most every `interval_s`, unless `force`): stop the failed instances, count them,
+        and raise `PoolFailure` once a pool's failures in a row reach `max_failures` (again at
+        every call)."""
         if self.failure is not None:
             raise self.failure
         now = self._clock()
-        if now - self._looked_at < self._interval_s:
+        if now - self._looked_at < self._interval_s and not force:
             return
         self._looked_at = now
         records = {r.instance_id: r for r in self.provider.instances() if r.pool in self.pools}

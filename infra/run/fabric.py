@@ -376,16 +376,17 @@ class RolloutFabric:
             instance.offer(version, state_dict)
         self.weights.publish(version, state_dict)
 
-    def _check_health(self) -> None:
-        """Replace failed instances (`InstanceWatch`: the cloud fleet reconciles at once); fail the
-        step when the cloud pools are no longer kept (a configuration or credential error), a
-        pool's instances failed `fabric.max_instance_failures` times in a row, or a colocated
-        instance stopped (its engine failed)."""
+    def _check_health(self, watch_now: bool = False) -> None:
+        """Replace failed instances (`InstanceWatch`, now if `watch_now`; the cloud fleet
+        reconciles at once); fail the step when the cloud pools are no longer kept (a
+        configuration or credential error), a pool's instances failed
+        `fabric.max_instance_failures` times in a row, or a colocated instance stopped (its engine
+        failed)."""
         if self.fleet is not None and self.fleet.failure is not None:
             raise self.fleet.failure
         replaced = self.watch.replaced
         try:
-            self.watch.check()
+            self.watch.check(force=watch_now)
         finally:
             if self.fleet is not None and self.watch.replaced != replaced:
                 self.fleet.wake()
@@ -460,7 +461,7 @@ class RolloutFabric:
 
         while True:
             try:
-                self._check_health()
+                self._check_health(watch_now=True)  # what failed since the last step's rollout
                 self._wait_for_instances()
                 report = self.controller.run_step(
                     step,
@@ -472,6 +473,7 @@ class RolloutFabric:
                     ahead=admitted,
                     staleness=staleness,
                 )
+                self._check_health(watch_now=True)  # the step's count of replaced instances, to its end
                 break
             except REDIS_ERRORS as error:  # Redis restarting: resume the step once it answers
                 log.warning(

@@ -4,7 +4,7 @@ counted; one that registers resets its pool's count; a pool whose instances keep
 with the last one's error on one line. How a worker's flow run ended (what `InstanceRuns` reads
 from Prefect, tested against a real server in test_instance_runs) is given here as data: a Failed
 run stops its instance at once, another end only after `settle_s`, and an instance asked to drain
-or preempted is no failure."""
+or preempted is no failure. The watch looks at most every `WATCH_S`, or at once when forced."""
 
 from __future__ import annotations
 
@@ -90,9 +90,12 @@ class Run:
 def test_an_instance_that_exits_before_registering_is_replaced_and_one_that_registers_resets(tmp_path, redis_client):
     run = Run(tmp_path, redis_client, "first-fails")
     with run.provider:
+        run.look()
         run.provider.launch(pool("flaky"), 1)
         run.exited("flaky-0")
-        run.look()
+        run.watch.check()  # within WATCH_S of its last look: it does not look again
+        assert run.watch.replaced == 0
+        run.watch.check(force=True)  # a step's start or end: it looks now
         assert run.watch.replaced == 1 and run.watch.failure is None
         run.clock.advance(RESTART_BACKOFF_S)
         run.provider.tick()  # the provider starts the replacement after its back-off
