@@ -9,7 +9,8 @@ one), or when it has not registered `register_timeout_s` after its launch. A liv
 is stopped (reason `crashed`); its pool's provider (`LocalProvider.tick`) or the capacity manager
 then launches its replacement. `replaced` counts them; an instance that registers resets its
 pool's count, and `max_failures` in a row raise `PoolFailure` naming the last one's error.
-`check()` runs at the step's polls (and at its start and end); the clock is injected. Detail: docs/internals.md §3.
+`check()` runs at the step's polls (and at its start and end); the clock is injected.
+Detail: docs/internals.md §3.
 """
 
 from __future__ import annotations
