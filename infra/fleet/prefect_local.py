@@ -81,10 +81,9 @@ class PrefectLocalProvider(Provider):
         )
         self._ticker = TickThread("prefect-local-provider")
 
-    @property
-    def failure(self):
-        """A pool that gave up after its instances kept failing to start (`LocalProvider.failure`)."""
-        return self._local.failure
+    def last_log_line(self, instance_id: str) -> str:
+        """The last line of the instance's log (`LocalProvider.last_log_line`)."""
+        return self._local.last_log_line(instance_id)
 
     # -- Provider -------------------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ STEP_COLUMNS = (
     ("step_s", "step s", "{:.2f}"),
     ("entropy", "entropy", "{:.3f}"),
     ("preemptions", "preemptions", "{:d}"),
+    ("replaced", "replaced", "{:d}"),
     ("migrations", "migrations", "{:d}"),
     ("tokens_wasted", "tokens wasted", "{:d}"),
     ("cost_usd", "cost $", "{:.4f}"),

@@ -304,6 +304,7 @@ class TrainingSession:
                     stream.add(group)
                 progress.advance()
 
+            replaced = self.fabric.replaced()
             with self._stops_when_redis_is_gone():
                 samples, report = self.fabric.rollout(
                     self.tokenizer,
@@ -328,6 +329,7 @@ class TrainingSession:
                 "groups_dropped": len(report.groups_dropped),
                 "t_local_s": report.t_local_s,
                 "preemptions": self.fabric.preemptions(),
+                "replaced": self.fabric.replaced() - replaced,
             }
             taken_over, self._taken_over = self._taken_over, None
             if taken_over is not None and taken_over.step == step:  # what the dead attempt had done
