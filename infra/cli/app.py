@@ -6,19 +6,17 @@ them, so `rlboost --help` and configuration errors come back at once."""
 
 from __future__ import annotations
 
-import copy
-import logging
 import os
 import shlex
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, NoReturn, Optional
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from infra.cli.failures import NamedFailure, ending
 from infra.cli.run_config import load_run_config, parse_overrides
 from infra.run.config import DEFAULT_CONFIG, ConfigError
 
@@ -46,32 +44,6 @@ def _quiet_weight_loading() -> None:
     hf_logging.disable_progress_bar()
 
 
-class _WithoutTracebacksOf(logging.Formatter):
-    """A console formatter that leaves out the traceback of errors the CLI reports itself, in one
-    line (Prefect logs a failed task's or flow's traceback on the console; the Prefect API's log
-    handler keeps it, for the UI)."""
-
-    def __init__(self, inner: logging.Formatter, reported: Callable[[BaseException], bool]) -> None:
-        super().__init__()
-        self.inner, self.reported = inner, reported
-
-    def format(self, record: logging.LogRecord) -> str:
-        error = record.exc_info[1] if record.exc_info else None
-        if error is None or not self.reported(error):
-            return self.inner.format(record)
-        quiet = copy.copy(record)  # the record is shared with the other handlers
-        quiet.exc_info, quiet.exc_text = None, None
-        return self.inner.format(quiet)
-
-
-def _console_without_tracebacks_of(reported: Callable[[BaseException], bool]) -> None:
-    from prefect.logging.handlers import PrefectConsoleHandler
-
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, PrefectConsoleHandler):
-            handler.setFormatter(_WithoutTracebacksOf(handler.formatter or logging.Formatter(), reported))
-
-
 @app.callback()
 def _before_each_command() -> None:
     # Prefect reads PREFECT_HOME when it is imported: the project's own home is set here, before any
@@ -83,25 +55,35 @@ def _before_each_command() -> None:
 
 def _ephemeral_prefect(log: Path | None) -> None:
     """Without a PREFECT_API_URL, start Prefect's ephemeral server now, ended with this process, its
-    output in `log` (None: only check that it can start on its database); one that cannot start
-    ends the command with one line saying why and the fix (exit 2 for its database, else 1)."""
+    output in `log` (None: only check that it can start on its database); with one, check that it
+    answers (`log` given). One that cannot start, or does not answer, ends the command with one
+    line saying why and the fix: exit 2 for its database, else 3 (`infra.cli.failures`)."""
     from infra.services.prefect_api import (
+        PrefectApiUnreachable,
         PrefectServerCannotStart,
+        check_api,
         check_ephemeral_database,
         current_api_url,
         start_guarded_ephemeral_server,
     )
 
-    if current_api_url() is not None:  # a server is configured: the user's (or a test harness's)
-        return
+    url = current_api_url()
     try:
-        if log is None:
+        if url is not None:  # a server is configured: the user's (or a test harness's)
+            if log is not None:
+                check_api(url, purpose="rlboost train")
+        elif log is None:
             check_ephemeral_database()
         else:
             start_guarded_ephemeral_server(log)
-    except PrefectServerCannotStart as error:
-        console.print(str(error), style="red", markup=False, highlight=False, soft_wrap=True)
-        raise typer.Exit(2 if error.bad_database else 1) from None
+    except (PrefectServerCannotStart, PrefectApiUnreachable) as error:
+        _end(ending(error, "") or NamedFailure(3, str(error)))
+
+
+def _end(failure: NamedFailure) -> NoReturn:
+    """Print a named failure's one line (`infra.cli.failures.NamedFailure`) and exit with its status."""
+    console.print(failure.line, style="red", markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(failure.code)
 
 
 def _preflight(cfg) -> None:
@@ -168,45 +150,28 @@ def train(config: ConfigOption = None, set_: SetOption = None, console_log_level
     os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", console_log_level)
     _ephemeral_prefect(None)  # a Prefect that cannot start on its database says so at once
     from flows.rl_train import run_training
+    from infra.cli.failures import claim_run_directory, quiet_console
 
     _quiet_weight_loading()
 
     cfg = load_run_config(config, set_)
     _preflight(cfg)  # fail fast, before Prefect starts
+    try:  # the run's lock before the Prefect server: a second driver of the run starts nothing
+        run_log = claim_run_directory(cfg.run.directory)
+    except (NamedFailure, OSError) as error:  # OSError: a full disk
+        _end(ending(error, "") or NamedFailure(2, str(error)))
+    quiet_console(run_log)  # tracebacks go to the run log, named failures end as one line
     _ephemeral_prefect(cfg.run.directory / "prefect-server.log")
-    from infra.run.redis_outage import RunStopped
-    from rl.checkpoint import CorruptCheckpoint, OutOfSpace
-    from rl.disk_space import describe_free, full_path, out_of_space
-    from rl.distributed.group import RankFailure
-    from rl.trainer import CheckpointMismatch
-
-    reported = (RankFailure, CheckpointMismatch, CorruptCheckpoint, OutOfSpace, RunStopped)
-    _console_without_tracebacks_of(lambda error: isinstance(error, reported) or out_of_space(error))
     try:
         run_training(config, parse_overrides(set_))
-    except RunStopped as error:  # its Redis is gone: one line, what was kept and how to go on
-        resume = shlex.join(["rlboost", *sys.argv[1:]])  # the same command resumes the same run
-        console.print(f"the run stopped: {error}; resume with: {resume}", markup=False, highlight=False, soft_wrap=True)
-        raise typer.Exit(3) from None
-    except reported as error:
-        # the message says what happened and what to do; all but a rank's failure are the user's
-        # to fix (a checkpoint of another trainer, a damaged checkpoint, a full disk): exit 2
-        console.print("[red]the run stopped[/red]")
-        console.print(str(error), markup=False, highlight=False, soft_wrap=True)
-        raise typer.Exit(1 if isinstance(error, RankFailure) else 2) from None
-    except OSError as error:
-        if not out_of_space(error):
+    except Exception as error:
+        failure = ending(error, resume=shlex.join(["rlboost", *sys.argv[1:]]))  # the same command resumes the run
+        if failure is None:
             raise
-        written = full_path(error) or cfg.run.output_dir
-        console.print("[red]the run stopped: no space left on the device[/red]")
-        console.print(
-            f"writing {written}: {describe_free(written)}. Free some space (or set run.output_dir on a "
-            "larger disk) and run the same command again to resume from the last checkpoint.",
-            markup=False,
-            highlight=False,
-            soft_wrap=True,
-        )
-        raise typer.Exit(2) from None
+        run_log.keep(error)
+        _end(failure)
+    finally:
+        run_log.close()
 
 
 DEMO_PRETRAIN_EXPECTED = "250-450 steps, under 2 minutes"
