@@ -34,8 +34,8 @@ class BuildLock:
     """Pids of the live processes that have the file open (the builder)."""
     judged: bool
     """Whether every process that could hold it was looked at (False: another user's file)."""
-    identity: tuple[int, int]
-    """(device, inode) of the file: a lock deleted and taken again is another lock."""
+    identity: tuple[int, int, int]
+    """(device, inode, creation time) of the file: a lock deleted and taken again is another lock."""
 
     @property
     def stale(self) -> bool:
@@ -87,9 +87,9 @@ def build_locks(root: Path) -> list[BuildLock]:
             info = path.stat()
         except FileNotFoundError:  # released meanwhile
             continue
-        identity = (info.st_dev, info.st_ino)
+        holders = tuple(sorted(opened.get((info.st_dev, info.st_ino), ())))
         judged = os.geteuid() in (0, info.st_uid)
-        locks.append(BuildLock(path, tuple(sorted(opened.get(identity, ()))), judged, identity))
+        locks.append(BuildLock(path, holders, judged, (info.st_dev, info.st_ino, info.st_ctime_ns)))
     return locks
 
 

@@ -102,7 +102,9 @@ class RankGroup:
     # -- start ------------------------------------------------------------------------------
 
     def start(self, spec: dict[str, Any]) -> list[dict]:
-        """Launch the ranks, wait for their hellos, send them `spec`; returns their init replies."""
+        """Launch the ranks, wait for their hellos, send them `spec`; returns their init replies.
+        All of it within `start_timeout_s`."""
+        deadline = time.monotonic() + self.start_timeout_s
         self._socket_dir = tempfile.mkdtemp(prefix="rlboost-trainer-")  # 0700: only this user connects
         address = self._address = os.path.join(self._socket_dir, "channel")
         key = secrets.token_bytes(32)
@@ -134,10 +136,10 @@ class RankGroup:
                 command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
             )
         try:
-            self._accept(listener)
+            self._accept(listener, deadline)
         finally:
             listener.close()
-        return self.call("init", [spec] * self.world_size, timeout_s=self.start_timeout_s)
+        return self.call("init", [spec] * self.world_size, timeout_s=max(deadline - time.monotonic(), 0.0))
 
     def _clear_stale_build_locks(self) -> None:
         for path in build_lock.clear_stale(self._extensions):
@@ -152,7 +154,7 @@ class RankGroup:
         described = build_lock.describe(build_lock.build_locks(self._extensions))
         return f"; {described}" if described else ""
 
-    def _accept(self, listener: Listener) -> None:
+    def _accept(self, listener: Listener, deadline: float) -> None:
         process = self.process
         assert process is not None, "_accept runs once torchrun has started"
         accepted: list[Connection] = []
@@ -167,7 +169,6 @@ class RankGroup:
 
         thread = threading.Thread(target=accept_all, name="trainer-accept", daemon=True)
         thread.start()
-        deadline = time.monotonic() + self.start_timeout_s
         while thread.is_alive():
             thread.join(0.2)
             if process.poll() is not None and thread.is_alive():
@@ -178,6 +179,7 @@ class RankGroup:
                     "start",
                     f"the ranks did not connect within {self.start_timeout_s:.0f} s (trainer.start_timeout_s)"
                     + self._waiting_on(),
+                    grace_s=0.0,
                 )
         if errors:
             self._fail(None, "start", f"accepting the ranks failed: {errors[0]}")
@@ -204,12 +206,13 @@ class RankGroup:
                 except OSError:
                     self._fail(rank, op, "its channel closed")
             replies: dict[int, Any] = {}
-            timeout_s, setting = (
-                (timeout_s, "trainer.start_timeout_s" if op == "init" else "its deadline")
-                if timeout_s is not None
-                else (self.reply_timeout_s, "trainer.reply_timeout_s")
-            )
-            deadline = time.monotonic() + timeout_s
+            if op == "init":  # what the failure names: the whole start's deadline
+                waited, setting = self.start_timeout_s, "trainer.start_timeout_s"
+            elif timeout_s is None:
+                waited, setting = self.reply_timeout_s, "trainer.reply_timeout_s"
+            else:
+                waited, setting = timeout_s, f"the deadline of {op!r}"
+            deadline = time.monotonic() + (self.reply_timeout_s if timeout_s is None else timeout_s)
             next_lock_check = time.monotonic() + BUILD_LOCK_CHECK_S
             while len(replies) < self.world_size:
                 waiting = {conn: rank for rank, conn in self._conns.items() if rank not in replies}
@@ -232,12 +235,15 @@ class RankGroup:
                     silent = [str(rank) for rank in range(self.world_size) if rank not in replies]
                     ranks = f"rank{'s' if len(silent) > 1 else ''} {', '.join(silent)}"
                     waiting = self._waiting_on() if op == "init" else ""
-                    self._fail(None, op, f"{ranks} sent no reply within {timeout_s:.0f} s ({setting}){waiting}")
+                    self._fail(
+                        None, op, f"{ranks} sent no reply within {waited:.0f} s ({setting}){waiting}", grace_s=0.0
+                    )
             return [replies[rank] for rank in range(self.world_size)]
 
-    def _fail(self, rank: int | None, op: str, what: str) -> None:
-        """Stop every rank, work out who died and how, remember and raise the failure."""
-        self._stop(grace_s=STOP_GRACE_S)
+    def _fail(self, rank: int | None, op: str, what: str, grace_s: float = STOP_GRACE_S) -> None:
+        """Stop every rank (torchrun may take `grace_s` to stop the others after one died), work out
+        who died and how, remember and raise the failure."""
+        self._stop(grace_s=grace_s)
         cause = root_cause(self._log_since_start())
         culprit = cause[0] if cause else rank
         if cause is not None:
