@@ -53,31 +53,29 @@ def _before_each_command() -> None:
     use_project_home()
 
 
-def _ephemeral_prefect(log: Path | None) -> None:
+def _ephemeral_prefect(log: Path) -> None:
     """Without a PREFECT_API_URL, start Prefect's ephemeral server now, ended with this process, its
-    output in `log` (None: only check that it can start on its database); with one, check that it
-    answers (`log` given). One that cannot start, or does not answer, ends the command with one
-    line saying why and the fix: exit 2 for its database, else 3 (`infra.cli.failures`)."""
-    from infra.services.prefect_api import (
-        PrefectApiUnreachable,
-        PrefectServerCannotStart,
-        check_api,
-        check_ephemeral_database,
-        current_api_url,
-        start_guarded_ephemeral_server,
-    )
+    output in `log`; with one, check that it answers. Raises `PrefectServerCannotStart` or
+    `PrefectApiUnreachable`, whose one line says why and the fix (`infra.cli.failures`)."""
+    from infra.services.prefect_api import check_api, current_api_url, start_guarded_ephemeral_server
 
     url = current_api_url()
-    try:
-        if url is not None:  # a server is configured: the user's (or a test harness's)
-            if log is not None:
-                check_api(url, purpose="rlboost train")
-        elif log is None:
+    if url is not None:  # a server is configured: the user's (or a test harness's)
+        check_api(url, purpose="rlboost train")
+    else:
+        start_guarded_ephemeral_server(log)
+
+
+def _check_prefect_database() -> None:
+    """Without a PREFECT_API_URL, end the command at once with one line (exit 2) when Prefect's
+    ephemeral server could not start on its database."""
+    from infra.services.prefect_api import PrefectServerCannotStart, check_ephemeral_database, current_api_url
+
+    if current_api_url() is None:
+        try:
             check_ephemeral_database()
-        else:
-            start_guarded_ephemeral_server(log)
-    except (PrefectServerCannotStart, PrefectApiUnreachable) as error:
-        _end(ending(error, "") or NamedFailure(3, str(error)))
+        except PrefectServerCannotStart as error:
+            _end(ending(error, "") or NamedFailure(2, str(error)))
 
 
 def _end(failure: NamedFailure) -> NoReturn:
@@ -148,7 +146,7 @@ def pretrain(
 def train(config: ConfigOption = None, set_: SetOption = None, console_log_level: LogOption = "WARNING") -> None:
     """Run the rl-train flow with a configuration file."""
     os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", console_log_level)
-    _ephemeral_prefect(None)  # a Prefect that cannot start on its database says so at once
+    _check_prefect_database()  # a Prefect that cannot start on its database says so at once
     from flows.rl_train import run_training
     from infra.cli.failures import claim_run_directory, quiet_console
 
@@ -161,8 +159,8 @@ def train(config: ConfigOption = None, set_: SetOption = None, console_log_level
     except (NamedFailure, OSError) as error:  # OSError: a full disk
         _end(ending(error, "") or NamedFailure(2, str(error)))
     quiet_console(run_log)  # tracebacks go to the run log, named failures end as one line
-    _ephemeral_prefect(cfg.run.directory / "prefect-server.log")
     try:
+        _ephemeral_prefect(cfg.run.directory / "prefect-server.log")
         run_training(config, parse_overrides(set_))
     except Exception as error:
         failure = ending(error, resume=shlex.join(["rlboost", *sys.argv[1:]]))  # the same command resumes the run
@@ -196,7 +194,7 @@ def demo(set_: SetOption = None, console_log_level: LogOption = "WARNING") -> No
         f"GRPO about {fast:.0f}-{slow:.0f} min on a 2-core machine"
     )
     console.print(f"expected: {expected}", markup=False, highlight=False)
-    _ephemeral_prefect(None)  # a Prefect that cannot start says so before pretraining, not after
+    _check_prefect_database()  # a Prefect that cannot start says so before pretraining, not after
     if needs_base:
         pretrain(config=DEFAULT_CONFIG, set_=set_, force=False)
     train(config=DEFAULT_CONFIG, set_=set_, console_log_level=console_log_level)
