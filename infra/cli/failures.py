@@ -156,6 +156,12 @@ def quiet_console(run_log: RunLog) -> None:
     from prefect.logging.handlers import PrefectConsoleHandler
 
     for handler in logging.getLogger().handlers:
-        if isinstance(handler, PrefectConsoleHandler):
+        if not isinstance(handler, PrefectConsoleHandler):
+            continue
+        if not any(isinstance(f, _QuietConsole) for f in handler.filters):  # once per process
             handler.addFilter(_QuietConsole())
-            handler.setFormatter(_WithoutTracebacks(handler.formatter or logging.Formatter(), run_log.path))
+        formatter = handler.formatter or logging.Formatter()
+        if isinstance(formatter, _WithoutTracebacks):
+            formatter.run_log = run_log.path  # this command's run
+        else:
+            handler.setFormatter(_WithoutTracebacks(formatter, run_log.path))

@@ -23,17 +23,26 @@ PROJECT_LOGGERS = ("rlboost", "infra", "rl", "flows", "tasks")
 log = logging.getLogger("rlboost.driver")
 
 
+class _QuietFileHandler(logging.FileHandler):
+    """A file handler that drops a record it cannot write (a full disk) instead of printing
+    logging's own traceback to the console: the run names a full disk itself."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        pass
+
+
 class RunLog:
     """The open `driver.log` of one run and the logging it is attached to."""
 
     def __init__(self, path: Path, handler: logging.FileHandler) -> None:
         self.path, self.handler = path, handler
+        self._previous_hook = threading.excepthook
 
     @classmethod
     def open(cls, directory: Path) -> RunLog:
         """Attach `<directory>/driver.log` to this process's logging (an OSError if it cannot be written)."""
         path = Path(directory) / RUN_LOG_FILE
-        handler = logging.FileHandler(path, encoding="utf-8", delay=False)
+        handler = _QuietFileHandler(path, encoding="utf-8", delay=False)
         handler.setLevel(logging.INFO)
         handler.setFormatter(
             logging.Formatter(
@@ -46,8 +55,9 @@ class RunLog:
             logger = logging.getLogger(name)
             if logger.getEffectiveLevel() > logging.INFO:
                 logger.setLevel(logging.INFO)
+        run_log = cls(path, handler)
         threading.excepthook = _log_thread_failure
-        return cls(path, handler)
+        return run_log
 
     def keep(self, error: BaseException, what: str = "the run ended with") -> None:
         """Write `error` and its traceback to the file alone (the console has its one line)."""
@@ -57,9 +67,10 @@ class RunLog:
         self.handler.flush()
 
     def close(self) -> None:
-        """Detach and close the file (the thread hook stays: it logs to whatever handlers remain)."""
+        """Detach and close the file; threads' exceptions are printed again as before."""
         logging.getLogger().removeHandler(self.handler)
         self.handler.close()
+        threading.excepthook = self._previous_hook
 
 
 def _log_thread_failure(args: threading.ExceptHookArgs) -> None:
