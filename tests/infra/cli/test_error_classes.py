@@ -3,7 +3,8 @@ status 2 (bad input, local state) or 3 (a service lost), and no traceback on the
 CLI as a subprocess, on the tiny default configuration (the demo's fabric: a co-located reserved
 instance and two spot workers) with small overrides, each failure made for real:
 
-* a second driver of a run (another process holds its lock): refused before Prefect starts;
+* a second driver of a run (another process holds its lock): refused before Prefect starts; two
+  drivers of a run started at the same instant on a fresh Prefect home (one runs);
 * an output directory on a read-only file system, or below a file (it cannot be made);
 * the token log's Redis SIGKILLed mid-run: the co-located worker inside the training process
   prints nothing either, its traceback is in the run log with the run's;
@@ -227,7 +228,39 @@ def prefect_api_that_does_not_answer(model: Path, tmp_path: Path, home: Path) ->
     return _case(done, 3, message, tmp_path / "runs" / "errors")
 
 
+def drivers_started_at_the_same_instant(model: Path, tmp_path: Path, home: Path) -> Case:
+    """Two drivers of one run at once, on a Prefect home not migrated yet: one is refused before it
+    starts Prefect, the other completes the run."""
+    fresh = _environment(tmp_path, tmp_path / "fresh-prefect-home")
+    quick = {"fabric.enabled": False, "run.steps": 1, "run.checkpoint_every": 1, "eval.every": 1}
+    drivers = [
+        subprocess.Popen(
+            _train_command(model, tmp_path, **quick),
+            env=fresh,
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    try:
+        outputs = [driver.communicate(timeout=240)[0] for driver in drivers]
+    finally:
+        for driver in drivers:
+            if driver.poll() is None:
+                driver.kill()
+    codes = [driver.returncode for driver in drivers]
+    refused = codes.index(2) if 2 in codes else 0
+    ran = 1 - refused
+    assert codes[ran] == 0 and "Traceback" not in outputs[ran], outputs[ran][-6000:]
+    run = tmp_path / "runs" / "errors"
+    message = f"run directory {run} is in use by another driver (pid {drivers[ran].pid} host "
+    return Case(codes[refused], outputs[refused], 2, message, run)
+
+
 CLASSES: dict[str, Callable[[Path, Path, Path], Case]] = {
+    "drivers started at the same instant": drivers_started_at_the_same_instant,
     "second driver": second_driver,
     "read-only output directory": read_only_output_dir,
     "output directory that cannot be made": output_dir_below_a_file,
