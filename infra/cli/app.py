@@ -149,6 +149,7 @@ def train(config: ConfigOption = None, set_: SetOption = None, console_log_level
     _check_prefect_database()  # a Prefect that cannot start on its database says so at once
     from flows.rl_train import run_training
     from infra.cli.failures import claim_run_directory, quiet_console
+    from infra.run.driver_lock import release_unclaimed
 
     _quiet_weight_loading()
 
@@ -170,6 +171,7 @@ def train(config: ConfigOption = None, set_: SetOption = None, console_log_level
         _end(failure)
     finally:
         run_log.close()
+        release_unclaimed(cfg.run.directory)  # the run ended before its session took the lock
 
 
 DEMO_PRETRAIN_EXPECTED = "250-450 steps, under 2 minutes"

@@ -66,6 +66,15 @@ def hold_for_session(directory: Path) -> DriverLock:
     return lock
 
 
+def release_unclaimed(directory: Path) -> None:
+    """Free the lock `hold_for_session` took for `directory` if no session took it over (the run
+    failed before its session opened)."""
+    with _held_guard:
+        held = _held.pop(Path(directory).resolve(), None)
+    if held is not None:
+        held.release()
+
+
 def session_lock(directory: Path) -> DriverLock:
     """The lock of a session of `directory`: the one `hold_for_session` took for it, handed over
     once, else a new one (`RunLocked` when another driver, or session, holds it)."""
