@@ -32,6 +32,8 @@ from rl.distributed.trainer import DistributedTrainer
 from rl.models import load_model
 from tests.helpers import REPO_ROOT, save_tiny_model, wait_for
 
+pytestmark = pytest.mark.integration
+
 OP = "deepspeed_shm_comm"
 """The op each rank on CPU JIT-builds (DeepSpeed's shared-memory communication op)."""
 
@@ -179,7 +181,6 @@ def _spec(model_dir: Path, start_timeout_s: float = 600.0) -> TrainSpec:
     )
 
 
-@pytest.mark.integration
 def test_ranks_start_past_a_lock_left_by_a_stopped_build(model_dir, extensions, tmp_path, caplog):
     lock = extensions / OP / "lock"
     lock.touch()  # what a build stopped by Ctrl-C leaves: the file, no process holding it
@@ -201,7 +202,6 @@ def test_ranks_start_past_a_lock_left_by_a_stopped_build(model_dir, extensions, 
     assert f"removed {lock}: a torch extension build lock that no live process holds" in caplog.text
 
 
-@pytest.mark.integration
 def test_the_start_deadline_names_the_build_lock_the_ranks_wait_on(model_dir, extensions, tmp_path):
     lock = extensions / OP / "lock"
     holder = _holder(lock)
@@ -224,7 +224,6 @@ def test_the_start_deadline_names_the_build_lock_the_ranks_wait_on(model_dir, ex
         holder.wait()
 
 
-@pytest.mark.integration
 def test_ranks_waiting_on_a_build_die_with_their_killed_agent(model_dir, extensions, tmp_path):
     """The driver is stopped (SIGSTOP) before the agent is killed, so nothing of it can stop the
     ranks: they die because their agent did."""
