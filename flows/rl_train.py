@@ -87,6 +87,7 @@ def rl_step(
         "train_overlap_s": metrics.get("train_overlap_s", 0.0),
         "entropy": metrics["entropy"],
         "grad_norm": metrics["grad_norm"],
+        "trainer_peak_rss_mb": metrics["peak_rss_mb"],
         "kl": metrics["kl"],
         "cost_usd": cost["cost_usd"],
         "policy_version": published["version"],

@@ -28,7 +28,6 @@ from prefect import flow, get_run_logger
 from prefect.states import Crashed, State
 
 from infra.availability.capacity import CapacityClass
-from infra.fleet.instance_runs import CANNOT_START
 from infra.rollout.instance import InstanceSpec
 from infra.rollout.settings import WorkerSettings
 from infra.rollout.worker import RolloutWorker, WorkerConfig
@@ -124,9 +123,9 @@ def rollout_instance(
         cause = (
             f": {type(worker.failure).__name__}: {worker.failure}" if worker.failure is not None else "; see its log"
         )
-        if worker.engine is None:  # its engine never loaded: the run sees why (`InstanceRuns.check_boots`)
+        if worker.engine is None:  # its engine never loaded: the run sees why (`InstanceRuns.worker_ends`)
             raise RuntimeError(
-                f"rollout instance {instance_id} {CANNOT_START}its engine failed{cause}"
+                f"rollout instance {instance_id} cannot start: its engine failed{cause}"
             ) from worker.failure
         raise RuntimeError(f"rollout instance {instance_id} stopped with exit code {code}{cause}") from worker.failure
     if notice.signal_name is not None:

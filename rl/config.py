@@ -130,7 +130,12 @@ class VLLMOptions(Section):
     """Longest prompt + response the engine serves (None: the model's own limit, e.g. 8192 for
     SmolLM2, whose KV cache for one such sequence must fit in `kv_cache_bytes`)."""
     tensor_parallel_size: int = Field(default=1, ge=1)
-    """Devices one engine shards the model over."""
+    """Devices one engine shards the model over (a pool with `gpus_per_instance` of 1 or more sets
+    it to that number)."""
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    """Fraction of each GPU's memory an engine may take (vLLM refuses to start when less is free);
+    lower it where the trainer shares the GPUs. An instance given a share of one GPU
+    (`gpus_per_instance` below 1) takes that share of this fraction."""
     enforce_eager: bool = True
     """Eager PyTorch: no graph capture, no compilation, torch.compile off for vLLM's helper ops too
     (starts in seconds; a killed instance cannot leave a half-written compiled kernel behind)."""

@@ -38,6 +38,7 @@ from rl.lora import (
     save_adapter,
 )
 from rl.optimizer import adamw
+from rl.process_memory import peak_rss_mb
 
 LOSS_METRICS = ("loss", "policy_loss")
 """The metrics of `policy_loss` aggregated like the loss; the others are means over tokens."""
@@ -106,30 +107,28 @@ class _Packed:
     targets: Tensor
     """[B, T]: target token of each response position."""
     response_mask: Tensor
-    starts: Tensor
-    """Index in input_ids of the position whose logits predict the first response token."""
 
 
 def _pack(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> _Packed:
-    """Right-pad prompt+response rows; response positions are aligned in a [B, T_resp] view."""
-    lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
-    width = max(lengths)
+    """Left-pad the prompts and right-pad the responses, so that every row's response starts in the
+    same column: the logits of the last T_resp + 1 positions then predict every response token,
+    and the model computes no others (its `logits_to_keep`)."""
+    prompt_width = max(len(p) for p in prompts)
     resp_width = max(1, max(len(r) for r in responses))
     batch = len(prompts)
-    input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((batch, width), dtype=torch.long)
+    input_ids = torch.full((batch, prompt_width + resp_width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((batch, prompt_width + resp_width), dtype=torch.long)
     targets = torch.full((batch, resp_width), pad_id, dtype=torch.long)
     response_mask = torch.zeros((batch, resp_width))
     for i, (p, r) in enumerate(zip(prompts, responses)):
-        row = p + r
-        input_ids[i, : len(row)] = torch.tensor(row)
-        attention_mask[i, : len(row)] = 1
+        start = prompt_width - len(p)
+        input_ids[i, start : prompt_width + len(r)] = torch.tensor(p + r)
+        attention_mask[i, start : prompt_width + len(r)] = 1
         if r:
             targets[i, : len(r)] = torch.tensor(r)
             response_mask[i, : len(r)] = 1
     position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
-    starts = torch.tensor([len(p) - 1 for p in prompts])
-    return _Packed(input_ids, attention_mask, position_ids, targets, response_mask, starts)
+    return _Packed(input_ids, attention_mask, position_ids, targets, response_mask)
 
 
 def _to(packed: _Packed, device: torch.device) -> _Packed:
@@ -225,7 +224,10 @@ class Trainer:
         self._pending: Accumulation | None = None
 
     def _response_logits(self, model: torch.nn.Module, packed: _Packed) -> Tensor:
-        """Logits at the positions predicting each response token, in fp32: [B, T_resp, V]."""
+        """Logits at the positions predicting each response token, in fp32: [B, T_resp, V]. Only
+        those are computed: at a 49k vocabulary the prompt's logits would be most of the
+        activations."""
+        width = packed.targets.shape[1]
         with torch.autocast(
             self.device.type, dtype=self.autocast_dtype or torch.float32, enabled=self.autocast_dtype is not None
         ):
@@ -234,10 +236,9 @@ class Trainer:
                 attention_mask=packed.attention_mask,
                 position_ids=packed.position_ids,
                 use_cache=False,
+                logits_to_keep=width + 1,
             ).logits
-        width = packed.targets.shape[1]
-        index = (packed.starts.unsqueeze(1) + torch.arange(width, device=self.device)).clamp(max=logits.shape[1] - 1)
-        return logits.gather(1, index.unsqueeze(-1).expand(-1, -1, logits.shape[-1])).float()
+        return logits[:, :-1].float()
 
     def _logprobs(self, model: torch.nn.Module, packed: _Packed) -> tuple[Tensor, Tensor]:
         logits = self._response_logits(model, packed)
@@ -442,6 +443,7 @@ class Trainer:
             grad_norm=sum(norms) / len(norms),
             lr=self.optimizer.param_groups[0]["lr"],
             response_tokens=acc.tokens,
+            peak_rss_mb=peak_rss_mb(),
         )
         return metrics
 

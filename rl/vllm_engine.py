@@ -200,6 +200,7 @@ class VLLMEngine(GenerationEngine):
             # vLLM's default is None (the model's own limit), though it annotates the field `int`:
             max_model_len=options.max_model_len,  # pyright: ignore[reportArgumentType]
             tensor_parallel_size=options.tensor_parallel_size,
+            gpu_memory_utilization=options.gpu_memory_utilization,
             enforce_eager=options.enforce_eager,
             skip_tokenizer_init=True,
             async_scheduling=False,  # the keyed sampler reads each request's output tokens as they land

@@ -63,6 +63,7 @@ def _note_in_the_run_log(directory: Path, line: str) -> None:
 
 def _named_classes() -> dict[type[BaseException], tuple[int, str]]:
     """Failures named by their class: (exit status, how the line begins: `{}` is the message)."""
+    from infra.fleet.instance_watch import PoolFailure
     from infra.run.redis_outage import RunStopped
     from infra.services.prefect_api import PrefectApiUnreachable, PrefectServerCannotStart
     from infra.services.redis_embedded import RedisUnavailable
@@ -72,6 +73,7 @@ def _named_classes() -> dict[type[BaseException], tuple[int, str]]:
 
     return {
         RunStopped: (3, "the run stopped: {}; resume with: "),  # its Redis is gone: what was kept, how to go on
+        PoolFailure: (3, "the run stopped: {}; fix that, then resume with: "),  # its instances keep failing
         RedisUnavailable: (3, "cannot run: {}"),
         PrefectApiUnreachable: (3, "{}"),
         PrefectServerCannotStart: (3, "{}"),  # 2 when its database is the cause
@@ -86,6 +88,7 @@ def _named_classes() -> dict[type[BaseException], tuple[int, str]]:
 def ending(error: BaseException, resume: str) -> NamedFailure | None:
     """The exit status and one line of `error` if the program names it (see the module docstring);
     `resume` is the command that resumes the run."""
+    from infra.fleet.instance_watch import PoolFailure
     from infra.run.redis_outage import RunStopped
     from infra.services.prefect_api import PrefectServerCannotStart
     from rl.disk_space import describe_free, full_path, out_of_space
@@ -96,7 +99,8 @@ def ending(error: BaseException, resume: str) -> NamedFailure | None:
         if isinstance(error, kind):
             if isinstance(error, PrefectServerCannotStart) and error.bad_database:
                 code = 2
-            return NamedFailure(code, line.format(error) + (resume if isinstance(error, RunStopped) else ""))
+            resumable = isinstance(error, (RunStopped, PoolFailure))
+            return NamedFailure(code, line.format(error) + (resume if resumable else ""))
     if isinstance(error, OSError) and out_of_space(error):
         written = full_path(error) or "the run directory"
         return NamedFailure(

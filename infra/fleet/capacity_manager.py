@@ -10,9 +10,9 @@ curve); (3) launches each pool's shortfall (the provider fails over between zone
 excess down, newest first: drained (`drain`), terminated once gone or after `drain_s` (at once
 without `drain`); returns a `ReconcileReport`.
 
-The clock is injected; `run()` repeats `reconcile()` until stopped. It drives providers whose
-`launch` starts instances now (the cloud providers); local pools are kept at size by
-`LocalProvider.tick()`. Instance lifecycles are the provider's records (`list()`, `on_change`).
+The clock is injected; `run()` repeats `reconcile()` until stopped, at once after `wake()` (a
+failed instance was stopped: its replacement starts now). It drives the cloud providers; local
+pools are kept at size by `LocalProvider.tick()`. Lifecycles: the provider's records.
 """
 
 from __future__ import annotations
@@ -120,6 +120,7 @@ class CapacityManager:
         self._drain_s = drain_s
         self._draining: dict[str, float] = {}
         """Instance -> when it was asked to drain."""
+        self._woken = threading.Event()
 
     def reconcile(self) -> ReconcileReport:
         """Refresh, plan, and launch or terminate to bring every pool to its target."""
@@ -201,10 +202,15 @@ class CapacityManager:
                 terminated.append(instance_id)
         return terminated
 
+    def wake(self) -> None:
+        """Make `run()` reconcile now instead of at the end of its interval."""
+        self._woken.set()
+
     def run(self, stop: threading.Event, interval_s: float = 30.0) -> None:
-        """`reconcile()` every `interval_s` until `stop` is set. A `CloudError` (the pool's
-        configuration or credentials) ends the loop by propagating; other failures (the cloud's API
-        hiccups) are logged and retried at the next interval."""
+        """`reconcile()` every `interval_s` (or sooner, after `wake()`) until `stop` is set (then
+        `wake()` ends the wait at once). A `CloudError` (the pool's configuration or credentials)
+        ends the loop by propagating; other failures (the cloud's API hiccups) are logged and
+        retried at the next interval."""
         while not stop.is_set():
             try:
                 self.reconcile()
@@ -212,7 +218,8 @@ class CapacityManager:
                 raise
             except Exception:
                 log.exception("capacity reconcile failed; retrying in %.0f s", interval_s)
-            stop.wait(interval_s)
+            self._woken.wait(interval_s)
+            self._woken.clear()
 
     def _running(self, pool: PoolSpec) -> list[InstanceRecord]:
         return [r for r in self.provider.instances(live_only=True) if r.pool == pool.name and r.state == "running"]

@@ -90,6 +90,10 @@ class CloudFleet:
         self._thread = threading.Thread(target=self._run, name="cloud-fleet", daemon=True)
         self._thread.start()
 
+    def wake(self) -> None:
+        """Reconcile now (an instance was stopped as failed: launch its replacement)."""
+        self.manager.wake()
+
     def running(self) -> list[str]:
         """Ids of the cloud instances running now (as of the last reconcile)."""
         return [r.instance_id for r in self.manager.provider.instances(live_only=True) if r.state == "running"]
@@ -100,6 +104,7 @@ class CloudFleet:
         cannot be deleted is logged with its id."""
         if self._thread is not None:
             self._stop.set()
+            self.manager.wake()
             self._thread.join()
             self._thread = None
         if drain is not None and self.running():

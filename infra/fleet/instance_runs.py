@@ -8,11 +8,11 @@ queue of its own (`<run id>-<instance id>`) that only its worker polls
 fix) and creates the run, whose parameters carry no secret: the Redis URL and the weights secret
 travel in the environment, or in the Prefect Secret block its `environment_block` parameter names
 (`publish_environment` / `remove_environment`); `settle` cancels the run of an instance that ended
-before a worker picked it up and deletes its queue; `check_boots` raises `BootFailure` when a VM's
-boot script set its run Failed or its engine could not start (every VM of the pool would fail
-alike); `drain` asks live instances to finish (their runs end Completed) and cancels runs nobody
-picked up, until every run is final or the time is up. Detail: docs/internals.md §3,
-docs/prefect.md, docs/cloud-pools.md.
+before a worker picked it up and deletes its queue; `worker_ends` says how the runs of live
+instances ended (a failed boot or engine start sets its run Failed with the cause), for
+`infra.fleet.instance_watch` to replace them; `drain` asks live instances to finish (their runs
+end Completed) and cancels runs nobody picked up, until every run is final or the time is up.
+Detail: docs/internals.md §3, docs/prefect.md, docs/cloud-pools.md.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import builtins
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -31,18 +31,17 @@ from prefect.client.schemas.filters import (
     FlowFilter,
     FlowFilterName,
     FlowRunFilter,
+    FlowRunFilterId,
     FlowRunFilterState,
     FlowRunFilterStateType,
-    FlowRunFilterTags,
 )
 from prefect.client.schemas.objects import StateType
 from prefect.exceptions import ObjectNotFound
 from prefect.states import Cancelled
 
-from infra.providers.errors import BootFailure
+from infra.fleet.instance_watch import WorkerEnd
 from infra.providers.interface import instance_work_queue
 from infra.providers.pool import PoolSpec
-from infra.providers.startup import FAILED_PREFIX
 from infra.rollout.instance import InstanceSpec
 from infra.rollout.registry import InstanceRegistry
 from infra.rollout.settings import WorkerSettings
@@ -52,10 +51,8 @@ from rl.engine_spec import EngineSpec
 
 log = logging.getLogger(__name__)
 
-CANNOT_START = "cannot start: "
-"""In a failed instance run's message: its engine never loaded (`flows.rollout_instance`)."""
-BOOT_CHECK_S = 2.0
-"""Shortest pause between two looks for failed boots (`check_boots`)."""
+FINAL_STATES = (StateType.FAILED, StateType.CRASHED, StateType.COMPLETED, StateType.CANCELLED)
+"""The states an instance's run ends in (its worker is gone)."""
 DEPLOYMENT_FLOW = "rollout-instance"
 """Flow name of the instance deployments: `rollout-instance/<pool>`."""
 
@@ -118,7 +115,6 @@ class InstanceRuns:
         self._deployments: dict[str, UUID] = {}
         self._runs: dict[str, InstanceRun] = {}
         self._lock = threading.Lock()
-        self._boots_checked_at = float("-inf")
 
     def client(self) -> SyncPrefectClient:
         return SyncPrefectClient(self.api_url, api_key=self._api_key, auth_string=self._auth_string)
@@ -222,24 +218,33 @@ class InstanceRuns:
                 return
             client.delete_block_document(block.id)
 
-    def check_boots(self) -> None:
-        """Raise `BootFailure` (the pool, the boot log's line) if a VM's boot failed; looks at most
-        every `BOOT_CHECK_S`."""
-        if time.monotonic() - self._boots_checked_at < BOOT_CHECK_S:
-            return
-        self._boots_checked_at = time.monotonic()
-        failed = FlowRunFilter(
-            tags=FlowRunFilterTags(all_=[DEPLOYMENT_FLOW, self.spec.run_id]),
-            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.FAILED])),
+    def worker_ends(self, instance_ids: Collection[str]) -> dict[str, WorkerEnd]:
+        """How the runs of those of `instance_ids` whose run is final ended (state, message, time)."""
+        with self._lock:
+            ours = {self._runs[i].flow_run_id: i for i in instance_ids if i in self._runs}
+        if not ours:
+            return {}
+        ended = FlowRunFilter(
+            id=FlowRunFilterId(any_=builtins.list(ours)),
+            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=builtins.list(FINAL_STATES))),
         )
         with self.client() as client:
-            runs = client.read_flow_runs(flow_run_filter=failed, limit=10)
+            runs = client.read_flow_runs(flow_run_filter=ended, limit=len(ours))
+        return {
+            ours[run.id]: WorkerEnd(run.state.type.name, run.state.message or "", run.state.timestamp.timestamp())
+            for run in runs
+            if run.state is not None
+        }
+
+    def run_message(self, instance_id: str) -> str:
+        """The message of an instance's run if the run is final (why it failed), else ''."""
         with self._lock:
-            pools = {run.flow_run_id: run.pool for run in self._runs.values()}
-        for run in runs:
-            message = (run.state.message if run.state else None) or ""
-            if run.id in pools and (message.startswith(FAILED_PREFIX) or CANNOT_START in message):
-                raise BootFailure(pools[run.id], message)
+            run = self._runs.get(instance_id)
+        if run is None:
+            return ""
+        with self.client() as client:
+            state = client.read_flow_run(run.flow_run_id).state
+        return (state.message or "") if state is not None and state.type in FINAL_STATES else ""
 
     # -- ending ----------------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from uuid import UUID
 
@@ -28,6 +28,7 @@ from infra.availability.traces import TraceSchedule
 from infra.fleet.instance_runs import InstanceRuns, InstanceRunSpec, UnknownPool
 from infra.providers.interface import InstanceHandle, InstanceRecord, PreemptionEvent, Provider, StopReason
 from infra.providers.local import LocalProvider, TickThread
+from infra.providers.placement import GpuSlot
 from infra.providers.pool import PoolSpec
 from infra.services.prefect_api import check_api, current_api_url
 from infra.services.redis_embedded import REDIS_CA_FILE_ENV, REDIS_URL_ENV
@@ -53,9 +54,10 @@ class PrefectLocalProvider(Provider):
         seed: int = 0,
         log_dir: Path | None = None,
         instance_prefix: str = "",
+        placement: Mapping[str, Sequence[GpuSlot]] | None = None,
     ) -> None:
         """`api_url` defaults to the current `PREFECT_API_URL` and must answer; the other
-        arguments go to the `LocalProvider` that schedules the instances."""
+        arguments go to the `LocalProvider` that schedules the instances (and places them)."""
         self.spec = spec
         self.api_url = check_api(api_url or current_api_url(), purpose="fabric.instances: prefect")
         self.runs = InstanceRuns(spec, self.api_url)
@@ -75,13 +77,13 @@ class PrefectLocalProvider(Provider):
             log_dir=log_dir,
             environment=environment,
             instance_prefix=instance_prefix,
+            placement=placement,
         )
         self._ticker = TickThread("prefect-local-provider")
 
-    @property
-    def failure(self):
-        """A pool that gave up after its instances kept failing to start (`LocalProvider.failure`)."""
-        return self._local.failure
+    def last_log_line(self, instance_id: str) -> str:
+        """The last line of the instance's log (`LocalProvider.last_log_line`)."""
+        return self._local.last_log_line(instance_id)
 
     # -- Provider -------------------------------------------------------------------------------
 

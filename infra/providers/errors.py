@@ -1,7 +1,7 @@
 """Errors of cloud providers: what a caller must fix, and what the provider works around.
 
 `PoolConfigError` and `CredentialsError` stop the capacity manager: they name the pool and say
-what to change. `BootFailure` is a VM whose boot script failed (reported through its flow run). `ZoneUnavailable` never leaves a provider: it is a zone (or its whole region, for
+what to change. `ZoneUnavailable` never leaves a provider: it is a zone (or its whole region, for
 quota) that cannot take more instances right now, and makes the provider fail over to the pool's
 next zone and back off from this one.
 """
@@ -25,11 +25,6 @@ class PoolConfigError(CloudError):
 
 class CredentialsError(CloudError):
     """The cloud rejected (or could not find) the credentials, or they lack a permission."""
-
-
-class BootFailure(CloudError):
-    """A VM of the pool could not boot (its Python, its GPU driver, the run's files): its flow run
-    says why, and every VM of the pool would fail the same way."""
 
 
 UnavailableKind = Literal["capacity", "quota", "transient"]

@@ -15,8 +15,9 @@ from typing import Literal, Protocol
 from infra.availability.capacity import CapacityClass
 from infra.providers.pool import PoolSpec
 
-StopReason = Literal["preempted", "preempted_silent", "scaled_down"]
-"""Why the provider (or its caller) stopped an instance."""
+StopReason = Literal["preempted", "preempted_silent", "scaled_down", "crashed"]
+"""Why the provider (or its caller) stopped an instance; `crashed`: it failed (its worker ended, or
+never registered) and is stopped to be replaced (`infra.fleet.instance_watch`)."""
 TerminationReason = Literal["preempted", "preempted_silent", "scaled_down", "finished", "crashed"]
 """Why an instance ended: stopped (above), or its process exited by itself (0: finished, else crashed)."""
 InstanceState = Literal["running", "terminating", "terminated"]

@@ -2,17 +2,16 @@
 
 `LocalProvider` owns the processes it starts: each instance is a new session (process group)
 running `command_factory(pool, instance_id)` with `RLBOOST_INSTANCE_ID`, `RLBOOST_POOL`,
-`RLBOOST_CAPACITY_CLASS`, the owner's `environment` (secrets such as the Redis URL go there, never
-on a command line) and this process's pid (`RLBOOST_DRIVER_PID`: a worker whose owner died stops by
-itself, `rl.driver_watch`). `tick()` (by its owner, or every `interval_s` from `start()`'s thread)
-applies each pool's availability schedule: it reaps exited instances (exit 0 `finished`, else
-`crashed`) and replaces them while the pool is below target; one that crashes within
-`START_WINDOW_S` of its launch failed to start, and its pool backs off (`RESTART_BACKOFF_S`,
-doubling) until, after `MAX_START_FAILURES` in a row, `failure` holds a `PoolStartFailure` (pool,
-exit status, the log's last lines); it SIGKILLs stopping instances whose notice ran out and keeps
-each pool at `min(target, capacity now)`: the excess gets SIGTERM, then SIGKILL after the notice
-(or, `silent_kill_fraction` of the time, SIGKILL at once). Lifecycles: `instances()`, `describe()`.
-`shutdown()` stops everything; a finalizer kills what is left. Detail: docs/internals.md §3.
+`RLBOOST_CAPACITY_CLASS`, the owner's `environment` (secrets, never on a command line), this
+process's pid (`RLBOOST_DRIVER_PID`, `rl.driver_watch`) and, in a pool of `placement`, its GPU slot's
+`CUDA_VISIBLE_DEVICES` (`infra.providers.placement`; with no slot free it starts once one is).
+`tick()` (by its owner, or every `interval_s` from `start()`'s thread) reaps exited instances (exit
+0 `finished`, else `crashed`) and replaces them while the pool is below target; after a failed
+start (a crash within `START_WINDOW_S`) the pool's next launch backs off (doubling, up to
+`MAX_RESTART_BACKOFF_S`; `infra.fleet.instance_watch` gives up on a pool, reading `last_log_line`);
+it SIGKILLs stopping instances whose notice ran out and keeps each pool at `min(target, capacity
+now)`: the excess gets SIGTERM, then SIGKILL after the notice (or, `silent_kill_fraction` of the
+time, at once). `shutdown()` stops everything; a finalizer kills what is left. Detail: internals §3.
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ from typing import Any, Self
 
 from infra.availability.traces import TraceSchedule
 from infra.providers.interface import InstanceHandle, InstanceRecord, PreemptionEvent, Provider, StopReason
+from infra.providers.placement import GpuSlot
 from infra.providers.pool import PoolSpec
 from rl import env_vars
 from rl.disk_space import LOW_SPACE_BYTES, describe_free, free_bytes
@@ -45,13 +45,8 @@ START_WINDOW_S = 60.0
 """An instance that crashes this soon after its launch failed to start (a bad model, engine, disk)."""
 RESTART_BACKOFF_S = 1.0
 """Wait before relaunching after the first failed start; doubled after each further one."""
-MAX_START_FAILURES = 5
-"""Failed starts in a row after which a pool gives up."""
-LOG_TAIL_LINES = 12
-
-
-class PoolStartFailure(RuntimeError):
-    """A pool whose instances keep failing to start; the message holds the last one's exit and log."""
+MAX_RESTART_BACKOFF_S = 30.0
+"""The longest wait before a relaunch."""
 
 
 @dataclass
@@ -68,6 +63,8 @@ class _Pool:
     """Instances in a row that crashed within `START_WINDOW_S` of their launch."""
     launch_after: float = 0.0
     """No replacement starts before this provider time (the back-off after a failed start)."""
+    free_slots: list[GpuSlot] | None = None
+    """The pool's GPU slots no instance holds (None: the pool is not placed)."""
 
 
 @dataclass
@@ -76,6 +73,8 @@ class _Instance:
     proc: subprocess.Popen[bytes]
     kill_at: float | None = None
     """When a stopping instance gets SIGKILL (None while running)."""
+    slot: GpuSlot | None = None
+    """The GPUs it holds until it exits."""
 
 
 class LocalProvider(Provider):
@@ -91,14 +90,17 @@ class LocalProvider(Provider):
         log_dir: Path | None = None,
         environment: Mapping[str, str] | None = None,
         instance_prefix: str = "",
+        placement: Mapping[str, Sequence[GpuSlot]] | None = None,
     ) -> None:
         """`schedules` overrides the availability of the named pools (tests, replays); `clock` is
         the time source of `tick()` and of the records; `seed` drives which instances are
         preempted and which preemptions are silent; `log_dir` gets one `<instance>.log` each
         (stdout and stderr), else children inherit this process's streams; `environment` is added
         to every instance's environment (this process's own); instance ids are
-        `<instance_prefix><pool>-<n>` (a re-run's attempt prefix, `infra.run.identity`)."""
+        `<instance_prefix><pool>-<n>` (a re-run's attempt prefix, `infra.run.identity`);
+        `placement` holds the GPU slots of each placed pool (`infra.providers.placement.place`)."""
         self._command_factory = command_factory
+        self._placement = {name: list(slots) for name, slots in (placement or {}).items()}
         self._instance_prefix = instance_prefix
         self._environment = dict(environment or {})
         self._schedules = dict(schedules or {})
@@ -114,8 +116,6 @@ class LocalProvider(Provider):
         """Processes not yet reaped: what the finalizer kills."""
         self._finalizer = weakref.finalize(self, _kill_all, self._lock, self._closed, self._procs)
         self._ticker = TickThread("local-provider")
-        self.failure: PoolStartFailure | None = None
-        """Set when a pool gave up after `MAX_START_FAILURES` failed starts in a row."""
 
     # -- Provider -------------------------------------------------------------------------------
 
@@ -135,7 +135,8 @@ class LocalProvider(Provider):
             state.target += count
             now = self._clock()
             room = min(state.target, self._capacity(state, now)) - len(self._running(pool.name))
-            return [self._start(state, now) for _ in range(min(count, max(room, 0)))]
+            started = (self._start(state, now) for _ in range(min(count, max(room, 0))))
+            return [handle for handle in started if handle is not None]
 
     def instances(self, live_only: bool = False) -> list[InstanceRecord]:
         with self._lock:
@@ -150,7 +151,8 @@ class LocalProvider(Provider):
 
     def terminate(self, instance_id: str, reason: StopReason = "scaled_down") -> None:
         """Stop an instance. `scaled_down` also lowers its pool's target by one; a `preempted`
-        (injected) stop leaves the target, so a replacement starts when capacity allows."""
+        (injected) or `crashed` (a failed instance) stop leaves the target, so a replacement
+        starts when capacity allows."""
         with self._lock:
             instance = self._instances.get(instance_id)
             if instance is None:
@@ -194,7 +196,8 @@ class LocalProvider(Provider):
                 if now < state.launch_after:
                     continue
                 for _ in range(-excess):
-                    self._start(state, now)
+                    if self._start(state, now) is None:
+                        break
 
     def start(self, interval_s: float = 0.1) -> None:
         """Call `tick()` every `interval_s` seconds on a helper thread until `stop()`/`shutdown()`."""
@@ -242,6 +245,8 @@ class LocalProvider(Provider):
             schedule = self._schedules.get(spec.name) or spec.schedule()
             compression = schedule.time_compression if schedule else 1.0
             state = _Pool(spec, schedule, self._clock(), spec.notice_s / compression)
+            if spec.name in self._placement:
+                state.free_slots = list(self._placement[spec.name])
             self._pools[spec.name] = state
         elif state.spec != spec:
             raise ValueError(f"pool {spec.name!r} is already in use with a different spec")
@@ -255,8 +260,15 @@ class LocalProvider(Provider):
     def _running(self, pool: str) -> list[_Instance]:
         return [i for i in self._instances.values() if i.record.pool == pool and i.record.state == "running"]
 
-    def _start(self, state: _Pool, now: float) -> InstanceHandle:
+    def _start(self, state: _Pool, now: float) -> InstanceHandle | None:
+        """Start one instance of the pool; None when it is placed and an exiting instance still
+        holds every slot (a later tick starts it)."""
         spec = state.spec
+        slot = None
+        if state.free_slots is not None:
+            if not state.free_slots:
+                return None
+            slot = state.free_slots.pop(0)
         instance_id = f"{self._instance_prefix}{spec.name}-{state.launched}"
         env = {
             **os.environ,
@@ -265,6 +277,7 @@ class LocalProvider(Provider):
             env_vars.INSTANCE_ID: instance_id,
             env_vars.POOL: spec.name,
             env_vars.CAPACITY_CLASS: spec.capacity_class,
+            **({} if slot is None else slot.environment()),
         }
         command = list(self._command_factory(spec, instance_id))
         if self._log_dir is None:
@@ -284,16 +297,18 @@ class LocalProvider(Provider):
         record = InstanceRecord(
             instance_id, spec.name, spec.capacity_class, spec.machine_type, spec.price_per_hour, launched_at=now
         )
-        self._instances[instance_id] = _Instance(record, proc)
+        self._instances[instance_id] = _Instance(record, proc, slot=slot)
         self._procs[instance_id] = proc
+        if slot is not None:
+            log.info("instance %s started on GPUs %s", instance_id, ",".join(slot.devices))
         return record
 
     def _stop(self, instance: _Instance, state: _Pool, reason: StopReason, now: float) -> None:
-        silent = reason == "preempted_silent"
+        silent = reason in ("preempted_silent", "crashed")  # a failed instance holds nothing to hand back
         instance.kill_at = now if silent else now + state.notice_s
         instance.record = replace(instance.record, state="terminating", notice_at=now, reason=reason)
         _signal_group(instance.proc, signal.SIGKILL if silent else signal.SIGTERM)
-        if reason != "scaled_down":
+        if reason in ("preempted", "preempted_silent"):
             event = PreemptionEvent(instance.record.instance_id, state.spec.name, now, instance.kill_at, silent)
             self._events.append(event)
 
@@ -306,6 +321,10 @@ class LocalProvider(Provider):
             code = proc.wait()
             del self._procs[instance_id]
             instance = self._instances[instance_id]
+            free = self._pools[instance.record.pool].free_slots
+            if instance.slot is not None and free is not None:
+                free.append(instance.slot)
+                instance.slot = None
             reason = instance.record.reason or ("finished" if code == 0 else "crashed")
             instance.record = replace(
                 instance.record, state="terminated", terminated_at=now, reason=reason, exit_code=code
@@ -315,43 +334,35 @@ class LocalProvider(Provider):
                 self._failed_start(self._pools[instance.record.pool], instance, now)
 
     def _failed_start(self, state: _Pool, instance: _Instance, now: float) -> None:
-        """Back off the pool's next launch; give up after `MAX_START_FAILURES` in a row."""
+        """Back off the pool's next launch: `RESTART_BACKOFF_S`, doubled per failed start in a row."""
         state.start_failures += 1
-        state.launch_after = now + RESTART_BACKOFF_S * 2 ** (state.start_failures - 1)
+        wait = min(RESTART_BACKOFF_S * 2 ** (state.start_failures - 1), MAX_RESTART_BACKOFF_S)
+        state.launch_after = now + wait
         log.warning(
-            "instance %s exited %s %.1f s after its launch (failed start %d of %d of pool %s)",
+            "instance %s exited %s %.1f s after its launch (failed start %d in a row of pool %s); next launch in %.0f s",
             instance.record.instance_id,
             instance.record.exit_code,
             now - instance.record.launched_at,
             state.start_failures,
-            MAX_START_FAILURES,
             state.spec.name,
+            wait,
         )
-        if state.start_failures < MAX_START_FAILURES:
-            return
-        state.launch_after = float("inf")
-        if self.failure is None:
-            self.failure = PoolStartFailure(
-                f"pool {state.spec.name}: {state.start_failures} instances in a row exited within "
-                f"{START_WINDOW_S:.0f} s of their launch; the last, {instance.record.instance_id}, with status "
-                f"{instance.record.exit_code}. Its log ends:\n{self._log_tail(instance.record.instance_id)}"
-            )
 
-    def _log_tail(self, instance_id: str) -> str:
+    def last_log_line(self, instance_id: str) -> str:
+        """The last line of an instance's log (a worker that cannot start says why there) and the
+        log's path, on one line; a full disk is said too. '' without a log directory."""
         if self._log_dir is None:
-            return "(no log: the instances write to the owner's streams)"
+            return ""
         path = self._log_dir / f"{instance_id}.log"
         free = free_bytes(self._log_dir)
         full = (
-            f"\n(its disk is full: {describe_free(self._log_dir)})"
-            if free is not None and free < LOW_SPACE_BYTES
-            else ""
+            f"; its disk is full: {describe_free(self._log_dir)}" if free is not None and free < LOW_SPACE_BYTES else ""
         )
         try:
-            lines = path.read_text(errors="replace").rstrip().splitlines()
+            lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
         except OSError as exc:
-            return f"(cannot read {path}: {exc}){full}"
-        return "\n".join(lines[-LOG_TAIL_LINES:]) + f"\n(whole log: {path}){full}"
+            return f"cannot read its log {path}: {exc}{full}"
+        return f"{lines[-1] if lines else 'its log is empty'} (its log: {path}{full})"
 
 
 def _exited(proc: subprocess.Popen[bytes]) -> bool:

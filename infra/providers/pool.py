@@ -205,6 +205,13 @@ class PoolSpec(_Spec):
     """Generation backend of this pool's instances (None: the run's `rollout.engine`)."""
     device: str | None = None
     """Device of this pool's engines, e.g. `cpu` or `cuda` (None: the run's `rollout.device`)."""
+    gpus_per_instance: float = Field(0.0, ge=0)
+    """GPUs each instance holds. A whole number (1, 2, ...) gives every instance GPUs of its own
+    (`CUDA_VISIBLE_DEVICES`) and a vLLM engine that tensor-parallel size; a share below 1 (e.g.
+    0.5) puts instances on one GPU while their shares add up to at most 1, each vLLM engine taking
+    that share of `rollout.vllm.gpu_memory_utilization`. A local pool's instances are placed on
+    `fabric.node_gpus`, the in-process `colocated` one on the first (the trainer's); a cloud VM has its
+    machine type's. 0: no placement (the instance sees every GPU of its machine)."""
     colocated: bool = False
     """Run the instance inside the training process, on the trainer's device (`auto`: the trainer's),
     instead of as a process of its own: it takes each version from the trainer directly and, once it
@@ -232,7 +239,13 @@ class PoolSpec(_Spec):
         device = self.device or default.device
         if device == "auto" and self.has_gpus:
             device = "cuda"
-        return default.model_copy(update={"kind": self.engine or default.kind, "device": device})
+        vllm = default.vllm
+        if self.gpus_per_instance >= 1:
+            vllm = vllm.model_copy(update={"tensor_parallel_size": int(self.gpus_per_instance)})
+        elif self.gpus_per_instance > 0:
+            share = vllm.gpu_memory_utilization * self.gpus_per_instance
+            vllm = vllm.model_copy(update={"gpu_memory_utilization": share})
+        return default.model_copy(update={"kind": self.engine or default.kind, "device": device, "vllm": vllm})
 
     @model_validator(mode="before")
     @classmethod
@@ -261,6 +274,11 @@ class PoolSpec(_Spec):
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
+        if self.gpus_per_instance > 1 and not self.gpus_per_instance.is_integer():
+            raise ValueError(
+                f"pool {self.name!r}: gpus_per_instance {self.gpus_per_instance:g} is neither whole GPUs nor a share "
+                "of one: use 1, 2, 4, ... (GPUs of its own) or a share below 1 such as 0.5"
+            )
         if self.capacity_class == "reserved" and self.availability is not None:
             raise ValueError("a reserved pool is never preempted: remove `availability`")
         if self.min_size > self.size:

@@ -295,7 +295,7 @@ class ZonalCloudProvider(Provider):
         assert record.zone is not None
         self._delete(pool, record.zone, instance_id)
         now = self._clock()
-        if reason != "scaled_down":
+        if reason in ("preempted", "preempted_silent"):
             silent = reason == "preempted_silent"
             self._emit(PreemptionEvent(instance_id, pool.name, now, now if silent else now + pool.notice_s, silent))
         self._update(replace(record, state="terminating", notice_at=now, reason=reason))

@@ -182,7 +182,7 @@ class RolloutWorker:
         if self.engine is None:
             try:
                 self.load_engine()
-            except Exception as exc:  # its last log line is what the run reports (`PoolStartFailure`)
+            except Exception as exc:  # its last log line is what the run reports (`PoolFailure`)
                 self.failure = exc
                 log.exception("loading the engine failed")
                 log.error(

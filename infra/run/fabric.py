@@ -24,15 +24,19 @@ import secrets
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from infra.fleet.cloud_fleet import CloudFleet, check_reachable_by_vms
+from infra.fleet.instance_watch import InstanceWatch, WorkerEnd
 from infra.providers.composite import CompositeProvider
 from infra.providers.interface import InstanceRecord, Provider
 from infra.providers.local import LocalProvider
+from infra.providers.placement import plan_node
 from infra.providers.pool import PoolSpec
 from infra.rollout.controller import AdmittedStep, RolloutController, StepReport, TakeOver, samples_of_group
 from infra.rollout.instance import InstanceSpec
@@ -61,6 +65,7 @@ from rl.rollout import Sample, step_seed
 
 if TYPE_CHECKING:
     from infra.fleet.instance_runs import InstanceRuns
+    from infra.fleet.prefect_local import PrefectLocalProvider
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +116,8 @@ class RolloutFabric:
         if not config.pools:
             raise ValueError("fabric.pools is empty: configure at least one pool of rollout instances")
         self.config = config
+        self.placement = plan_node(config.pools, config.node_gpus, torch.cuda.device_count)
+        """The GPU slots of each local pool with `gpus_per_instance` (`infra.providers.placement`)."""
         self.run_id = run_id
         self.model_path = Path(model_path)
         self.run_dir = Path(run_dir)
@@ -170,7 +177,7 @@ class RolloutFabric:
         local_pools = [pool for pool in config.pools if pool.provider == "local" and not pool.colocated]
         cloud_pools = [pool for pool in config.pools if pool.provider != "local"]
         providers: dict[str, Provider] = {}
-        self._local_provider = None
+        self._local_provider: LocalProvider | PrefectLocalProvider | None = None
         if local_pools:
             providers["local"] = self._local_provider = self._select_provider(run_dir / "instances")
         self.fleet: CloudFleet | None = None
@@ -180,6 +187,7 @@ class RolloutFabric:
             providers.update(self.fleet.providers)
         self.provider = WithColocated(CompositeProvider(providers), self.colocated)
         """The instances of the run: the providers' and the colocated ones (the ledger reads them)."""
+        self.watch = self._instance_watch([*local_pools, *cloud_pools])
         for instance in self.colocated:
             instance.start()
         for pool in local_pools:
@@ -187,6 +195,41 @@ class RolloutFabric:
         self.provider.start()
         if self.fleet is not None:
             self.fleet.start()
+
+    def _instance_watch(self, pools: list[PoolSpec]) -> InstanceWatch:
+        """The watch that replaces the failed instances of `pools` (`infra.fleet.instance_watch`)."""
+        config = self.config
+        settle_s = max((pool.notice_s for pool in pools), default=0.0) + 2 * config.cloud.reconcile_s
+        return InstanceWatch(
+            self.provider,
+            pools,
+            registered=lambda: [s.spec.instance_id for s in self.registry.all()],
+            max_failures=config.max_instance_failures,
+            register_timeout_s=config.register_timeout_s,
+            settle_s=settle_s,
+            worker_ends=self._worker_ends,
+            explain=self._explain_exit,
+        )
+
+    def _instance_runs(self) -> list[InstanceRuns]:
+        """The flow runs of the instances that run as Prefect flow runs (cloud VMs, local ones)."""
+        local = self._local_provider
+        return [
+            *([self.instance_runs] if self.instance_runs is not None else []),
+            *([local.runs] if local is not None and not isinstance(local, LocalProvider) else []),
+        ]
+
+    def _worker_ends(self, live: Collection[str]) -> dict[str, WorkerEnd]:
+        return {i: end for runs in self._instance_runs() for i, end in runs.worker_ends(live).items()}
+
+    def _explain_exit(self, instance_id: str) -> str:
+        """Why an instance exited, on one line: its flow run's message, else its log's last line."""
+        for runs in self._instance_runs():
+            message = runs.run_message(instance_id)
+            if message:
+                return message
+        local = self._local_provider
+        return local.last_log_line(instance_id) if local is not None else ""
 
     def _colocated_instance(self, index: int, pool: PoolSpec, trainer_device: str) -> ColocatedInstance:
         return ColocatedInstance(
@@ -270,15 +313,20 @@ class RolloutFabric:
             "warmup_s": capacity.warmup_s,
             "throughput_curve": curve,
             "base_price_per_hour": capacity.base_price(self.config.pools),
-            "drain": lambda instance_id: self.registry.request(instance_id, {"op": "drain"}),
+            "drain": self._drain,
             "drain_s": capacity.drain_s,
         }
+
+    def _drain(self, instance_id: str) -> bool:
+        """Ask an instance to finish its work (a scale-down): its end is then no failure."""
+        self.watch.expect_end(instance_id)
+        return self.registry.request(instance_id, {"op": "drain"})
 
     def _cloud_instance_changed(self, record: InstanceRecord) -> None:
         if record.state == "terminated" and self.instance_runs is not None:
             self.instance_runs.settle([record.instance_id])
 
-    def _select_provider(self, log_dir: Path) -> Provider:
+    def _select_provider(self, log_dir: Path) -> LocalProvider | PrefectLocalProvider:
         if self.config.instances == "prefect":
             from infra.fleet.prefect_local import InstanceRunSpec, PrefectLocalProvider
 
@@ -290,12 +338,15 @@ class RolloutFabric:
                 engine=self.engine,
                 redis_ca_file=self._ca_path(),
             )
-            return PrefectLocalProvider(spec, log_dir=log_dir, instance_prefix=self.instance_prefix)
+            return PrefectLocalProvider(
+                spec, log_dir=log_dir, instance_prefix=self.instance_prefix, placement=self.placement
+            )
         return LocalProvider(
             self._worker_command,
             log_dir=log_dir,
             environment=self.worker_environment(),
             instance_prefix=self.instance_prefix,
+            placement=self.placement,
         )
 
     def worker_environment(self) -> dict[str, str]:
@@ -334,16 +385,20 @@ class RolloutFabric:
             instance.offer(version, state_dict)
         self.weights.publish(version, state_dict)
 
-    def _check_health(self) -> None:
-        """Fail the step when the cloud pools are no longer kept (a configuration or credential
-        error), a cloud VM's boot failed (its flow run says why), a local pool's instances keep failing to start, or a colocated instance stopped
-        (its engine failed)."""
+    def _check_health(self, watch_now: bool = False) -> None:
+        """Replace failed instances (`InstanceWatch`, now if `watch_now`; the cloud fleet
+        reconciles at once); fail the step when the cloud pools are no longer kept (a
+        configuration or credential error), a pool's instances failed
+        `fabric.max_instance_failures` times in a row, or a colocated instance stopped (its engine
+        failed)."""
         if self.fleet is not None and self.fleet.failure is not None:
             raise self.fleet.failure
-        if self.instance_runs is not None:
-            self.instance_runs.check_boots()
-        if self._local_provider is not None and self._local_provider.failure is not None:
-            raise self._local_provider.failure
+        replaced = self.watch.replaced
+        try:
+            self.watch.check(force=watch_now)
+        finally:
+            if self.fleet is not None and self.watch.replaced != replaced:
+                self.fleet.wake()
         for instance in self.colocated:
             instance.check()
 
@@ -415,7 +470,7 @@ class RolloutFabric:
 
         while True:
             try:
-                self._check_health()
+                self._check_health(watch_now=True)  # what failed since the last step's rollout
                 self._wait_for_instances()
                 report = self.controller.run_step(
                     step,
@@ -427,6 +482,7 @@ class RolloutFabric:
                     ahead=admitted,
                     staleness=staleness,
                 )
+                self._check_health(watch_now=True)  # the step's count of replaced instances, to its end
                 break
             except REDIS_ERRORS as error:  # Redis restarting: resume the step once it answers
                 log.warning(
@@ -457,6 +513,10 @@ class RolloutFabric:
 
     def preemptions(self) -> int:
         return sum(1 for r in self.provider.instances() if r.reason in ("preempted", "preempted_silent"))
+
+    def replaced(self) -> int:
+        """Failed instances replaced so far (`InstanceWatch.replaced`)."""
+        return self.watch.replaced
 
     def registered(self) -> dict[str, float]:
         """When each registered instance's worker registered (the registry's clock, epoch seconds):

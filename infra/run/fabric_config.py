@@ -115,6 +115,10 @@ class FabricConfig(Section):
     one line naming the Redis, the last checkpoint and the command that resumes the run."""
     pools: tuple[PoolSpec, ...] = ()
     """Instance pools: at least one; a `reserved` pool is the training cluster's share of rollout."""
+    node_gpus: int | None = Field(None, ge=0)
+    """GPUs of this machine (the trainer's node) that the local pools' `gpus_per_instance` are placed
+    on, numbered as this process's `CUDA_VISIBLE_DEVICES` lists them (else 0, 1, ...); None: as many
+    as torch counts here. A configuration that asks for more is refused before the run starts."""
     instances: Literal["process", "prefect"] = "process"
     """How local pools run an instance: `process` (a process group running `rlboost worker`) or
     `prefect` (a process group running a Prefect worker for its pool and a `rollout-instance/<pool>`
@@ -132,6 +136,14 @@ class FabricConfig(Section):
     ready_timeout_s: float = Field(180.0, gt=0)
     """How long to wait for the first instance to register before failing the step (a run with only
     cloud pools waits for a VM to boot and install the project: allow several minutes)."""
+    max_instance_failures: int = Field(3, ge=1)
+    """Failed instances in a row after which a pool gives up and the step fails with the last one's
+    error. An instance failed when its worker exited by itself (or its VM runs on after its worker's
+    flow run ended) or it did not register within `register_timeout_s`; each is replaced within the
+    step (the step table's `replaced`), and an instance of the pool that registers resets the count."""
+    register_timeout_s: float = Field(900.0, gt=0)
+    """How long an instance may take from its launch to its worker's registration (engine loaded;
+    on a cloud VM also boot and install) before it counts as failed and is replaced."""
     retain_steps: int = Field(16, ge=1)
     """Steps the token log keeps in Redis: a trained step older than the last `retain_steps` is
     deleted (its samples are in the run's step files). Must hold every step open at once

@@ -4,15 +4,15 @@
 training session opens (a run started from a deployment has no CLI in front of it). It fails with a
 `PreflightError` whose message names the configuration field and the fix, for: a base model that is
 not there (or a GGUF file where the rollout instances need a Hugging Face directory); a DeepSpeed
-trainer without DeepSpeed installed or with more ranks than GPUs; a device that
-does not exist here or a dtype it cannot run; an engine that cannot run the model (vLLM missing, the
-wrong vLLM build for the device, a head size vLLM's CPU kernels refuse, a colocated vLLM engine beside
-the in-process one in the same process); a pool's availability trace that is unknown, missing or
-corrupt; a run to resume whose `identity.json` is damaged or whose every checkpoint is damaged (`rl.checkpoint.CorruptCheckpoint`), or whose
-checkpoints are of the other kind (LoRA adapters against full fine-tuning); `model.lora.target_modules`
-naming a layer the model lacks; cloud
-pools that would reach the run in plain text or through an unauthenticated Prefect server, unless
-`fabric.allow_plaintext` (`check_cloud_transport`).
+trainer without DeepSpeed installed or with more ranks than GPUs; a device that does not exist here
+or a dtype it cannot run; an engine that cannot run the model (vLLM missing, the wrong vLLM build
+for the device, a head size vLLM's CPU kernels refuse, a colocated vLLM engine beside the in-process
+one in the same process); local pools asking for more GPUs than the node has (`gpus_per_instance`,
+`infra.providers.placement`); a pool's availability trace that is unknown, missing or corrupt; a run
+to resume whose `identity.json` or every checkpoint is damaged, or whose checkpoints are of the other
+kind (LoRA adapters against full fine-tuning); `model.lora.target_modules` naming a layer the model
+lacks; cloud pools that would reach the run in plain text or through an unauthenticated Prefect
+server, unless `fabric.allow_plaintext` (`check_cloud_transport`).
 """
 
 from __future__ import annotations
@@ -24,12 +24,14 @@ from pathlib import Path
 import torch
 
 from infra.availability.traces import load_trace
-from infra.providers.pool import TraceAvailability
+from infra.providers.placement import PlacementError, plan_node
+from infra.providers.pool import PoolSpec, TraceAvailability
 from infra.run.config import RunConfig
 from infra.run.identity import stored_identity
 from rl.checkpoint import CorruptCheckpoint, latest_checkpoint
 from rl.devices import DeviceError, resolve_device, resolve_dtype
 from rl.engine_factory import check_engine
+from rl.engine_spec import EngineSpec
 from rl.lora import check_targets, read_settings
 from rl.trainer import check_lora_matches, lora_record
 
@@ -134,6 +136,7 @@ def _check_pools(config: RunConfig) -> None:
         if pool.colocated and spec.device == "auto":  # it runs on the trainer's device
             spec = spec.model_copy(update={"device": model.device})
         check_engine(spec, model.path, f"{field}.engine")
+        _check_gpus(pool, spec, field)
         device = resolve_device(spec.device, f"{field}.device")
         resolve_dtype(spec.dtype, device, "model.dtype")
         in_process_vllm = run_engine.kind == "vllm" and not run_engine.vllm.multiprocessing
@@ -143,6 +146,26 @@ def _check_pools(config: RunConfig) -> None:
                 "(evaluation), and vLLM runs one in-process engine per process: set "
                 "`rollout.vllm.multiprocessing: true`, or `engine: hf` on the pool"
             )
+    try:
+        plan_node(config.fabric.pools, config.fabric.node_gpus, torch.cuda.device_count)
+    except PlacementError as exc:
+        raise PreflightError(str(exc)) from None
+
+
+def _check_gpus(pool: PoolSpec, spec: EngineSpec, field: str) -> None:
+    """A placed pool's engine takes the GPUs it is given: one GPU for HF, a device without an index."""
+    if not pool.gpus_per_instance:
+        return
+    if spec.kind == "hf" and pool.gpus_per_instance > 1:
+        raise PreflightError(
+            f"{field}.gpus_per_instance: the hf engine runs on one GPU, and the pool gives each instance "
+            f"{pool.gpus_per_instance:g}: set `engine: vllm` (tensor parallel over them) or gpus_per_instance 1"
+        )
+    if spec.device.startswith("cuda:"):
+        raise PreflightError(
+            f"{field}.device: {spec.device} names a GPU, and gpus_per_instance places the pool's instances on "
+            "GPUs of their own (CUDA_VISIBLE_DEVICES): set the device to cuda or auto"
+        )
 
 
 def check_cloud_transport(config: RunConfig, api_url: str | None = None) -> None:

@@ -17,6 +17,7 @@ A connection the server closed while idle (keep-alive timeout) is replaced once,
 from __future__ import annotations
 
 import http.client
+import socket
 import threading
 import time
 from urllib.parse import urlsplit
@@ -86,7 +87,8 @@ class PeerClient:
             conn, fresh = self._connection(base_url)
             try:
                 conn.request("GET", path, headers={**headers, "Authorization": authorization(self.secret, "GET", path)})
-                conn.sock.settimeout(self.response_timeout_s)
+                sock = conn.sock  # the response reads it even once the connection let go of it (`Connection: close`)
+                sock.settimeout(self.response_timeout_s)
                 response = conn.getresponse()
             except (BrokenPipeError, ConnectionResetError) as exc:  # incl. http.client.RemoteDisconnected
                 self._drop(base_url)
@@ -99,10 +101,10 @@ class PeerClient:
             except (OSError, http.client.HTTPException) as exc:
                 self._drop(base_url)
                 raise SourceFailed(f"{type(exc).__name__}: {exc}") from exc
-            return self._body(base_url, conn, response)
+            return self._body(base_url, sock, response)
         raise SourceFailed("connection closed twice before a response")
 
-    def _body(self, base_url: str, conn: http.client.HTTPConnection, response: http.client.HTTPResponse) -> bytes:
+    def _body(self, base_url: str, sock: socket.socket, response: http.client.HTTPResponse) -> bytes:
         try:
             if response.status != 200:
                 response.read()
@@ -122,7 +124,7 @@ class PeerClient:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TimeoutError()
-                conn.sock.settimeout(left)
+                sock.settimeout(left)
                 n = response.readinto(view[received : received + _READ_BYTES])
                 if not n:
                     raise SourceFailed(f"connection closed after {received} of {length} bytes")

@@ -39,16 +39,20 @@ from rl.distributed.protocol import (
 from rl.driver_watch import die_with_parent, watch_driver
 from rl.lora import adapter_state
 from rl.models import load_model
+from rl.process_memory import peak_rss_mb
 from rl.trainer import Accumulation, TrainBatch, Trainer, write_policy
 
 CHECKPOINT_TAG = "state"
 """DeepSpeed's tag (subdirectory) of the sharded state inside a checkpoint's `deepspeed/`."""
 
 
-def deepspeed_config(trainer: TrainerConfig, optim: OptimConfig) -> dict:
+def deepspeed_config(trainer: TrainerConfig, optim: OptimConfig, autocast: str | None) -> dict:
     """DeepSpeed's configuration: ZeRO at the configured stage, caller-owned accumulation,
-    clipping at the torch trainer's norm; batch sizes are nominal (there is no DeepSpeed data loader)."""
-    return {
+    clipping at the torch trainer's norm; batch sizes are nominal (there is no DeepSpeed data loader).
+    With bf16 autocast (`model.dtype: bf16`) its `torch_autocast` section: without it DeepSpeed's
+    engine switches off the trainer's autocast inside its forward, and the ranks train in fp32."""
+    mixed = {"torch_autocast": {"enabled": True, "dtype": "bfloat16"}} if autocast == "bf16" else {}
+    return mixed | {
         "train_micro_batch_size_per_gpu": optim.micro_batch_size,
         "gradient_accumulation_steps": 1,
         "managed_gradient_accumulation": False,
@@ -86,7 +90,7 @@ class RankTrainer(Trainer):
             optimizer=self.optimizer,  # the trainable parameters alone: with LoRA, the adapters
             # DeepSpeed annotates torch's deprecated `_LRScheduler`; it takes any `LRScheduler`:
             lr_scheduler=self.scheduler,  # pyright: ignore[reportArgumentType]
-            config=deepspeed_config(spec.trainer, spec.optim),
+            config=deepspeed_config(spec.trainer, spec.optim, spec.autocast),
         )
         self.model = self.engine  # forward passes go through the engine (ZeRO-3 gathers there)
         optimizer = self.engine.optimizer
@@ -143,7 +147,7 @@ class RankTrainer(Trainer):
         if acc is not None:
             for group in ("weighted", "per_token"):
                 sums[group] = {k: float(v) for k, v in getattr(acc, group).items()}
-        return {**sums, "grad_norm": norm, "lr": lr}
+        return {**sums, "grad_norm": norm, "lr": lr, "peak_rss_mb": peak_rss_mb()}
 
     def abandon(self) -> None:
         """Drop the step's accumulated gradients on every rank; the policy is unchanged."""

@@ -149,6 +149,7 @@ class DistributedTrainer:
         metrics = {key: value / totals.weight for key, value in weighted.items()}
         metrics.update((key, value / totals.tokens) for key, value in per_token.items())
         metrics.update(grad_norm=norm, lr=replies[0]["lr"], response_tokens=totals.tokens)
+        metrics["peak_rss_mb"] = max(reply["peak_rss_mb"] for reply in replies)
         return metrics
 
     def abandon_step(self) -> None:

@@ -21,6 +21,7 @@ from rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rl.config import GRPOConfig, LoraSettings, OptimConfig, TrainerConfig
 from rl.distributed.group import RankFailure
 from rl.distributed.protocol import TrainSpec
+from rl.distributed.rank import deepspeed_config
 from rl.distributed.trainer import DistributedTrainer, check_supported
 from rl.lora import read_adapter
 from rl.models import load_model
@@ -71,6 +72,7 @@ def ranks(
     grpo: GRPOConfig = GRPO,
     optim: OptimConfig = OPTIM,
     lora: LoraSettings | None = None,
+    autocast: str | None = None,
 ) -> DistributedTrainer:
     tokenizer = load_model(model_dir)[1]
     spec = TrainSpec(
@@ -82,6 +84,7 @@ def ranks(
         optim=optim,
         trainer=TrainerConfig(backend="deepspeed", world_size=world_size, zero_stage=zero_stage, threads_per_rank=1),
         lora=lora,
+        autocast=autocast,
     )
     return DistributedTrainer(spec, tmp_path / "ranks.log")
 
@@ -121,6 +124,40 @@ def test_two_ranks_take_the_torch_trainers_step(model_dir, tmp_path, zero_stage)
             assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
     finally:
         distributed.close()
+
+
+def update_gap(after: dict[str, torch.Tensor], want: dict[str, torch.Tensor], before: dict[str, torch.Tensor]) -> float:
+    """|update - wanted update| / |wanted update| over every parameter."""
+    num = sum(float(((after[k].float() - want[k].float()) ** 2).sum()) for k in want)
+    den = sum(float(((want[k].float() - before[k].float()) ** 2).sum()) for k in want)
+    return (num / den) ** 0.5
+
+
+def test_a_bf16_rank_takes_the_torch_trainers_bf16_step(model_dir, tmp_path):
+    """With `model.dtype: bf16` the ranks train under bf16 autocast as the torch trainer does. On a
+    GPU, DeepSpeed's engine switches a CUDA autocast off inside its forward unless its configuration
+    has a `torch_autocast` section (found on an H200: the ranks' "bf16" step was the fp32 step);
+    a CPU autocast passes through, so here DeepSpeed's own reading of the configuration is checked."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    for autocast, enabled in (("bf16", True), (None, False)):
+        config = DeepSpeedConfig(deepspeed_config(TrainerConfig(backend="deepspeed"), OPTIM, autocast))
+        assert config.torch_autocast_enabled is enabled
+        assert not enabled or config.torch_autocast_dtype == torch.bfloat16
+    before = torch_trainer(model_dir).policy_state()
+    fp32 = torch_trainer(model_dir)
+    fp32.train_step(random_batch(seed=0))
+    model, tokenizer = load_model(model_dir)
+    bf16 = run_trainer(model, tokenizer.pad_token_id, GRPO, OPTIM, autocast_dtype=torch.bfloat16)
+    bf16.train_step(random_batch(seed=0))
+    spec_ranks = ranks(model_dir, tmp_path, world_size=1, autocast="bf16")
+    try:
+        spec_ranks.train_step(random_batch(seed=0))
+        got = update_gap(spec_ranks.policy_state(), bf16.policy_state(), before)
+    finally:
+        spec_ranks.close()
+    precision_gap = update_gap(fp32.policy_state(), bf16.policy_state(), before)
+    assert got <= precision_gap / 4, (got, precision_gap)  # fp32 ranks: got ~= precision_gap
 
 
 def test_two_ranks_run_the_decoupled_objective_like_the_torch_trainer(model_dir, tmp_path):

@@ -16,7 +16,7 @@ import rl
 from rl.config import GRPOConfig, OptimConfig
 from rl.generation import GenerationRequest, SamplingParams
 from rl.models import build_tiny_llama
-from rl.trainer import TrainBatch, concat_batches, mini_batches
+from rl.trainer import TrainBatch, _pack, concat_batches, mini_batches
 from tests.helpers import hf_on_cpu, run_trainer, tiny_shape
 
 SHAPE = tiny_shape()
@@ -181,6 +181,7 @@ def test_metrics_are_read_once_per_step_not_per_micro_batch(aggregation, host_re
             "entropy",
             "lr",
             "response_tokens",
+            "peak_rss_mb",
         ]
     )
 
@@ -571,3 +572,19 @@ def test_auto_objective_is_grpo_in_the_trainer():
     assert trainer.objective == "grpo"
     metrics = trainer.train_step(random_batch())
     assert metrics["is_weight_mean"] == 1.0 and metrics["is_truncated_fraction"] == 0.0
+
+
+def test_batched_logprobs_equal_each_row_scored_alone():
+    """Prompts of different lengths (left-padded) and responses of different lengths (right-padded):
+    each response token's log-prob in the batch is the one the model gives that row unpadded, and
+    the logits the trainer keeps are the response positions' only."""
+    model = tiny_model()
+    trainer = run_trainer(model, PAD, GRPOConfig(), OptimConfig())
+    batch = random_batch(size=6, empty_response=False)
+    packed = _pack(batch.prompt_ids, batch.response_ids, PAD)
+    with torch.no_grad():
+        logprobs, logits = trainer._logprobs(trainer.model, packed)
+    assert logits.shape[:2] == (6, max(len(r) for r in batch.response_ids))
+    for row, (prompt, response) in enumerate(zip(batch.prompt_ids, batch.response_ids)):
+        alone = _model_token_logprobs(model, prompt, response)
+        torch.testing.assert_close(logprobs[row, : len(response)], torch.tensor(alone), rtol=0, atol=1e-5)

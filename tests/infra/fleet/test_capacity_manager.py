@@ -20,7 +20,7 @@ from infra.providers.pool import PoolSpec
 from infra.providers.startup import WorkerBootstrap
 from tests.fakes.gce import FakeGce
 from tests.fakes.support import serving
-from tests.helpers import Clock
+from tests.helpers import Clock, wait_for
 
 
 class ScriptedProvider(Provider):
@@ -157,6 +157,25 @@ def test_a_pool_that_cannot_deliver_yields_the_budget_to_one_that_can():
     provider.terminate("b-0")
     provider.terminate("b-1")
     assert manager.reconcile().targets == {"a": 2, "b": 0}
+
+
+def test_a_failed_instance_is_replaced_at_the_reconcile_a_wake_starts_not_at_the_interval():
+    clock = Clock()
+    provider = ScriptedProvider(clock, {"a": 0.3})
+    manager = CapacityManager(provider, [pool("a", size=2)], clock=clock)
+    stop = threading.Event()
+    loop = threading.Thread(target=manager.run, args=(stop, 3600.0))
+    loop.start()
+    try:
+        wait_for(lambda: running(provider, "a") == ["a-0", "a-1"], "the first reconcile")
+        provider.terminate("a-0", "crashed")  # the instance watch stopped a failed instance
+        manager.wake()
+        wait_for(lambda: running(provider, "a") == ["a-1", "a-2"], "its replacement, well before the hour")
+    finally:
+        stop.set()
+        manager.wake()  # ends the wait at once
+        loop.join(timeout=5)
+    assert not loop.is_alive()
 
 
 def test_run_retries_api_failures_and_stops_on_configuration_errors():

@@ -245,7 +245,8 @@ def test_training_keeps_a_gcp_spot_pool_through_a_preemption(prefect_harness, tm
 
 def test_vms_that_cannot_boot_fail_the_run_with_their_boot_log_line(prefect_harness, tmp_path, monkeypatch):
     """An image without the configured Python: each VM's boot fails and sets its flow run Failed with
-    the boot log's line; the run stops at that (not at the ready timeout) and deletes its VMs."""
+    the boot log's line; each such VM is deleted and replaced, and after `max_instance_failures`
+    (3) the run stops with the last one's line (not at the ready timeout) and deletes its VMs."""
     address = routable_ipv4()
     if address is None:
         pytest.skip("this machine has no routable IPv4 address for the VMs to reach Redis at")
@@ -297,6 +298,8 @@ def test_vms_that_cannot_boot_fail_the_run_with_their_boot_log_line(prefect_harn
             while set(host.booted) - host.gone and time.monotonic() < deadline:
                 time.sleep(0.2)
         assert state.is_failed(), state
-        assert "BootFailure" in state.message and "rlboost boot failed on l4-spot-" in state.message
+        assert "PoolFailure" in state.message and "3 instances in a row failed" in state.message
+        assert "its worker's flow run ended FAILED: rlboost boot failed on l4-spot-" in state.message
         assert "no python3.9 on this image, and the project needs Python 3.11 or newer" in state.message
-        assert host.booted and gce.names() == [], "the run deleted its VMs"
+        assert len(host.booted) >= 3, f"each failed VM replaced until the pool gave up: {sorted(host.booted)}"
+        assert gce.names() == [], "the run deleted its VMs"

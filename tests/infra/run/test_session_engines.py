@@ -14,7 +14,7 @@ from rl.engine import HFEngine
 from rl.generation import SamplingParams
 from rl.rollout import build_requests
 from rl.vllm_engine import VLLMEngine
-from tests.helpers import hf_on_cpu, match_rate, save_tiny_model, tiny_run, tiny_shape
+from tests.helpers import RESERVED_POOL, hf_on_cpu, match_rate, save_tiny_model, tiny_run, tiny_shape
 
 pytestmark = pytest.mark.integration
 
@@ -74,5 +74,21 @@ def test_the_fp32_hf_engine_runs_the_trainers_own_model(tmp_path):
         assert isinstance(session.engine.inner, HFEngine) and session.engine.inner.model is session.model
         _one_step(session, 1)
         assert session.engine.policy_version == 1
+    finally:
+        session.close()
+
+
+def test_with_the_fabric_the_evaluation_engine_is_closed_after_each_evaluation(tmp_path):
+    """With the fabric the in-process engine only evaluates: one holding its own weights (here an HF
+    copy in bf16) is closed after each evaluation and built again, at the current version, for the next."""
+    session = _session(tmp_path, **{"fabric.enabled": None, "fabric.pools": [RESERVED_POOL], "model.dtype": "bf16"})
+    try:
+        assert session.fabric is not None
+        assert 0.0 <= session.evaluate() <= 1.0
+        assert session._engine is None
+        _one_step(session, 1)
+        assert session.engine.policy_version == 1 and session.engine.inner.model is not session.model
+        assert 0.0 <= session.evaluate() <= 1.0
+        assert session._engine is None
     finally:
         session.close()

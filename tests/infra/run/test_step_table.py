@@ -1,6 +1,6 @@
 """The step table of the Prefect artifacts (`infra.run.reporting`): the version each step published,
-labelled `adapter version` when the run trains LoRA adapters, the slowest weight pull, and the
-table's description saying what an adapter version weighs."""
+labelled `adapter version` when the run trains LoRA adapters, the slowest weight pull, the failed
+instances replaced during the step, and the table's description saying what an adapter version weighs."""
 
 from __future__ import annotations
 
@@ -19,6 +19,12 @@ def test_a_step_shows_the_version_it_published_and_its_slowest_pull():
     assert len(adapters) == len(STEP_COLUMNS)
     (no_pull,) = step_table_rows([{**ROW, "pull_s": None}])
     assert no_pull["slowest pull s"] == ""  # no pull in the step: blank, not 0
+
+
+def test_a_step_shows_the_failed_instances_it_replaced_after_its_preemptions():
+    (row,) = step_table_rows([{**ROW, "preemptions": 4, "replaced": 2}])
+    headers = list(row)
+    assert row["replaced"] == "2" and headers.index("replaced") == headers.index("preemptions") + 1
 
 
 def test_the_description_says_the_versions_are_adapters_and_what_one_weighs():
