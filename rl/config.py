@@ -310,6 +310,10 @@ class TrainerConfig(Section):
     CPU communication op (about 90 s on 2 cores; cached in `TORCH_EXTENSIONS_DIR`)."""
     collective_timeout_s: float = Field(default=300.0, gt=0)
     """A rank waiting longer than this in a collective (a peer hung) fails instead of waiting forever."""
+    reply_timeout_s: float = Field(default=3600.0, gt=0)
+    """How long the training process waits for every rank's reply to one message (a piece of a
+    step's gradient, the optimizer step, the policy's state, a checkpoint) before it fails the step
+    naming the message and the ranks silent, instead of waiting forever."""
 
     @model_validator(mode="after")
     def _one_process_for_torch(self) -> TrainerConfig:

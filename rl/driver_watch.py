@@ -11,13 +11,18 @@ with `EXIT_DRIVER_GONE`.
 A multiprocessing child of such a process that runs none of our code (vLLM's engine core) runs
 `exit_with_multiprocessing_parent()`, registered as a vLLM general plugin in `pyproject.toml`: it
 waits on the parent's sentinel (readable once the parent is gone, however it died) and exits.
+A process that must not outlive its parent whatever it is doing (a trainer rank, its torchrun
+agent's child) calls `die_with_parent()`: the kernel SIGKILLs it when the parent exits.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import multiprocessing
 import os
+import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -82,3 +87,23 @@ def exit_with_multiprocessing_parent() -> threading.Thread | None:
     thread = threading.Thread(target=watch, name="parent-watch", daemon=True)
     thread.start()
     return thread
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(is_expected_parent: Callable[[int], bool] = lambda pid: True) -> bool:
+    """Have the kernel SIGKILL this process when its parent (the thread that started it) exits:
+    `prctl(PR_SET_PDEATHSIG)`, which holds while the process blocks in a lock, a collective or C
+    code, where a watchdog thread may never run. A parent already gone (this process adopted by
+    init or a subreaper) or not `is_expected_parent(pid)` ends this process now with
+    `EXIT_DRIVER_GONE`. False where there is no prctl (not Linux): nothing was set."""
+    if not sys.platform.startswith("linux"):
+        return False
+    parent = os.getppid()
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        return False
+    if os.getppid() != parent or not is_expected_parent(parent):
+        log.warning("the parent process (pid %d) is gone: exiting", parent)
+        os._exit(EXIT_DRIVER_GONE)
+    return True

@@ -12,7 +12,7 @@
   fraction of tokens two sets of responses share, and a run that releases each sample at a chosen
   length (the engines' resume and cross-engine tests);
 * `on_a_small_disk`: a command run with a small tmpfs mounted in a private mount namespace (the
-  full-disk tests);
+  full-disk and read-only tests);
 * `rollout_fabric`, `run_trainer`, `hf_on_cpu`: a `RolloutFabric`, a `Trainer` and an `HFEngine`
   with the settings of the default run configuration (its engine and trainer device; its
   temperature and checkpointing; a rollout instance's slots).
@@ -44,12 +44,12 @@ PEER_SECRET = "weights-secret-for-the-tests-0123456789"
 """The weight peers' shared secret in the tests (tests/infra/weights set it for every test)."""
 
 
-def on_a_small_disk(disk: Path, size: str, command: list[str]) -> list[str]:
-    """`command`, run with a tmpfs of `size` (e.g. `256k`) mounted on `disk` in a private mount
-    namespace (`unshare -rm`: as root or in an unprivileged user namespace); skips the test where
-    neither is allowed."""
+def on_a_small_disk(disk: Path, size: str, command: list[str], read_only: bool = False) -> list[str]:
+    """`command`, run with a tmpfs of `size` (e.g. `256k`), `read_only` or not, mounted on `disk`
+    in a private mount namespace (`unshare -rm`: as root or in an unprivileged user namespace);
+    skips the test where neither is allowed."""
     disk.mkdir(parents=True, exist_ok=True)
-    mount = f"mount -t tmpfs -o size={size} tmpfs {shlex.quote(str(disk))}"
+    mount = f"mount -t tmpfs -o {'ro,' if read_only else ''}size={size} tmpfs {shlex.quote(str(disk))}"
     if not shutil.which("unshare") or subprocess.run(["unshare", "-rm", "sh", "-c", mount]).returncode:
         pytest.skip("cannot mount a tmpfs in a private mount namespace here (unshare -rm)")
     return ["unshare", "-rm", "sh", "-c", f'{mount} && exec "$@"', "sh", *command]

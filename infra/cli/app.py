@@ -6,19 +6,17 @@ them, so `rlboost --help` and configuration errors come back at once."""
 
 from __future__ import annotations
 
-import copy
-import logging
 import os
 import shlex
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, NoReturn, Optional
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from infra.cli.failures import NamedFailure, ending
 from infra.cli.run_config import load_run_config, parse_overrides
 from infra.run.config import DEFAULT_CONFIG, ConfigError
 
@@ -46,32 +44,6 @@ def _quiet_weight_loading() -> None:
     hf_logging.disable_progress_bar()
 
 
-class _WithoutTracebacksOf(logging.Formatter):
-    """A console formatter that leaves out the traceback of errors the CLI reports itself, in one
-    line (Prefect logs a failed task's or flow's traceback on the console; the Prefect API's log
-    handler keeps it, for the UI)."""
-
-    def __init__(self, inner: logging.Formatter, reported: Callable[[BaseException], bool]) -> None:
-        super().__init__()
-        self.inner, self.reported = inner, reported
-
-    def format(self, record: logging.LogRecord) -> str:
-        error = record.exc_info[1] if record.exc_info else None
-        if error is None or not self.reported(error):
-            return self.inner.format(record)
-        quiet = copy.copy(record)  # the record is shared with the other handlers
-        quiet.exc_info, quiet.exc_text = None, None
-        return self.inner.format(quiet)
-
-
-def _console_without_tracebacks_of(reported: Callable[[BaseException], bool]) -> None:
-    from prefect.logging.handlers import PrefectConsoleHandler
-
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, PrefectConsoleHandler):
-            handler.setFormatter(_WithoutTracebacksOf(handler.formatter or logging.Formatter(), reported))
-
-
 @app.callback()
 def _before_each_command() -> None:
     # Prefect reads PREFECT_HOME when it is imported: the project's own home is set here, before any
@@ -81,27 +53,35 @@ def _before_each_command() -> None:
     use_project_home()
 
 
-def _ephemeral_prefect(log: Path | None) -> None:
+def _ephemeral_prefect(log: Path) -> None:
     """Without a PREFECT_API_URL, start Prefect's ephemeral server now, ended with this process, its
-    output in `log` (None: only check that it can start on its database); one that cannot start
-    ends the command with one line saying why and the fix (exit 2 for its database, else 1)."""
-    from infra.services.prefect_api import (
-        PrefectServerCannotStart,
-        check_ephemeral_database,
-        current_api_url,
-        start_guarded_ephemeral_server,
-    )
+    output in `log`; with one, check that it answers. Raises `PrefectServerCannotStart` or
+    `PrefectApiUnreachable`, whose one line says why and the fix (`infra.cli.failures`)."""
+    from infra.services.prefect_api import check_api, current_api_url, start_guarded_ephemeral_server
 
-    if current_api_url() is not None:  # a server is configured: the user's (or a test harness's)
-        return
-    try:
-        if log is None:
+    url = current_api_url()
+    if url is not None:  # a server is configured: the user's (or a test harness's)
+        check_api(url, purpose="rlboost train")
+    else:
+        start_guarded_ephemeral_server(log)
+
+
+def _check_prefect_database() -> None:
+    """Without a PREFECT_API_URL, end the command at once with one line (exit 2) when Prefect's
+    ephemeral server could not start on its database."""
+    from infra.services.prefect_api import PrefectServerCannotStart, check_ephemeral_database, current_api_url
+
+    if current_api_url() is None:
+        try:
             check_ephemeral_database()
-        else:
-            start_guarded_ephemeral_server(log)
-    except PrefectServerCannotStart as error:
-        console.print(str(error), style="red", markup=False, highlight=False, soft_wrap=True)
-        raise typer.Exit(2 if error.bad_database else 1) from None
+        except PrefectServerCannotStart as error:
+            _end(ending(error, "") or NamedFailure(2, str(error)))
+
+
+def _end(failure: NamedFailure) -> NoReturn:
+    """Print a named failure's one line (`infra.cli.failures.NamedFailure`) and exit with its status."""
+    console.print(failure.line, style="red", markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(failure.code)
 
 
 def _preflight(cfg) -> None:
@@ -166,57 +146,32 @@ def pretrain(
 def train(config: ConfigOption = None, set_: SetOption = None, console_log_level: LogOption = "WARNING") -> None:
     """Run the rl-train flow with a configuration file."""
     os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", console_log_level)
-    _ephemeral_prefect(None)  # a Prefect that cannot start on its database says so at once
+    _check_prefect_database()  # a Prefect that cannot start on its database says so at once
     from flows.rl_train import run_training
+    from infra.cli.failures import claim_run_directory, quiet_console
+    from infra.run.driver_lock import release_unclaimed
 
     _quiet_weight_loading()
 
     cfg = load_run_config(config, set_)
     _preflight(cfg)  # fail fast, before Prefect starts
-    _ephemeral_prefect(cfg.run.directory / "prefect-server.log")
-    from infra.fleet.instance_watch import PoolFailure
-    from infra.run.redis_outage import RunStopped
-    from rl.checkpoint import CorruptCheckpoint, OutOfSpace
-    from rl.disk_space import describe_free, full_path, out_of_space
-    from rl.distributed.group import RankFailure
-    from rl.trainer import CheckpointMismatch
-
-    reported = (RankFailure, CheckpointMismatch, CorruptCheckpoint, OutOfSpace, RunStopped, PoolFailure)
-    _console_without_tracebacks_of(lambda error: isinstance(error, reported) or out_of_space(error))
+    try:  # the run's lock before the Prefect server: a second driver of the run starts nothing
+        run_log = claim_run_directory(cfg.run.directory)
+    except (NamedFailure, OSError) as error:  # OSError: a full disk
+        _end(ending(error, "") or NamedFailure(2, str(error)))
+    quiet_console(run_log)  # tracebacks go to the run log, named failures end as one line
     try:
+        _ephemeral_prefect(cfg.run.directory / "prefect-server.log")
         run_training(config, parse_overrides(set_))
-    except RunStopped as error:  # its Redis is gone: one line, what was kept and how to go on
-        resume = shlex.join(["rlboost", *sys.argv[1:]])  # the same command resumes the same run
-        console.print(f"the run stopped: {error}; resume with: {resume}", markup=False, highlight=False, soft_wrap=True)
-        raise typer.Exit(3) from None
-    except PoolFailure as error:  # its instances keep failing: their error says what to fix
-        resume = shlex.join(["rlboost", *sys.argv[1:]])
-        console.print(
-            f"the run stopped: {error}; fix that, then resume with: {resume}",
-            markup=False,
-            highlight=False,
-            soft_wrap=True,
-        )
-        raise typer.Exit(3) from None
-    except reported as error:
-        # the message says what happened and what to do; all but a rank's failure are the user's
-        # to fix (a checkpoint of another trainer, a damaged checkpoint, a full disk): exit 2
-        console.print("[red]the run stopped[/red]")
-        console.print(str(error), markup=False, highlight=False, soft_wrap=True)
-        raise typer.Exit(1 if isinstance(error, RankFailure) else 2) from None
-    except OSError as error:
-        if not out_of_space(error):
+    except Exception as error:
+        failure = ending(error, resume=shlex.join(["rlboost", *sys.argv[1:]]))  # the same command resumes the run
+        if failure is None:
             raise
-        written = full_path(error) or cfg.run.output_dir
-        console.print("[red]the run stopped: no space left on the device[/red]")
-        console.print(
-            f"writing {written}: {describe_free(written)}. Free some space (or set run.output_dir on a "
-            "larger disk) and run the same command again to resume from the last checkpoint.",
-            markup=False,
-            highlight=False,
-            soft_wrap=True,
-        )
-        raise typer.Exit(2) from None
+        run_log.keep(error)
+        _end(failure)
+    finally:
+        run_log.close()
+        release_unclaimed(cfg.run.directory)  # the run ended before its session took the lock
 
 
 DEMO_PRETRAIN_EXPECTED = "250-450 steps, under 2 minutes"
@@ -241,7 +196,7 @@ def demo(set_: SetOption = None, console_log_level: LogOption = "WARNING") -> No
         f"GRPO about {fast:.0f}-{slow:.0f} min on a 2-core machine"
     )
     console.print(f"expected: {expected}", markup=False, highlight=False)
-    _ephemeral_prefect(None)  # a Prefect that cannot start says so before pretraining, not after
+    _check_prefect_database()  # a Prefect that cannot start says so before pretraining, not after
     if needs_base:
         pretrain(config=DEFAULT_CONFIG, set_=set_, force=False)
     train(config=DEFAULT_CONFIG, set_=set_, console_log_level=console_log_level)

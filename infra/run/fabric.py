@@ -133,7 +133,8 @@ class RolloutFabric:
         self.redis_url = self._redis_server.url if self._redis_server else configured_redis
         self.redis_ca_file = None if config.redis_ca_file is None else config.redis_ca_file.resolve()
         """The CA of a rediss:// Redis, which every instance verifies the server with."""
-        self.redis = RedisSettings(url=self.redis_url, ca_file=self.redis_ca_file).client()
+        field = "fabric.redis_url" if config.redis_url or self._redis_server else f"${REDIS_URL_ENV}"
+        self.redis = RedisSettings(url=self.redis_url, ca_file=self.redis_ca_file).client(field)
         self.log = TokenLog(self.redis, run_id)
         self.registry = InstanceRegistry(self.redis, run_id)
         self.controller = RolloutController(self.redis, run_id, config.controller, clock=time.time)

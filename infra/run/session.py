@@ -29,7 +29,7 @@ import torch
 from infra.ledger import CostReport, Ledger
 from infra.run.accounting import RunAccounting
 from infra.run.config import RunConfig
-from infra.run.driver_lock import DriverLock
+from infra.run.driver_lock import session_lock
 from infra.run.fabric import RolloutFabric
 from infra.run.group_progress import GroupProgress
 from infra.run.identity import claim_identity
@@ -91,7 +91,7 @@ class TrainingSession:
             torch.set_num_threads(config.run.torch_threads)
         self.directory = config.run.directory
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._driver_lock = DriverLock(self.directory)  # a second driver of this run is refused here
+        self._driver_lock = session_lock(self.directory)  # a second driver of this run is refused here
         try:
             self._open(config)
         except BaseException:

@@ -7,17 +7,23 @@ harness's temporary settings). `check_api(url)` asks the server's `/health` once
 (Prefect Cloud's key; a self-hosted server's basic auth).
 `start_guarded_ephemeral_server(log)` starts the ephemeral server Prefect would start on first use
 and puts it under this process's guardian (`infra.services.guardian`); its output goes to `log`.
-One that cannot start (its database written by another Prefect version, say) raises
-`PrefectServerCannotStart`, whose message is one line saying which database, which Prefect and
-the fix (`check_ephemeral_database()` checks that alone, before long work).
+It takes a free port of Prefect's range itself, and starts one server at a time per Prefect home
+(an flock beside its database: the first start migrates it). One that cannot start (its database
+written by another Prefect version, no free port) raises `PrefectServerCannotStart`, whose message
+is one line saying why and the fix (`check_ephemeral_database()` checks the database alone).
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import fcntl
 import os
+import random
 import sys
+import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -165,8 +171,11 @@ def start_guarded_ephemeral_server(log: Path | None = None) -> str:
     server = SubprocessASGIServer()  # the instance Prefect's clients use in ephemeral mode
     if log is not None and not server.running:
         _launch_with_output_to(server, log)
+        if server.port is None:
+            server.port = _free_port_of(server)
     try:
-        server.start()
+        with _one_start_at_a_time():
+            server.start()
     except Exception as error:
         if log is None:
             raise
@@ -183,3 +192,45 @@ def start_guarded_ephemeral_server(log: Path | None = None) -> str:
     assert server.server_process is not None
     guardian().watch(server.server_process.pid)
     return server.api_url
+
+
+START_LOCK_FILE = "ephemeral-server.lock"
+"""In the Prefect home: held while an ephemeral server starts (and migrates the home's database)."""
+
+
+@contextlib.contextmanager
+def _one_start_at_a_time() -> Iterator[None]:
+    """Hold the Prefect home's start lock: two drivers starting at the same instant on one home
+    would run Prefect's SQLite migrations at once (one fails). Waits at most the start-up timeout
+    (then starts anyway: Prefect's own failure says what happened)."""
+    from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, get_current_settings
+
+    home = Path(get_current_settings().home)
+    home.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + float(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())
+    with open(home / START_LOCK_FILE, "a") as handle:
+        while True:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+        yield  # closing the file releases the lock
+
+
+def _free_port_of(server) -> int:
+    """A free loopback port in the range Prefect's ephemeral server uses; `PrefectServerCannotStart`
+    when every one is in use (Prefect itself tries ten at random and fails with a bare RuntimeError)."""
+    ports = list(server._port_range)
+    random.shuffle(ports)
+    for port in ports:
+        if server.is_port_available(port):
+            return port
+    raise PrefectServerCannotStart(
+        f"the embedded Prefect server needs a free port on 127.0.0.1 in {ports and min(ports)}-{ports and max(ports)} "
+        "(Prefect's range) and every one is in use: stop what holds them, or point PREFECT_API_URL at a running "
+        "Prefect server (`rlboost up`)",
+        bad_database=False,
+    )

@@ -104,8 +104,9 @@ class RedisSettings(Section):
     def uses_tls(self) -> bool:
         return self.tls or (self.url is not None and self.url.startswith("rediss://"))
 
-    def client(self) -> redis.Redis:
-        """A checked client (binary responses) for the configured URL."""
+    def client(self, field: str = "redis.url") -> redis.Redis:
+        """A checked client (binary responses) for the configured URL; `field` is where the user
+        configured it (named in `RedisUnavailable`'s fix)."""
         if self.url is None:
             raise ValueError("no Redis url configured; use `serve()` to start an embedded server")
         url = self.url
@@ -125,15 +126,17 @@ class RedisSettings(Section):
         try:
             probe.ping()  # once, without the client's retries: fail fast with a clear message
         except redis.AuthenticationError as exc:
+            password = (
+                "redis.password (or the password in redis.url)" if field == "redis.url" else f"the password in {field}"
+            )
             raise RedisUnavailable(
-                f"Redis at {_where(url)} rejected the credentials ({exc}); set redis.password "
-                "(or the password in redis.url) to the server's requirepass"
+                f"Redis at {_where(url)} rejected the credentials ({exc}); set {password} to the server's requirepass"
             ) from None
         except redis.RedisError as exc:
+            tls = " (and redis.tls / redis.ca_file for TLS)" if field == "redis.url" else ""
             raise RedisUnavailable(
                 f"cannot reach Redis at {_where(url)} ({type(exc).__name__}: {exc}); start that "
-                "server or fix redis.url (and redis.tls / redis.ca_file for TLS), or leave "
-                "redis.url unset to run an embedded redis-server"
+                f"server or fix {field}{tls}, or leave {field} unset to run an embedded redis-server"
             ) from None
         finally:
             probe.close()

@@ -1,18 +1,21 @@
 """The training process's side of the DeepSpeed trainer: launching its ranks, talking to them,
 and telling what happened when one dies.
 
-`RankGroup.start` creates the channel (`rl.distributed.protocol`), launches ``torchrun
---standalone --nproc-per-node N -m rl.distributed.rank`` as a process group of its own with its
-output in `log_path`, waits for every rank's hello, and sends each the `TrainSpec`. `call(op,
-payloads)` sends one message to every rank and gathers every reply, watching torchrun while it
-waits. When a rank's channel closes, or torchrun exits, or a rank reports an exception, the group
-is failed for good: torchrun stops the other ranks (any left are killed), and `RankFailure` names
-the rank, its pid and its exit (torchrun's report in the log, e.g. ``exitcode: -9``: SIGKILL).
-Later calls raise the same failure; the run's last checkpoint is what a re-run resumes from.
+`RankGroup.start` clears extension build locks left by a stopped build (`rl.distributed.build_lock`),
+creates the channel (`rl.distributed.protocol`), launches ``torchrun --standalone --nproc-per-node N
+-m rl.distributed.rank`` as a process group of its own with its output in `log_path`, waits for
+every rank's hello, and sends each the `TrainSpec`. `call(op, payloads)` sends one message to every
+rank and gathers every reply, watching torchrun while it waits, up to a deadline (the start's, or
+`reply_timeout_s`) whose failure names the message, the ranks silent and any build lock. When a
+rank's channel closes, or torchrun exits, or a rank reports an exception, the group is failed for
+good: torchrun stops the other ranks (any left are killed), and `RankFailure` names the rank, its
+pid and its exit (torchrun's report in the log, e.g. ``exitcode: -9``: SIGKILL). Later calls raise
+the same failure; the run's last checkpoint is what a re-run resumes from.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import secrets
@@ -27,11 +30,19 @@ from multiprocessing.connection import Connection, Listener, wait
 from pathlib import Path
 from typing import Any, cast
 
+from rl.distributed import build_lock
 from rl.distributed.protocol import AUTHKEY_ENV, CHANNEL_ENV
 from rl.driver_watch import EXIT_DRIVER_GONE, driver_environment
 
+log = logging.getLogger(__name__)
+
 STOP_GRACE_S = 20.0
 """How long torchrun may take to stop the other ranks after one died, before they are killed."""
+CLOSE_TIMEOUT_S = 30.0
+"""How long the ranks may take to answer `close`."""
+BUILD_LOCK_CHECK_S = 5.0
+"""While the ranks start: how often the extension build locks are looked at again (a build stopped
+while they wait for it leaves its lock)."""
 
 
 class RankFailure(RuntimeError):
@@ -64,10 +75,18 @@ def root_cause(log_text: str) -> tuple[int, int, int] | None:
 class RankGroup:
     """`world_size` trainer ranks under one torchrun (see the module docstring)."""
 
-    def __init__(self, world_size: int, log_path: Path, start_timeout_s: float, environment: dict[str, str]) -> None:
+    def __init__(
+        self,
+        world_size: int,
+        log_path: Path,
+        start_timeout_s: float,
+        environment: dict[str, str],
+        reply_timeout_s: float = 3600.0,
+    ) -> None:
         self.world_size = world_size
         self.log_path = Path(log_path)
         self.start_timeout_s = start_timeout_s
+        self.reply_timeout_s = reply_timeout_s
         self.environment = environment
         self.pids: dict[int, int] = {}
         """Rank -> pid, from each rank's hello."""
@@ -76,14 +95,18 @@ class RankGroup:
         self._lock = threading.Lock()
         self._failure: RankFailure | None = None
         self._socket_dir: str | None = None
+        self._address = ""
+        self._extensions = Path()
         self._log_offset = 0
 
     # -- start ------------------------------------------------------------------------------
 
     def start(self, spec: dict[str, Any]) -> list[dict]:
-        """Launch the ranks, wait for their hellos, send them `spec`; returns their init replies."""
+        """Launch the ranks, wait for their hellos, send them `spec`; returns their init replies.
+        All of it within `start_timeout_s`."""
+        deadline = time.monotonic() + self.start_timeout_s
         self._socket_dir = tempfile.mkdtemp(prefix="rlboost-trainer-")  # 0700: only this user connects
-        address = os.path.join(self._socket_dir, "channel")
+        address = self._address = os.path.join(self._socket_dir, "channel")
         key = secrets.token_bytes(32)
         listener = Listener(address, family="AF_UNIX", authkey=key)
         env = {
@@ -93,6 +116,8 @@ class RankGroup:
             AUTHKEY_ENV: key.hex(),
             **driver_environment(),
         }
+        self._extensions = build_lock.extensions_root(env)
+        self._clear_stale_build_locks()
         command = [
             sys.executable,
             "-m",
@@ -111,12 +136,25 @@ class RankGroup:
                 command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
             )
         try:
-            self._accept(listener)
+            self._accept(listener, deadline)
         finally:
             listener.close()
-        return self.call("init", [spec] * self.world_size, timeout_s=self.start_timeout_s)
+        return self.call("init", [spec] * self.world_size, timeout_s=max(deadline - time.monotonic(), 0.0))
 
-    def _accept(self, listener: Listener) -> None:
+    def _clear_stale_build_locks(self) -> None:
+        for path in build_lock.clear_stale(self._extensions):
+            log.warning(
+                "removed %s: a torch extension build lock that no live process holds (a build was stopped "
+                "midway); the ranks build the extension again",
+                path,
+            )
+
+    def _waiting_on(self) -> str:
+        """What the ranks may be waiting on while they start: the build locks left ('' if none)."""
+        described = build_lock.describe(build_lock.build_locks(self._extensions))
+        return f"; {described}" if described else ""
+
+    def _accept(self, listener: Listener, deadline: float) -> None:
         process = self.process
         assert process is not None, "_accept runs once torchrun has started"
         accepted: list[Connection] = []
@@ -131,13 +169,18 @@ class RankGroup:
 
         thread = threading.Thread(target=accept_all, name="trainer-accept", daemon=True)
         thread.start()
-        deadline = time.monotonic() + self.start_timeout_s
         while thread.is_alive():
             thread.join(0.2)
             if process.poll() is not None and thread.is_alive():
                 self._fail(None, "start", f"torchrun {describe_exit(process.returncode)} before every rank connected")
             if time.monotonic() > deadline:
-                self._fail(None, "start", f"the ranks did not connect within {self.start_timeout_s:.0f} s")
+                self._fail(
+                    None,
+                    "start",
+                    f"the ranks did not connect within {self.start_timeout_s:.0f} s (trainer.start_timeout_s)"
+                    + self._waiting_on(),
+                    grace_s=0.0,
+                )
         if errors:
             self._fail(None, "start", f"accepting the ranks failed: {errors[0]}")
         for conn in accepted:
@@ -148,7 +191,8 @@ class RankGroup:
     # -- calls ------------------------------------------------------------------------------
 
     def call(self, op: str, payloads: list[Any] | None = None, timeout_s: float | None = None) -> list[Any]:
-        """Send `op` (with `payloads[rank]`) to every rank; their reply values, by rank."""
+        """Send `op` (with `payloads[rank]`) to every rank; their reply values, by rank. Fails the
+        group when a rank has not replied within `timeout_s` (default `reply_timeout_s`)."""
         with self._lock:
             if self._failure is not None:
                 raise self._failure
@@ -162,7 +206,14 @@ class RankGroup:
                 except OSError:
                     self._fail(rank, op, "its channel closed")
             replies: dict[int, Any] = {}
-            deadline = None if timeout_s is None else time.monotonic() + timeout_s
+            if op == "init":  # what the failure names: the whole start's deadline
+                waited, setting = self.start_timeout_s, "trainer.start_timeout_s"
+            elif timeout_s is None:
+                waited, setting = self.reply_timeout_s, "trainer.reply_timeout_s"
+            else:
+                waited, setting = timeout_s, f"the deadline of {op!r}"
+            deadline = time.monotonic() + (self.reply_timeout_s if timeout_s is None else timeout_s)
+            next_lock_check = time.monotonic() + BUILD_LOCK_CHECK_S
             while len(replies) < self.world_size:
                 waiting = {conn: rank for rank, conn in self._conns.items() if rank not in replies}
                 # `wait` returns some of the objects it was given: Connections here.
@@ -177,13 +228,22 @@ class RankGroup:
                     replies[rank] = value
                 if process.poll() is not None and len(replies) < self.world_size:
                     self._fail(None, op, f"torchrun {describe_exit(process.returncode)}")
-                if deadline is not None and time.monotonic() > deadline:
-                    self._fail(None, op, f"no reply within {timeout_s:.0f} s")
+                if op == "init" and time.monotonic() > next_lock_check:  # a build stopped while they wait for it
+                    self._clear_stale_build_locks()
+                    next_lock_check = time.monotonic() + BUILD_LOCK_CHECK_S
+                if time.monotonic() > deadline:
+                    silent = [str(rank) for rank in range(self.world_size) if rank not in replies]
+                    ranks = f"rank{'s' if len(silent) > 1 else ''} {', '.join(silent)}"
+                    waiting = self._waiting_on() if op == "init" else ""
+                    self._fail(
+                        None, op, f"{ranks} sent no reply within {waited:.0f} s ({setting}){waiting}", grace_s=0.0
+                    )
             return [replies[rank] for rank in range(self.world_size)]
 
-    def _fail(self, rank: int | None, op: str, what: str) -> None:
-        """Stop every rank, work out who died and how, remember and raise the failure."""
-        self._stop(grace_s=STOP_GRACE_S)
+    def _fail(self, rank: int | None, op: str, what: str, grace_s: float = STOP_GRACE_S) -> None:
+        """Stop every rank (torchrun may take `grace_s` to stop the others after one died), work out
+        who died and how, remember and raise the failure."""
+        self._stop(grace_s=grace_s)
         cause = root_cause(self._log_since_start())
         culprit = cause[0] if cause else rank
         if cause is not None:
@@ -219,7 +279,7 @@ class RankGroup:
         """Tell the ranks to exit, then make sure torchrun and every rank are gone."""
         if self.alive:
             try:
-                self.call("close", timeout_s=30.0)
+                self.call("close", timeout_s=CLOSE_TIMEOUT_S)
             except RankFailure:
                 pass
         self._stop(grace_s=30.0)
@@ -237,10 +297,25 @@ class RankGroup:
         except subprocess.TimeoutExpired:
             pass
         try:
-            os.killpg(self.process.pid, signal.SIGKILL)  # ranks left in torchrun's group
+            os.killpg(self.process.pid, signal.SIGKILL)  # torchrun's group
         except ProcessLookupError:
             pass
         self.process.wait()
+        for pid in self.pids.values():  # each rank runs in a session of its own (torchrun starts them so)
+            if self._is_our_rank(pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+    def _is_our_rank(self, pid: int) -> bool:
+        """Whether `pid` is still one of this group's ranks (its environment names this group's
+        channel), not a process that took a dead rank's pid."""
+        try:
+            environment = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            return False
+        return f"{CHANNEL_ENV}={self._address}".encode() in environment.split(b"\0")
 
 
 def _last_lines(text: str, count: int) -> str:

@@ -1,9 +1,9 @@
 """One rank of the DeepSpeed trainer: a process started by torchrun, driven over its channel.
 
 `rl.distributed.group.RankGroup` launches it `world_size` times under `torchrun --standalone`; each
-rank joins the process group (gloo on CPU, NCCL on GPU), connects to the driver's channel (address
-and key from its environment), then answers one message at a time (`rl.distributed.protocol`)
-until `close` or a closed channel; a watchdog ends it once the driver's pid is gone.
+rank joins the process group (gloo on CPU, NCCL on GPU), connects to the driver's channel, answers
+one message at a time (`rl.distributed.protocol`) until `close` or a closed channel, and dies with
+its torchrun agent (a parent-death signal) or the driver (a watchdog on the driver's pid).
 
 `RankTrainer` is the torch `Trainer` over DeepSpeed: the same micro-batch loss
 (`Trainer.accumulate_micro_batch`), `engine.backward` and `engine.step` (ZeRO-sharded AdamW,
@@ -36,7 +36,7 @@ from rl.distributed.protocol import (
     TrainSpec,
     batch_from_wire,
 )
-from rl.driver_watch import watch_driver
+from rl.driver_watch import die_with_parent, watch_driver
 from rl.lora import adapter_state
 from rl.models import load_model
 from rl.process_memory import peak_rss_mb
@@ -274,7 +274,21 @@ def _handle(trainer: RankTrainer, op: str, payload, rank: int):
     raise ValueError(f"unknown message {op!r}")
 
 
+AGENTS = ("torch.distributed.run", "torchrun")
+"""What the command line of a rank's parent, its torchrun agent, names."""
+
+
+def _is_agent(pid: int) -> bool:
+    """Whether `pid` is a torchrun agent (True where its command line cannot be read)."""
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return True
+    return any(agent in command for agent in AGENTS)
+
+
 def main() -> int:
+    die_with_parent(_is_agent)  # a rank never outlives its agent (e.g. killed while the ranks wait on a build lock)
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     watch_driver(lambda: print(f"rank {rank}: the training process is gone; exiting", flush=True), grace_s=0.0)
     conn = Client(os.environ[CHANNEL_ENV], family="AF_UNIX", authkey=bytes.fromhex(os.environ[AUTHKEY_ENV]))

@@ -76,7 +76,9 @@ class DistributedTrainer:
         env = dict(environment or {})
         if torch.device(spec.device).type == "cpu":
             env.setdefault("DS_ACCELERATOR", "cpu")
-        self.group = RankGroup(self.config.world_size, log_path, self.config.start_timeout_s, env)
+        self.group = RankGroup(
+            self.config.world_size, log_path, self.config.start_timeout_s, env, self.config.reply_timeout_s
+        )
         try:
             self.ranks = self.group.start(spec.model_dump(mode="json"))
         except BaseException:

@@ -1,5 +1,6 @@
 """One run directory, one driver: a second training session of a run directory is refused with the
-pid and host of the first, and a lock whose holder was SIGKILLed is free at once."""
+pid and host of the first, a lock whose holder was SIGKILLed is free at once, and the lock
+`rlboost train` takes before Prefect starts is its session's."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from infra.run.config import parse_config
-from infra.run.driver_lock import DriverLock, RunLocked
+from infra.run.driver_lock import DriverLock, RunLocked, hold_for_session, release_unclaimed, session_lock
 from infra.run.session import TrainingSession
 from tests.helpers import save_tiny_model, tiny_run
 
@@ -72,3 +73,19 @@ def test_a_lock_left_by_a_sigkilled_driver_is_free(tmp_path):
     lock = DriverLock(tmp_path)
     assert (tmp_path / "driver.lock").read_text() == f"pid {os.getpid()} host {socket.gethostname()}\n"
     lock.release()
+
+
+def test_the_lock_rlboost_train_takes_is_handed_to_its_session_once(tmp_path):
+    """`rlboost train` takes the lock before Prefect starts (`hold_for_session`); the session it opens
+    takes that lock over, a second session of the run is refused, and a lock no session took is
+    freed (`release_unclaimed`)."""
+    held = hold_for_session(tmp_path)
+    with pytest.raises(RunLocked):
+        DriverLock(tmp_path)  # another driver
+    assert session_lock(tmp_path) is held
+    with pytest.raises(RunLocked):
+        session_lock(tmp_path)  # handed over once
+    held.release()
+    hold_for_session(tmp_path)
+    release_unclaimed(tmp_path)
+    DriverLock(tmp_path).release()  # free again
