@@ -125,6 +125,7 @@ def steps_table(report: CostReport) -> Table:
         "wasted",
         "trained",
         "preempted",
+        "replaced",
         "cost $",
         "spot $",
         "trainer $",
@@ -143,6 +144,7 @@ def steps_table(report: CostReport) -> Table:
             str(s.tokens_wasted),
             str(s.tokens_trained),
             str(s.preemptions),
+            str(s.replaced),
             _usd(s.cost_usd),
             _usd(s.spot_usd),
             _usd(s.trainer_usd),
@@ -154,14 +156,14 @@ def steps_table(report: CostReport) -> Table:
     table.add_section()
     for line in report.unattributed:
         if line.usd or line.instance_seconds:
-            table.add_row(line.name, "", f"{line.instance_seconds:.0f}", *[""] * 4, _usd(line.usd))
+            table.add_row(line.name, "", f"{line.instance_seconds:.0f}", *[""] * 5, _usd(line.usd))
     table.add_section()
     total = _total_row(report)
     table.add_row(
         "total",
         *(str(total[k]) for k in ("instances",)),
         f"{total['instance_seconds']:.0f}",
-        *(str(total[k]) for k in ("tokens_generated", "tokens_wasted", "tokens_trained", "preemptions")),
+        *(str(total[k]) for k in ("tokens_generated", "tokens_wasted", "tokens_trained", "preemptions", "replaced")),
         *(_usd(total[k]) for k in ("cost_usd", "spot_usd", "trainer_usd")),
         *(_usd(total[k]) for k in ("usd_per_million_generated", "usd_per_million_trained")),
         _mib(report.transfer_bytes),
@@ -278,6 +280,7 @@ def _total_row(report: CostReport) -> dict[str, object]:
         "tokens_wasted": report.tokens_wasted,
         "tokens_trained": report.tokens_trained,
         "preemptions": report.preemptions,
+        "replaced": report.replaced,
         "cost_usd": report.total_usd,
         "spot_usd": report.spend("spot"),
         "trainer_usd": report.trainer_usd,

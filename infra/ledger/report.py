@@ -6,7 +6,7 @@ else its driver's last heartbeat, so a run whose driver died stops costing there
 from the usage rows plus transfer egress (with its pulled bytes and slowest pull), and the books:
 what no step holds, as named lines (`unattributed`, `infra.ledger.books`) that add up with the
 steps to `total_usd`; $ per million generated and trained tokens, the trainer's share (role
-`trainer`; `trainer_recorded`), trained tokens/s of step time, preemptions and evictions, boot
+`trainer`; `trainer_recorded`), trained tokens/s of step time, preemptions, evictions and failed (replaced) instances, boot
 seconds per instance and class. `as_dict()` is the whole report as JSON-ready data, `summary()`
 the run totals; a price neither ledger nor catalog gives raises `PriceNotFound`. Detail: docs/cost-ledger.md.
 
@@ -66,6 +66,9 @@ class StepCost(BaseModel):
     tokens_wasted: int
     tokens_trained: int
     preemptions: int
+    replaced: int
+    """Instances that failed in the step (reason `crashed`: a worker that exited or never registered);
+    the capacity manager started another for each (`fabric.max_instance_failures`)."""
     cost_usd: float
     spot_usd: float
     """The part of `cost_usd` spent on spot instances."""
@@ -127,6 +130,8 @@ class CostReport(BaseModel):
     usd_per_million_trained: float | None
     preemptions: int
     evictions: int
+    replaced: int
+    """Instances that failed (reason `crashed`) over the run."""
     trainer_usd: float
     trainer_recorded: bool
     """Whether the run recorded the trainer's machine (instances of role `trainer`)."""
@@ -220,6 +225,7 @@ def _instance_costs(records: RunRecords, prices: PriceSource, as_of: datetime) -
 def _step_costs(records: RunRecords, instances: list[InstanceCost], as_of: datetime, books: Books) -> list[StepCost]:
     by_id = {i.instance_id: i for i in instances}
     preemption_times = [t for i in records.instances if (t := _preempted_at(i)) is not None]
+    failure_times = [i.terminated_at for i in records.instances if i.reason == "crashed" and i.terminated_at]
     egress_by_step: dict[int | None, float] = defaultdict(float)
     bytes_by_step: dict[int | None, int] = defaultdict(int)
     for transfer in records.transfers:
@@ -250,6 +256,7 @@ def _step_costs(records: RunRecords, instances: list[InstanceCost], as_of: datet
                 tokens_wasted=sum(u.tokens_wasted for u in rows),
                 tokens_trained=trained,
                 preemptions=_count_within(preemption_times, step.started_at, step.ended_at or as_of),
+                replaced=_count_within(failure_times, step.started_at, step.ended_at or as_of),
                 cost_usd=cost,
                 spot_usd=usd([u for u in rows if by_id[u.instance_id].capacity_class == "spot"]),
                 trainer_usd=usd([u for u in rows if by_id[u.instance_id].role == "trainer"]),
@@ -335,6 +342,7 @@ def build_report(records: RunRecords, prices: PriceSource, as_of: datetime | Non
         usd_per_million_trained=_per_million(total, trained),
         preemptions=sum(1 for i in records.instances if i.reason in PREEMPTION_REASONS),
         evictions=sum(1 for i in records.instances if i.reason == "evicted"),
+        replaced=sum(1 for i in records.instances if i.reason == "crashed"),
         trainer_usd=sum(c.spend_usd for c in trainers),
         trainer_recorded=bool(trainers),
         step_seconds=step_seconds,

@@ -3,7 +3,8 @@
 `RunLog.open(directory)` appends, for the life of the training process, every record of the
 project's loggers at INFO and up and every other record at WARNING and up (Prefect's INFO too),
 each with its traceback, to the run directory's `driver.log`; an exception that ends a thread of
-the process is logged there too (`threading.excepthook`) instead of printed. `keep(error)` writes
+the process is logged there too (`threading.excepthook`) instead of printed, and so are warnings
+and vLLM's own log (which would print to the console). `keep(error)` writes
 the error that ended the run, with its traceback, to the file alone. The console shows none of
 these tracebacks (`infra.cli.failures`): this file is where they are. It is opened under the run's
 driver lock, so one driver writes it at a time (a second driver refused by the lock appends only
@@ -13,12 +14,17 @@ the line saying so).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from pathlib import Path
 
 RUN_LOG_FILE = "driver.log"
 PROJECT_LOGGERS = ("rlboost", "infra", "rl", "flows", "tasks")
 """Loggers of the project's own modules (`logging.getLogger(__name__)`, and `rlboost.*`): INFO reaches the file."""
+ENGINE_LOGGERS = ("vllm",)
+"""Libraries that give themselves a console handler (vLLM, at import, unless VLLM_CONFIGURE_LOGGING=0):
+their INFO goes to the file instead."""
+_VLLM_CONSOLE = "VLLM_CONFIGURE_LOGGING"
 
 log = logging.getLogger("rlboost.driver")
 
@@ -37,6 +43,7 @@ class RunLog:
     def __init__(self, path: Path, handler: logging.FileHandler) -> None:
         self.path, self.handler = path, handler
         self._previous_hook = threading.excepthook
+        self._previous_vllm_console = os.environ.get(_VLLM_CONSOLE)
 
     @classmethod
     def open(cls, directory: Path) -> RunLog:
@@ -56,6 +63,10 @@ class RunLog:
             if logger.getEffectiveLevel() > logging.INFO:
                 logger.setLevel(logging.INFO)
         run_log = cls(path, handler)
+        os.environ[_VLLM_CONSOLE] = "0"  # read by vLLM's import, here and in the processes started from here
+        for name in ENGINE_LOGGERS:
+            _to_file(logging.getLogger(name))
+        logging.captureWarnings(True)  # a library's FutureWarning goes to the file, not the console
         threading.excepthook = _log_thread_failure
         return run_log
 
@@ -71,6 +82,21 @@ class RunLog:
         logging.getLogger().removeHandler(self.handler)
         self.handler.close()
         threading.excepthook = self._previous_hook
+        logging.captureWarnings(False)
+        if self._previous_vllm_console is None:
+            os.environ.pop(_VLLM_CONSOLE, None)
+        else:
+            os.environ[_VLLM_CONSOLE] = self._previous_vllm_console
+
+
+def _to_file(logger: logging.Logger) -> None:
+    """Let `logger`'s records reach the file at INFO instead of its own console handlers (a library
+    imported before the run log opened has them already)."""
+    for handler in list(logger.handlers):
+        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+            logger.removeHandler(handler)
+    logger.propagate = True
+    logger.setLevel(logging.INFO)
 
 
 def _log_thread_failure(args: threading.ExceptHookArgs) -> None:

@@ -35,12 +35,13 @@ def test_prints_cost_per_step_spend_per_class_and_totals_without_re_pricing(ledg
     lines = result.output.splitlines()
     step1 = next(line for line in lines if line.startswith("│") and line.split("│")[1].strip() == "1")
     # step 1: 4 instances, 1800 + 1230 + 1800 + 200 instance-s, 3200 generated, 50 wasted, 3000 trained,
-    # 1 preemption, $2.8219
-    assert [cell.strip() for cell in step1.split("│")[1:9]] == ["1", "4", "5030", "3200", "50", "3000", "1", "2.8219"]
+    # 1 preemption, 0 replaced, $2.8219
+    expected = ["1", "4", "5030", "3200", "50", "3000", "1", "0", "2.8219"]
+    assert [cell.strip() for cell in step1.split("│")[1:10]] == expected
     # spot-2 pulled version 1 (10^9 bytes) in 4.5 s during step 1, version 2 in 12.25 s in step 2
-    assert [cell.strip() for cell in step1.split("│")[13:15]] == ["953.7", "4.50"]
+    assert [cell.strip() for cell in step1.split("│")[14:16]] == ["953.7", "4.50"]
     total = next(line for line in lines if line.startswith("│") and line.split("│")[1].strip() == "total")
-    assert [cell.strip() for cell in total.split("│")[13:15]] == ["1907.3", "12.25"]
+    assert [cell.strip() for cell in total.split("│")[14:16]] == ["1907.3", "12.25"]
     assert any("spot" in line and "1.7508" in line and "2 │" in line for line in lines)  # 3 spot instances, 2 preempted
     for expected in ("5.5408", "939.12", "852.44", "2 / 0", "90 (2%)", "not recorded (set ledger.trainer)"):
         assert expected in result.output

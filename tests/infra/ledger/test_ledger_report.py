@@ -245,6 +245,21 @@ def test_preemptions_count_in_the_step_of_their_notice_and_evictions_apart():
     assert report.classes[0].preemptions == 2
 
 
+def test_failed_instances_count_as_replaced_in_the_step_they_ended():
+    rows = records(
+        [
+            instance("spot-0", "spot", 0.2, 0, 120, reason="crashed"),  # a worker that exited: step 1
+            instance("spot-1", "spot", 0.2, 1800, 1850, reason="crashed"),  # never registered: step 2
+            instance("spot-2", "spot", 0.2, 1850, 1900, reason="crashed"),
+            instance("spot-3", "spot", 0.2, 0, 600, reason="preempted"),  # not a failure
+        ],
+        [],
+    )
+    report = build_report(rows, CATALOG)
+    assert [s.replaced for s in report.steps] == [1, 2]
+    assert (report.replaced, report.preemptions) == (3, 1)
+
+
 def test_a_run_without_tokens_or_instances_has_no_ratios():
     untrained = [Step(run_id="r", step=1, started_at=t(0), ended_at=None, tokens_trained=None)]
     report = build_report(records([], [], steps=untrained), CATALOG)

@@ -4,7 +4,10 @@ exception that ends a thread (logged there, not printed) and the error that ende
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import threading
+import warnings
 
 from infra.run.run_log import RUN_LOG_FILE, RunLog
 
@@ -40,3 +43,28 @@ def test_tracebacks_go_to_the_run_log(tmp_path, capfd):
     assert 'the run ended with: ValueError("the run\'s end")' in text
     assert "Traceback" not in capfd.readouterr().err  # the thread's exception was not printed
     assert threading.excepthook is hook and run_log.handler not in logging.getLogger().handlers  # closed
+
+
+def test_engine_logs_and_warnings_go_to_the_file_not_the_console(tmp_path, capfd, monkeypatch):
+    """vLLM gives its logger a console handler at import (unless VLLM_CONFIGURE_LOGGING=0): one
+    attached before the run log opened is taken off; a library's FutureWarning is not printed."""
+    monkeypatch.delenv("VLLM_CONFIGURE_LOGGING", raising=False)
+    engine_logger = logging.getLogger("vllm")
+    engine_logger.addHandler(logging.StreamHandler(sys.stdout))
+    engine_logger.propagate = False
+    run_log = RunLog.open(tmp_path)
+    try:
+        assert os.environ["VLLM_CONFIGURE_LOGGING"] == "0"  # a later import of vLLM adds no handler
+        logging.getLogger("vllm.engine").info("Automatically detected platform cpu.")
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.warn("`torch_dtype` is deprecated! Use `dtype` instead!", FutureWarning, stacklevel=1)
+    finally:
+        run_log.close()
+    console = capfd.readouterr()
+    assert "detected platform" not in console.out + console.err
+    assert "deprecated" not in console.out + console.err
+    text = (tmp_path / RUN_LOG_FILE).read_text()
+    assert "vllm.engine: Automatically detected platform cpu." in text
+    assert "FutureWarning: `torch_dtype` is deprecated!" in text
+    assert "VLLM_CONFIGURE_LOGGING" not in os.environ  # restored on close
