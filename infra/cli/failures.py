@@ -4,7 +4,7 @@
 (`infra.run.driver_lock.hold_for_session`) before anything else starts, and opens its `driver.log`
 (`infra.run.run_log`). `ending(error, resume)` is the exit status and the one line of a failure
 the program names: 2 for what the user fixes (bad input, local state), 3 for a service the run
-needs that is gone, 1 for a trainer rank that died; None for anything else (a bug keeps its
+needs that is gone (a trainer rank that died among them); None for anything else (a bug keeps its
 traceback). `quiet_console(run_log)` makes Prefect's console handlers print no traceback (the run
 log keeps them), no record of a named failure (its one line ends the command) and none of the
 co-located rollout instances' own lines (in the run log, as a local instance's are in its log).
@@ -78,7 +78,7 @@ def _named_classes() -> dict[type[BaseException], tuple[int, str]]:
         PrefectApiUnreachable: (3, "{}"),
         PrefectServerCannotStart: (3, "{}"),  # 2 when its database is the cause
         RunLocked: (2, "{}"),
-        RankFailure: (1, "the run stopped: {}"),
+        RankFailure: (3, "the run stopped: {}"),  # a trainer rank (or node) lost: the message says how to resume
         CheckpointMismatch: (2, "the run stopped: {}"),  # the user's to fix: another trainer's checkpoint,
         CorruptCheckpoint: (2, "the run stopped: {}"),  # a damaged one,
         OutOfSpace: (2, "the run stopped: {}"),  # a full disk
