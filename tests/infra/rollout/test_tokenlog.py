@@ -26,9 +26,10 @@ def run_id() -> str:
     return f"test-{uuid.uuid4().hex[:8]}"
 
 
-@pytest.fixture
-def log(redis_client, run_id) -> TokenLog:
-    return TokenLog(redis_client, run_id)
+@pytest.fixture(params=[1, 3], ids=["one-shard", "three-shards"])
+def log(request, redis_client, run_id) -> TokenLog:
+    """The run's token log in one shard (the default) and in three (`fabric.tokenlog_shards`)."""
+    return TokenLog(redis_client, run_id, shards=request.param)
 
 
 def groups(count: int, n: int, max_new: int = 8) -> list[GroupSpec]:
@@ -70,16 +71,17 @@ def test_claim_respects_version_and_returns_request_inputs(log):
 
 
 def test_claim_prefers_partially_generated_then_enqueue_order(log):
-    log.enqueue_step(0, 0, groups(2, 2))
+    other = log.shards  # a second group in group 0's shard: the order is a shard's
+    log.enqueue_step(0, 0, [GroupSpec(g, [1, 2, 3], 2, 8, sampling=SAMPLING) for g in (0, other)])
     held = {c.sample_id: c for c in log.claim(0, "a", 0, 4)}
-    logged = {"0/0/0": 1, "0/0/1": 3, "0/1/0": 0, "0/1/1": 3}
+    logged = {"0/0/0": 1, "0/0/1": 3, f"0/{other}/0": 0, f"0/{other}/1": 3}
     for sid, count in logged.items():
         tokens = list(range(count))
         assert log.append(sid, "a", held[sid].epoch, tokens, lp(tokens))
-    for sid in ["0/1/1", "0/1/0", "0/0/0", "0/0/1"]:
+    for sid in [f"0/{other}/1", f"0/{other}/0", "0/0/0", "0/0/1"]:
         assert log.release(sid, "a", held[sid].epoch)
     order = [c.sample_id for c in log.claim(0, "b", 0, 4)]
-    assert order == ["0/1/1", "0/0/1", "0/0/0", "0/1/0"]
+    assert order == [f"0/{other}/1", "0/0/1", "0/0/0", f"0/{other}/0"]
 
 
 def test_append_is_fenced_and_rejections_counted(log):
@@ -131,7 +133,8 @@ def test_finish_completes_group_once_and_streams_it(log, redis_client, run_id):
     status = log.step_status(0)
     assert status.complete and status.done == 4 and status.tokens_logged == 5
     # a restarted trainer replays the stream from the start
-    assert TokenLog(redis_client, run_id).next_completed_groups(0) == [1, 0]
+    replayed = TokenLog(redis_client, run_id).next_completed_groups(0)
+    assert replayed == [1, 0] if log.shards == 1 else sorted(replayed) == [0, 1]  # in order within a shard
 
 
 def test_release_keeps_tokens_and_new_owner_resumes_exact_prefix(log):
@@ -301,7 +304,7 @@ def test_what_others_read_comes_from_methods_not_keys(log):
         assert log.finish(claim.sample_id, owner, claim.epoch, [1], lp([1]), "stop")
     assert log.completions(0) == 1 == log.completions(1) and log.running("a") == set()
     assert log.sample_owners(["0/0/1"]) == ["b"], "a done sample keeps its last owner"
-    kinds = {key.removeprefix(log.prefix).split(":")[0] for key in log.step_keys(0)}
+    kinds = {key.split("}:", 1)[1].split(":")[0] for key in log.step_keys(0)}
     assert kinds == {"step", "groups", "g", "s", "done"} and "s:1/0/0" not in str(log.step_keys(0))
     assert log.delete_step(0) and log.step_keys(0) == [] and log.step_keys(1)
 
