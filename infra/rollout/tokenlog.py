@@ -639,7 +639,9 @@ class TokenLog:
             return self._completed(step, keys, self.client.xread(self._streams(step, keys), block=block))
         deadline = time.monotonic() + timeout_s
         for turn in itertools.count():
-            groups = [g for key in keys for g in self._completed(step, keys, self.client.xread(self._streams(step, [key])))]
+            groups = [
+                g for key in keys for g in self._completed(step, keys, self.client.xread(self._streams(step, [key])))
+            ]
             remaining = deadline - time.monotonic()
             if groups or remaining <= 0:
                 return groups

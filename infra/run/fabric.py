@@ -135,7 +135,7 @@ class RolloutFabric:
         """The CA of a rediss:// Redis, which every instance verifies the server with."""
         field = "fabric.redis_url" if config.redis_url or self._redis_server else f"${REDIS_URL_ENV}"
         self.redis = RedisSettings(url=self.redis_url, ca_file=self.redis_ca_file).client(field)
-        self.log = TokenLog(self.redis, run_id)
+        self.log = TokenLog(self.redis, run_id, shards=config.tokenlog_shards)
         self.registry = InstanceRegistry(self.redis, run_id)
         self.controller = RolloutController(self.redis, run_id, config.controller, clock=time.time)
         self.instance_prefix = instance_prefix

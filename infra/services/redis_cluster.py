@@ -108,7 +108,8 @@ class LocalRedisCluster:
                 return
         log = directory / "redis.log"
         raise RuntimeError(
-            f"a cluster node ({binary}) did not start: " + (log.read_text(errors="replace")[-2000:] if log.exists() else "")
+            f"a cluster node ({binary}) did not start: "
+            + (log.read_text(errors="replace")[-2000:] if log.exists() else "")
         )
 
     def _node(self, port: int) -> redis.Redis:
@@ -134,7 +135,9 @@ class LocalRedisCluster:
                 ):
                     return
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"the local Redis Cluster did not reach cluster_state:ok in {self.timeout_s:.0f}s")
+                    raise TimeoutError(
+                        f"the local Redis Cluster did not reach cluster_state:ok in {self.timeout_s:.0f}s"
+                    )
                 time.sleep(0.05)
         finally:
             for node in nodes:

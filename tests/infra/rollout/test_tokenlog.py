@@ -1,11 +1,13 @@
-"""The token log against a real redis-server: fencing, migration, streaming, and a randomized
-interleaving of claims, flushes, releases and reaps checked against a reference model."""
+"""The token log against a real redis-server (in one shard and in three) and a real 3-master Redis
+Cluster (six shards): fencing, migration, reaping, streaming, stats; and a randomized interleaving
+of claims, flushes, releases and reaps checked against a reference model."""
 
 from __future__ import annotations
 
 import random
 import threading
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
@@ -13,6 +15,7 @@ import redis
 
 from infra.rollout.controller import ControllerConfig
 from infra.rollout.tokenlog import Flush, GroupSpec, TokenLog
+from infra.services.redis_embedded import RedisSettings
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.integration
@@ -26,10 +29,21 @@ def run_id() -> str:
     return f"test-{uuid.uuid4().hex[:8]}"
 
 
-@pytest.fixture(params=[1, 3], ids=["one-shard", "three-shards"])
-def log(request, redis_client, run_id) -> TokenLog:
-    """The run's token log in one shard (the default) and in three (`fabric.tokenlog_shards`)."""
-    return TokenLog(redis_client, run_id, shards=request.param)
+@pytest.fixture(params=["one-shard", "three-shards", "cluster"])
+def backend(request) -> tuple[str, int]:
+    """Where the token log runs, and in how many shards (`fabric.tokenlog_shards`): one Redis with
+    one shard (the default layout) or three; the session's 3-master Redis Cluster with six."""
+    if request.param == "cluster":
+        return request.getfixturevalue("redis_cluster_url"), 6
+    return request.getfixturevalue("redis_url"), 1 if request.param == "one-shard" else 3
+
+
+@pytest.fixture
+def log(backend, run_id) -> Iterator[TokenLog]:
+    url, shards = backend
+    client = RedisSettings(url=url).client()
+    yield TokenLog(client, run_id, shards=shards)
+    client.close()
 
 
 def groups(count: int, n: int, max_new: int = 8) -> list[GroupSpec]:
@@ -105,7 +119,7 @@ def test_append_is_fenced_and_rejections_counted(log):
         log.append(claim.sample_id, "a", claim.epoch, [1, 2], [0.0])
 
 
-def test_finish_completes_group_once_and_streams_it(log, redis_client, run_id):
+def test_finish_completes_group_once_and_streams_it(log, run_id):
     log.enqueue_step(0, 0, groups(2, 2))
     claims = {c.sample_id: c for c in log.claim(0, "a", 0, 4)}
 
@@ -133,7 +147,7 @@ def test_finish_completes_group_once_and_streams_it(log, redis_client, run_id):
     status = log.step_status(0)
     assert status.complete and status.done == 4 and status.tokens_logged == 5
     # a restarted trainer replays the stream from the start
-    replayed = TokenLog(redis_client, run_id).next_completed_groups(0)
+    replayed = TokenLog(log.client, run_id).next_completed_groups(0)
     assert replayed == [1, 0] if log.shards == 1 else sorted(replayed) == [0, 1]  # in order within a shard
 
 
@@ -271,11 +285,11 @@ def test_reaped_too_often_fails_and_drops_group(redis_client, run_id):
     assert log.stats().failed_samples == 2
 
 
-def test_state_survives_a_new_tokenlog_and_client(log, redis_url, run_id):
+def test_state_survives_a_new_tokenlog_and_client(log, backend, run_id):
     log.enqueue_step(4, 1, groups(1, 2))
     (a, b) = log.claim(4, "a", 1, 2)
     log.append(a.sample_id, "a", a.epoch, [1], lp([1]))
-    fresh = TokenLog(redis.Redis.from_url(redis_url), run_id)
+    fresh = TokenLog(RedisSettings(url=backend[0]).client(), run_id)
     assert fresh.step_status(4) == log.step_status(4)
     assert fresh.release_all("a") == 2
     resumed = {c.sample_id: c for c in fresh.claim(4, "b", 1, 2)}
