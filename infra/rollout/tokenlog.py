@@ -312,7 +312,7 @@ class TokenLog:
     step hashes, done streams, stats and per-instance owned sets, and every script touches one shard
     (one slot of a cluster). The run's driver gives `shards` (`fabric.tokenlog_shards`), which is
     recorded for the run and refused if it differs from the recorded count; everyone else leaves it
-    None and reads it (absent: 1, the layout of a run that predates shards).
+    None and reads it on first use (absent: 1, the layout of a run that predates shards).
     """
 
     def __init__(self, client: redis.Redis, run_id: str, shards: int | None = None) -> None:
@@ -322,21 +322,38 @@ class TokenLog:
             raise ValueError(f"run_id must be non-empty, printable, without braces: {run_id!r}")
         self.client = client
         self.run_id = run_id
-        self.shards = self._shard_count(shards)
-        self.prefixes = [tokenlog_prefix(run_id, shard, self.shards) for shard in range(self.shards)]
-        """Each shard's key prefix (``P`` of its keys)."""
-        self.prefix = self.prefixes[0]
-        self._stats = [_stats_key(prefix) for prefix in self.prefixes]
+        self._shards = None if shards is None else self._record_shards(shards)
+        self._prefixes: list[str] = []
+        self._stats: list[str] = []
         self._scripts = {name: client.register_script(_PRELUDE + body) for name, body in _SCRIPTS.items()}
         self._cursors: dict[tuple[int, int], bytes] = {}
         """(step, shard): the last entry of the shard's done stream this object returned."""
         self._cluster = isinstance(client, RedisCluster)
 
-    def _shard_count(self, shards: int | None) -> int:
+    @property
+    def shards(self) -> int:
+        """The run's shard count: as given, else read from Redis on first use."""
+        if self._shards is None:
+            stored = self.client.get(tokenlog_shards_key(self.run_id))
+            self._shards = 1 if stored is None else int(stored)
+        return self._shards
+
+    @property
+    def prefixes(self) -> list[str]:
+        """Each shard's key prefix (``P`` of its keys)."""
+        if not self._prefixes:
+            self._prefixes = [tokenlog_prefix(self.run_id, shard, self.shards) for shard in range(self.shards)]
+            self._stats = [_stats_key(prefix) for prefix in self._prefixes]
+        return self._prefixes
+
+    @property
+    def prefix(self) -> str:
+        """Shard 0's prefix (the run's own, ``rlb:{R}:``, with one shard)."""
+        return self.prefixes[0]
+
+    def _record_shards(self, shards: int) -> int:
+        """Record the run's count, or check it against the recorded one."""
         key = tokenlog_shards_key(self.run_id)
-        if shards is None:
-            stored = self.client.get(key)
-            return 1 if stored is None else int(stored)
         if shards < 1:
             raise ValueError(f"the token log needs at least one shard, got {shards}")
         if self.client.set(key, shards, nx=True):
@@ -355,7 +372,8 @@ class TokenLog:
         return shards
 
     def _run(self, script: str, shard: int, *args: Any) -> Any:
-        return self._scripts[script](keys=[self._stats[shard]], args=[self.prefixes[shard], *args])
+        prefix = self.prefixes[shard]
+        return self._scripts[script](keys=[self._stats[shard]], args=[prefix, *args])
 
     def shard_of(self, sample_id: str) -> int:
         """The shard of a sample (its group's: ``"<step>/<group>/<index>"``); 0 for a malformed id."""
@@ -733,8 +751,8 @@ class TokenLog:
     def stats(self) -> TokenLogStats:
         """The counters, summed over the shards."""
         pipe = self.client.pipeline(transaction=False)
-        for key in self._stats:
-            pipe.hgetall(key)
+        for prefix in self.prefixes:
+            pipe.hgetall(_stats_key(prefix))
         shards = pipe.execute()
         return TokenLogStats(
             **{f.name: sum(int(values.get(f.name.encode(), 0)) for values in shards) for f in fields(TokenLogStats)}
