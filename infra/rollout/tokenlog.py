@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import redis
 from redis.cluster import RedisCluster
+from redis.typing import KeyT, StreamIdT
 
 from infra.keyspace import glob_escape, run_prefix, tokenlog_prefix, tokenlog_shards_key
 from rl.generation import GenerationRequest, SamplingParams
@@ -670,7 +671,7 @@ class TokenLog:
                 return groups
         raise AssertionError("unreachable")
 
-    def _streams(self, step: int, keys: Sequence[str]) -> dict[str, bytes]:
+    def _streams(self, step: int, keys: Sequence[str]) -> dict[KeyT, StreamIdT]:
         """XREAD's streams argument: each done stream of `keys` from this object's cursor."""
         return {key: self._cursors.get((step, self._done_shard(step, key)), b"0") for key in keys}
 
