@@ -30,12 +30,12 @@ import redis
 from redis.cluster import RedisCluster
 from redis.typing import KeyT, StreamIdT
 
-from infra.keyspace import glob_escape, run_prefix, tokenlog_prefix, tokenlog_shards_key
+from infra.keyspace import current_step_key, glob_escape, tokenlog_prefix, tokenlog_shards_key
 from rl.generation import GenerationRequest, SamplingParams
 
 STATES = ("queued", "running", "done", "failed")
 
-# --- keys read outside the Lua scripts (``P`` = `infra.keyspace.run_prefix`; all: docs/internals.md §4)
+# --- keys read outside the Lua scripts (``P`` = a shard's `infra.keyspace.tokenlog_prefix`; all: docs/internals.md §4)
 
 
 def _sample_key(prefix: str, sample_id: str) -> str:
@@ -304,6 +304,10 @@ def _str(reply: bytes | str) -> str:
     return reply.decode() if isinstance(reply, bytes) else reply
 
 
+class ShardCountMismatch(ValueError):
+    """The run's token log has another shard count than the one configured (`fabric.tokenlog_shards`)."""
+
+
 class TokenLog:
     """One run's token log on a Redis server or cluster; stateless apart from stream cursors, so any
     number of TokenLog objects (in any processes) on the same Redis and run id see one state.
@@ -358,15 +362,16 @@ class TokenLog:
         if shards < 1:
             raise ValueError(f"the token log needs at least one shard, got {shards}")
         if self.client.set(key, shards, nx=True):
-            if shards > 1 and self.client.exists(_stats_key(run_prefix(self.run_id))):
+            if shards > 1 and self.client.exists(current_step_key(self.run_id)):  # a run from before shards
                 self.client.delete(key)
-                raise ValueError(
-                    f"run {self.run_id!r} has an unsharded token log: set fabric.tokenlog_shards to 1 to resume it"
+                raise ShardCountMismatch(
+                    f"run {self.run_id!r}'s token log has 1 shard, not {shards}: "
+                    "set fabric.tokenlog_shards to 1 to resume it"
                 )
             return shards
         stored = int(self.client.get(key) or shards)
         if stored != shards:
-            raise ValueError(
+            raise ShardCountMismatch(
                 f"run {self.run_id!r}'s token log has {stored} shards, not {shards}: "
                 f"set fabric.tokenlog_shards to {stored} to resume it"
             )

@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from infra.rollout.controller import ControllerConfig
-from infra.rollout.tokenlog import Flush, GroupSpec, TokenLog
+from infra.rollout.tokenlog import Flush, GroupSpec, ShardCountMismatch, TokenLog
 from infra.services.redis_embedded import RedisSettings
 from tests.helpers import wait_for
 
@@ -543,3 +543,24 @@ def _random_run(redis_client: redis.Redis, seed: int, ops: int) -> None:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_random_interleavings_lose_and_duplicate_nothing(redis_client, seed):
     _random_run(redis_client, seed, ops=2000)
+
+
+def test_a_run_keeps_its_shard_count_and_another_is_refused_with_one_line(redis_client, run_id):
+    from infra.cli.failures import ending
+    from infra.rollout.protocol import set_current_step
+
+    assert TokenLog(redis_client, run_id).shards == 1, "a run with no recorded count has one shard"
+    assert TokenLog(redis_client, run_id, shards=3).shards == 3 == TokenLog(redis_client, run_id).shards
+    with pytest.raises(ShardCountMismatch) as refused:
+        TokenLog(redis_client, run_id, shards=1)
+    line = ending(refused.value, "")
+    assert line is not None and line.code == 2
+    assert (
+        line.line
+        == f"cannot run: run '{run_id}''s token log has 3 shards, not 1: set fabric.tokenlog_shards to 3 to resume it"
+    )
+    before = f"{run_id}-old"  # a run started before shards: no count recorded, a current step
+    assert set_current_step(redis_client, before, 4, 4)
+    with pytest.raises(ShardCountMismatch, match="has 1 shard, not 2: set fabric.tokenlog_shards to 1"):
+        TokenLog(redis_client, before, shards=2)
+    assert TokenLog(redis_client, before, shards=1).prefix == f"rlb:{{{before}}}:", "its keys as they were"
