@@ -6,10 +6,8 @@ step), against the same rollout with no logging, measured side by side in one ru
 Append throughput is what the token log sustains for a fleet: `--clients` processes (instances),
 each with its own connection and its own `--samples` leased samples, flush `--chunk` tokens per
 sample per round trip, all at once; tokens/s is everything they logged over the wall time from the
-first start to the last end (and per sample flush: `flushes_per_s`, tokens/s / `--chunk`). One client
-alone (a single instance's ceiling, client and server taking turns) is printed too. `--cluster` runs
-the same clients, as instances of one run whose token log has `--shards` shards, on a local 3-master
-Redis Cluster too (`tokens_per_s_cluster`, `flushes_per_s_cluster`).
+first start to the last end (`flushes_per_s`: tokens/s / `--chunk`); one client alone too. `--cluster`
+runs them as instances of one run with `--shards` shards on a local 3-master Redis Cluster as well.
 
     .venv/bin/python bench/tokenlog.py [--clients 3] [--samples 64] [--chunk 16] [--calls 400] [--flush-tokens 8] [--cluster]
 

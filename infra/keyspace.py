@@ -1,10 +1,7 @@
-"""The Redis keyspace of a run: its prefixes and the key names of every part but the token log, which
-builds its own (`infra.rollout.tokenlog`).
+"""The Redis keyspace of a run: its prefixes, and its keys but the token log's (`infra.rollout.tokenlog`).
 
-Every run-wide key of run `R` starts with ``rlb:{R}:`` (`run_prefix`), a Redis Cluster hash tag: those
-keys share one slot, so multi-key scripts work on a cluster. The token log's S shards
-(`fabric.tokenlog_shards`) each have their own tag, ``rlb:{R/k}:`` (`tokenlog_prefix`), to spread a
-run's samples over a cluster's slots; S = 1 keeps them under ``rlb:{R}:``. Below them (docs/ARCHITECTURE.md):
+Run `R`'s keys start with ``rlb:{R}:`` (`run_prefix`), a Redis Cluster hash tag (one slot: multi-key
+scripts work on a cluster), the token log's S > 1 shards with ``rlb:{R/k}:`` (`tokenlog_prefix`):
 
     rlb:{R}: or rlb:{R/k}:      the token log (`infra.rollout.tokenlog`; its keys: docs/internals.md §4)
     rlb:{R}:tokenlog_shards     the token log's shard count, set by the run's driver

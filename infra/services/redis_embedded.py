@@ -2,9 +2,8 @@
 
 This module owns
 * `RedisSettings`, the run's Redis connection settings (URL, password, TLS); `client()` connects
-  and checks with one PING, failing with `RedisUnavailable` (host:port, never the password, and the
-  fix), and gives a cluster client when the server is a Redis Cluster node; `serve()` yields the
-  configured server as is, or an embedded one;
+  (a cluster client on a Redis Cluster node), failing with `RedisUnavailable` (host:port, never the
+  password, and the fix); `serve()` yields the configured server as is, or an embedded one;
 * `launch_redis_server`, the one loop that starts a `redis-server` (a config file, a free port,
   PING until it answers, another port when one was taken), for `EmbeddedRedis` and `rlboost up`'s
   stack (`infra/stack/stack.py`), which differ only in how they spawn and stop the process;
