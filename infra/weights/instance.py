@@ -26,7 +26,6 @@ import time
 import redis
 import torch
 
-from infra.services.redis_embedded import RedisSettings
 from infra.weights.config import WeightsConfig
 from infra.weights.manifest import fingerprint
 from infra.weights.puller import WeightPuller
@@ -90,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--run-dir", default=None, help="run directory (default store location)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    instance = _Instance(RedisSettings(url=args.redis_url).client(), args.instance_id, args.run_dir)
+    instance = _Instance(redis.Redis.from_url(args.redis_url), args.instance_id, args.run_dir)
     try:
         for line in sys.stdin:
             _answer(instance.handle(json.loads(line)))
