@@ -12,7 +12,6 @@ never through its keys.
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
 import secrets
@@ -662,7 +661,8 @@ class TokenLog:
             block = max(1, int(timeout_s * 1000)) if timeout_s > 0 else None
             return self._completed(step, keys, self.client.xread(self._streams(step, keys), block=block))
         deadline = time.monotonic() + timeout_s
-        for turn in itertools.count():
+        turn = 0
+        while True:
             groups = [
                 g for key in keys for g in self._completed(step, keys, self.client.xread(self._streams(step, [key])))
             ]
@@ -670,11 +670,11 @@ class TokenLog:
             if groups or remaining <= 0:
                 return groups
             key = keys[turn % len(keys)]
+            turn += 1
             block = max(1, int(min(remaining, _CLUSTER_WAIT_S) * 1000))
             groups = self._completed(step, keys, self.client.xread(self._streams(step, [key]), block=block))
             if groups:
                 return groups
-        raise AssertionError("unreachable")
 
     def _streams(self, step: int, keys: Sequence[str]) -> dict[KeyT, StreamIdT]:
         """XREAD's streams argument: each done stream of `keys` from this object's cursor."""
