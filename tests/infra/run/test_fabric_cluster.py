@@ -1,7 +1,7 @@
 """Fabric steps on a real local 3-master Redis Cluster (`fabric.redis_url` names one node,
 `fabric.tokenlog_shards: 6`): the co-located reserved instance in this process and a spot worker
-process, weights published and pulled, the controller and registry on the cluster; every sample
-arrives once, and the samples live on more than one node."""
+process, weights published and pulled (and the pull reported), the controller and registry on the
+cluster; every sample arrives once, and the samples live on more than one node."""
 
 from __future__ import annotations
 
@@ -61,6 +61,11 @@ def test_fabric_steps_on_a_redis_cluster_deliver_every_sample_once_from_several_
             assert len(nodes) >= 2, f"step {step}'s samples all lived on one node: {nodes}"
             for instance, count in report.instance_tokens.items():
                 tokens[instance] = tokens.get(instance, 0) + count
+        deadline = time.time() + 20  # the spot worker pulls version 1 through the cluster's weight keys
+        while time.time() < deadline and {i.policy_version for i in fabric.registry.alive()} != {1}:
+            time.sleep(0.05)
+        assert {i.policy_version for i in fabric.registry.alive()} == {1}
+        assert any(t.instance_id == "spot-0" for t in fabric.drain_transfers()), "its pull was reported"
         assert set(tokens) == {"reserved-colocated", "spot-0"} and all(tokens.values()), (
             f"both instances generate, the spot worker process on its own cluster client: {tokens}"
         )
