@@ -6,10 +6,10 @@ step), against the same rollout with no logging, measured side by side in one ru
 Append throughput is what the token log sustains for a fleet: `--clients` processes (instances),
 each with its own connection and its own `--samples` leased samples, flush `--chunk` tokens per
 sample per round trip, all at once; tokens/s is everything they logged over the wall time from the
-first start to the last end. One client alone (a single instance's ceiling, client and server
-taking turns) is printed too.
+first start to the last end (`flushes_per_s`: tokens/s / `--chunk`); one client alone too. `--cluster`
+runs them as instances of one run with `--shards` shards on a local 3-master Redis Cluster as well.
 
-    .venv/bin/python bench/tokenlog.py [--clients 3] [--samples 64] [--chunk 16] [--calls 400] [--flush-tokens 8]
+    .venv/bin/python bench/tokenlog.py [--clients 3] [--samples 64] [--chunk 16] [--calls 400] [--flush-tokens 8] [--cluster]
 
 Last line JSON: {"tokens_per_s": .., "overhead": .., ...}. Targets: >= 1,000,000 tokens/s and
 overhead <= 3% of rollout time.
@@ -32,7 +32,8 @@ import torch  # noqa: E402
 
 from infra.rollout.flush_pipeline import FlushPipeline  # noqa: E402
 from infra.rollout.tokenlog import Flush, GroupSpec, TokenLog  # noqa: E402
-from infra.services.redis_embedded import EmbeddedRedis  # noqa: E402
+from infra.services.redis_cluster import LocalRedisCluster  # noqa: E402
+from infra.services.redis_embedded import EmbeddedRedis, RedisSettings  # noqa: E402
 from rl.engine import HFEngine  # noqa: E402
 from rl.generation import GenerationRequest, SamplingParams  # noqa: E402
 from rl.models import TinyLlamaShape, build_tiny_llama  # noqa: E402
@@ -51,27 +52,44 @@ def append_throughput(client: redis.Redis, run_id: str, samples: int, chunk: int
     return samples * chunk * calls / (time.perf_counter() - started)
 
 
-def _append_client(url: str, run_id: str, samples: int, chunk: int, calls: int, barrier, results) -> None:
-    client = redis.Redis.from_url(url)
+def _steps(samples: int, chunk: int, calls: int) -> list[GroupSpec]:
+    return [GroupSpec(g, [1, 2, 3], 1, chunk * (calls + 1)) for g in range(samples)]
+
+
+def _append_client(
+    url: str, run_id: str, instance: str, enqueue: bool, samples: int, chunk: int, calls: int, barrier, results
+) -> None:
+    client = RedisSettings(url=url).client()  # a cluster client on a cluster node
     log = TokenLog(client, run_id)
-    log.enqueue_step(0, 0, [GroupSpec(g, [1, 2, 3], 1, chunk * (calls + 1)) for g in range(samples)])
-    claims = log.claim(0, "bench", 0, samples)
+    if enqueue:
+        log.enqueue_step(0, 0, _steps(samples, chunk, calls))
+    claims = log.claim(0, instance, 0, samples)
+    assert len(claims) == samples
     tokens, logprobs = list(range(chunk)), [-0.5] * chunk
     barrier.wait()
     started = time.time()
     for call in range(calls):
-        accepted = log.log([Flush(c.sample_id, "bench", c.epoch, tokens, logprobs, call * chunk) for c in claims])
+        accepted = log.log([Flush(c.sample_id, instance, c.epoch, tokens, logprobs, call * chunk) for c in claims])
         assert all(accepted)
     results.put((started, time.time(), samples * chunk * calls))
 
 
-def fleet_throughput(url: str, run_id: str, clients: int, samples: int, chunk: int, calls: int) -> float:
-    """Tokens/s that `clients` concurrent appenders (separate processes) log together."""
+def fleet_throughput(
+    url: str, run_id: str, clients: int, samples: int, chunk: int, calls: int, shards: int | None = None
+) -> float:
+    """Tokens/s that `clients` concurrent appenders (separate processes) log together: each in a run
+    of its own, or (with `shards`) all as instances of one run whose token log has that many shards."""
     context = multiprocessing.get_context("spawn")
     barrier, results = context.Barrier(clients), context.Queue()
+    if shards is None:
+        jobs = [(url, f"{run_id}-{i}", "bench", True) for i in range(clients)]
+    else:
+        client = RedisSettings(url=url).client()
+        TokenLog(client, run_id, shards=shards).enqueue_step(0, 0, _steps(clients * samples, chunk, calls))
+        client.close()
+        jobs = [(url, run_id, f"bench-{i}", False) for i in range(clients)]
     processes = [
-        context.Process(target=_append_client, args=(url, f"{run_id}-{i}", samples, chunk, calls, barrier, results))
-        for i in range(clients)
+        context.Process(target=_append_client, args=(*job, samples, chunk, calls, barrier, results)) for job in jobs
     ]
     for process in processes:
         process.start()
@@ -141,8 +159,30 @@ def main() -> None:
     parser.add_argument("--rollout-samples", type=int, default=256)
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument(
+        "--cluster", action="store_true", help="also measure the clients on a local 3-master Redis Cluster"
+    )
+    parser.add_argument("--shards", type=int, default=6, help="the token log's shards on the cluster")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    cluster: dict[str, float | int] = {}
+    if args.cluster:
+        with LocalRedisCluster(masters=3) as local:
+            tokens_per_s_cluster = max(
+                fleet_throughput(
+                    local.url, f"bench-cluster-{r}", args.clients, args.samples, args.chunk, args.calls, args.shards
+                )
+                for r in range(5)
+            )
+        print(
+            f"{args.clients} clients on a 3-master cluster, {args.shards} shards: {tokens_per_s_cluster:,.0f} tokens/s"
+        )
+        cluster = {
+            "tokens_per_s_cluster": round(tokens_per_s_cluster),
+            "flushes_per_s_cluster": round(tokens_per_s_cluster / args.chunk),
+            "masters": 3,
+            "shards": args.shards,
+        }
 
     with EmbeddedRedis() as server:
         client = redis.Redis.from_url(server.url)
@@ -208,6 +248,8 @@ def main() -> None:
         json.dumps(
             {
                 "tokens_per_s": round(tokens_per_s),
+                "flushes_per_s": round(tokens_per_s / args.chunk),
+                **cluster,
                 "overhead": round(overhead, 4),
                 "tokens_per_s_one_client": round(one_client),
                 "clients": args.clients,

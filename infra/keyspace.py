@@ -1,10 +1,10 @@
-"""The Redis keyspace of a run: its prefix and the key names of every part but the token log, which
-builds its own (`infra.rollout.tokenlog`).
+"""The Redis keyspace of a run: its prefixes, and its keys but the token log's (`infra.rollout.tokenlog`).
 
-Every key of run `R` starts with ``rlb:{R}:`` (`run_prefix`), a Redis Cluster hash tag: a run's keys
-share one slot, so multi-key scripts work on a cluster. Below it (each key: docs/ARCHITECTURE.md):
+Run `R`'s keys start with ``rlb:{R}:`` (`run_prefix`), a Redis Cluster hash tag (one slot: multi-key
+scripts work on a cluster), the token log's S > 1 shards with ``rlb:{R/k}:`` (`tokenlog_prefix`):
 
-    rlb:{R}:                    the token log (`infra.rollout.tokenlog`; its keys: docs/internals.md §4)
+    rlb:{R}: or rlb:{R/k}:      the token log (`infra.rollout.tokenlog`; its keys: docs/internals.md §4)
+    rlb:{R}:tokenlog_shards     the token log's shard count, set by the run's driver
     rlb:{R}:current_step        the current-step protocol (`infra.rollout.protocol`)
     rlb:{R}:reg:                the instance registry (`infra.rollout.registry`)
     rlb:{R}:ctl:                the controller's own state (`infra.rollout.controller`)
@@ -19,6 +19,17 @@ It imports nothing, so both planes use it without importing each other (docs/int
 def run_prefix(run_id: str) -> str:
     """``rlb:{<run_id>}:``: the prefix of every key of the run (the token log's keys directly)."""
     return f"rlb:{{{run_id}}}:"
+
+
+def tokenlog_prefix(run_id: str, shard: int, shards: int) -> str:
+    """The prefix of the token log's shard `shard` of `shards`: ``rlb:{<run_id>/<shard>}:``, or the
+    run's own prefix when there is one shard (the layout of a run that predates shards)."""
+    return run_prefix(run_id) if shards == 1 else f"rlb:{{{run_id}/{shard}}}:"
+
+
+def tokenlog_shards_key(run_id: str) -> str:
+    """``rlb:{<run_id>}:tokenlog_shards``: the token log's shard count (absent: 1)."""
+    return run_prefix(run_id) + "tokenlog_shards"
 
 
 def current_step_key(run_id: str) -> str:

@@ -53,6 +53,16 @@ def redis_url():
         yield server.url
 
 
+@pytest.fixture(scope="session")
+def redis_cluster_url():
+    """One local 3-master Redis Cluster (free loopback ports, random password, no persistence),
+    stopped with its processes at the session's end."""
+    from infra.services.redis_cluster import LocalRedisCluster
+
+    with LocalRedisCluster(masters=3) as cluster:
+        yield cluster.url
+
+
 @pytest.fixture
 def redis_client(redis_url):
     """A binary (decode_responses=False) client of the session's embedded Redis."""

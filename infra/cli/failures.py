@@ -64,6 +64,7 @@ def _note_in_the_run_log(directory: Path, line: str) -> None:
 def _named_classes() -> dict[type[BaseException], tuple[int, str]]:
     """Failures named by their class: (exit status, how the line begins: `{}` is the message)."""
     from infra.fleet.instance_watch import PoolFailure
+    from infra.rollout.tokenlog import ShardCountMismatch
     from infra.run.redis_outage import RunStopped
     from infra.services.prefect_api import PrefectApiUnreachable, PrefectServerCannotStart
     from infra.services.redis_embedded import RedisUnavailable
@@ -78,6 +79,7 @@ def _named_classes() -> dict[type[BaseException], tuple[int, str]]:
         PrefectApiUnreachable: (3, "{}"),
         PrefectServerCannotStart: (3, "{}"),  # 2 when its database is the cause
         RunLocked: (2, "{}"),
+        ShardCountMismatch: (2, "cannot run: {}"),  # a run resumed with another fabric.tokenlog_shards
         RankFailure: (3, "the run stopped: {}"),  # a trainer rank (or node) lost: the message says how to resume
         CheckpointMismatch: (2, "the run stopped: {}"),  # the user's to fix: another trainer's checkpoint,
         CorruptCheckpoint: (2, "the run stopped: {}"),  # a damaged one,

@@ -16,6 +16,8 @@ import json
 import re
 import secrets
 import sys
+import time
+import zlib
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -24,13 +26,15 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import redis
+from redis.cluster import RedisCluster
+from redis.typing import KeyT, StreamIdT
 
-from infra.keyspace import glob_escape, run_prefix
+from infra.keyspace import current_step_key, glob_escape, tokenlog_prefix, tokenlog_shards_key
 from rl.generation import GenerationRequest, SamplingParams
 
 STATES = ("queued", "running", "done", "failed")
 
-# --- keys read outside the Lua scripts (``P`` = `infra.keyspace.run_prefix`; all: docs/internals.md §4)
+# --- keys read outside the Lua scripts (``P`` = a shard's `infra.keyspace.tokenlog_prefix`; all: docs/internals.md §4)
 
 
 def _sample_key(prefix: str, sample_id: str) -> str:
@@ -62,6 +66,10 @@ def _stats_key(prefix: str) -> str:
     """``P stats``: hash of the token log's counters."""
     return prefix + "stats"
 
+
+_CLUSTER_WAIT_S = 0.05
+"""On a cluster, how long `TokenLog.next_completed_groups` blocks on one shard's stream before it
+looks at the others again (the most a completed group waits to be seen)."""
 
 _STEP_KEY = r"(?:(?:step|groups|q|qr|done|dropped):{step}|(?:g|s):{step}/.*)"
 """What follows ``P`` in a key of step ``{step}`` (`TokenLog.step_keys`)."""
@@ -295,24 +303,97 @@ def _str(reply: bytes | str) -> str:
     return reply.decode() if isinstance(reply, bytes) else reply
 
 
-class TokenLog:
-    """One run's token log on a Redis server; stateless apart from stream cursors, so any number
-    of TokenLog objects (in any processes) on the same Redis and run id see one state."""
+class ShardCountMismatch(ValueError):
+    """The run's token log has another shard count than the one configured (`fabric.tokenlog_shards`)."""
 
-    def __init__(self, client: redis.Redis, run_id: str) -> None:
+
+class TokenLog:
+    """One run's token log on a Redis server or cluster; stateless apart from stream cursors, so any
+    number of TokenLog objects (in any processes) on the same Redis and run id see one state.
+
+    Its keys are spread over `shards` hash tags (`infra.keyspace.tokenlog_prefix`; docs/internals.md
+    §4): a group and its samples live in shard ``group_id % shards``, each shard has its own queues,
+    step hashes, done streams, stats and per-instance owned sets, and every script touches one shard
+    (one slot of a cluster). The run's driver gives `shards` (`fabric.tokenlog_shards`), which is
+    recorded for the run and refused if it differs from the recorded count; everyone else leaves it
+    None and reads it on first use (absent: 1, the layout of a run that predates shards).
+    """
+
+    def __init__(self, client: redis.Redis, run_id: str, shards: int | None = None) -> None:
         if client.get_connection_kwargs().get("decode_responses"):
             raise ValueError("TokenLog needs a Redis client with decode_responses=False (it stores binary arrays)")
         if not run_id or any(c in run_id for c in "{}") or not run_id.isprintable():
             raise ValueError(f"run_id must be non-empty, printable, without braces: {run_id!r}")
         self.client = client
         self.run_id = run_id
-        self.prefix = run_prefix(run_id)
-        self._stats = _stats_key(self.prefix)
+        self._shards = None if shards is None else self._record_shards(shards)
+        self._prefixes: list[str] = []
+        self._stats: list[str] = []
         self._scripts = {name: client.register_script(_PRELUDE + body) for name, body in _SCRIPTS.items()}
-        self._cursors: dict[int, bytes] = {}
+        self._cursors: dict[tuple[int, int], bytes] = {}
+        """(step, shard): the last entry of the shard's done stream this object returned."""
+        self._cluster = isinstance(client, RedisCluster)
 
-    def _run(self, script: str, *args: Any) -> Any:
-        return self._scripts[script](keys=[self._stats], args=[self.prefix, *args])
+    @property
+    def shards(self) -> int:
+        """The run's shard count: as given, else read from Redis on first use."""
+        if self._shards is None:
+            stored = self.client.get(tokenlog_shards_key(self.run_id))
+            self._shards = 1 if stored is None else int(stored)
+        return self._shards
+
+    @property
+    def prefixes(self) -> list[str]:
+        """Each shard's key prefix (``P`` of its keys)."""
+        if not self._prefixes:
+            self._prefixes = [tokenlog_prefix(self.run_id, shard, self.shards) for shard in range(self.shards)]
+            self._stats = [_stats_key(prefix) for prefix in self._prefixes]
+        return self._prefixes
+
+    @property
+    def prefix(self) -> str:
+        """Shard 0's prefix (the run's own, ``rlb:{R}:``, with one shard)."""
+        return self.prefixes[0]
+
+    def _record_shards(self, shards: int) -> int:
+        """Record the run's count, or check it against the recorded one."""
+        key = tokenlog_shards_key(self.run_id)
+        if shards < 1:
+            raise ValueError(f"the token log needs at least one shard, got {shards}")
+        if self.client.set(key, shards, nx=True):
+            if shards > 1 and self.client.exists(current_step_key(self.run_id)):  # a run from before shards
+                self.client.delete(key)
+                raise ShardCountMismatch(
+                    f"run {self.run_id!r}'s token log has 1 shard, not {shards}: "
+                    "set fabric.tokenlog_shards to 1 to resume it"
+                )
+            return shards
+        stored = int(self.client.get(key) or shards)
+        if stored != shards:
+            raise ShardCountMismatch(
+                f"run {self.run_id!r}'s token log has {stored} shards, not {shards}: "
+                f"set fabric.tokenlog_shards to {stored} to resume it"
+            )
+        return shards
+
+    def _run(self, script: str, shard: int, *args: Any) -> Any:
+        prefix = self.prefixes[shard]
+        return self._scripts[script](keys=[self._stats[shard]], args=[prefix, *args])
+
+    def shard_of(self, sample_id: str) -> int:
+        """The shard of a sample (its group's: ``"<step>/<group>/<index>"``); 0 for a malformed id."""
+        if self.shards == 1:
+            return 0
+        parts = sample_id.split("/")
+        return int(parts[1]) % self.shards if len(parts) == 3 and parts[1].isdigit() else 0
+
+    def _shard_order(self, instance_id: str) -> list[int]:
+        """The shards an instance claims from, in order: from one its id picks, then the next ones."""
+        start = zlib.crc32(instance_id.encode()) % self.shards
+        return [(start + offset) % self.shards for offset in range(self.shards)]
+
+    def _sample_key(self, sample_id: str) -> str:
+        return _sample_key(self.prefixes[self.shard_of(sample_id)], sample_id)
 
     # --- work in -------------------------------------------------------------------------------
 
@@ -321,7 +402,8 @@ class TokenLog:
     ) -> bool:
         """Queue n samples per group for `step`, trained from `policy_version`, whose tokens any
         version in [`min_version`, `policy_version`] may generate (default: exactly that version);
-        False (and nothing changes) if the step exists."""
+        False (and nothing changes) if the step exists. Each shard gets its groups (maybe none),
+        shard 0 last: the step exists once shard 0 has it, and a retry completes a partial enqueue."""
         if not groups:
             raise ValueError(f"step {step}: no groups to enqueue")
         ids = [g.group_id for g in groups]
@@ -330,24 +412,29 @@ class TokenLog:
         min_version = policy_version if min_version is None else min_version
         if not 0 <= min_version <= policy_version:
             raise ValueError(f"step {step}: min_version {min_version} outside [0, {policy_version}]")
-        args: list[Any] = [step, policy_version, min_version]
-        for g in groups:
-            args += [
-                g.group_id,
-                g.n,
-                _pack("I", g.prompt_ids),
-                g.max_new_tokens,
-                g.seed,
-                json.dumps(dict(g.sampling)),
-                json.dumps(g.meta),
-            ]
-        return bool(self._run("enqueue", *args))
+        created = False
+        for shard in reversed(range(self.shards)):
+            args: list[Any] = [step, policy_version, min_version]
+            for g in groups:
+                if g.group_id % self.shards == shard:
+                    args += [
+                        g.group_id,
+                        g.n,
+                        _pack("I", g.prompt_ids),
+                        g.max_new_tokens,
+                        g.seed,
+                        json.dumps(dict(g.sampling)),
+                        json.dumps(g.meta),
+                    ]
+            created = bool(self._run("enqueue", shard, *args))
+        return created
 
     # --- the owner's side ----------------------------------------------------------------------
 
     def claim(self, step: int | Sequence[int], instance_id: str, policy_version: int, max_samples: int) -> list[Claim]:
-        """Lease up to `max_samples` queued samples of `step` (or of several steps, oldest first),
-        partially generated ones first within a step.
+        """Lease up to `max_samples` queued samples of `step` (or of several steps, oldest first
+        within a shard), partially generated ones first within a step; from the instance's first
+        shard, then the next ones while it wants more.
 
         A step gives nothing to a `policy_version` outside its window (exactly its version when
         strict; [min_version, version] with bounded staleness).
@@ -355,7 +442,12 @@ class TokenLog:
         if max_samples < 1:
             return []
         steps = ",".join(str(s) for s in ([step] if isinstance(step, int) else step))
-        rows = self._run("claim", steps, instance_id, policy_version, max_samples, secrets.token_hex(8))
+        nonce = secrets.token_hex(8)  # a shard's retried call returns what it leased, once
+        rows: list = []
+        for shard in self._shard_order(instance_id):
+            rows += self._run("claim", shard, steps, instance_id, policy_version, max_samples - len(rows), nonce)
+            if len(rows) >= max_samples:
+                break
         return [
             Claim(
                 sample_id=sid.decode(),
@@ -372,13 +464,13 @@ class TokenLog:
         ]
 
     def log(self, flushes: Iterable[Flush | tuple]) -> list[bool]:
-        """Apply many flushes in one round trip; each is accepted iff its lease is current
-        (state running, same owner, same epoch), it fits the budget and, with `offset`, starts
-        where the logged tokens end. A finishing flush marks the sample done; the group streams
-        to the trainer when its last sample is done. Rejections count in `rejected_appends`."""
-        meta: list[tuple] = []
-        tokens: list[int] = []
-        logprobs: list[float] = []
+        """Apply many flushes in one round trip per shard they touch; each is accepted iff its
+        lease is current (state running, same owner, same epoch), it fits the budget and, with
+        `offset`, starts where the logged tokens end. A finishing flush marks the sample done; the
+        group streams to the trainer when its last sample is done. Rejections count in
+        `rejected_appends`."""
+        batches: dict[int, tuple[list[tuple], list[int], list[float], list[int]]] = {}
+        count = 0
         for entry in flushes:
             f = entry if isinstance(entry, Flush) else Flush(*entry)
             k = len(f.token_ids)
@@ -386,6 +478,7 @@ class TokenLog:
                 raise ValueError(f"sample {f.sample_id}: {k} tokens but {len(f.logprobs)} logprobs")
             if f.finish_reason == "":
                 raise ValueError(f"sample {f.sample_id}: empty finish_reason (use None)")
+            meta, tokens, logprobs, positions = batches.setdefault(self.shard_of(f.sample_id), ([], [], [], []))
             meta.append(
                 (
                     f.sample_id,
@@ -399,13 +492,17 @@ class TokenLog:
             )
             tokens.extend(f.token_ids)
             logprobs.extend(f.logprobs)
-        if not meta:
-            return []
-        records = np.empty(len(tokens), dtype=RECORD)
-        records["token"] = tokens
-        records["logprob"] = logprobs
-        reply = self._run("log", json.dumps(meta), records.tobytes())
-        return [bool(ok) for ok in reply]
+            positions.append(count)
+            count += 1
+        accepted = [False] * count
+        for shard, (meta, tokens, logprobs, positions) in batches.items():
+            records = np.empty(len(tokens), dtype=RECORD)
+            records["token"] = tokens
+            records["logprob"] = logprobs
+            reply = self._run("log", shard, json.dumps(meta), records.tobytes())
+            for position, ok in zip(positions, reply):
+                accepted[position] = bool(ok)
+        return accepted
 
     def append(
         self,
@@ -453,23 +550,29 @@ class TokenLog:
         if to is not None and (not to or route_s <= 0):
             raise ValueError(f"sample {sample_id}: route to a non-empty instance id for route_s > 0")
         route_ms = round(route_s * 1000)
-        return bool(self._run("release", sample_id, instance_id, epoch, int(keep_tokens), to or "", route_ms))
+        shard = self.shard_of(sample_id)
+        return bool(self._run("release", shard, sample_id, instance_id, epoch, int(keep_tokens), to or "", route_ms))
 
     def fail(self, sample_id: str, instance_id: str, epoch: int, reason: str) -> bool:
         """Mark a leased sample failed (the engine cannot generate it); its group is dropped."""
-        return bool(self._run("fail", sample_id, instance_id, epoch, reason))
+        return bool(self._run("fail", self.shard_of(sample_id), sample_id, instance_id, epoch, reason))
 
     def disown(self, instance_id: str, held: Iterable[str]) -> int:
         """Requeue (tokens kept) every sample the token log says the instance runs that it does not
         hold: what a Redis that lost its last writes (an append-only file fsynced once a second)
         remembers of a finish or a flush the instance already had acknowledged. Returns how many."""
-        return int(self._run("disown", instance_id, *sorted(held)))
+        kept = sorted(held)
+        return sum(
+            int(self._run("disown", shard, instance_id, *(s for s in kept if self.shard_of(s) == shard)))
+            for shard in range(self.shards)
+        )
 
     # --- the controller's side -----------------------------------------------------------------
 
     def release_all(self, instance_id: str) -> int:
         """Requeue every sample the (live) instance runs, tokens kept; returns how many."""
-        return int(self._run("release_all", instance_id, 0, 0))  # not a reap: no max_reaps
+        # not a reap: no max_reaps
+        return sum(int(self._run("release_all", shard, instance_id, 0, 0)) for shard in range(self.shards))
 
     def reap(self, instance_id: str, max_reaps: int) -> int:
         """Requeue every sample of a dead instance (its epochs bump, fencing the zombie); a
@@ -477,30 +580,44 @@ class TokenLog:
         samples were taken."""
         if max_reaps < 1:
             raise ValueError(f"max_reaps must be >= 1, got {max_reaps}")
-        return int(self._run("release_all", instance_id, 1, max_reaps))
+        return sum(int(self._run("release_all", shard, instance_id, 1, max_reaps)) for shard in range(self.shards))
 
     def owners(self) -> set[str]:
-        """Every instance that runs at least one sample of this run (a SCAN of ``own:*``)."""
-        start = len(_owned_key(self.prefix, ""))
-        return {
-            key[start:].decode() if isinstance(key, bytes) else key[start:]
-            for key in self.client.scan_iter(match=f"{glob_escape(self.prefix)}own:*", count=1000)
-        }
+        """Every instance that runs at least one sample of this run (one SCAN of every shard's ``own:*``)."""
+        if self.shards == 1:
+            start = len(_owned_key(self.prefix, ""))
+            match = f"{glob_escape(self.prefix)}own:*"
+            return {_str(key)[start:] for key in self.client.scan_iter(match=match, count=1000)}
+        match = glob_escape(f"rlb:{{{self.run_id}/") + "*" + glob_escape("}:own:") + "*"
+        return {_str(key).split("}:own:", 1)[1] for key in self.client.scan_iter(match=match, count=1000)}
+
+    def _owned(self, pipe: Any, instance_id: str) -> None:
+        for prefix in self.prefixes:
+            pipe.smembers(_owned_key(prefix, instance_id))
+
+    def _queued_partial(self, pipe: Any, step: int) -> None:
+        for prefix in self.prefixes:
+            pipe.zcount(_queue_key(prefix, step), "-inf", "(0")  # scores < 0: logged tokens
 
     def step_leases(self, step: int, instance_ids: Sequence[str]) -> StepLeases:
         """Each instance's running samples of `step` (logged tokens, budget) and how many of the
-        step's queued samples have logged tokens: two round trips, however many instances."""
+        step's queued samples have logged tokens: two round trips (pipelines), however many
+        instances."""
         pipe = self.client.pipeline(transaction=False)
         for instance_id in instance_ids:
-            pipe.smembers(_owned_key(self.prefix, instance_id))
-        pipe.zcount(_queue_key(self.prefix, step), "-inf", "(0")  # scores < 0: logged tokens
-        *owned, queued_partial = pipe.execute()
+            self._owned(pipe, instance_id)
+        self._queued_partial(pipe, step)
+        replies = pipe.execute()
+        n = self.shards
+        owned = [set().union(*replies[i * n : (i + 1) * n]) for i in range(len(instance_ids))]
+        queued_partial = sum(int(count) for count in replies[len(instance_ids) * n :])
         mine = f"{step}/"
         running = [sorted(s for s in (m.decode() for m in members) if s.startswith(mine)) for members in owned]
         pipe = self.client.pipeline(transaction=False)
         for sid in (s for sids in running for s in sids):
-            pipe.hget(_sample_key(self.prefix, sid), "max_new")
-            pipe.strlen(_records_key(self.prefix, sid))
+            shard_prefix = self.prefixes[self.shard_of(sid)]
+            pipe.hget(_sample_key(shard_prefix, sid), "max_new")
+            pipe.strlen(_records_key(shard_prefix, sid))
         replies = iter(pipe.execute())
         leases: dict[str, list[RunningLease]] = {}
         for instance_id, sids in zip(instance_ids, running):
@@ -508,22 +625,26 @@ class TokenLog:
             for sid in sids:
                 budget, nbytes = next(replies), next(replies)
                 leases[instance_id].append(RunningLease(sid, nbytes // RECORD.itemsize, int(budget or 0)))
-        return StepLeases(leases, int(queued_partial))
+        return StepLeases(leases, queued_partial)
 
     def queued_partial(self, step: int) -> int:
         """The step's queued samples that have logged tokens."""
-        return int(self.client.zcount(_queue_key(self.prefix, step), "-inf", "(0"))
+        pipe = self.client.pipeline(transaction=False)
+        self._queued_partial(pipe, step)
+        return sum(int(count) for count in pipe.execute())
 
     def running(self, instance_id: str) -> set[str]:
         """The samples, of any step, the token log has the instance running."""
-        return {_str(m) for m in self.client.smembers(_owned_key(self.prefix, instance_id))}
+        pipe = self.client.pipeline(transaction=False)
+        self._owned(pipe, instance_id)
+        return {_str(m) for members in pipe.execute() for m in members}
 
     def sample_owners(self, sample_ids: Sequence[str]) -> list[str]:
         """Each sample's owner ('' once released, or for an unknown sample), in one round trip;
         a done sample keeps the owner whose flush finished it."""
         pipe = self.client.pipeline(transaction=False)
         for sid in sample_ids:
-            pipe.hget(_sample_key(self.prefix, sid), "owner")
+            pipe.hget(self._sample_key(sid), "owner")
         return [(owner or b"").decode() for owner in pipe.execute()]
 
     # --- the trainer's side --------------------------------------------------------------------
@@ -531,24 +652,58 @@ class TokenLog:
     def next_completed_groups(self, step: int, timeout_s: float = 0.0) -> list[int]:
         """Groups of `step` completed since the last call on this object (from the start for a
         new object), waiting up to `timeout_s` for one when there are none. Never pops: a
-        restarted trainer replays them. The client's socket_timeout must exceed `timeout_s`."""
-        key = _done_key(self.prefix, step)
-        block = max(1, int(timeout_s * 1000)) if timeout_s > 0 else None
-        reply = self.client.xread({key: self._cursors.get(step, b"0")}, block=block)
+        restarted trainer replays them. The client's socket_timeout must exceed `timeout_s`.
+
+        One XREAD of every shard's done stream; on a cluster (which refuses a read across slots)
+        one per shard, waiting on each in turn for at most `_CLUSTER_WAIT_S`."""
+        keys = [_done_key(prefix, step) for prefix in self.prefixes]
+        if not self._cluster or self.shards == 1:
+            block = max(1, int(timeout_s * 1000)) if timeout_s > 0 else None
+            return self._completed(step, keys, self.client.xread(self._streams(step, keys), block=block))
+        deadline = time.monotonic() + timeout_s
+        turn = 0
+        while True:
+            groups = [
+                g for key in keys for g in self._completed(step, keys, self.client.xread(self._streams(step, [key])))
+            ]
+            remaining = deadline - time.monotonic()
+            if groups or remaining <= 0:
+                return groups
+            key = keys[turn % len(keys)]
+            turn += 1
+            block = max(1, int(min(remaining, _CLUSTER_WAIT_S) * 1000))
+            groups = self._completed(step, keys, self.client.xread(self._streams(step, [key]), block=block))
+            if groups:
+                return groups
+
+    def _streams(self, step: int, keys: Sequence[str]) -> dict[KeyT, StreamIdT]:
+        """XREAD's streams argument: each done stream of `keys` from this object's cursor."""
+        return {key: self._cursors.get((step, self._done_shard(step, key)), b"0") for key in keys}
+
+    def _done_shard(self, step: int, key: str) -> int:
+        return next(shard for shard, prefix in enumerate(self.prefixes) if key == _done_key(prefix, step))
+
+    def _completed(self, step: int, keys: Sequence[str], reply: Any) -> list[int]:
+        """The group ids of an XREAD reply, moving the cursors of the streams it read."""
         if isinstance(reply, dict):
             raise TypeError("the token log needs a RESP2 client (replies as lists)")
-        entries = reply[0][1] if reply else []
-        if entries:
-            self._cursors[step] = entries[-1][0]
-        return [int(fields[b"g"]) for _, fields in entries]
+        groups: list[int] = []
+        for key, entries in reply or []:
+            if entries:
+                self._cursors[(step, self._done_shard(step, _str(key)))] = entries[-1][0]
+                groups += [int(fields[b"g"]) for _, fields in entries]
+        return groups
 
     def completions(self, step: int) -> int:
-        """Entries of the step's completed-group stream: each complete group once."""
-        return int(self.client.xlen(_done_key(self.prefix, step)))
+        """Entries of the step's completed-group streams: each complete group once."""
+        pipe = self.client.pipeline(transaction=False)
+        for prefix in self.prefixes:
+            pipe.xlen(_done_key(prefix, step))
+        return sum(int(length) for length in pipe.execute())
 
     def read_group(self, step: int, group_id: int) -> list[SampleRecord]:
         """Every sample of a group, by index (a consistent snapshot)."""
-        reply = self._run("read_group", step, group_id)
+        reply = self._run("read_group", group_id % self.shards, step, group_id)
         if reply is None:
             raise KeyError(f"no group {group_id} in step {step} of run {self.run_id!r}")
         version, prompt, meta, *samples = reply
@@ -575,17 +730,22 @@ class TokenLog:
         ]
 
     def step_status(self, step: int) -> StepStatus:
-        reply = self._run("status", step)
-        if reply is None:
+        """The step's counts over every shard (one script each)."""
+        replies = [self._run("status", shard, step) for shard in range(self.shards)]
+        if replies[0] is None:
             raise KeyError(f"no step {step} in run {self.run_id!r}")
-        version, groups, done, dropped, queued, running, sdone, failed, tokens, dropped_ids, min_version = reply
+        version, min_version = replies[0][0], replies[0][10]
+        present = [reply for reply in replies if reply is not None]
+        groups, done, dropped, queued, running, sdone, failed, tokens = (
+            sum(int(reply[i]) for reply in present) for i in range(1, 9)
+        )
         return StepStatus(
             step=step,
             policy_version=int(version),
-            groups_total=int(groups),
-            groups_done=int(done),
-            groups_dropped=int(dropped),
-            dropped_group_ids=tuple(sorted(int(g) for g in dropped_ids)),
+            groups_total=groups,
+            groups_done=done,
+            groups_dropped=dropped,
+            dropped_group_ids=tuple(sorted(int(g) for reply in present for g in reply[9])),
             queued=queued,
             running=running,
             done=sdone,
@@ -595,16 +755,28 @@ class TokenLog:
         )
 
     def stats(self) -> TokenLogStats:
-        values = self.client.hgetall(self._stats)
-        return TokenLogStats(**{f.name: int(values.get(f.name.encode(), 0)) for f in fields(TokenLogStats)})
+        """The counters, summed over the shards."""
+        pipe = self.client.pipeline(transaction=False)
+        for prefix in self.prefixes:
+            pipe.hgetall(_stats_key(prefix))
+        shards = pipe.execute()
+        return TokenLogStats(
+            **{f.name: sum(int(values.get(f.name.encode(), 0)) for values in shards) for f in fields(TokenLogStats)}
+        )
 
     def delete_step(self, step: int) -> bool:
-        """Free a trained step's keys (its samples' leases end); False if there was no step."""
-        self._cursors.pop(step, None)
-        return bool(self._run("delete_step", step))
+        """Free a trained step's keys (its samples' leases end); False if there was no step. Shard 0
+        goes last: the step exists while it has it, and a retry finishes a partial delete."""
+        for shard in range(self.shards):
+            self._cursors.pop((step, shard), None)
+        deleted = [bool(self._run("delete_step", shard, step)) for shard in reversed(range(self.shards))]
+        return any(deleted)
 
     def step_keys(self, step: int) -> list[str]:
-        """The keys of `step` still in Redis, sorted (a SCAN; none once `delete_step` freed them)."""
-        own = re.compile(re.escape(self.prefix) + _STEP_KEY.format(step=step))
-        keys = (k.decode() for k in self.client.scan_iter(match=f"{glob_escape(self.prefix)}*:{step}*", count=1000))
-        return sorted(k for k in keys if own.fullmatch(k))
+        """The keys of `step` still in Redis, sorted (a SCAN per shard; none once `delete_step` freed them)."""
+        found: list[str] = []
+        for prefix in self.prefixes:
+            own = re.compile(re.escape(prefix) + _STEP_KEY.format(step=step))
+            keys = (_str(k) for k in self.client.scan_iter(match=f"{glob_escape(prefix)}*:{step}*", count=1000))
+            found += (k for k in keys if own.fullmatch(k))
+        return sorted(found)

@@ -42,7 +42,7 @@ from infra.rollout.controller import AdmittedStep, RolloutController, StepReport
 from infra.rollout.instance import InstanceSpec
 from infra.rollout.registry import InstanceRegistry
 from infra.rollout.settings import worker_flags
-from infra.rollout.tokenlog import GroupSpec, TokenLog
+from infra.rollout.tokenlog import GroupSpec, ShardCountMismatch, TokenLog
 from infra.rollout.worker_config import instance_flags
 from infra.run.colocated import ColocatedInstance, WithColocated
 from infra.run.fabric_config import CloudSettings, FabricConfig
@@ -135,7 +135,11 @@ class RolloutFabric:
         """The CA of a rediss:// Redis, which every instance verifies the server with."""
         field = "fabric.redis_url" if config.redis_url or self._redis_server else f"${REDIS_URL_ENV}"
         self.redis = RedisSettings(url=self.redis_url, ca_file=self.redis_ca_file).client(field)
-        self.log = TokenLog(self.redis, run_id)
+        try:
+            self.log = TokenLog(self.redis, run_id, shards=config.tokenlog_shards)
+        except ShardCountMismatch:
+            self._close_colocated_and_redis()
+            raise
         self.registry = InstanceRegistry(self.redis, run_id)
         self.controller = RolloutController(self.redis, run_id, config.controller, clock=time.time)
         self.instance_prefix = instance_prefix

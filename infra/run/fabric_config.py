@@ -113,6 +113,11 @@ class FabricConfig(Section):
     redis_outage_timeout_s: float = Field(30.0, gt=0)
     """How long a step waits for its Redis to answer again (a restart) before the run stops with
     one line naming the Redis, the last checkpoint and the command that resumes the run."""
+    tokenlog_shards: int = Field(1, ge=1)
+    """Hash tags the token log's keys spread over (`rlb:{R/k}:`, k < S; docs/internals.md §4): on a
+    Redis Cluster `redis_url`, a few per master spread a run's samples over its nodes (sizing:
+    docs/commands.md, "Redis Cluster"); 1 keeps every key under `rlb:{R}:`, one slot. A run
+    resumes only with the count it started with."""
     pools: tuple[PoolSpec, ...] = ()
     """Instance pools: at least one; a `reserved` pool is the training cluster's share of rollout."""
     node_gpus: int | None = Field(None, ge=0)

@@ -2,8 +2,8 @@
 
 This module owns
 * `RedisSettings`, the run's Redis connection settings (URL, password, TLS); `client()` connects
-  and checks with one PING, failing with `RedisUnavailable` (host:port, never the password, and the
-  fix); `serve()` yields the configured server as is, or an embedded one;
+  (a cluster client on a Redis Cluster node), failing with `RedisUnavailable` (host:port, never the
+  password, and the fix); `serve()` yields the configured server as is, or an embedded one;
 * `launch_redis_server`, the one loop that starts a `redis-server` (a config file, a free port,
   PING until it answers, another port when one was taken), for `EmbeddedRedis` and `rlboost up`'s
   stack (`infra/stack/stack.py`), which differ only in how they spawn and stop the process;
@@ -34,12 +34,13 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Literal, TypeVar, cast
 from urllib.parse import urlsplit
 
 import redis
 from pydantic import SecretStr, model_validator
 from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
 from redis.retry import Retry
 
 from infra.services.ports import free_port
@@ -125,6 +126,7 @@ class RedisSettings(Section):
         probe = redis.Redis.from_url(url, **options, retry=Retry(NoBackoff(), 0))
         try:
             probe.ping()  # once, without the client's retries: fail fast with a clear message
+            cluster = _cluster_enabled(probe)
         except redis.AuthenticationError as exc:
             password = (
                 "redis.password (or the password in redis.url)" if field == "redis.url" else f"the password in {field}"
@@ -140,6 +142,10 @@ class RedisSettings(Section):
             ) from None
         finally:
             probe.close()
+        if cluster:
+            # The cluster client serves the same commands, routed by each key's slot: every
+            # component's keys and scripts stay within one hash tag (`infra.keyspace`).
+            return cast(redis.Redis, RedisCluster.from_url(url, **options))
         return redis.Redis.from_url(url, **options)
 
     @contextmanager
@@ -150,6 +156,14 @@ class RedisSettings(Section):
             return
         with EmbeddedRedis() as server:
             yield self.model_copy(update={"url": server.url, "password": None, "tls": False})
+
+
+def _cluster_enabled(client: redis.Redis) -> bool:
+    """Whether the server is a Redis Cluster node (INFO cluster; a server that refuses INFO is not)."""
+    try:
+        return bool(client.info("cluster").get("cluster_enabled"))
+    except redis.ResponseError:
+        return False
 
 
 def find_redis_server() -> str:
@@ -197,12 +211,14 @@ def launch_redis_server(
     logfile: Path | None = None,
     timeout_s: float = 10.0,
     attempts: int = 3,
+    extra_config: str = "",
 ) -> tuple[Process, int] | None:
     """Start a redis-server and wait until it answers PING; returns (its process, its port).
 
     Each attempt writes ``config_dir/redis.conf`` (mode 0600: it holds the password) for `port`,
     or a free port on `host` when None, with `appendfsync`'s persistence in `data_dir` (default
-    `config_dir`) and the server's log in `logfile` (None: on its stdout), starts ``[binary,
+    `config_dir`), the server's log in `logfile` (None: on its stdout) and the redis.conf lines of
+    `extra_config` (e.g. a cluster node's), starts ``[binary,
     config]`` with `spawn`, and pings it while `running(process)`. A server that exits before it
     answers (most likely another process took the free port first) is `discard`ed and the next
     attempt made; None after `attempts` of them. One that runs without answering within
@@ -214,7 +230,9 @@ def launch_redis_server(
         chosen = port or free_port(host)
         config.write_text(
             f"port {chosen}\nbind {host}\nrequirepass {password}\n{persistence_config(appendfsync)}"
-            f'dir "{data_dir or config_dir}"\ndaemonize no\n' + (f'logfile "{logfile}"\n' if logfile else "")
+            f'dir "{data_dir or config_dir}"\ndaemonize no\n'
+            + (f'logfile "{logfile}"\n' if logfile else "")
+            + extra_config
         )
         config.chmod(0o600)
         process = spawn([binary, str(config)])

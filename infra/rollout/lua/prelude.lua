@@ -1,5 +1,5 @@
 -- Prepended to every token-log script (`infra.rollout.tokenlog`). Every script gets KEYS[1] = the
--- run's stats key (routes a cluster client to the run's slot) and ARGV[1] = the run's key prefix.
+-- shard's stats key (routes a cluster client to the shard's slot) and ARGV[1] = the shard's key prefix.
 local P = ARGV[1]
 local STATS = KEYS[1]
 

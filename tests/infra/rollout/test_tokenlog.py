@@ -1,18 +1,21 @@
-"""The token log against a real redis-server: fencing, migration, streaming, and a randomized
-interleaving of claims, flushes, releases and reaps checked against a reference model."""
+"""The token log against a real redis-server (in one shard and in three) and a real 3-master Redis
+Cluster (six shards): fencing, migration, reaping, streaming, stats; and a randomized interleaving
+of claims, flushes, releases and reaps checked against a reference model."""
 
 from __future__ import annotations
 
 import random
 import threading
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
 import redis
 
 from infra.rollout.controller import ControllerConfig
-from infra.rollout.tokenlog import Flush, GroupSpec, TokenLog
+from infra.rollout.tokenlog import Flush, GroupSpec, ShardCountMismatch, TokenLog
+from infra.services.redis_embedded import RedisSettings
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.integration
@@ -26,9 +29,21 @@ def run_id() -> str:
     return f"test-{uuid.uuid4().hex[:8]}"
 
 
+@pytest.fixture(params=["one-shard", "three-shards", "cluster"])
+def backend(request) -> tuple[str, int]:
+    """Where the token log runs, and in how many shards (`fabric.tokenlog_shards`): one Redis with
+    one shard (the default layout) or three; the session's 3-master Redis Cluster with six."""
+    if request.param == "cluster":
+        return request.getfixturevalue("redis_cluster_url"), 6
+    return request.getfixturevalue("redis_url"), 1 if request.param == "one-shard" else 3
+
+
 @pytest.fixture
-def log(redis_client, run_id) -> TokenLog:
-    return TokenLog(redis_client, run_id)
+def log(backend, run_id) -> Iterator[TokenLog]:
+    url, shards = backend
+    client = RedisSettings(url=url).client()
+    yield TokenLog(client, run_id, shards=shards)
+    client.close()
 
 
 def groups(count: int, n: int, max_new: int = 8) -> list[GroupSpec]:
@@ -70,16 +85,17 @@ def test_claim_respects_version_and_returns_request_inputs(log):
 
 
 def test_claim_prefers_partially_generated_then_enqueue_order(log):
-    log.enqueue_step(0, 0, groups(2, 2))
+    other = log.shards  # a second group in group 0's shard: the order is a shard's
+    log.enqueue_step(0, 0, [GroupSpec(g, [1, 2, 3], 2, 8, sampling=SAMPLING) for g in (0, other)])
     held = {c.sample_id: c for c in log.claim(0, "a", 0, 4)}
-    logged = {"0/0/0": 1, "0/0/1": 3, "0/1/0": 0, "0/1/1": 3}
+    logged = {"0/0/0": 1, "0/0/1": 3, f"0/{other}/0": 0, f"0/{other}/1": 3}
     for sid, count in logged.items():
         tokens = list(range(count))
         assert log.append(sid, "a", held[sid].epoch, tokens, lp(tokens))
-    for sid in ["0/1/1", "0/1/0", "0/0/0", "0/0/1"]:
+    for sid in [f"0/{other}/1", f"0/{other}/0", "0/0/0", "0/0/1"]:
         assert log.release(sid, "a", held[sid].epoch)
     order = [c.sample_id for c in log.claim(0, "b", 0, 4)]
-    assert order == ["0/1/1", "0/0/1", "0/0/0", "0/1/0"]
+    assert order == [f"0/{other}/1", "0/0/1", "0/0/0", f"0/{other}/0"]
 
 
 def test_append_is_fenced_and_rejections_counted(log):
@@ -103,7 +119,7 @@ def test_append_is_fenced_and_rejections_counted(log):
         log.append(claim.sample_id, "a", claim.epoch, [1, 2], [0.0])
 
 
-def test_finish_completes_group_once_and_streams_it(log, redis_client, run_id):
+def test_finish_completes_group_once_and_streams_it(log, run_id):
     log.enqueue_step(0, 0, groups(2, 2))
     claims = {c.sample_id: c for c in log.claim(0, "a", 0, 4)}
 
@@ -131,7 +147,8 @@ def test_finish_completes_group_once_and_streams_it(log, redis_client, run_id):
     status = log.step_status(0)
     assert status.complete and status.done == 4 and status.tokens_logged == 5
     # a restarted trainer replays the stream from the start
-    assert TokenLog(redis_client, run_id).next_completed_groups(0) == [1, 0]
+    replayed = TokenLog(log.client, run_id).next_completed_groups(0)
+    assert replayed == [1, 0] if log.shards == 1 else sorted(replayed) == [0, 1]  # in order within a shard
 
 
 def test_release_keeps_tokens_and_new_owner_resumes_exact_prefix(log):
@@ -268,11 +285,11 @@ def test_reaped_too_often_fails_and_drops_group(redis_client, run_id):
     assert log.stats().failed_samples == 2
 
 
-def test_state_survives_a_new_tokenlog_and_client(log, redis_url, run_id):
+def test_state_survives_a_new_tokenlog_and_client(log, backend, run_id):
     log.enqueue_step(4, 1, groups(1, 2))
     (a, b) = log.claim(4, "a", 1, 2)
     log.append(a.sample_id, "a", a.epoch, [1], lp([1]))
-    fresh = TokenLog(redis.Redis.from_url(redis_url), run_id)
+    fresh = TokenLog(RedisSettings(url=backend[0]).client(), run_id)
     assert fresh.step_status(4) == log.step_status(4)
     assert fresh.release_all("a") == 2
     resumed = {c.sample_id: c for c in fresh.claim(4, "b", 1, 2)}
@@ -301,7 +318,7 @@ def test_what_others_read_comes_from_methods_not_keys(log):
         assert log.finish(claim.sample_id, owner, claim.epoch, [1], lp([1]), "stop")
     assert log.completions(0) == 1 == log.completions(1) and log.running("a") == set()
     assert log.sample_owners(["0/0/1"]) == ["b"], "a done sample keeps its last owner"
-    kinds = {key.removeprefix(log.prefix).split(":")[0] for key in log.step_keys(0)}
+    kinds = {key.split("}:", 1)[1].split(":")[0] for key in log.step_keys(0)}
     assert kinds == {"step", "groups", "g", "s", "done"} and "s:1/0/0" not in str(log.step_keys(0))
     assert log.delete_step(0) and log.step_keys(0) == [] and log.step_keys(1)
 
@@ -526,3 +543,24 @@ def _random_run(redis_client: redis.Redis, seed: int, ops: int) -> None:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_random_interleavings_lose_and_duplicate_nothing(redis_client, seed):
     _random_run(redis_client, seed, ops=2000)
+
+
+def test_a_run_keeps_its_shard_count_and_another_is_refused_with_one_line(redis_client, run_id):
+    from infra.cli.failures import ending
+    from infra.rollout.protocol import set_current_step
+
+    assert TokenLog(redis_client, run_id).shards == 1, "a run with no recorded count has one shard"
+    assert TokenLog(redis_client, run_id, shards=3).shards == 3 == TokenLog(redis_client, run_id).shards
+    with pytest.raises(ShardCountMismatch) as refused:
+        TokenLog(redis_client, run_id, shards=1)
+    line = ending(refused.value, "")
+    assert line is not None and line.code == 2
+    assert (
+        line.line
+        == f"cannot run: run '{run_id}''s token log has 3 shards, not 1: set fabric.tokenlog_shards to 3 to resume it"
+    )
+    before = f"{run_id}-old"  # a run started before shards: no count recorded, a current step
+    assert set_current_step(redis_client, before, 4, 4)
+    with pytest.raises(ShardCountMismatch, match="has 1 shard, not 2: set fabric.tokenlog_shards to 1"):
+        TokenLog(redis_client, before, shards=2)
+    assert TokenLog(redis_client, before, shards=1).prefix == f"rlb:{{{before}}}:", "its keys as they were"
