@@ -109,9 +109,10 @@ def _check_trainer(config: RunConfig, device) -> None:
         raise PreflightError(
             "trainer.backend: deepspeed needs DeepSpeed: pip install 'rlboost[deepspeed]' (or set trainer.backend: torch)"
         )
-    if device.type == "cuda" and torch.cuda.device_count() < trainer.world_size:
+    if device.type == "cuda" and torch.cuda.device_count() < trainer.ranks_per_node:
+        on_this_node = f" ({trainer.ranks_per_node} on this node)" if trainer.nodes > 1 else ""
         raise PreflightError(
-            f"trainer.world_size: {trainer.world_size} ranks need one GPU each; this machine has "
+            f"trainer.world_size: {trainer.world_size} ranks{on_this_node} need one GPU each; this machine has "
             f"{torch.cuda.device_count()}. Lower trainer.world_size"
         )
     if device.type not in ("cpu", "cuda"):

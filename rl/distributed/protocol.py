@@ -3,7 +3,11 @@
 
 The channel is a `multiprocessing.connection` over a Unix socket in a private (0700) directory,
 authenticated by a random key; address and key reach the ranks in their environment (with the
-driver's pid, `rl.driver_watch`). A message is ``(op, payload)`` of plain Python values, a reply
+driver's pid, `rl.driver_watch`). With `trainer.nodes` > 1 it is TCP (``host:port``, same key
+scheme): the ranks on the driver's node have it in their environment and put it in torchrun's
+store (`STORE_KEY`), where the other nodes' ranks read it. A rank's hello is ``("hello", rank, pid,
+{"node", "host", "local", "world_size", "agent"})`` (torchrun's GROUP_RANK, its hostname, whether
+it runs on the driver's node, its WORLD_SIZE, its agent's pid). A message is ``(op, payload)`` of plain Python values, a reply
 ``("ok", value)`` or ``("error", traceback)``; no tensor travels but the policy, as safetensors bytes.
 
 Each message goes to every rank and every rank answers (op: payload -> reply):
@@ -27,6 +31,17 @@ from rl.trainer import TrainBatch
 
 CHANNEL_ENV = env_vars.TRAINER_CHANNEL
 AUTHKEY_ENV = env_vars.TRAINER_AUTHKEY
+STORE_KEY = "rlboost/trainer-channel"
+"""The key under which torchrun's store holds the channel's ``[address, key hex]`` (several nodes)."""
+
+
+def channel_address(value: str) -> str | tuple[str, int]:
+    """The channel's address as `multiprocessing.connection` takes it: a Unix socket's path (it
+    starts with ``/``) as is, ``host:port`` as ``(host, port)``."""
+    if value.startswith("/"):
+        return value
+    host, _, port = value.rpartition(":")
+    return host.strip("[]"), int(port)
 
 
 class TrainSpec(BaseModel):
