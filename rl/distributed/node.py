@@ -82,7 +82,10 @@ def serve_node(
                     command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
                 )
             say(f"trainer node: agent {agent.pid} joining run {run_id} at {rendezvous} ({nproc_per_node} ranks)")
-            code = agent.wait()
+            code = _wait(agent, joined, deadline=last_group + join_timeout_s)
+            if code is None:  # still no group at the deadline: the next turn says so
+                _end(agent)
+                continue
             if joined.exists():  # it was in a group: the timeout counts from the group's end
                 last_group = time.monotonic()
                 joined.unlink()
@@ -98,6 +101,16 @@ def serve_node(
             _end(agent)
         joined.unlink(missing_ok=True)
         os.rmdir(marker_dir)
+
+
+def _wait(agent: subprocess.Popen, joined: Path, deadline: float) -> int | None:
+    """The agent's exit status; None if it has not joined a group (`joined` absent) by `deadline`."""
+    while True:
+        try:
+            return agent.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            if time.monotonic() > deadline and not joined.exists():
+                return None
 
 
 def _exit_on_signal(signum: int, _frame) -> None:

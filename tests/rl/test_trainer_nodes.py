@@ -121,8 +121,9 @@ def test_a_killed_node_fails_the_step_naming_it_and_the_rerun_resumes_with_the_s
             first.accumulate(random_batch(seed=1))
             os.kill(agent, signal.SIGKILL)  # node 1's torchrun agent: its rank dies with it
             message = rf"trainer node 1 \(host \S+, rank {remote}, pid {pids[remote]}\) failed during 'finish'"
-            with pytest.raises(RankFailure, match=message):
+            with pytest.raises(RankFailure, match=message) as failure:
                 first.finish_step()
+            print(failure.value)
         finally:
             first.close()
         gone = [*pids.values(), agent, launcher]
