@@ -346,7 +346,9 @@ class TrainerConfig(Section):
                 )
             return self
         if self.backend != "deepspeed":
-            raise ValueError(f"trainer.nodes={self.nodes} needs trainer.backend: deepspeed (the torch trainer is one process)")
+            raise ValueError(
+                f"trainer.nodes={self.nodes} needs trainer.backend: deepspeed (the torch trainer is one process)"
+            )
         if self.rendezvous is None:
             raise ValueError(
                 f"trainer.nodes={self.nodes} needs trainer.rendezvous: host:port of this machine that the other "

@@ -16,7 +16,8 @@ from rich.console import Console
 
 def trainer_node(
     rendezvous: Annotated[
-        str, typer.Option("--rendezvous", help="host:port of the run's trainer.rendezvous (the training process's node).")
+        str,
+        typer.Option("--rendezvous", help="host:port of the run's trainer.rendezvous (the training process's node)."),
     ],
     run_id: Annotated[str, typer.Option("--run-id", help="The run's run.name (torchrun's rendezvous id).")],
     nproc_per_node: Annotated[
@@ -28,10 +29,12 @@ def trainer_node(
         typer.Option("--join-timeout", min=1, help="Seconds to wait for a trainer group (again after each one ends)."),
     ] = 1800.0,
     local_addr: Annotated[
-        Optional[str], typer.Option("--local-addr", help="This node's address that the others reach (default: its hostname).")
+        Optional[str],
+        typer.Option("--local-addr", help="This node's address that the others reach (default: its hostname)."),
     ] = None,
     log_file: Annotated[
-        Optional[Path], typer.Option("--log-file", help="The agent's and ranks' output (default .rlboost/trainer-node/RUN.log).")
+        Optional[Path],
+        typer.Option("--log-file", help="The agent's and ranks' output (default .rlboost/trainer-node/RUN.log)."),
     ] = None,
 ) -> None:
     """Join this machine to a run's DeepSpeed trainer group (trainer.nodes > 1), again after each failure, until the run closes it."""

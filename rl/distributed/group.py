@@ -166,7 +166,14 @@ class RankGroup:
         }
         self._extensions = build_lock.extensions_root(env)
         self._clear_stale_build_locks()
-        command = [sys.executable, "-m", "torch.distributed.run", *self._launch_arguments(), "-m", "rl.distributed.rank"]
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            *self._launch_arguments(),
+            "-m",
+            "rl.distributed.rank",
+        ]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self._log_offset = log.tell()

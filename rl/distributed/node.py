@@ -38,9 +38,7 @@ def agent_command(
     rendezvous: str, run_id: str, nodes: int, nproc_per_node: int, join_timeout_s: float, local_addr: str | None
 ) -> list[str]:
     """This node's torchrun agent (it does not host the rendezvous store: the driver's node does)."""
-    arguments = node_arguments(
-        nodes, nproc_per_node, rendezvous, run_id, is_host=False, join_timeout_s=join_timeout_s
-    )
+    arguments = node_arguments(nodes, nproc_per_node, rendezvous, run_id, is_host=False, join_timeout_s=join_timeout_s)
     if local_addr:
         arguments.append(f"--local-addr={local_addr}")
     return [sys.executable, "-m", "torch.distributed.run", *arguments, "-m", "rl.distributed.rank"]
@@ -79,7 +77,12 @@ def serve_node(
             command = agent_command(rendezvous, run_id, nodes, nproc_per_node, remaining, local_addr)
             with open(log_path, "ab") as log:
                 agent = subprocess.Popen(
-                    command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+                    command,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                    start_new_session=True,
                 )
             say(f"trainer node: agent {agent.pid} joining run {run_id} at {rendezvous} ({nproc_per_node} ranks)")
             code = _wait(agent, joined, deadline=last_group + join_timeout_s)

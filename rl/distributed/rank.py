@@ -310,9 +310,10 @@ def _channel() -> tuple[str, str, bool]:
     return address, key, False
 
 
-def _store() -> torch.distributed.TCPStore:
-    """A client of torchrun's store (the one the process group starts from)."""
-    return torch.distributed.TCPStore(
+def _store():
+    """A client (a `torch.distributed.TCPStore`) of torchrun's store, the one the process group starts from."""
+    # torch documents `torch.distributed.TCPStore`; its stubs re-export it without `__all__`:
+    return torch.distributed.TCPStore(  # pyright: ignore[reportPrivateImportUsage]
         os.environ["MASTER_ADDR"],
         int(os.environ["MASTER_PORT"]),
         is_master=False,

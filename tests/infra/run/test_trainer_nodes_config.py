@@ -29,10 +29,19 @@ DEEPSPEED = {"trainer.backend": "deepspeed", "trainer.world_size": 2}
         ({"trainer.nodes": 0}, r"trainer.nodes: Input should be greater than or equal to 1"),
         ({**DEEPSPEED, "trainer.nodes": 2}, r"trainer.nodes=2 needs trainer.rendezvous: host:port"),
         ({"trainer.nodes": 2, "trainer.rendezvous": "h:29400"}, r"trainer.nodes=2 needs trainer.backend: deepspeed"),
-        ({**DEEPSPEED, "trainer.rendezvous": "10.0.0.5:29400"}, r"trainer.rendezvous is only used when trainer.nodes > 1"),
+        (
+            {**DEEPSPEED, "trainer.rendezvous": "10.0.0.5:29400"},
+            r"trainer.rendezvous is only used when trainer.nodes > 1",
+        ),
         ({**DEEPSPEED, "trainer.channel_port": 29500}, r"trainer.channel_port is only used when trainer.nodes > 1"),
-        ({**DEEPSPEED, "trainer.nodes": 2, "trainer.rendezvous": "10.0.0.5"}, r"trainer.rendezvous='10.0.0.5' is not host:port"),
-        ({**DEEPSPEED, "trainer.nodes": 2, "trainer.rendezvous": ":29400"}, r"trainer.rendezvous=':29400' is not host:port"),
+        (
+            {**DEEPSPEED, "trainer.nodes": 2, "trainer.rendezvous": "10.0.0.5"},
+            r"trainer.rendezvous='10.0.0.5' is not host:port",
+        ),
+        (
+            {**DEEPSPEED, "trainer.nodes": 2, "trainer.rendezvous": ":29400"},
+            r"trainer.rendezvous=':29400' is not host:port",
+        ),
         (
             {**DEEPSPEED, "trainer.nodes": 4, "trainer.rendezvous": "h:1"},
             r"trainer.world_size=2 is not a multiple of trainer.nodes=4",
@@ -47,14 +56,26 @@ def test_bad_node_settings_name_the_field_and_the_fix(overrides, expected):
 
 def test_good_node_settings_and_the_ranks_of_each_node():
     trainer = load_config(
-        None, {"trainer.backend": "deepspeed", "trainer.world_size": 4, "trainer.nodes": 2, "trainer.rendezvous": "[::1]:29400"}
+        None,
+        {
+            "trainer.backend": "deepspeed",
+            "trainer.world_size": 4,
+            "trainer.nodes": 2,
+            "trainer.rendezvous": "[::1]:29400",
+        },
     ).trainer
     assert trainer.ranks_per_node == 2 and trainer.channel_host is None
     group = RankGroup(4, Path("ranks.log"), 60.0, {}, nodes=2, rendezvous=trainer.rendezvous, rendezvous_id="run-a")
     assert group.channel_host == "::1"  # the rendezvous host, by default
     driver = group._launch_arguments()
     node = agent_command("[::1]:29400", "run-a", 2, 2, 30.0, None)
-    shared = ["--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d", "--rdzv-endpoint=[::1]:29400", "--rdzv-id=run-a"]
+    shared = [
+        "--nnodes=2",
+        "--nproc-per-node=2",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=[::1]:29400",
+        "--rdzv-id=run-a",
+    ]
     for arguments in (driver, node):
         assert all(argument in arguments for argument in [*shared, "--max-restarts=0"])
     assert "--rdzv-conf=is_host=true,join_timeout=60" in driver  # the driver's node hosts the store
