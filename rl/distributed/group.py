@@ -10,15 +10,9 @@ rank and gathers every reply, watching torchrun while it waits, up to a deadline
 rank's channel closes, or torchrun exits, or a rank reports an exception, the group is failed for
 good: torchrun stops the other ranks (any left are killed), and `RankFailure` names the rank, its
 pid and its exit (torchrun's report in the log, e.g. ``exitcode: -9``: SIGKILL). Later calls raise
-the same failure; the run's last checkpoint is what a re-run resumes from.
-
-With `nodes` > 1 the channel is TCP on `channel_host` and torchrun runs a c10d rendezvous
-(``--rdzv-endpoint`` `rendezvous`, ``--rdzv-id`` `rendezvous_id`) whose store this node hosts; the
-other nodes join it with `rlboost trainer-node`. Nodes are numbered for the operator: 0 is this one,
-the others 1, 2, ... in torchrun's node order; a failure names the node, its host, the rank and its
-pid. A rank whose channel closes without a word (its process, agent or machine died) is the cause
-over ranks whose collectives then failed; only this node's ranks are killed here (another node's
-die with their agent when the group fails).
+the same failure; the run's last checkpoint is what a re-run resumes from. With `nodes` > 1 the
+channel is TCP and torchrun hosts a c10d rendezvous that other nodes join (`rl.distributed.node`);
+a failure names the node and host (docs/trainers.md, "Several nodes").
 """
 
 from __future__ import annotations

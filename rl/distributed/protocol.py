@@ -3,14 +3,10 @@
 
 The channel is a `multiprocessing.connection` over a Unix socket in a private (0700) directory,
 authenticated by a random key; address and key reach the ranks in their environment (with the
-driver's pid, `rl.driver_watch`). With `trainer.nodes` > 1 it is TCP (``host:port``, same key
-scheme): the ranks on the driver's node have it in their environment and put it in torchrun's
-store (`STORE_KEY`), where the other nodes' ranks read it. A rank's hello is ``("hello", rank, pid,
-{"node", "host", "local", "world_size", "agent"})`` (torchrun's GROUP_RANK, its hostname, whether
-it runs on the driver's node, its WORLD_SIZE, its agent's pid). A message is ``(op, payload)`` of plain Python values, a reply
-``("ok", value)`` or ``("error", traceback)``; no tensor travels but the policy, as safetensors bytes.
-
-Each message goes to every rank and every rank answers (op: payload -> reply):
+driver's pid, `rl.driver_watch`); with several nodes it is TCP, and the other nodes' ranks read it
+from torchrun's store (`STORE_KEY`). After a hello (rank, pid, node, host), a message is ``(op,
+payload)`` of plain values, a reply ``("ok", value)`` or ``("error", traceback)``; no tensor
+travels but the policy, as safetensors bytes. Each message goes to every rank and every rank answers (op: payload -> reply):
 ``init``: `TrainSpec` as a dict -> ``{"rank", "device", "threads"}``; ``begin``, ``abandon``,
 ``close``: None -> None; ``accumulate``: ``{"batch": wire batch | None, "rounds": n}`` -> None;
 ``finish``: ``{"weight": w}`` (the step's divisor) -> metric sums, ``grad_norm``, ``lr``;

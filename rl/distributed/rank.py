@@ -1,11 +1,9 @@
 """One rank of the DeepSpeed trainer: a process started by torchrun, driven over its channel.
 
-`rl.distributed.group.RankGroup` launches it `world_size` times under `torchrun --standalone` (or,
-with several nodes, under a c10d rendezvous that `rlboost trainer-node` joins); each rank connects
-to the driver's channel (on another node: found in torchrun's store), joins the process group (gloo
-on CPU, NCCL on GPU), answers one message at a time (`rl.distributed.protocol`) until `close` or a
-closed channel (then it exits with `EXIT_DRIVER_GONE`), and dies with its torchrun agent (a
-parent-death signal) or the driver (a watchdog on the driver's pid, on the driver's node).
+`rl.distributed.group.RankGroup` launches it under torchrun (several nodes: `rl.distributed.node`
+too); each rank connects to the driver's channel, joins the process group (gloo on CPU, NCCL on
+GPU), answers one message at a time (`rl.distributed.protocol`) until `close` or a closed channel
+(exit 3), and dies with its torchrun agent (a parent-death signal) or the driver (a watchdog).
 
 `RankTrainer` is the torch `Trainer` over DeepSpeed: the same micro-batch loss
 (`Trainer.accumulate_micro_batch`), `engine.backward` and `engine.step` (ZeRO-sharded AdamW,
