@@ -311,8 +311,10 @@ class Chaos:
         if node is None or node.poll() is not None:
             return False
         table = _processes()
-        agents = [pid for pid in _descendants(node.pid, table) if "torch.distributed.run" in table[pid][2]]
-        if not agents:
+        below = _descendants(node.pid, table)
+        agents = [pid for pid in below if "rl.distributed.agent" in table[pid][2]]
+        ranks = [pid for pid in below if "rl.distributed.rank" in table[pid][2]]
+        if not agents or not ranks or not self.workers():  # its rank is in this driver's group (its fabric is up)
             return False
         _signal(agents[0], signal.SIGKILL)
         return True

@@ -44,6 +44,8 @@ STOP_GRACE_S = 20.0
 """How long torchrun may take to stop the other ranks after one died, before they are killed."""
 CLOSE_TIMEOUT_S = 30.0
 """How long the ranks may take to answer `close`."""
+IDLE_CHECK_S = 0.5
+"""With several nodes: how often the channels are looked at between messages (a rank lost then)."""
 SETTLE_S = 2.0
 """With several nodes: how long a failure waits for the other ranks' channels, to tell the rank
 that died (its channel closed) from ranks whose collectives failed because it did."""
@@ -133,6 +135,7 @@ class RankGroup:
         self._address = ""
         self._extensions = Path()
         self._log_offset = 0
+        self._closing = threading.Event()
 
     # -- start ------------------------------------------------------------------------------
 
@@ -163,7 +166,7 @@ class RankGroup:
         command = [
             sys.executable,
             "-m",
-            "torch.distributed.run",
+            "rl.distributed.agent",  # torchrun, ended with this process
             *self._launch_arguments(),
             "-m",
             "rl.distributed.rank",
@@ -178,7 +181,28 @@ class RankGroup:
             self._accept(listener, deadline)
         finally:
             listener.close()
-        return self.call("init", [spec] * self.world_size, timeout_s=max(deadline - time.monotonic(), 0.0))
+        replies = self.call("init", [spec] * self.world_size, timeout_s=max(deadline - time.monotonic(), 0.0))
+        if self.nodes > 1:
+            threading.Thread(target=self._watch_between_messages, name="trainer-watch", daemon=True).start()
+        return replies
+
+    def _watch_between_messages(self) -> None:
+        """With several nodes, fail the group as soon as a rank's channel closes between messages:
+        when a lost node's `rlboost trainer-node` joins again, torchrun here would restart (SIGTERM)
+        this node's ranks for the newcomer, and the failure would name them instead."""
+        while not self._closing.wait(IDLE_CHECK_S):
+            with self._lock:
+                if self._failure is not None or self._closing.is_set():
+                    return
+                ranks = {conn: rank for rank, conn in self._conns.items()}
+                ready = cast(list[Connection], wait(list(ranks), timeout=0))  # no rank speaks unasked: closed
+                if not ready:
+                    continue
+                lost = min((ranks[conn] for conn in ready), key=lambda rank: (self.places[rank].local, rank))
+                try:
+                    self._fail(lost, "idle", "its channel closed between messages")
+                except RankFailure:
+                    return
 
     def _launch_arguments(self) -> list[str]:
         """torchrun's arguments: one node standalone, or node 0 of a c10d rendezvous (its store here)."""
@@ -270,7 +294,7 @@ class RankGroup:
         for rank, hello in hellos.items():
             node = 0 if hello["local"] else 1 + remote.index(hello["node"])
             self.places[rank] = RankPlace(node, hello["host"], hello["local"], hello["agent"])
-        for rank, hello in sorted(hellos.items()):
+        for rank, hello in sorted(hellos.items(), key=lambda item: (item[1]["local"], item[0])):  # others first
             if hello["world_size"] != self.world_size:
                 place = self.places[rank]
                 self._fail(
@@ -343,7 +367,7 @@ class RankGroup:
             remote = rank in self.places and not self.places[rank].local
             if remote:  # this node's torchrun knows nothing of it: no report to wait for
                 grace_s = 0.0
-                if what == "its channel closed":
+                if what.startswith("its channel closed"):
                     what += " (the rank, its torchrun agent or its machine died)"
         self._stop(grace_s=grace_s)
         for conn in self._conns.values():  # another node's ranks waiting for a message end now
@@ -404,6 +428,7 @@ class RankGroup:
 
     def close(self) -> None:
         """Tell the ranks to exit, then make sure torchrun and every rank are gone."""
+        self._closing.set()
         if self.alive:
             try:
                 self.call("close", timeout_s=CLOSE_TIMEOUT_S)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rl.distributed.group import describe_exit, node_arguments
+from rl.driver_watch import driver_environment
 from rl.env_vars import TRAINER_NODE_JOINED
 
 RETRY_S = 2.0
@@ -41,7 +42,7 @@ def agent_command(
     arguments = node_arguments(nodes, nproc_per_node, rendezvous, run_id, is_host=False, join_timeout_s=join_timeout_s)
     if local_addr:
         arguments.append(f"--local-addr={local_addr}")
-    return [sys.executable, "-m", "torch.distributed.run", *arguments, "-m", "rl.distributed.rank"]
+    return [sys.executable, "-m", "rl.distributed.agent", *arguments, "-m", "rl.distributed.rank"]
 
 
 def serve_node(
@@ -61,7 +62,8 @@ def serve_node(
     log_path.parent.mkdir(parents=True, exist_ok=True)
     marker_dir = tempfile.mkdtemp(prefix="rlboost-node-")
     joined = Path(marker_dir) / "joined"
-    env = {**os.environ, **(environment or {}), TRAINER_NODE_JOINED: str(joined)}
+    # The agent and its ranks end with this command (`rl.distributed.agent`, `rl.driver_watch`).
+    env = {**os.environ, **(environment or {}), TRAINER_NODE_JOINED: str(joined), **driver_environment()}
     last_group = time.monotonic()
     agent: subprocess.Popen | None = None
     previous = {sig: signal.signal(sig, _exit_on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}

@@ -282,7 +282,7 @@ def _handle(trainer: RankTrainer, op: str, payload, rank: int):
     raise ValueError(f"unknown message {op!r}")
 
 
-AGENTS = ("torch.distributed.run", "torchrun")
+AGENTS = ("rl.distributed.agent", "torch.distributed.run", "torchrun")
 """What the command line of a rank's parent, its torchrun agent, names."""
 
 

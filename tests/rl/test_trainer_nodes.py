@@ -2,7 +2,8 @@
 and a real `rlboost trainer-node` process (node 1), one rank each, gloo. One step matches the
 torch trainer's; closing the trainer ends the node command with 0; a node's agent SIGKILLed
 mid-step fails the step naming node 1, leaves no rank or agent behind, and the same trainer-node
-joins the re-run, which resumes from the checkpoint exactly."""
+joins the re-run, which resumes from the checkpoint exactly; a node with another number of ranks is
+refused naming the option; the driver's agent ends with the driver while it waits for the nodes."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -40,11 +42,11 @@ def rendezvous() -> str:
     return f"127.0.0.1:{free_port()}"
 
 
-def start_node(rendezvous: str, log: Path) -> subprocess.Popen:
+def start_node(rendezvous: str, log: Path, nproc_per_node: int = 1) -> subprocess.Popen:
     """`rlboost trainer-node` as an operator starts it on the second machine."""
     return subprocess.Popen(
         [sys.executable, "-m", "infra.cli", "trainer-node", "--rendezvous", rendezvous, "--run-id", RUN_ID,
-         "--nproc-per-node", "1", "--join-timeout", "120", "--log-file", str(log)],
+         "--nproc-per-node", str(nproc_per_node), "--join-timeout", "120", "--log-file", str(log)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -67,6 +69,61 @@ def two_nodes(model_dir: Path, tmp_path: Path, rendezvous: str) -> DistributedTr
         trainer=trainer,
     )
     return DistributedTrainer(spec, tmp_path / "ranks.log", rendezvous_id=RUN_ID)
+
+
+def test_a_node_of_another_size_is_refused_naming_the_option_to_give(model_dir, tmp_path, rendezvous):
+    node = start_node(rendezvous, tmp_path / "node1.log", nproc_per_node=2)  # the run has 1 rank per node
+    try:
+        with pytest.raises(RankFailure, match=r"node 1 \(host \S+\) joined a group of 3 ranks.*--nproc-per-node 1"):
+            two_nodes(model_dir, tmp_path, rendezvous)
+    finally:
+        node.terminate()
+        code, out = finish(node)
+    assert code == 128 + signal.SIGTERM and "Traceback" not in out
+
+
+def test_the_drivers_agent_ends_with_the_driver_while_it_waits_for_the_other_nodes(tmp_path, rendezvous):
+    """No rank has started yet (node 1 never comes), so no rank's watchdog can end the agent: it ends by itself."""
+    code = (
+        "import time; from pathlib import Path; from rl.distributed.group import RankGroup; "
+        f"group = RankGroup(2, Path({str(tmp_path / 'ranks.log')!r}), 300.0, {{'DS_ACCELERATOR': 'cpu'}}, "
+        f"nodes=2, rendezvous={rendezvous!r}); group.start({{}})"
+    )
+    driver = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    )
+    try:
+        agents: list[int] = []
+
+        def agent_started() -> bool:
+            agents[:] = [pid for pid in children(driver.pid) if b"rl.distributed.agent" in cmdline(pid)]
+            return bool(agents)
+
+        wait_for(agent_started, "the driver's torchrun agent", timeout_s=30)
+        time.sleep(3)  # in the rendezvous, waiting for node 1
+        driver.kill()
+        driver.wait()
+        wait_for(lambda: not alive(agents[0]), "the agent to end with its driver", timeout_s=10)
+    finally:
+        driver.kill()
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def finish(node: subprocess.Popen, timeout_s: float = 60) -> tuple[int, str]:
@@ -119,8 +176,11 @@ def test_a_killed_node_fails_the_step_naming_it_and_the_rerun_resumes_with_the_s
             save_checkpoint(root, first, {"cursor": 1})
             first.begin_step()
             first.accumulate(random_batch(seed=1))
-            os.kill(agent, signal.SIGKILL)  # node 1's torchrun agent: its rank dies with it
-            message = rf"trainer node 1 \(host \S+, rank {remote}, pid {pids[remote]}\) failed during 'finish'"
+            os.kill(agent, signal.SIGKILL)  # node 1's torchrun agent, between two messages: its rank dies with it
+            # Noticed at once, not at the next message (by then node 1 may have joined again, and
+            # torchrun here would have restarted node 0's rank for it).
+            wait_for(lambda: not group.alive, "the group to fail without a message in flight", timeout_s=10)
+            message = rf"trainer node 1 \(host \S+, rank {remote}, pid {pids[remote]}\) failed during 'idle'"
             with pytest.raises(RankFailure, match=message) as failure:
                 first.finish_step()
             print(failure.value)
