@@ -311,11 +311,15 @@ class Chaos:
         if node is None or node.poll() is not None:
             return False
         table = _processes()
-        below = _descendants(node.pid, table)
-        agents = [pid for pid in below if "rl.distributed.agent" in table[pid][2]]
-        ranks = [pid for pid in below if "rl.distributed.rank" in table[pid][2]]
-        if not agents or not ranks or not self.workers():  # its rank is in this driver's group (its fabric is up)
+        agents = [pid for pid in _descendants(node.pid, table) if _is_agent(table[pid][2])]
+        driver = self.driver
+        if not agents or driver is None or not self.workers():
             return False
+        # Both nodes' ranks are up and this driver's fabric too: the node is in this driver's group
+        # (a failed driver's ranks are gone before it exits).
+        for parent in (node.pid, driver.pid):
+            if not any(_is_rank(table[pid][2]) for pid in _descendants(parent, table)):
+                return False
         _signal(agents[0], signal.SIGKILL)
         return True
 
@@ -351,6 +355,15 @@ class Chaos:
                     return True
             time.sleep(0.02)
         return False
+
+
+def _is_agent(command: str) -> bool:
+    return "-m rl.distributed.agent" in command
+
+
+def _is_rank(command: str) -> bool:
+    """A trainer rank (its agent's command line names the rank's module too)."""
+    return "-m rl.distributed.rank" in command and not _is_agent(command)
 
 
 def _signal(pid: int, sent: signal.Signals) -> None:
