@@ -1,10 +1,12 @@
 """Bad multi-node trainer settings (`trainer.nodes`, `trainer.rendezvous`, the channel's) are refused
 before any work with one line naming the field and the fix; `rlboost trainer-node` refuses a bad
 `--rendezvous` (exit 2) and, with no trainer group to join, ends within its join timeout (exit 3),
-in one line each; torchrun's arguments for each side of the rendezvous."""
+in one line each; torchrun's arguments for each side of the rendezvous; preflight refuses a
+rendezvous or channel this machine cannot listen at."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import time
@@ -15,9 +17,11 @@ from typer.testing import CliRunner
 
 from infra.cli.app import app
 from infra.run.config import ConfigError, load_config
+from infra.run.preflight import PreflightError, preflight
 from infra.services.ports import free_port
 from rl.distributed.group import RankGroup
 from rl.distributed.node import agent_command
+from tests.helpers import save_tiny_model
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 DEEPSPEED = {"trainer.backend": "deepspeed", "trainer.world_size": 2}
@@ -105,3 +109,30 @@ def test_trainer_node_without_a_group_to_join_ends_in_one_line_within_its_join_t
     assert last.startswith(f"no trainer group of run 'r' at {rendezvous} within 5 s (--join-timeout)")
     assert "Traceback" not in done.stdout + done.stderr
     assert seconds < 40
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    return save_tiny_model(tmp_path_factory.mktemp("nodes-preflight") / "base")
+
+
+def test_preflight_refuses_a_rendezvous_or_channel_this_machine_cannot_host(tiny_model, tmp_path):
+    def checked(**trainer) -> None:
+        overrides = {"model.path": str(tiny_model), "run.output_dir": str(tmp_path), **DEEPSPEED, "trainer.nodes": 2}
+        preflight(load_config(None, overrides | {f"trainer.{key}": value for key, value in trainer.items()}))
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        with pytest.raises(
+            PreflightError, match=rf"trainer.rendezvous: this machine cannot listen at 127.0.0.1:{busy} "
+        ):
+            checked(rendezvous=f"127.0.0.1:{busy}")
+        with pytest.raises(PreflightError, match=rf"trainer.channel_port: .* at 127.0.0.1 port {busy} "):
+            checked(rendezvous=f"127.0.0.1:{free_port()}", channel_port=busy)
+    with pytest.raises(PreflightError, match=r"trainer.rendezvous: this machine cannot listen at 192.0.2.1:29400 \("):
+        checked(rendezvous="192.0.2.1:29400")  # TEST-NET-1: no machine's address
+    with pytest.raises(PreflightError, match=r"trainer.channel_host: .* at 192.0.2.1 port any"):
+        checked(rendezvous=f"127.0.0.1:{free_port()}", channel_host="192.0.2.1")
+    checked(rendezvous=f"127.0.0.1:{free_port()}")
