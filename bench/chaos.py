@@ -200,6 +200,8 @@ class Chaos:
             except subprocess.TimeoutExpired:
                 node.terminate()
                 self.node_exit_codes.append(node.wait())
+            if self.node_exit_codes[-1] == 0:  # a driver closed the trainer: the run is over
+                return
 
     def track(self) -> None:
         """Remember every process below the current driver and the trainer node (to find orphans at the end)."""
