@@ -7,12 +7,10 @@ Faults at random gaps, each kind (of `--faults`) at least once: a rollout worker
 SIGKILLed or SIGSTOPped (a zombie); the driver SIGKILLed mid-step and run again at once; the token
 log's redis-server SIGKILLed and restarted on its append-only file; a peer weight server SIGKILLed
 while an instance pulls from it; `instance_start`: a worker SIGTERMed whose replacement fails at
-start (`tests/fakes/start_fault`, through the environment), replaced in turn; `node` (only when
-asked for: the run then trains with DeepSpeed on 2 "nodes" on loopback, the second an `rlboost
-trainer-node` the bench keeps running as an operator would): that node's torchrun agent SIGKILLed,
-the driver run again. Then every step's
-samples are generated again in process from the checkpoints of the versions that generated them
-and compared token by token. About four minutes on a 2-core machine. Ends with ONE JSON line:
+start (`tests/fakes/start_fault`, through the environment), replaced in turn; `node` (if named:
+DeepSpeed over 2 loopback "nodes", the second an `rlboost trainer-node`): its agent SIGKILLed.
+Then every step's samples are generated again from the checkpoints of the versions that generated
+them and compared token by token. About four minutes on a 2-core machine. Ends with ONE JSON line:
 {"steps", "faults": {kind: count}, "samples_lost", "samples_duplicated", "responses_identical_fraction",
 "orphans_left", "open_ledger_instances", "instances_replaced", "minutes", ...}. Method and
 results: docs/benchmarks.md.
