@@ -7,13 +7,12 @@ Faults at random gaps, each kind (of `--faults`) at least once: a rollout worker
 SIGKILLed or SIGSTOPped (a zombie); the driver SIGKILLed mid-step and run again at once; the token
 log's redis-server SIGKILLed and restarted on its append-only file; a peer weight server SIGKILLed
 while an instance pulls from it; `instance_start`: a worker SIGTERMed whose replacement fails at
-start (`tests/fakes/start_fault`, through the environment), replaced in turn; `node` (if named:
-DeepSpeed over 2 loopback "nodes", the second an `rlboost trainer-node`): its agent SIGKILLed.
-Then every step's samples are generated again from the checkpoints of the versions that generated
-them and compared token by token. About four minutes on a 2-core machine. Ends with ONE JSON line:
-{"steps", "faults": {kind: count}, "samples_lost", "samples_duplicated", "responses_identical_fraction",
-"orphans_left", "open_ledger_instances", "instances_replaced", "minutes", ...}. Method and
-results: docs/benchmarks.md.
+start (`tests/fakes/start_fault`), replaced in turn; `node` (if named: DeepSpeed over 2 loopback
+"nodes", the second an `rlboost trainer-node`): its agent SIGKILLed. Every step's samples are then
+generated again from the checkpoints of their versions and compared token by token (~4 minutes on
+2 cores). Ends with ONE JSON line: {"steps", "faults": {kind: count}, "samples_lost",
+"samples_duplicated", "responses_identical_fraction", "orphans_left", "open_ledger_instances",
+"instances_replaced", "minutes", ...}. Method and results: docs/benchmarks.md.
 """
 
 from __future__ import annotations
