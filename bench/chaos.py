@@ -7,12 +7,12 @@ Faults at random gaps, each kind (of `--faults`) at least once: a rollout worker
 SIGKILLed or SIGSTOPped (a zombie); the driver SIGKILLed mid-step and run again at once; the token
 log's redis-server SIGKILLed and restarted on its append-only file; a peer weight server SIGKILLed
 while an instance pulls from it; `instance_start`: a worker SIGTERMed whose replacement fails at
-start (`tests/fakes/start_fault`, through the environment), replaced in turn. Then every step's
-samples are generated again in process from the checkpoints of the versions that generated them
-and compared token by token. About four minutes on a 2-core machine. Ends with ONE JSON line:
-{"steps", "faults": {kind: count}, "samples_lost", "samples_duplicated", "responses_identical_fraction",
-"orphans_left", "open_ledger_instances", "instances_replaced", "minutes", ...}. Method and
-results: docs/benchmarks.md.
+start (`tests/fakes/start_fault`), replaced in turn; `node` (if named: DeepSpeed over 2 loopback
+"nodes", the second an `rlboost trainer-node`): its agent SIGKILLed. Every step's samples are then
+generated again from the checkpoints of their versions and compared token by token (~4 minutes on
+2 cores). Ends with ONE JSON line: {"steps", "faults": {kind: count}, "samples_lost",
+"samples_duplicated", "responses_identical_fraction", "orphans_left", "open_ledger_instances",
+"instances_replaced", "minutes", ...}. Method and results: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -47,7 +47,9 @@ from infra.services.ports import free_port  # noqa: E402
 from infra.services.redis_embedded import EmbeddedRedis  # noqa: E402
 from rl import env_vars
 
-KINDS = ("worker", "driver", "redis", "peer", "instance_start")
+KINDS = ("worker", "driver", "redis", "peer", "instance_start", "node")
+DEFAULT_KINDS = KINDS[:-1]
+"""`node` changes the run's trainer (DeepSpeed over two nodes): only when `--faults` names it."""
 FAULT = ROOT / "tests" / "fakes" / "start_fault"
 """On the driver's PYTHONPATH: a rollout worker that finds a file in `START_FAULT_DIR` fails at start."""
 WORKER_SIGNALS = (signal.SIGTERM, signal.SIGKILL, signal.SIGSTOP)
@@ -101,7 +103,12 @@ class Chaos:
         self.attempts = 0
         self.exit_codes: list[int] = []
         self.started: dict[tuple[int, str], str] = {}
-        """(pid, start time) -> command line of every process a driver started."""
+        """(pid, start time) -> command line of every process a driver (or the trainer node) started."""
+        self.rendezvous = f"127.0.0.1:{free_port()}" if "node" in args.faults else None
+        """With the `node` fault: the trainer's rendezvous (the driver's node hosts it)."""
+        self.node: subprocess.Popen | None = None
+        """The second trainer node's `rlboost trainer-node`."""
+        self.node_exit_codes: list[int] = []
         self._lock = threading.Lock()
 
     # -- the run --------------------------------------------------------------------------------
@@ -141,6 +148,15 @@ class Chaos:
                 "weights": {"chunk_mb": 0.05, "upload_cap_mb_s": self.args.upload_cap_mb_s},
             },
         }
+        if self.rendezvous is not None:
+            settings["trainer"] = {
+                "backend": "deepspeed",
+                "world_size": 2,
+                "nodes": 2,
+                "rendezvous": self.rendezvous,
+                "threads_per_rank": 1,
+                "start_timeout_s": 300,
+            }
         path = self.work / "run.yaml"
         path.write_text(yaml.safe_dump(settings))
         return path
@@ -162,14 +178,36 @@ class Chaos:
         finally:
             self.done.set()
 
-    def track(self) -> None:
-        """Remember every process below the current driver (to find orphans at the end)."""
+    def operate_node(self, env: dict[str, str]) -> None:
+        """The second trainer node: `rlboost trainer-node`, started again whenever it exits while the
+        run goes on (as an operator would); it exits by itself once a driver closes the trainer."""
+        command = [
+            sys.executable, "-m", "infra.cli", "trainer-node", "--rendezvous", str(self.rendezvous),
+            "--run-id", "chaos", "--nproc-per-node", "1", "--join-timeout", "300",
+            "--log-file", str(self.work / "trainer-node-agents.log"),
+        ]  # fmt: skip
         while not self.done.is_set():
-            driver = self.driver
-            if driver is not None and driver.poll() is None:
-                table = _processes()
-                for pid in _descendants(driver.pid, table):
-                    self.started.setdefault((pid, table[pid][1]), table[pid][2])
+            with (self.work / f"trainer-node-{len(self.node_exit_codes) + 1}.log").open("w") as out:
+                node = subprocess.Popen(command, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+            self.node = node
+            while node.poll() is None and not self.done.is_set():
+                time.sleep(0.3)
+            try:
+                self.node_exit_codes.append(node.wait(60))  # the last driver closed the trainer: it ends
+            except subprocess.TimeoutExpired:
+                node.terminate()
+                self.node_exit_codes.append(node.wait())
+            if self.node_exit_codes[-1] == 0:  # a driver closed the trainer: the run is over
+                return
+
+    def track(self) -> None:
+        """Remember every process below the current driver and the trainer node (to find orphans at the end)."""
+        while not self.done.is_set():
+            table = _processes()
+            for parent in (self.driver, self.node):
+                if parent is not None and parent.poll() is None:
+                    for pid in _descendants(parent.pid, table):
+                        self.started.setdefault((pid, table[pid][1]), table[pid][2])
             time.sleep(0.3)
 
     # -- faults ---------------------------------------------------------------------------------
@@ -265,6 +303,25 @@ class Chaos:
         driver.kill()
         return True
 
+    def _node(self) -> bool:
+        """SIGKILL the second node's torchrun agent (its rank dies with it): the step fails naming the
+        node, the driver exits and is run again, the node's command joins the re-run."""
+        node = self.node
+        if node is None or node.poll() is not None:
+            return False
+        table = _processes()
+        agents = [pid for pid in _descendants(node.pid, table) if _is_agent(table[pid][2])]
+        driver = self.driver
+        if not agents or driver is None or not self.workers():
+            return False
+        # Both nodes' ranks are up and this driver's fabric too: the node is in this driver's group
+        # (a failed driver's ranks are gone before it exits).
+        for parent in (node.pid, driver.pid):
+            if not any(_is_rank(table[pid][2]) for pid in _descendants(parent, table)):
+                return False
+        _signal(agents[0], signal.SIGKILL)
+        return True
+
     def _redis(self) -> bool:
         os.kill(self.redis.pid, signal.SIGKILL)
         time.sleep(1.0)
@@ -297,6 +354,15 @@ class Chaos:
                     return True
             time.sleep(0.02)
         return False
+
+
+def _is_agent(command: str) -> bool:
+    return "-m rl.distributed.agent" in command
+
+
+def _is_rank(command: str) -> bool:
+    """A trainer rank (its agent's command line names the rank's module too)."""
+    return "-m rl.distributed.rank" in command and not _is_agent(command)
 
 
 def _signal(pid: int, sent: signal.Signals) -> None:
@@ -457,8 +523,9 @@ def main() -> None:
     parser.add_argument(
         "--faults",
         type=_kinds,
-        default=KINDS,
-        help=f"Comma-separated fault kinds to inject, each at least once (default: all of {','.join(KINDS)}).",
+        default=DEFAULT_KINDS,
+        help=f"Comma-separated fault kinds to inject, each at least once (default: {','.join(DEFAULT_KINDS)}; "
+        f"also: {','.join(k for k in KINDS if k not in DEFAULT_KINDS)}).",
     )
     args = parser.parse_args()
 
@@ -488,9 +555,13 @@ def main() -> None:
                 threading.Thread(target=chaos.track, daemon=True),
                 threading.Thread(target=chaos.inject, daemon=True),
             ]
+            if chaos.rendezvous is not None:
+                threads.append(threading.Thread(target=chaos.operate_node, args=(env,)))
             for thread in threads:
                 thread.start()
             threads[0].join()
+            if chaos.rendezvous is not None:
+                threads[-1].join()
         minutes = (time.monotonic() - began) / 60
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and any(_alive(pid, t) for pid, t in chaos.started):
@@ -521,6 +592,7 @@ def main() -> None:
         "max_version_lag": identity.get("max_version_lag"),
         "driver_attempts": chaos.attempts,
         "driver_exit_codes": chaos.exit_codes,
+        **({"trainer_node_exit_codes": chaos.node_exit_codes} if chaos.rendezvous else {}),
         "worker_signals": dict(chaos.signals),
         **weight_pulls(chaos.run_dir),
         "work_dir": str(work),

@@ -296,8 +296,21 @@ class TrainerConfig(Section):
     `world_size` ranks (torchrun, gloo on CPU, NCCL on GPU) with ZeRO-sharded optimizer state, driven
     by the training process over a local channel (`rl.distributed`)."""
     world_size: int = Field(default=1, ge=1)
-    """Ranks of the DeepSpeed trainer, one per device (on CPU they share the machine's cores); the
-    torch backend is one process."""
+    """Ranks of the DeepSpeed trainer in all, one per device (on CPU they share a machine's cores),
+    `world_size / nodes` on each node; the torch backend is one process."""
+    nodes: int = Field(default=1, ge=1)
+    """Machines the DeepSpeed trainer's ranks run on: this one (the training process's, node 0) and
+    `nodes - 1` more, each joined by `rlboost trainer-node` (docs/trainers.md, "Several nodes")."""
+    rendezvous: str | None = None
+    """`host:port` of torchrun's c10d rendezvous, hosted by the training process's node (so `host`
+    is this machine's address that the other nodes reach); required when `nodes` > 1, and the
+    `--rendezvous` of every `rlboost trainer-node`."""
+    channel_host: str | None = None
+    """With `nodes` > 1: the address of this machine that the other nodes' ranks reach the training
+    process at (its channel listens there); None: the `rendezvous` host."""
+    channel_port: int | None = Field(default=None, ge=1, le=65535)
+    """With `nodes` > 1: the channel's TCP port (open it between the nodes); None: any free port
+    (the ranks find it in torchrun's store)."""
     zero_stage: Literal[1, 2, 3] = 2
     """DeepSpeed ZeRO stage: 1 shards optimizer state, 2 also gradients, 3 also parameters."""
     gradient_checkpointing: bool = False
@@ -322,6 +335,46 @@ class TrainerConfig(Section):
                 f"trainer.world_size={self.world_size} needs trainer.backend: deepspeed (the torch trainer is one process)"
             )
         return self
+
+    @model_validator(mode="after")
+    def _nodes_need_a_rendezvous(self) -> TrainerConfig:
+        if self.nodes == 1:
+            given = [name for name in ("rendezvous", "channel_host", "channel_port") if getattr(self, name) is not None]
+            if given:
+                raise ValueError(
+                    f"trainer.{given[0]} is only used when trainer.nodes > 1: remove it, or set trainer.nodes"
+                )
+            return self
+        if self.backend != "deepspeed":
+            raise ValueError(
+                f"trainer.nodes={self.nodes} needs trainer.backend: deepspeed (the torch trainer is one process)"
+            )
+        if self.rendezvous is None:
+            raise ValueError(
+                f"trainer.nodes={self.nodes} needs trainer.rendezvous: host:port of this machine that the other "
+                "nodes reach (torchrun's c10d rendezvous, e.g. 10.0.0.5:29400)"
+            )
+        split_endpoint(self.rendezvous, "trainer.rendezvous")
+        if self.world_size % self.nodes:
+            raise ValueError(
+                f"trainer.world_size={self.world_size} is not a multiple of trainer.nodes={self.nodes}: every node "
+                "runs world_size / nodes ranks"
+            )
+        return self
+
+    @property
+    def ranks_per_node(self) -> int:
+        """Ranks on each node (`world_size / nodes`)."""
+        return self.world_size // self.nodes
+
+
+def split_endpoint(value: str, field: str) -> tuple[str, int]:
+    """`host:port` (or `[v6 address]:port`) -> (host, port); ValueError naming `field` otherwise."""
+    host, _, port = value.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{field}={value!r} is not host:port (e.g. 10.0.0.5:29400)")
+    return host, int(port)
 
 
 class PretrainConfig(Section):

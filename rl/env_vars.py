@@ -119,9 +119,16 @@ DRIVER_PID = _variable(
 TRAINER_CHANNEL = _variable(
     "RLBOOST_TRAINER_CHANNEL",
     "rlboost",
-    "A distributed trainer rank's channel to the training process (a Unix socket).",
+    "A distributed trainer rank's channel to the training process (a Unix socket; `host:port` when "
+    "the trainer spans several nodes, given to the ranks on the training process's node).",
 )
 TRAINER_AUTHKEY = _variable("RLBOOST_TRAINER_AUTHKEY", "rlboost", "The hex authentication key of that channel.")
+TRAINER_NODE_JOINED = _variable(
+    "RLBOOST_TRAINER_NODE_JOINED",
+    "rlboost",
+    "A file that a trainer rank started by `rlboost trainer-node` touches once it reached the training "
+    "process (the command's join timeout counts from the last group it was in).",
+)
 
 _WHO = {"you": "Settings you may give", "rlboost": "Set by rlboost for the processes it starts"}
 

@@ -1,4 +1,4 @@
-"""The `rlboost` command line: `demo`, `train --config FILE`, `pretrain`, `import-model`, `worker`, `simulate`, `cost`, `export`, `up`, `down`, `cloud sweep`.
+"""The `rlboost` command line: `demo`, `train --config FILE`, `pretrain`, `import-model`, `worker`, `simulate`, `cost`, `export`, `up`, `down`, `trainer-node`, `cloud sweep`.
 
 The CLI is the top layer, above the flows it starts: `rlboost train` runs the `rl-train` flow in
 this process. It imports torch, transformers and the flows only inside the commands that need
@@ -291,6 +291,10 @@ from infra.cli.stack import down, up  # noqa: E402  (the stack commands live in 
 
 app.command(name="up")(up)
 app.command(name="down")(down)
+
+from infra.cli.trainer_node import trainer_node  # noqa: E402  (the command lives in its own module)
+
+app.command(name="trainer-node")(trainer_node)
 
 from infra.cli.cloud import cloud  # noqa: E402  (the cloud commands live in their own module)
 

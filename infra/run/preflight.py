@@ -4,8 +4,8 @@
 training session opens (a run started from a deployment has no CLI in front of it). It fails with a
 `PreflightError` whose message names the configuration field and the fix, for: a base model that is
 not there (or a GGUF file where the rollout instances need a Hugging Face directory); a DeepSpeed
-trainer without DeepSpeed installed or with more ranks than GPUs; a device that does not exist here
-or a dtype it cannot run; an engine that cannot run the model (vLLM missing, the wrong vLLM build
+trainer without DeepSpeed, with more ranks than GPUs or a rendezvous it cannot host; a device absent
+here or a dtype it cannot run; an engine that cannot run the model (vLLM missing, the wrong vLLM build
 for the device, a head size vLLM's CPU kernels refuse, a colocated vLLM engine beside the in-process
 one in the same process); local pools asking for more GPUs than the node has (`gpus_per_instance`,
 `infra.providers.placement`); a pool's availability trace that is unknown, missing or corrupt; a run
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import socket
 from pathlib import Path
 
 import torch
@@ -29,6 +30,7 @@ from infra.providers.pool import PoolSpec, TraceAvailability
 from infra.run.config import RunConfig
 from infra.run.identity import stored_identity
 from rl.checkpoint import CorruptCheckpoint, latest_checkpoint
+from rl.config import TrainerConfig, split_endpoint
 from rl.devices import DeviceError, resolve_device, resolve_dtype
 from rl.engine_factory import check_engine
 from rl.engine_spec import EngineSpec
@@ -109,13 +111,50 @@ def _check_trainer(config: RunConfig, device) -> None:
         raise PreflightError(
             "trainer.backend: deepspeed needs DeepSpeed: pip install 'rlboost[deepspeed]' (or set trainer.backend: torch)"
         )
-    if device.type == "cuda" and torch.cuda.device_count() < trainer.world_size:
+    if device.type == "cuda" and torch.cuda.device_count() < trainer.ranks_per_node:
+        on_this_node = f" ({trainer.ranks_per_node} on this node)" if trainer.nodes > 1 else ""
         raise PreflightError(
-            f"trainer.world_size: {trainer.world_size} ranks need one GPU each; this machine has "
+            f"trainer.world_size: {trainer.world_size} ranks{on_this_node} need one GPU each; this machine has "
             f"{torch.cuda.device_count()}. Lower trainer.world_size"
         )
     if device.type not in ("cpu", "cuda"):
         raise PreflightError(f"trainer.backend: deepspeed runs on cpu or cuda, not model.device {config.model.device}")
+    if trainer.nodes > 1:
+        _check_rendezvous(trainer)
+
+
+def _check_rendezvous(trainer: TrainerConfig) -> None:
+    """This machine hosts the rendezvous (its agent's store) and the channel: it must be able to
+    listen at `trainer.rendezvous` and at the channel's host (and port, when one is set)."""
+    host, port = split_endpoint(str(trainer.rendezvous), "trainer.rendezvous")
+    cannot = _cannot_listen(host, port)
+    if cannot:
+        raise PreflightError(
+            f"trainer.rendezvous: this machine cannot listen at {trainer.rendezvous} ({cannot}); the training "
+            "process's node hosts the rendezvous: give one of its addresses and a free port"
+        )
+    channel = trainer.channel_host or host
+    cannot = _cannot_listen(channel, trainer.channel_port or 0)
+    if cannot:
+        field = (
+            "trainer.channel_port" if trainer.channel_port and trainer.channel_host is None else "trainer.channel_host"
+        )
+        raise PreflightError(
+            f"{field}: this machine cannot listen at {channel} port {trainer.channel_port or 'any'} ({cannot}); "
+            "give an address of this machine that the other nodes reach, and a free port"
+        )
+
+
+def _cannot_listen(host: str, port: int) -> str | None:
+    """Why a TCP socket cannot listen at (host, port) here; None when it can."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as error:
+        return error.strerror or str(error)
+    return None
 
 
 def _check_pools(config: RunConfig) -> None:

@@ -531,7 +531,12 @@ def _make_trainer(config: RunConfig, device: torch.device, pad_token_id: int) ->
         trainer=trainer_config,
         lora=model_config.lora,
     )
-    trainer = DistributedTrainer(spec, config.run.directory / "trainer" / "ranks.log", state_dtype=model_config.dtype)
+    trainer = DistributedTrainer(
+        spec,
+        config.run.directory / "trainer" / "ranks.log",
+        state_dtype=model_config.dtype,
+        rendezvous_id=config.run.name,  # what `rlboost trainer-node --run-id` names (trainer.nodes > 1)
+    )
     return None, trainer
 
 

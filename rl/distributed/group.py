@@ -10,7 +10,9 @@ rank and gathers every reply, watching torchrun while it waits, up to a deadline
 rank's channel closes, or torchrun exits, or a rank reports an exception, the group is failed for
 good: torchrun stops the other ranks (any left are killed), and `RankFailure` names the rank, its
 pid and its exit (torchrun's report in the log, e.g. ``exitcode: -9``: SIGKILL). Later calls raise
-the same failure; the run's last checkpoint is what a re-run resumes from.
+the same failure; the run's last checkpoint is what a re-run resumes from. With `nodes` > 1 the
+channel is TCP and torchrun hosts a c10d rendezvous that other nodes join (`rl.distributed.node`);
+a failure names the node and host (docs/trainers.md, "Several nodes").
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
+from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, Listener, wait
 from pathlib import Path
 from typing import Any, cast
@@ -40,6 +44,11 @@ STOP_GRACE_S = 20.0
 """How long torchrun may take to stop the other ranks after one died, before they are killed."""
 CLOSE_TIMEOUT_S = 30.0
 """How long the ranks may take to answer `close`."""
+IDLE_CHECK_S = 0.5
+"""With several nodes: how often the channels are looked at between messages (a rank lost then)."""
+SETTLE_S = 2.0
+"""With several nodes: how long a failure waits for the other ranks' channels, to tell the rank
+that died (its channel closed) from ranks whose collectives failed because it did."""
 BUILD_LOCK_CHECK_S = 5.0
 """While the ranks start: how often the extension build locks are looked at again (a build stopped
 while they wait for it leaves its lock)."""
@@ -72,8 +81,20 @@ def root_cause(log_text: str) -> tuple[int, int, int] | None:
     return None if found is None else (int(found[1]), int(found[2]), int(found[3]))
 
 
+@dataclass(frozen=True)
+class RankPlace:
+    """Where a rank runs, from its hello."""
+
+    node: int
+    """0: the driver's node; 1, 2, ...: the others, in torchrun's node order (GROUP_RANK)."""
+    host: str
+    local: bool
+    agent: int
+    """Its torchrun agent's pid (on its node)."""
+
+
 class RankGroup:
-    """`world_size` trainer ranks under one torchrun (see the module docstring)."""
+    """`world_size` trainer ranks under one torchrun, or `nodes` of them (see the module docstring)."""
 
     def __init__(
         self,
@@ -82,8 +103,24 @@ class RankGroup:
         start_timeout_s: float,
         environment: dict[str, str],
         reply_timeout_s: float = 3600.0,
+        *,
+        nodes: int = 1,
+        rendezvous: str | None = None,
+        rendezvous_id: str = "rlboost",
+        channel_host: str | None = None,
+        channel_port: int | None = None,
     ) -> None:
+        """`nodes` > 1 needs `rendezvous` (``host:port``); `channel_host` defaults to its host."""
+        if nodes > 1 and rendezvous is None:
+            raise ValueError("a trainer group over several nodes needs a rendezvous (trainer.rendezvous)")
         self.world_size = world_size
+        self.nodes = nodes
+        self.rendezvous = rendezvous
+        self.rendezvous_id = rendezvous_id
+        self.channel_host = channel_host or (rendezvous.rpartition(":")[0].strip("[]") if rendezvous else None)
+        self.channel_port = channel_port
+        self.places: dict[int, RankPlace] = {}
+        """Rank -> where it runs, from its hello."""
         self.log_path = Path(log_path)
         self.start_timeout_s = start_timeout_s
         self.reply_timeout_s = reply_timeout_s
@@ -98,6 +135,7 @@ class RankGroup:
         self._address = ""
         self._extensions = Path()
         self._log_offset = 0
+        self._closing = threading.Event()
 
     # -- start ------------------------------------------------------------------------------
 
@@ -105,10 +143,17 @@ class RankGroup:
         """Launch the ranks, wait for their hellos, send them `spec`; returns their init replies.
         All of it within `start_timeout_s`."""
         deadline = time.monotonic() + self.start_timeout_s
-        self._socket_dir = tempfile.mkdtemp(prefix="rlboost-trainer-")  # 0700: only this user connects
-        address = self._address = os.path.join(self._socket_dir, "channel")
         key = secrets.token_bytes(32)
-        listener = Listener(address, family="AF_UNIX", authkey=key)
+        if self.nodes == 1:
+            self._socket_dir = tempfile.mkdtemp(prefix="rlboost-trainer-")  # 0700: only this user connects
+            address = self._address = os.path.join(self._socket_dir, "channel")
+            listener = Listener(address, family="AF_UNIX", authkey=key)
+        else:  # the other nodes' ranks reach it over the network; the key keeps others out
+            host = self.channel_host
+            assert host is not None, "set from the rendezvous"
+            listener = Listener((host, self.channel_port or 0), family="AF_INET", authkey=key)
+            port = cast(tuple[str, int], listener.address)[1]
+            address = self._address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         env = {
             **os.environ,
             **self.environment,
@@ -121,11 +166,8 @@ class RankGroup:
         command = [
             sys.executable,
             "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nnodes=1",
-            f"--nproc-per-node={self.world_size}",
-            "--max-restarts=0",
+            "rl.distributed.agent",  # torchrun, ended with this process
+            *self._launch_arguments(),
             "-m",
             "rl.distributed.rank",
         ]
@@ -139,7 +181,45 @@ class RankGroup:
             self._accept(listener, deadline)
         finally:
             listener.close()
-        return self.call("init", [spec] * self.world_size, timeout_s=max(deadline - time.monotonic(), 0.0))
+        replies = self.call("init", [spec] * self.world_size, timeout_s=max(deadline - time.monotonic(), 0.0))
+        if self.nodes > 1:
+            threading.Thread(target=self._watch_between_messages, name="trainer-watch", daemon=True).start()
+        return replies
+
+    def _watch_between_messages(self) -> None:
+        """With several nodes, fail the group as soon as a rank's channel closes between messages:
+        when a lost node's `rlboost trainer-node` joins again, torchrun here would restart (SIGTERM)
+        this node's ranks for the newcomer, and the failure would name them instead."""
+        while not self._closing.wait(IDLE_CHECK_S):
+            with self._lock:
+                if self._failure is not None or self._closing.is_set():
+                    return
+                ranks = {conn: rank for rank, conn in self._conns.items()}
+                ready = cast(list[Connection], wait(list(ranks), timeout=0))  # no rank speaks unasked: closed
+                if not ready:
+                    continue
+                lost = min((ranks[conn] for conn in ready), key=lambda rank: (self.places[rank].local, rank))
+                try:
+                    self._fail(lost, "idle", "its channel closed between messages")
+                except RankFailure:
+                    return
+
+    def _launch_arguments(self) -> list[str]:
+        """torchrun's arguments: one node standalone, or node 0 of a c10d rendezvous (its store here)."""
+        if self.nodes == 1:
+            return ["--standalone", "--nnodes=1", f"--nproc-per-node={self.world_size}", "--max-restarts=0"]
+        per_node = self.world_size // self.nodes
+        return [
+            *node_arguments(
+                self.nodes,
+                per_node,
+                str(self.rendezvous),
+                self.rendezvous_id,
+                is_host=True,
+                join_timeout_s=self.start_timeout_s,
+            ),
+            f"--local-addr={self.channel_host}",
+        ]
 
     def _clear_stale_build_locks(self) -> None:
         for path in build_lock.clear_stale(self._extensions):
@@ -163,7 +243,12 @@ class RankGroup:
         def accept_all() -> None:
             try:
                 while len(accepted) < self.world_size:
-                    accepted.append(listener.accept())
+                    try:
+                        accepted.append(listener.accept())
+                    except AuthenticationError as exc:  # on TCP: something else than a rank connected
+                        if self.nodes == 1:
+                            raise
+                        log.warning("refused a connection to the trainer's channel: %s", exc)
             except BaseException as exc:  # the listener closed on a timeout, or a bad key
                 errors.append(exc)
 
@@ -177,16 +262,49 @@ class RankGroup:
                 self._fail(
                     None,
                     "start",
-                    f"the ranks did not connect within {self.start_timeout_s:.0f} s (trainer.start_timeout_s)"
+                    f"{self._connected(len(accepted))} within {self.start_timeout_s:.0f} s (trainer.start_timeout_s)"
                     + self._waiting_on(),
                     grace_s=0.0,
                 )
         if errors:
             self._fail(None, "start", f"accepting the ranks failed: {errors[0]}")
+        hellos = {}
         for conn in accepted:
-            op, rank, pid = conn.recv()
+            _, rank, pid, place = conn.recv()
             self._conns[rank] = conn
             self.pids[rank] = pid
+            hellos[rank] = place
+        self._place(hellos)
+
+    def _connected(self, count: int) -> str:
+        """What a start that timed out saw: with several nodes, how many ranks and what to check."""
+        if self.nodes == 1:
+            return "the ranks did not connect"
+        return (
+            f"{count} of {self.world_size} ranks connected; the others (trainer.nodes={self.nodes}) did not "
+            f"connect: is `rlboost trainer-node --rendezvous {self.rendezvous} --run-id {self.rendezvous_id} "
+            f"--nproc-per-node {self.world_size // self.nodes}` running on every other node, and can its "
+            f"ranks reach {self._address}"
+        )
+
+    def _place(self, hellos: dict[int, dict]) -> None:
+        """Number the nodes (this one 0, the others by torchrun's node order) and check each node's
+        ranks agree on the world size."""
+        remote = sorted({hello["node"] for hello in hellos.values() if not hello["local"]})
+        for rank, hello in hellos.items():
+            node = 0 if hello["local"] else 1 + remote.index(hello["node"])
+            self.places[rank] = RankPlace(node, hello["host"], hello["local"], hello["agent"])
+        for rank, hello in sorted(hellos.items(), key=lambda item: (item[1]["local"], item[0])):  # others first
+            if hello["world_size"] != self.world_size:
+                place = self.places[rank]
+                self._fail(
+                    None,
+                    "start",
+                    f"node {place.node} (host {place.host}) joined a group of {hello['world_size']} ranks, this "
+                    f"run has trainer.world_size={self.world_size}: start every `rlboost trainer-node` with "
+                    f"--nproc-per-node {self.world_size // self.nodes}",
+                    grace_s=0.0,
+                )
 
     # -- calls ------------------------------------------------------------------------------
 
@@ -243,16 +361,26 @@ class RankGroup:
     def _fail(self, rank: int | None, op: str, what: str, grace_s: float = STOP_GRACE_S) -> None:
         """Stop every rank (torchrun may take `grace_s` to stop the others after one died), work out
         who died and how, remember and raise the failure."""
+        remote = False
+        if self.nodes > 1 and rank is not None:
+            rank, what = self._first_lost(rank, what)
+            remote = rank in self.places and not self.places[rank].local
+            if remote:  # this node's torchrun knows nothing of it: no report to wait for
+                grace_s = 0.0
+                if what.startswith("its channel closed"):
+                    what += " (the rank, its torchrun agent or its machine died)"
         self._stop(grace_s=grace_s)
-        cause = root_cause(self._log_since_start())
+        for conn in self._conns.values():  # another node's ranks waiting for a message end now
+            conn.close()
+        cause = None if remote else root_cause(self._log_since_start())
         culprit = cause[0] if cause else rank
         if cause is not None:
             culprit, code, pid = cause
-            detail = f"trainer rank {culprit} (pid {pid}) {describe_exit(code)} during {op!r}"
+            detail = f"{self._who(culprit, pid)} {describe_exit(code)} during {op!r}"
             if culprit == rank and what.startswith("it raised"):
                 detail += f"; {what}\n"
         elif culprit is not None:
-            detail = f"trainer rank {culprit} (pid {self.pids.get(culprit, '?')}) failed during {op!r}: {what}"
+            detail = f"{self._who(culprit, self.pids.get(culprit, '?'))} failed during {op!r}: {what}"
         else:
             detail = f"the trainer ranks failed during {op!r}: {what}"
         self._failure = RankFailure(
@@ -260,6 +388,29 @@ class RankGroup:
             f"from there. Rank output: {self.log_path}"
         )
         raise self._failure
+
+    def _who(self, rank: int, pid: object) -> str:
+        place = self.places.get(rank)
+        if self.nodes == 1 or place is None:
+            return f"trainer rank {rank} (pid {pid})"
+        return f"trainer node {place.node} (host {place.host}, rank {rank}, pid {pid})"
+
+    def _first_lost(self, rank: int, what: str) -> tuple[int, str]:
+        """With several nodes, one rank's death fails its peers' collectives: when `rank` raised,
+        a rank whose channel closes within `SETTLE_S` without a word is the cause instead."""
+        if not what.startswith("it raised"):
+            return rank, what
+        pending = {conn: other for other, conn in self._conns.items() if other != rank}
+        deadline = time.monotonic() + SETTLE_S
+        while pending and time.monotonic() < deadline:
+            for conn in cast(list[Connection], wait(list(pending), timeout=max(deadline - time.monotonic(), 0.0))):
+                try:
+                    status, _ = conn.recv()
+                except (EOFError, OSError):
+                    return pending[conn], "its channel closed"
+                if status == "error":
+                    del pending[conn]  # it raised too
+        return rank, what
 
     def _log_since_start(self) -> str:
         """What torchrun and the ranks wrote since this group started (the log is appended to)."""
@@ -277,6 +428,7 @@ class RankGroup:
 
     def close(self) -> None:
         """Tell the ranks to exit, then make sure torchrun and every rank are gone."""
+        self._closing.set()
         if self.alive:
             try:
                 self.call("close", timeout_s=CLOSE_TIMEOUT_S)
@@ -301,8 +453,9 @@ class RankGroup:
         except ProcessLookupError:
             pass
         self.process.wait()
-        for pid in self.pids.values():  # each rank runs in a session of its own (torchrun starts them so)
-            if self._is_our_rank(pid):
+        for rank, pid in self.pids.items():  # each rank runs in a session of its own (torchrun starts them so)
+            place = self.places.get(rank)
+            if (place is None or place.local) and self._is_our_rank(pid):
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
@@ -316,6 +469,23 @@ class RankGroup:
         except OSError:
             return False
         return f"{CHANNEL_ENV}={self._address}".encode() in environment.split(b"\0")
+
+
+def node_arguments(
+    nodes: int, per_node: int, rendezvous: str, rendezvous_id: str, *, is_host: bool, join_timeout_s: float
+) -> list[str]:
+    """torchrun's arguments for one node of a trainer group over `nodes` nodes: the driver's
+    (`is_host`: its agent hosts the rendezvous store) and each `rlboost trainer-node`'s."""
+    conf = f"is_host={str(is_host).lower()},join_timeout={max(int(join_timeout_s), 1)}"
+    return [
+        f"--nnodes={nodes}",
+        f"--nproc-per-node={per_node}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={rendezvous}",
+        f"--rdzv-id={rendezvous_id}",
+        f"--rdzv-conf={conf}",
+        "--max-restarts=0",
+    ]
 
 
 def _last_lines(text: str, count: int) -> str:

@@ -3,10 +3,10 @@
 
 The channel is a `multiprocessing.connection` over a Unix socket in a private (0700) directory,
 authenticated by a random key; address and key reach the ranks in their environment (with the
-driver's pid, `rl.driver_watch`). A message is ``(op, payload)`` of plain Python values, a reply
-``("ok", value)`` or ``("error", traceback)``; no tensor travels but the policy, as safetensors bytes.
-
-Each message goes to every rank and every rank answers (op: payload -> reply):
+driver's pid, `rl.driver_watch`); with several nodes it is TCP, and the other nodes' ranks read it
+from torchrun's store (`STORE_KEY`). After a hello (rank, pid, node, host), a message is ``(op,
+payload)`` of plain values, a reply ``("ok", value)`` or ``("error", traceback)``; no tensor
+travels but the policy, as safetensors bytes. Each message goes to every rank and every rank answers (op: payload -> reply):
 ``init``: `TrainSpec` as a dict -> ``{"rank", "device", "threads"}``; ``begin``, ``abandon``,
 ``close``: None -> None; ``accumulate``: ``{"batch": wire batch | None, "rounds": n}`` -> None;
 ``finish``: ``{"weight": w}`` (the step's divisor) -> metric sums, ``grad_norm``, ``lr``;
@@ -27,6 +27,17 @@ from rl.trainer import TrainBatch
 
 CHANNEL_ENV = env_vars.TRAINER_CHANNEL
 AUTHKEY_ENV = env_vars.TRAINER_AUTHKEY
+STORE_KEY = "rlboost/trainer-channel"
+"""The key under which torchrun's store holds the channel's ``[address, key hex]`` (several nodes)."""
+
+
+def channel_address(value: str) -> str | tuple[str, int]:
+    """The channel's address as `multiprocessing.connection` takes it: a Unix socket's path (it
+    starts with ``/``) as is, ``host:port`` as ``(host, port)``."""
+    if value.startswith("/"):
+        return value
+    host, _, port = value.rpartition(":")
+    return host.strip("[]"), int(port)
 
 
 class TrainSpec(BaseModel):

@@ -1,9 +1,9 @@
 """One rank of the DeepSpeed trainer: a process started by torchrun, driven over its channel.
 
-`rl.distributed.group.RankGroup` launches it `world_size` times under `torchrun --standalone`; each
-rank joins the process group (gloo on CPU, NCCL on GPU), connects to the driver's channel, answers
-one message at a time (`rl.distributed.protocol`) until `close` or a closed channel, and dies with
-its torchrun agent (a parent-death signal) or the driver (a watchdog on the driver's pid).
+`rl.distributed.group.RankGroup` launches it under torchrun (several nodes: `rl.distributed.node`
+too); each rank connects to the driver's channel, joins the process group (gloo on CPU, NCCL on
+GPU), answers one message at a time (`rl.distributed.protocol`) until `close` or a closed channel
+(exit 3), and dies with its torchrun agent (a parent-death signal) or the driver (a watchdog).
 
 `RankTrainer` is the torch `Trainer` over DeepSpeed: the same micro-batch loss
 (`Trainer.accumulate_micro_batch`), `engine.backward` and `engine.step` (ZeRO-sharded AdamW,
@@ -17,8 +17,10 @@ off, state and checkpoints are the adapters (ZeRO-3 gathers just those). Detail:
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import socket
 import sys
 import traceback
 from datetime import timedelta
@@ -33,15 +35,20 @@ from rl.devices import TORCH_DTYPES
 from rl.distributed.protocol import (
     AUTHKEY_ENV,
     CHANNEL_ENV,
+    STORE_KEY,
     TrainSpec,
     batch_from_wire,
+    channel_address,
 )
-from rl.driver_watch import die_with_parent, watch_driver
+from rl.driver_watch import EXIT_DRIVER_GONE, die_with_parent, watch_driver
+from rl.env_vars import TRAINER_NODE_JOINED as JOINED_ENV
 from rl.lora import adapter_state
 from rl.models import load_model
 from rl.process_memory import peak_rss_mb
 from rl.trainer import Accumulation, TrainBatch, Trainer, write_policy
 
+CHANNEL_WAIT_S = 600.0
+"""How long a rank on another node waits for the driver's node to put the channel in the store."""
 CHECKPOINT_TAG = "state"
 """DeepSpeed's tag (subdirectory) of the sharded state inside a checkpoint's `deepspeed/`."""
 
@@ -224,8 +231,9 @@ def _init_process_group(spec: TrainSpec) -> torch.device:
     return device
 
 
-def serve(conn, rank: int, world_size: int) -> None:
-    """Answer the driver's messages until `close` (or a closed channel)."""
+def serve(conn, rank: int, world_size: int) -> int:
+    """Answer the driver's messages until `close` (returns 0) or a closed channel (the driver is
+    gone: returns `EXIT_DRIVER_GONE`, so that an agent on another node reports a failed group)."""
     op, spec = conn.recv()
     if op != "init":
         raise RuntimeError(f"expected init, got {op!r}")
@@ -242,10 +250,10 @@ def serve(conn, rank: int, world_size: int) -> None:
         try:
             op, payload = conn.recv()
         except EOFError:
-            return  # the driver closed the channel (or died): nothing to hand back
+            return EXIT_DRIVER_GONE  # the driver closed the channel (or died): nothing to hand back
         if op == "close":
             conn.send(("ok", None))
-            return
+            return 0
         conn.send(("ok", _handle(trainer, op, payload, rank)))
 
 
@@ -274,7 +282,7 @@ def _handle(trainer: RankTrainer, op: str, payload, rank: int):
     raise ValueError(f"unknown message {op!r}")
 
 
-AGENTS = ("torch.distributed.run", "torchrun")
+AGENTS = ("rl.distributed.agent", "torch.distributed.run", "torchrun")
 """What the command line of a rank's parent, its torchrun agent, names."""
 
 
@@ -287,14 +295,48 @@ def _is_agent(pid: int) -> bool:
     return any(agent in command for agent in AGENTS)
 
 
+def _channel() -> tuple[str, str, bool]:
+    """(address, key hex, whether this rank runs on the driver's node). The driver's node has them
+    in its environment; with a TCP channel (several nodes) its ranks put them in torchrun's store,
+    where the other nodes' ranks wait for them."""
+    if CHANNEL_ENV in os.environ:
+        address, key = os.environ[CHANNEL_ENV], os.environ[AUTHKEY_ENV]
+        if not address.startswith("/"):
+            _store().set(STORE_KEY, json.dumps([address, key]))
+        return address, key, True
+    address, key = json.loads(_store().get(STORE_KEY))
+    return address, key, False
+
+
+def _store():
+    """A client (a `torch.distributed.TCPStore`) of torchrun's store, the one the process group starts from."""
+    # torch documents `torch.distributed.TCPStore`; its stubs re-export it without `__all__`:
+    return torch.distributed.TCPStore(  # pyright: ignore[reportPrivateImportUsage]
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=False,
+        timeout=timedelta(seconds=CHANNEL_WAIT_S),
+    )
+
+
 def main() -> int:
     die_with_parent(_is_agent)  # a rank never outlives its agent (e.g. killed while the ranks wait on a build lock)
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     watch_driver(lambda: print(f"rank {rank}: the training process is gone; exiting", flush=True), grace_s=0.0)
-    conn = Client(os.environ[CHANNEL_ENV], family="AF_UNIX", authkey=bytes.fromhex(os.environ[AUTHKEY_ENV]))
-    conn.send(("hello", rank, os.getpid()))
+    address, key, local = _channel()
+    conn = Client(channel_address(address), authkey=bytes.fromhex(key))
+    node = {
+        "node": int(os.environ.get("GROUP_RANK", "0")),
+        "host": socket.gethostname(),
+        "local": local,
+        "world_size": world_size,
+        "agent": os.getppid(),
+    }
+    conn.send(("hello", rank, os.getpid(), node))
+    if os.environ.get(JOINED_ENV):  # started by `rlboost trainer-node`: it is in a group now
+        Path(os.environ[JOINED_ENV]).touch()
     try:
-        serve(conn, rank, world_size)
+        return serve(conn, rank, world_size)
     except BaseException:
         text = traceback.format_exc()
         print(f"rank {rank} failed:\n{text}", file=sys.stderr, flush=True)
@@ -303,7 +345,6 @@ def main() -> int:
         except OSError:
             pass
         return 1
-    return 0
 
 
 if __name__ == "__main__":

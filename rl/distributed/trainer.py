@@ -59,8 +59,11 @@ class DistributedTrainer:
         log_path: Path,
         state_dtype: str | None = None,
         environment: dict[str, str] | None = None,
+        rendezvous_id: str = "rlboost",
     ) -> None:
-        """`state_dtype`: dtype of `policy_state()` (the engines'); `environment`: extra variables of the ranks.
+        """`state_dtype`: dtype of `policy_state()` (the engines'); `environment`: extra variables of the ranks;
+        `rendezvous_id`: with `trainer.nodes` > 1, torchrun's rendezvous id (the run's name), the
+        `--run-id` of every `rlboost trainer-node`.
 
         Refuses `optim.updates_per_step` > 1 before starting any rank (see `check_supported`)."""
         check_supported(spec.optim)
@@ -77,7 +80,16 @@ class DistributedTrainer:
         if torch.device(spec.device).type == "cpu":
             env.setdefault("DS_ACCELERATOR", "cpu")
         self.group = RankGroup(
-            self.config.world_size, log_path, self.config.start_timeout_s, env, self.config.reply_timeout_s
+            self.config.world_size,
+            log_path,
+            self.config.start_timeout_s,
+            env,
+            self.config.reply_timeout_s,
+            nodes=self.config.nodes,
+            rendezvous=self.config.rendezvous,
+            rendezvous_id=rendezvous_id,
+            channel_host=self.config.channel_host,
+            channel_port=self.config.channel_port,
         )
         try:
             self.ranks = self.group.start(spec.model_dump(mode="json"))
