@@ -23,7 +23,13 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from infra.services.ports import free_port, port_is_free
-from infra.services.redis_embedded import _kill, _popen_dying_with_this_process, find_redis_server, launch_redis_server
+from infra.services.redis_embedded import (
+    _kill,
+    find_redis_server,
+    is_running,
+    launch_redis_server,
+    spawn_private_server,
+)
 
 SLOTS = 16384
 """Hash slots of a Redis Cluster."""
@@ -81,14 +87,8 @@ class LocalRedisCluster:
         for _ in range(5):
             port = _port_with_free_bus()
             started = launch_redis_server(
-                lambda command: _popen_dying_with_this_process(
-                    command,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                    start_new_session=True,
-                ),
-                lambda process: process.poll() is None,
+                spawn_private_server,
+                is_running,
                 _kill,
                 binary=binary,
                 config_dir=directory,

@@ -303,6 +303,18 @@ def _popen_dying_with_this_process(args: list[str], **options) -> subprocess.Pop
     return _SPAWNER.popen(args, **options)
 
 
+def spawn_private_server(command: list[str]) -> subprocess.Popen:
+    """Start a private redis-server (`launch_redis_server`'s `spawn`): no console, its own session
+    (a Ctrl-C to this process does not reach it), SIGTERM when this process dies."""
+    return _popen_dying_with_this_process(
+        command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+
+
+def is_running(process: subprocess.Popen) -> bool:
+    return process.poll() is None
+
+
 class EmbeddedRedis:
     """A private redis-server on 127.0.0.1 (or `host`) for the duration of a `with` block.
 
@@ -368,14 +380,8 @@ class EmbeddedRedis:
             Path(self.directory).mkdir(parents=True, exist_ok=True)
         try:
             started = launch_redis_server(
-                lambda command: _popen_dying_with_this_process(
-                    command,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                    start_new_session=True,
-                ),
-                lambda process: process.poll() is None,
+                spawn_private_server,
+                is_running,
                 _kill,
                 binary=binary,
                 config_dir=self._dir,
