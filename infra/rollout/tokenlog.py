@@ -330,8 +330,8 @@ class TokenLog:
         self._prefixes: list[str] = []
         self._stats: list[str] = []
         self._scripts = {name: client.register_script(_PRELUDE + body) for name, body in _SCRIPTS.items()}
-        self._cursors: dict[tuple[int, int], bytes] = {}
-        """(step, shard): the last entry of the shard's done stream this object returned."""
+        self._cursors: dict[str, bytes] = {}
+        """Done stream key -> the last of its entries this object returned."""
         self._cluster = isinstance(client, RedisCluster)
 
     @property
@@ -659,38 +659,33 @@ class TokenLog:
         keys = [_done_key(prefix, step) for prefix in self.prefixes]
         if not self._cluster or self.shards == 1:
             block = max(1, int(timeout_s * 1000)) if timeout_s > 0 else None
-            return self._completed(step, keys, self.client.xread(self._streams(step, keys), block=block))
+            return self._completed(self.client.xread(self._streams(keys), block=block))
         deadline = time.monotonic() + timeout_s
         turn = 0
         while True:
-            groups = [
-                g for key in keys for g in self._completed(step, keys, self.client.xread(self._streams(step, [key])))
-            ]
+            groups = [g for key in keys for g in self._completed(self.client.xread(self._streams([key])))]
             remaining = deadline - time.monotonic()
             if groups or remaining <= 0:
                 return groups
             key = keys[turn % len(keys)]
             turn += 1
             block = max(1, int(min(remaining, _CLUSTER_WAIT_S) * 1000))
-            groups = self._completed(step, keys, self.client.xread(self._streams(step, [key]), block=block))
+            groups = self._completed(self.client.xread(self._streams([key]), block=block))
             if groups:
                 return groups
 
-    def _streams(self, step: int, keys: Sequence[str]) -> dict[KeyT, StreamIdT]:
+    def _streams(self, keys: Sequence[str]) -> dict[KeyT, StreamIdT]:
         """XREAD's streams argument: each done stream of `keys` from this object's cursor."""
-        return {key: self._cursors.get((step, self._done_shard(step, key)), b"0") for key in keys}
+        return {key: self._cursors.get(key, b"0") for key in keys}
 
-    def _done_shard(self, step: int, key: str) -> int:
-        return next(shard for shard, prefix in enumerate(self.prefixes) if key == _done_key(prefix, step))
-
-    def _completed(self, step: int, keys: Sequence[str], reply: Any) -> list[int]:
+    def _completed(self, reply: Any) -> list[int]:
         """The group ids of an XREAD reply, moving the cursors of the streams it read."""
         if isinstance(reply, dict):
             raise TypeError("the token log needs a RESP2 client (replies as lists)")
         groups: list[int] = []
         for key, entries in reply or []:
             if entries:
-                self._cursors[(step, self._done_shard(step, _str(key)))] = entries[-1][0]
+                self._cursors[_str(key)] = entries[-1][0]
                 groups += [int(fields[b"g"]) for _, fields in entries]
         return groups
 
@@ -767,8 +762,8 @@ class TokenLog:
     def delete_step(self, step: int) -> bool:
         """Free a trained step's keys (its samples' leases end); False if there was no step. Shard 0
         goes last: the step exists while it has it, and a retry finishes a partial delete."""
-        for shard in range(self.shards):
-            self._cursors.pop((step, shard), None)
+        for prefix in self.prefixes:
+            self._cursors.pop(_done_key(prefix, step), None)
         deleted = [bool(self._run("delete_step", shard, step)) for shard in reversed(range(self.shards))]
         return any(deleted)
 
