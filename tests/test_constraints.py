@@ -145,3 +145,11 @@ def test_the_test_environment_is_the_pins(targets):
     assert {n: str(v) for n, v in installed.items() if v != pins.get(n)} == {}
     extra = {canonicalize_name(line.split("==")[0]) for line in CONSTRAINTS.read_text().splitlines() if "==" in line}
     assert extra - names == set(), "pins of packages neither target installs (machine-specific?)"
+
+
+def test_prefect_yaml_names_the_pinned_prefect():
+    """The Prefect version is stated once, in constraints.txt; `prefect.yaml` names the same one."""
+    pinned = _pins(CONSTRAINTS.read_text())["prefect"]
+    declared = re.search(r"^prefect-version:\s*(\S+)\s*$", (REPO_ROOT / "prefect.yaml").read_text(), re.MULTILINE)
+    assert declared is not None, "prefect.yaml has no prefect-version line"
+    assert Version(declared.group(1)) == pinned, f"prefect.yaml says {declared.group(1)}, constraints.txt pins {pinned}"

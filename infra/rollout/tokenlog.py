@@ -32,8 +32,6 @@ from redis.typing import KeyT, StreamIdT
 from infra.keyspace import current_step_key, glob_escape, tokenlog_prefix, tokenlog_shards_key
 from rl.generation import GenerationRequest, SamplingParams
 
-STATES = ("queued", "running", "done", "failed")
-
 # --- keys read outside the Lua scripts (``P`` = a shard's `infra.keyspace.tokenlog_prefix`; all: docs/internals.md §4)
 
 
