@@ -80,6 +80,19 @@ def test_the_steps_and_the_named_lines_add_up_to_the_total(ledger):
     assert abs(summary["attributed_usd"] + sum(summary[key] for key in keys) - summary["total_usd"]) < 1e-9
 
 
+def test_egress_of_a_step_the_ledger_has_no_row_for_stays_in_the_books(ledger):
+    """A pull reported for a step never recorded (e.g. the step of a driver that died before its
+    `record_step`) is no step's cost: it is egress outside steps, and the books still add up."""
+    record_run(ledger)
+    ledger.record_transfer(RUN, "spot-1", 2, source="trainer", nbytes=10**9, egress_usd=0.04, step=9)
+    report = ledger.report(RUN)
+    assert [s.cost_usd for s in report.steps] == pytest.approx([0.475, 0.45])
+    lines = {line.key: line.usd for line in report.unattributed}
+    assert lines["egress_outside_steps"] == pytest.approx(0.02 + 0.04)
+    assert report.egress_usd == pytest.approx(0.11) and report.total_usd == pytest.approx(1.545 + 0.04)
+    assert abs(sum(s.cost_usd for s in report.steps) + report.unattributed_usd - report.total_usd) < 1e-9
+
+
 def test_a_step_in_progress_is_its_own_line(ledger):
     record_run(ledger)
     ledger.record_step(RUN, 3, started_at=at(900))
