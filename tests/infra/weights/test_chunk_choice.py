@@ -1,4 +1,5 @@
-"""The rarest-first chunk choice, on hand-made holder maps."""
+"""The rarest-first chunk choice, on hand-made holder maps, and the seeds' upload share in a swarm
+of receivers that plan with it in rounds."""
 
 from __future__ import annotations
 
@@ -60,3 +61,48 @@ def test_bitmaps_round_trip():
         mark_chunk(bitmap, index)
     mark_chunk(bitmap, 8, present=False)
     assert chunks_in(bytes(bitmap)) == {0, 7, 19}
+
+
+def test_spared_seeds_are_asked_only_for_chunks_no_partial_holder_has_or_fetches():
+    sources = {"trainer": None, "a": {0, 1}}
+    for seed in range(20):
+        planned = dict(plan(range(4), sources, {2: 1}, {}, 4, {}, random.Random(seed), spare_seeds=True))
+        assert planned == {0: "a", 1: "a", 3: "trainer"}  # 2 waits for the puller fetching it
+
+
+def _swarm(chunks: int, receivers: list[str], seed: int, parallel: int = 2) -> dict[str, int]:
+    """Receivers that start together pull `chunks` from one seed (the trainer) and from each other,
+    in rounds: each, in turn, plans as `WeightPuller` does (sparing the seeds, unless that plans
+    nothing) with what the others hold and are fetching, and takes `parallel` chunks that arrive
+    by the round's end. Returns the chunks each source uploaded."""
+    rng = random.Random(seed)
+    held: dict[str, set[int]] = {r: set() for r in receivers}
+    uploads = dict.fromkeys(["trainer", *receivers], 0)
+    while any(len(h) < chunks for h in held.values()):
+        fetching: dict[str, set[int]] = {r: set() for r in receivers}
+        for receiver in receivers:
+            sources = {"trainer": None, **{o: set(held[o]) for o in receivers if o != receiver and held[o]}}
+            elsewhere: dict[int, int] = {}
+            for other in receivers:
+                for chunk in fetching[other] if other != receiver else ():
+                    elsewhere[chunk] = elsewhere.get(chunk, 0) + 1
+            wanted = [c for c in range(chunks) if c not in held[receiver]]
+            planned = plan(wanted, sources, elsewhere, {}, 2, {}, rng, spare_seeds=True)
+            planned = planned or plan(wanted, sources, elsewhere, {}, 2, {}, rng)
+            for chunk, source in planned[:parallel]:
+                assert source is not None
+                fetching[receiver].add(chunk)
+                uploads[source] += 1
+        for receiver, chunks_fetched in fetching.items():
+            held[receiver] |= chunks_fetched
+    return uploads
+
+
+def test_with_spare_seeds_the_trainer_uploads_about_one_copy_and_the_receivers_trade_the_rest():
+    chunks, receivers = 32, ["a", "b", "c", "d"]
+    for seed in range(5):
+        uploads = _swarm(chunks, receivers, seed)
+        assert sum(uploads.values()) == chunks * len(receivers)  # every receiver got every chunk once
+        # Each chunk leaves the trainer about once; asking seeds as any holder sends ~2 copies.
+        assert uploads["trainer"] < 1.25 * chunks, uploads
+        assert all(uploads[r] > 0 for r in receivers)
