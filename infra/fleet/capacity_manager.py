@@ -1,12 +1,11 @@
 """The capacity manager: keeps each pool of a `Provider` at its planned size (docs/internals.md §3).
 
 Each `reconcile()`: (1) refreshes the provider, so preemptions and losses in the cloud become
-records and events; (2) plans a target per pool with the pure policy
-`plan_capacity`, from the quotes, the pools' `min_size` / `size` and `max_price_per_hour`, the
-budget, and each pool's recent history (`PoolHistory`: requests fulfilled, preemptions per
-instance-hour), which ranks pools but never empties one; with `policy="marginal"` those targets
-are the ceiling of `plan_marginal` (only the instances worth their price on the run's throughput
-curve); (3) launches each pool's shortfall (the provider fails over between zones) and scales its
+records and events; (2) plans a target per pool with the pure policy `plan_capacity`, from the
+quotes, the pools' `min_size` / `size` and `max_price_per_hour`, the budget, and each pool's recent
+history (`PoolHistory`: requests fulfilled, preemptions per instance-hour), which ranks pools but
+never empties one; with `policy="marginal"` those targets are the ceiling of `plan_marginal` (only
+the instances worth their price and weight egress on the run's throughput curve); (3) launches each pool's shortfall (the provider fails over between zones) and scales its
 excess down, newest first: drained (`drain`), terminated once gone or after `drain_s` (at once
 without `drain`); returns a `ReconcileReport`.
 
@@ -30,6 +29,7 @@ from infra.providers.interface import InstanceHandle, InstanceRecord, Preemption
 from infra.providers.pool import PoolSpec
 from infra.rollout.policies.capacity import CapacityConfig, PoolOffer, plan_capacity
 from infra.rollout.policies.marginal import MarginalConfig, plan_marginal
+from infra.weights.updates import WeightUpdates
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,8 @@ class ReconcileReport:
     preemptions: tuple[PreemptionEvent, ...]
     drained: tuple[str, ...] = ()
     """Instances asked to drain in this reconcile (terminated at a later one)."""
+    egress_per_hour: dict[str, float] = field(default_factory=dict)
+    """Per pool, what one instance's weight pulls cost per hour (the `marginal` policy's input)."""
 
 
 class CapacityManager:
@@ -91,6 +93,8 @@ class CapacityManager:
         base_price_per_hour: float = 0.0,
         drain: Callable[[str], object] | None = None,
         drain_s: float = 60.0,
+        egress_usd_per_gb: Mapping[str, float] | None = None,
+        weight_updates: Callable[[], WeightUpdates | None] | None = None,
     ) -> None:
         """`budget_per_hour`: ceiling on the summed hourly price of all targets (None: no ceiling);
         `throughput`: relative generation speed of one instance per pool (default 1.0), which ranks
@@ -98,9 +102,12 @@ class CapacityManager:
         history; `warmup_s`: boot-to-useful time of an instance, which preemptions waste.
         `policy="marginal"` reads `throughput_curve` (step throughput per count of these pools'
         instances: `OffloadController.throughput_curve`) and weighs each instance against
-        `base_price_per_hour` (what the run pays whatever its spot count). `drain` asks one
-        instance to finish its work (e.g. a registry `drain` message); a drained instance is
-        terminated once it stops running or `drain_s` after the request."""
+        `base_price_per_hour` (what the run pays whatever its spot count), each instance's price
+        plus its weight pulls' egress per hour: `egress_usd_per_gb` of its pool (absent: 0) times
+        the bytes an instance pulls per hour (`weight_updates`: `WeightPublisher.updates`, the
+        recent versions' encoded bytes and pace). `drain` asks one instance to finish its work
+        (e.g. a registry `drain` message); a drained instance is terminated once it stops running
+        or `drain_s` after the request."""
         if policy == "marginal" and throughput_curve is None:
             raise ValueError("the marginal policy needs a throughput_curve")
         names = [pool.name for pool in pools]
@@ -118,6 +125,8 @@ class CapacityManager:
         self._base_price = base_price_per_hour
         self._drain = drain
         self._drain_s = drain_s
+        self._egress_usd_per_gb = dict(egress_usd_per_gb or {})
+        self._weight_updates = weight_updates
         self._draining: dict[str, float] = {}
         """Instance -> when it was asked to drain."""
         self._woken = threading.Event()
@@ -154,10 +163,11 @@ class CapacityManager:
             self._budget if self._budget is not None else sum(o.price_per_hour * o.max_instances for o in offers) + 1.0
         )
         config = CapacityConfig(budget_per_hour=budget, min_availability=0.0, warmup_s=self._warmup_s)
+        egress = self._egress_per_hour()
         if self._policy == "marginal":
             assert self._curve is not None
             held = sum(len(records) for records in running.values())
-            marginal = MarginalConfig(base_price_per_hour=self._base_price)
+            marginal = MarginalConfig(base_price_per_hour=self._base_price, egress_usd_per_hour=egress)
             planned = plan_marginal(offers, config, marginal, self._curve(), held)
         else:
             planned = plan_capacity(offers, config)
@@ -187,7 +197,13 @@ class CapacityManager:
                 len(terminated),
                 len(events),
             )
-        return ReconcileReport(now, quotes, targets, tuple(launched), tuple(terminated), events, tuple(drained))
+        return ReconcileReport(now, quotes, targets, tuple(launched), tuple(terminated), events, tuple(drained), egress)
+
+    def _egress_per_hour(self) -> dict[str, float]:
+        """Per pool, USD per hour of one instance's weight pulls (0 before a version is measured)."""
+        updates = self._weight_updates() if self._weight_updates is not None else None
+        gigabytes = 0.0 if updates is None else updates.bytes_per_hour / 1e9
+        return {pool.name: self._egress_usd_per_gb.get(pool.name, 0.0) * gigabytes for pool in self.pools}
 
     def _drained_out(self, now: float) -> list[str]:
         """Forget drained instances that stopped; terminate those still running after `drain_s`."""

@@ -40,6 +40,7 @@ from infra.providers.placement import plan_node
 from infra.providers.pool import PoolSpec
 from infra.rollout.controller import AdmittedStep, RolloutController, StepReport, TakeOver, samples_of_group
 from infra.rollout.instance import InstanceSpec
+from infra.rollout.protocol import current_window
 from infra.rollout.registry import InstanceRegistry
 from infra.rollout.settings import worker_flags
 from infra.rollout.tokenlog import GroupSpec, ShardCountMismatch, TokenLog
@@ -207,13 +208,20 @@ class RolloutFabric:
         return InstanceWatch(
             self.provider,
             pools,
-            registered=lambda: [s.spec.instance_id for s in self.registry.all()],
+            registered=lambda: {s.spec.instance_id: s.policy_version for s in self.registry.all()},
             max_failures=config.max_instance_failures,
             register_timeout_s=config.register_timeout_s,
             settle_s=settle_s,
             worker_ends=self._worker_ends,
             explain=self._explain_exit,
+            accepted=self._oldest_accepted,
+            stall_s=self.weights_config.stall_s,
         )
+
+    def _oldest_accepted(self) -> int | None:
+        """The oldest policy version an instance can claim the open steps with (None: none open)."""
+        window = current_window(self.redis, self.run_id)
+        return None if window is None else max(0, window.version - window.staleness)
 
     def _instance_runs(self) -> list[InstanceRuns]:
         """The flow runs of the instances that run as Prefect flow runs (cloud VMs, local ones)."""

@@ -8,12 +8,16 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from infra.pricing.egress import egress_usd_per_gb
 from infra.providers.pool import PoolSpec
 from infra.providers.startup import WorkerBootstrap
 from infra.rollout.controller import ControllerConfig
 from infra.rollout.settings import WorkerSettings
 from infra.weights.config import WeightsConfig
 from rl.config import Section
+
+EGRESS_CLOUDS = ("gcp", "azure")
+"""The clouds `fabric.capacity.egress_from` may name (those whose cloud pools the fleet runs)."""
 
 
 class SweepSettings(Section):
@@ -64,13 +68,16 @@ class CloudSettings(Section):
 
 
 class CapacitySettings(Section):
-    """How the capacity manager sizes the cloud pools of a run (docs/internals.md §3)."""
+    """How the capacity manager sizes the cloud pools of a run; the local pools keep their `size`
+    (docs/internals.md §3)."""
 
     policy: Literal["budget", "marginal"] = "marginal"
-    """`marginal`: hold a pool's k-th instance only while what it adds (the offload controller's step
-    throughput per spot count, discounted by preemptions x `warmup_s`) per dollar beats the run's
-    tokens per dollar without it; instances no longer worth their price are drained, then deleted.
-    `budget`: fill the pools up to their size, cheapest per throughput first, within `budget_per_hour`."""
+    """`marginal`: hold a cloud pool's k-th instance only while what it adds (the offload controller's
+    step throughput per spot count, discounted by preemptions x `warmup_s`) per dollar, its price
+    plus its weight pulls' egress, beats the run's tokens per dollar without it; instances no longer
+    worth their price are drained, then deleted. `budget`: fill the cloud pools up to their size,
+    cheapest per throughput first, within `budget_per_hour`. Neither sizes the local pools: they
+    run their `size` (their spot ones as their `availability` allows)."""
     budget_per_hour: float | None = Field(None, gt=0)
     """Ceiling on the summed hourly price of the cloud pools' instances, under either policy (None: none)."""
     base_price_per_hour: float | None = Field(None, ge=0)
@@ -81,12 +88,45 @@ class CapacitySettings(Section):
     what each preemption wastes again."""
     drain_s: float = Field(60.0, gt=0)
     """How long an instance asked to drain (scaled down) may take before it is deleted."""
+    egress_from: str | None = None
+    """Where the instances pull the weights from (the trainer's machine, the weight store), as
+    `gcp:<region>` or `azure:<location>`: `marginal` prices each cloud pool's pulled bytes at the
+    bundled egress table's price from there to the pool's first zone (`infra/pricing/egress.py`: 0
+    in one region). None: a machine outside the clouds, whose weights cost no cloud egress."""
+    egress_usd_per_gb: float | None = Field(None, ge=0)
+    """USD per GB of weights every cloud pool's instances pull, instead of the table's price."""
+
+    @model_validator(mode="after")
+    def _egress_from_names_a_cloud(self) -> CapacitySettings:
+        cloud, _, region = (self.egress_from or "gcp:x").partition(":")
+        if cloud not in EGRESS_CLOUDS or not region:
+            raise ValueError(
+                f"fabric.capacity.egress_from={self.egress_from!r} is not `gcp:<region>` or `azure:<location>` "
+                "(e.g. gcp:us-central1): name where the trainer's machine runs, or remove it for a local one"
+            )
+        return self
 
     def base_price(self, pools: tuple[PoolSpec, ...]) -> float:
         """`base_price_per_hour`, or the non-spot pools' price per hour at their size."""
         if self.base_price_per_hour is not None:
             return self.base_price_per_hour
         return sum(pool.price_per_hour * pool.size for pool in pools if pool.capacity_class != "spot")
+
+    def egress_prices(self, pools: tuple[PoolSpec, ...]) -> dict[str, float]:
+        """USD per GB of weights pulled by each cloud pool's instances (local pools left out):
+        `egress_usd_per_gb`, else the table's from `egress_from` to the pool's first zone, else 0."""
+        prices = {}
+        for pool in pools:
+            if pool.provider == "local":
+                continue
+            if self.egress_usd_per_gb is not None:
+                prices[pool.name] = self.egress_usd_per_gb
+            elif self.egress_from is None:
+                prices[pool.name] = 0.0
+            else:
+                cloud, _, region = self.egress_from.partition(":")
+                prices[pool.name] = egress_usd_per_gb(cloud, region, pool.provider, pool.zones[0])
+        return prices
 
 
 class FabricConfig(Section):
@@ -137,7 +177,8 @@ class FabricConfig(Section):
     cloud: CloudSettings = CloudSettings()
     """Cloud pools: VM boot script, base model copy, reconcile loop, API endpoints."""
     capacity: CapacitySettings = CapacitySettings()
-    """How many instances the cloud pools hold: every one the budget allows, or those worth their price."""
+    """How many instances the cloud pools hold: every one the budget allows, or those worth their
+    price and egress (the local pools keep their `size`)."""
     ready_timeout_s: float = Field(180.0, gt=0)
     """How long to wait for the first instance to register before failing the step (a run with only
     cloud pools waits for a VM to boot and install the project: allow several minutes)."""

@@ -33,6 +33,7 @@ from infra.weights.manifest import EncodedVersion, encode
 from infra.weights.peer_server import PeerServer
 from infra.weights.retention import versions_to_delete, with_bases
 from infra.weights.store import WeightStore
+from infra.weights.updates import UpdateMeter, WeightUpdates
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,8 @@ class WeightPublisher:
         self._done_through = -1
         """Newest version whose whole pipeline (encode, serve, announce, store) has finished."""
         self._failure: BaseException | None = None
+        self._meter = UpdateMeter()
+        """Each encoded version's bytes and time: what an instance pulls per hour (`updates`)."""
         self._closed = False
         """close() was called: no more publish()."""
         self._closing = False
@@ -85,6 +88,10 @@ class WeightPublisher:
     def url(self) -> str | None:
         """Base URL of the trainer's peer server (None when it does not serve)."""
         return self.server.url if self.server else None
+
+    def updates(self) -> WeightUpdates | None:
+        """The recent versions' encoded bytes (deltas, or the first whole one) and pace (None before one)."""
+        return self._meter.updates()
 
     def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Publish `version` (greater than every version published before); returns quickly."""
@@ -180,6 +187,7 @@ class WeightPublisher:
                 del snapshot
                 with self._state:
                     self._bases[version] = encoded.manifest.base
+                self._meter.encoded(encoded.manifest.total_bytes)
                 self.registry.record_manifest(version, encoded.manifest_sha256)
                 if self.server is not None:
                     self._serve(encoded)

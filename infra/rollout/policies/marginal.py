@@ -1,12 +1,13 @@
 """Marginal-value fleet sizing: how many spot instances are worth their price, from the step
 throughput the run measured per spot count (`OffloadController.throughput_curve`).
 
-`plan_capacity`'s targets stay the ceiling (budget, price caps, pool sizes); its ranking orders
-the instances. The k-th instance is held only while its marginal trained tokens per dollar beats
-the run's tokens per dollar with k - 1: ``(curve[k] - curve[k-1]) / churn / (price + egress) >=
-curve[k-1] / (base + the first k - 1 instances' prices and egress)``, where churn is
-`effective_throughput`'s ``1 + preemptions_per_hour * warmup_h``. An instance already held keeps
-its place down to ``1 - hold_margin`` of that bar, so a noisy step does not flap the fleet.
+`plan_capacity`'s targets stay the ceiling (budget, price caps, pool sizes); its ranking, with each
+pool's weight egress per hour added to its price, orders the instances. The k-th instance is held
+only while its marginal trained tokens per dollar beats the run's tokens per dollar with k - 1:
+``(curve[k] - curve[k-1]) / churn / (price + egress) >= curve[k-1] / (base + the first k - 1
+instances' prices and egress)``, where churn is `effective_throughput`'s ``1 +
+preemptions_per_hour * warmup_h``. An instance already held keeps its place down to
+``1 - hold_margin`` of that bar, so a noisy step does not flap the fleet.
 Unmeasured counts: between two measured ones, interpolated; above the highest, one instance at
 a time, the first one always (once the reserved cluster alone is measured), a later one if the
 last measured instance's gain, assumed again (a concave curve), passes. With nothing measured
@@ -102,6 +103,13 @@ def worth_holding(
     return count
 
 
+def _rank_key(offer: PoolOffer, config: CapacityConfig, marginal: MarginalConfig) -> tuple[float, float, float, str]:
+    """`rank_key` with the pool's weight egress added to its price."""
+    cost = offer.price_per_hour + marginal.egress_usd_per_hour.get(offer.pool, 0.0)
+    _, availability, preemptions, name = rank_key(offer, config)
+    return (cost / effective_throughput(offer, config), availability, preemptions, name)
+
+
 def plan_marginal(
     offers: tuple[PoolOffer, ...],
     config: CapacityConfig,
@@ -110,10 +118,11 @@ def plan_marginal(
     held: int,
 ) -> tuple[CapacityTarget, ...]:
     """One target per offer, in the offers' order: `plan_capacity`'s targets (the ceiling), cut to
-    the first `worth_holding` instances in its ranking (the pools' `min_instances` first). `curve`:
+    the first `worth_holding` instances in its ranking with each pool's egress added to its price
+    (the pools' `min_instances` first). `curve`:
     step throughput per total spot count; `held`: spot instances running now."""
     ceiling = {t.pool: t.target for t in plan_capacity(offers, config)}
-    ranked = sorted((o for o in offers if ceiling[o.pool]), key=lambda o: rank_key(o, config))
+    ranked = sorted((o for o in offers if ceiling[o.pool]), key=lambda o: _rank_key(o, config, marginal))
     floors = {o.pool: min(o.min_instances, ceiling[o.pool]) for o in ranked}
     slots = [o for o in ranked for _ in range(floors[o.pool])]
     slots += [o for o in ranked for _ in range(ceiling[o.pool] - floors[o.pool])]

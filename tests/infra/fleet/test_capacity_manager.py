@@ -18,6 +18,8 @@ from infra.providers.gcp import GcpProvider
 from infra.providers.interface import InstanceHandle, InstanceRecord, PreemptionEvent, Provider, StopReason
 from infra.providers.pool import PoolSpec
 from infra.providers.startup import WorkerBootstrap
+from infra.run.fabric_config import CapacitySettings
+from infra.weights.updates import UpdateMeter
 from tests.fakes.gce import FakeGce
 from tests.fakes.support import serving
 from tests.helpers import Clock, wait_for
@@ -369,3 +371,40 @@ def test_marginal_policy_keeps_the_budget_as_its_ceiling():
     assert manager.reconcile().targets == {"a": 2}
     with pytest.raises(ValueError):
         CapacityManager(provider, [pool("a")], clock=clock, policy="marginal")
+
+
+def test_marginal_policy_holds_the_pool_whose_weight_pulls_cost_less_egress():
+    """Two GCP pools at one price, one in the trainer's region (us-central1: its pulls are free),
+    one in Europe ($0.05/GB from the bundled table): with the runtime's inputs (the egress prices
+    `fabric.capacity` gives the pools, the bytes and pace of the versions a publisher encoded), the
+    first instance held is the near one's; without them the pools' names break the tie."""
+    clock = Clock()
+    image = "projects/deeplearning-platform-release/global/images/family/common-cu128-ubuntu-2204-nvidia-570"
+    pools = [
+        pool(name, provider="gcp", gcp={"project": "rollout-proj", "zones": [zone], "image": image})
+        for name, zone in (("a-europe", "europe-west4-a"), ("b-iowa", "us-central1-a"))
+    ]
+    prices = CapacitySettings(egress_from="gcp:us-central1").egress_prices(tuple(pools))
+    assert prices == {"a-europe": 0.05, "b-iowa": 0.0}
+    meter = UpdateMeter(clock)
+    meter.encoded(16_000_000_000)  # the first, whole, version: every instance's warm-up
+    for _ in range(4):  # then a 2 GB delta every 6 minutes: 10 versions, 20 GB an hour
+        clock.advance(360.0)
+        meter.encoded(2_000_000_000)
+
+    def manager(egress: dict[str, float] | None) -> CapacityManager:
+        return CapacityManager(
+            ScriptedProvider(clock, {"a-europe": 1.0, "b-iowa": 1.0}),
+            pools,
+            clock=clock,
+            policy="marginal",
+            throughput_curve=lambda: {0: 100.0},
+            base_price_per_hour=10.0,
+            egress_usd_per_gb=egress,
+            weight_updates=meter.updates,
+        )
+
+    assert manager(None).reconcile().targets == {"a-europe": 1, "b-iowa": 0}
+    report = manager(prices).reconcile()
+    assert report.egress_per_hour == pytest.approx({"a-europe": 1.0, "b-iowa": 0.0})  # 20 GB/h x $0.05
+    assert report.targets == {"a-europe": 0, "b-iowa": 1}

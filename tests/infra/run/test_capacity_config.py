@@ -32,3 +32,26 @@ def test_base_price_defaults_to_the_non_spot_pools():
     )
     assert CapacitySettings().base_price(pools) == 40.0
     assert CapacitySettings(base_price_per_hour=88.5).base_price(pools) == 88.5
+
+
+def test_egress_prices_come_from_the_table_or_the_configured_price_and_a_bad_origin_is_one_line():
+    pools = tuple(
+        PoolSpec.model_validate(
+            {"name": n, "provider": "gcp", "capacity_class": "spot", "size": 1, "machine_type": "g2-standard-8",
+             "price_per_hour": 0.5, "gcp": {"project": "rollout-proj", "zones": [z], "image": "img"}}
+        )
+        for n, z in (("iowa", "us-central1-b"), ("belgium", "europe-west1-b"), ("virginia", "us-east4-a"))
+    )  # fmt: skip
+    local = PoolSpec.model_validate(
+        {"name": "l", "capacity_class": "spot", "size": 1, "machine_type": "m", "price_per_hour": 0.0}
+    )
+    assert CapacitySettings().egress_prices((*pools, local)) == {"iowa": 0.0, "belgium": 0.0, "virginia": 0.0}
+    from_iowa = CapacitySettings(egress_from="gcp:us-central1")
+    assert from_iowa.egress_prices(pools) == {"iowa": 0.0, "belgium": 0.05, "virginia": 0.02}
+    assert CapacitySettings(egress_from="azure:eastus").egress_prices(pools)["iowa"] == 0.087  # another cloud
+    assert set(CapacitySettings(egress_usd_per_gb=0.01).egress_prices(pools).values()) == {0.01}
+    with pytest.raises(ConfigError) as info:
+        parse_config("fabric:\n  capacity:\n    egress_from: us-central1\n", "cfg.yaml")
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("cfg.yaml:"), message
+    assert "fabric.capacity.egress_from='us-central1' is not `gcp:<region>`" in message

@@ -65,6 +65,36 @@ def test_an_instance_following_every_version_pulls_small_deltas_and_rebuilds_the
         publisher.close()
 
 
+def test_the_publisher_measures_the_bytes_an_instance_pulls_per_version(redis_client, run):
+    """What the capacity manager prices an instance's egress with (`WeightPublisher.updates`): the
+    whole version's bytes until a delta is encoded, then the deltas' mean, which is what an
+    instance following every version pulls."""
+    run_id, run_dir, _ = run
+    config = WeightsConfig(chunk_mb=1 / 64, full_every=10)
+    versions = _versions(4)
+    whole = encode(versions[0], 0, config.chunk_bytes).manifest.total_bytes
+    publisher = WeightPublisher(config, redis_client, run_id, run_dir=run_dir)
+    puller = WeightPuller(config, redis_client, run_id, "instance", run_dir=run_dir)
+    try:
+        assert publisher.updates() is None
+        _publish(publisher, versions, 0, 1)
+        first = publisher.updates()
+        assert first is not None and (first.bytes_per_version, first.versions_per_hour) == (whole, 0.0)
+        puller.pull(0)
+        pulled = []
+        for version in range(1, len(versions)):
+            _publish(publisher, versions, version, version + 1)
+            puller.pull(version)
+            pulled.append(puller.last_report.bytes)
+        updates = publisher.updates()
+        assert updates is not None and updates.versions_per_hour > 0
+        assert updates.bytes_per_version == pytest.approx(sum(pulled) / len(pulled))
+        assert updates.bytes_per_version < 0.05 * whole
+    finally:
+        puller.close()
+        publisher.close()
+
+
 def test_a_new_instance_joining_mid_run_gets_the_whole_version_and_the_deltas_after_it(redis_client, run):
     run_id, run_dir, registry = run
     config = WeightsConfig(chunk_mb=1 / 64, full_every=4, keep_versions=1, keep_in_memory=1)

@@ -122,6 +122,19 @@ def test_instances_follow_the_ranking_across_pools():
     )
 
 
+def test_egress_ranks_pools_of_one_price_and_counts_in_an_instances_cost():
+    near = PoolOffer("near", 1.0, 1.0, max_instances=2)
+    far = PoolOffer("far", 1.0, 1.0, max_instances=2)
+    curve = {0: 100.0, 1: 150.0, 2: 200.0, 3: 250.0, 4: 300.0}
+    # both near ones first; then a far one adds 50 tokens for $1 + $3 of egress = 12.5 a dollar,
+    # under the run's 200 / $12 = 16.7
+    marginal = MarginalConfig(base_price_per_hour=10.0, egress_usd_per_hour={"far": 3.0})
+    assert plan_marginal((far, near), UNLIMITED, marginal, curve, held=0) == (
+        CapacityTarget("far", 0),
+        CapacityTarget("near", 2),
+    )
+
+
 def test_estimate_interpolates_and_extrapolates_one_step():
     curve = {0: 100.0, 2: 200.0}
     assert estimate(curve, 1) == 150.0
