@@ -9,6 +9,7 @@ Metadata Service of its own (`FakeScheduledEvents`, reached through `RLBOOST_AZU
 - a VM deleted through the API (`Deleting` without an eviction) gets SIGTERM, as a guest shutdown
   does, and SIGKILL after `grace_s`; then it disappears.
 
+`reclaim_together(names)` evicts several VMs and powers none off before all are ready to be.
 Each VM's output goes to `<workdir>/<name>.log`; `booted` lists every VM that ever booted.
 """
 
@@ -52,6 +53,9 @@ class FakeAzureVmHost(VmHostThread):
     evicted: set[str] = field(default_factory=set)
     gone: set[str] = field(default_factory=set)
 
+    def reclaim(self, name: str) -> None:
+        self.evict(name)
+
     def evict(self, name: str) -> None:
         with self._lock:
             vm = self.booted[name]
@@ -68,20 +72,22 @@ class FakeAzureVmHost(VmHostThread):
             for name, state in states.items():
                 if state == "Succeeded" and name not in self.booted:
                     self._boot(name)
+            ready: set[str] = set()
             for vm in list(self.booted.values()):
                 if vm.name in self.gone:
                     continue
                 if vm.name in self.evicted:
                     approved = any(event == vm.event_id for event, _ in vm.imds.approvals)
                     if approved or time.time() >= (vm.kill_at or 0):
-                        self._power_off(vm)
+                        ready.add(vm.name)
                     continue
                 if states.get(vm.name, "Gone") != "Succeeded" and vm.kill_at is None:
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(vm.process.pid, signal.SIGTERM)  # guest shutdown on delete
                     vm.kill_at = time.time() + self.grace_s
                 if vm.kill_at is not None and (vm.process.poll() is not None or time.time() >= vm.kill_at):
-                    self._power_off(vm)
+                    ready.add(vm.name)
+            self._power_off_ready(ready)
 
     def _boot(self, name: str) -> None:
         with self.arm.lock:

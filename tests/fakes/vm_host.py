@@ -8,7 +8,8 @@ server of its own (`GCE_METADATA_HOST`).
 - a VM deleted through the API (STOPPING without a preemption) gets SIGTERM, as a guest shutdown
   does;
 - either way the process group gets SIGKILL after `grace_s`, and once it is gone the instance
-  disappears from the fake cloud (termination action DELETE).
+  disappears from the fake cloud (termination action DELETE); `reclaim_together(names)` powers
+  none of several preempted VMs off before all are ready to be.
 
 Each VM's output goes to `<workdir>/<name>.log`; `booted` lists every VM that ever booted.
 
@@ -94,6 +95,7 @@ class VmHostThread:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._together: list[set[str]] = []
 
     def __enter__(self):
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -114,6 +116,24 @@ class VmHostThread:
         with self._lock:
             return [n for n, vm in self.booted.items() if vm.kill_at is None and n not in self.gone]
 
+    def reclaim_together(self, names: list[str]) -> None:
+        """The zone takes these VMs back at once: each gets its own notice (a subclass's `reclaim`),
+        and none is powered off before all of them are ready to be (drained, or out of time)."""
+        with self._lock:
+            self._together.append(set(names))
+        for name in names:
+            self.reclaim(name)
+
+    def reclaim(self, name: str) -> None:
+        raise NotImplementedError
+
+    def _power_off_ready(self, ready: set[str]) -> None:
+        """Power off each VM of `ready` whose reclaim group (if any) is ready as a whole."""
+        for name in sorted(ready):
+            group = next((g for g in self._together if name in g), {name})
+            if group <= ready | self.gone:
+                self._power_off(self.booted[name])
+
 
 @dataclass
 class FakeVmHost(VmHostThread):
@@ -126,6 +146,9 @@ class FakeVmHost(VmHostThread):
     booted: dict[str, BootedVm] = field(default_factory=dict)
     preempted: set[str] = field(default_factory=set)
     gone: set[str] = field(default_factory=set)
+
+    def reclaim(self, name: str) -> None:
+        self.preempt(name)
 
     def preempt(self, name: str) -> None:
         with self._lock:
@@ -141,6 +164,7 @@ class FakeVmHost(VmHostThread):
             for name, (zone, body) in instances.items():
                 if body["status"] == "RUNNING" and name not in self.booted:
                     self._boot(name, zone, body)
+            ready: set[str] = set()
             for vm in list(self.booted.values()):
                 if vm.name in self.gone:
                     continue
@@ -148,7 +172,8 @@ class FakeVmHost(VmHostThread):
                 if status != "RUNNING" and vm.kill_at is None:
                     self._stopping(vm)
                 if vm.kill_at is not None and (vm.process.poll() is not None or time.time() >= vm.kill_at):
-                    self._power_off(vm)
+                    ready.add(vm.name)
+            self._power_off_ready(ready)
 
     def _boot(self, name: str, zone: str, body: dict) -> None:
         script = next(item["value"] for item in body["metadata"]["items"] if item["key"] == "startup-script")

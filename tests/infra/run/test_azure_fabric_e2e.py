@@ -118,9 +118,10 @@ def test_training_keeps_an_azure_spot_pool_through_an_eviction(prefect_harness, 
                     if time.monotonic() > deadline:
                         return
                     time.sleep(0.1)
-                for victim in sorted(host.running()):  # the location reclaims both: step 2 needs the replacements
-                    evicted.append(victim)
-                    host.evict(victim)
+                # The location reclaims both at once: neither is gone before both are drained, so the
+                # capacity manager sees both go before a replacement could carry the run to its end.
+                evicted.extend(sorted(host.running()))
+                host.reclaim_together(evicted)
 
             evicter = threading.Thread(target=evict_after_step_1, daemon=True)
             evicter.start()

@@ -168,9 +168,10 @@ def test_training_keeps_a_gcp_spot_pool_through_a_preemption(prefect_harness, tm
                     if time.monotonic() > deadline:
                         return
                     time.sleep(0.1)
-                for victim in sorted(host.running()):  # the zone reclaims both: step 2 needs the replacements
-                    preempted.append(victim)
-                    host.preempt(victim)
+                # The zone reclaims both at once (neither is gone before both are drained): step 2
+                # needs the replacements, and the capacity manager sees both go before either boots.
+                preempted.extend(sorted(host.running()))
+                host.reclaim_together(preempted)
 
             preempter = threading.Thread(target=preempt_after_step_1, daemon=True)
             preempter.start()
