@@ -309,9 +309,11 @@ class RolloutFabric:
 
     def _capacity_options(self) -> dict[str, Any]:
         """The `CapacityManager`'s settings from `fabric.capacity`: the controller's throughput
-        curve, and a registry `drain` message for an instance scaled down. A run whose rollout
-        has no local pool makes nothing without the cloud's instances: its curve starts at 0 tokens
-        for 0 instances (otherwise the marginal policy would wait for a step that never runs)."""
+        curve, each cloud pool's egress price and the publisher's measured bytes and pace of the
+        versions (what an instance's pulls cost), and a registry `drain` message for an instance
+        scaled down. A run whose rollout has no local pool makes nothing without the cloud's
+        instances: its curve starts at 0 tokens for 0 instances (otherwise the marginal policy
+        would wait for a step that never runs)."""
         capacity = self.config.capacity
         alone = any(pool.provider == "local" for pool in self.config.pools)
 
@@ -327,6 +329,8 @@ class RolloutFabric:
             "base_price_per_hour": capacity.base_price(self.config.pools),
             "drain": self._drain,
             "drain_s": capacity.drain_s,
+            "egress_usd_per_gb": capacity.egress_prices(self.config.pools),
+            "weight_updates": self.weights.updates,
         }
 
     def _drain(self, instance_id: str) -> bool:
