@@ -25,6 +25,12 @@ OBJECTIVES = ("grpo", "decoupled")
 """What `policy_loss` computes (`GRPOConfig.objective`'s `auto` is resolved by the caller)."""
 
 
+def objective_of(configured: str) -> str:
+    """What `policy_loss` computes for `GRPOConfig.objective` `configured`: `auto`, left unresolved,
+    counts as `grpo` (the training session resolves it by `training.max_staleness`)."""
+    return "decoupled" if configured == "decoupled" else "grpo"
+
+
 def group_advantages(
     rewards: Tensor,
     group_size: int | None = None,
@@ -138,8 +144,9 @@ def policy_loss(
     Metrics (detached 0-dim tensors on ``logp``'s device, over valid tokens): ``loss``,
     ``policy_loss`` (without the KL term), ``kl`` (mean k3; 0 without ``ref_logp``),
     ``clip_fraction`` (tokens where the clipped branch is taken), ``ratio_mean``,
-    ``is_weight_mean`` (mean ``w``; 1 for ``grpo``) and ``is_truncated_fraction`` (tokens whose
-    untruncated weight exceeds ``tis_cap``; 0 for ``grpo``). They stay tensors so that computing
+    ``is_weight_mean`` (mean ``w``; 1 for ``grpo``), ``is_weight_deviation`` (mean ``|w - 1|``, how
+    far the weights spread from on-policy; 0 for ``grpo``) and ``is_truncated_fraction`` (tokens
+    whose untruncated weight exceeds ``tis_cap``; 0 for ``grpo``). They stay tensors so that computing
     them never waits for the device; the caller reads them once per optimizer step. The one value
     read here is the check that ``mask`` selects a token (the trainer builds its masks on the host).
     """
@@ -220,6 +227,7 @@ def policy_loss(
             "clip_fraction": _aggregate(was_clipped.to(weights.dtype), weights, "token"),
             "ratio_mean": _aggregate(ratio, weights, "token"),
             "is_weight_mean": _aggregate(is_weight, weights, "token"),
+            "is_weight_deviation": _aggregate((is_weight - 1).abs(), weights, "token"),
             "is_truncated_fraction": _aggregate(truncated.to(weights.dtype), weights, "token"),
         }
     return loss, metrics

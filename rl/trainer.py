@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from rl.config import GRPOConfig, LoraSettings, OptimConfig
-from rl.grpo import entropy_from_logits, policy_loss, token_logprobs
+from rl.grpo import entropy_from_logits, objective_of, policy_loss, token_logprobs
 from rl.lora import (
     ADAPTER_WEIGHTS_FILE,
     adapter_state,
@@ -86,7 +86,7 @@ class Accumulation:
     """``loss`` and ``policy_loss`` times the weight of the micro-batch they were measured on."""
     per_token: dict[str, Tensor] = field(default_factory=dict)
     """The token-mean metrics (``kl``, ``clip_fraction``, ``ratio_mean``, ``is_weight_mean``,
-    ``is_truncated_fraction``) times the micro-batch's tokens, and ``entropy`` and
+    ``is_weight_deviation``, ``is_truncated_fraction``) times the micro-batch's tokens, and ``entropy`` and
     ``rollout_logprob_gap`` summed over response tokens: each divided by `tokens` at the end."""
     batches: int = 0
     pieces: list[TrainBatch] = field(default_factory=list)
@@ -263,7 +263,7 @@ class Trainer:
     @property
     def objective(self) -> str:
         """What `policy_loss` computes: `grpo.objective`, with `auto` counted as `grpo`."""
-        return "decoupled" if self.grpo.objective == "decoupled" else "grpo"
+        return objective_of(self.grpo.objective)
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """One RL step on `batch` (`optim.updates_per_step` optimizer updates); returns averaged metrics."""
@@ -548,6 +548,8 @@ class PolicyTrainer(Protocol):
     def samples_per_accumulate(self) -> int: ...
     @property
     def accumulating(self) -> bool: ...
+    @property
+    def objective(self) -> str: ...
     def train_step(self, batch: TrainBatch) -> dict[str, float]: ...
     def begin_step(self) -> None: ...
     def accumulate(self, batch: TrainBatch) -> None: ...

@@ -385,6 +385,7 @@ class TrainingSession:
         streamed = self._stream[1] if self._stream and self._stream[0] == step else None
         self._stream = None
         lag = version_lag(samples, self.step, self.config.training.max_staleness)
+        metrics: dict[str, Any]
         if streamed is not None and streamed.covers(samples):
             metrics = streamed.finish(samples, advantages)
             metrics.update(streamed_groups=streamed.groups, train_overlap_s=streamed.busy_s)
@@ -392,7 +393,7 @@ class TrainingSession:
             if streamed is not None:  # e.g. a retried rollout task: train the batch as a whole
                 streamed.abandon()
             metrics = self.trainer.train_step(batch)
-        metrics.update(lag)
+        metrics.update(lag, objective=self.trainer.objective)  # the objective the trainer ran
         metrics["seconds"] = time.perf_counter() - started
         check_logprob_gap(step, metrics, lag, self.config.training.max_logprob_gap)
         return metrics

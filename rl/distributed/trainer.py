@@ -29,6 +29,7 @@ from rl.config import GRPOConfig, OptimConfig, TrainerConfig
 from rl.distributed.group import RankGroup
 from rl.distributed.protocol import TrainSpec, batch_to_wire
 from rl.distributed.split import TokenBalancer, rounds
+from rl.grpo import objective_of
 from rl.lora import ADAPTER_WEIGHTS_FILE
 from rl.trainer import WEIGHTS_FILE, CheckpointMismatch, TrainBatch, check_lora_matches, lora_record
 
@@ -105,6 +106,11 @@ class DistributedTrainer:
     @property
     def accumulating(self) -> bool:
         return self._pending is not None
+
+    @property
+    def objective(self) -> str:
+        """What the ranks' `policy_loss` computes (`auto` counted as `grpo`, as `Trainer.objective`)."""
+        return objective_of(self.grpo.objective)
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         if not len(batch):

@@ -82,6 +82,7 @@ def test_rollout_runs_ahead_within_the_bound_and_resumes(prefect_harness, base_m
         assert metrics["version_lag_max"] == max(lags[step])
         assert sum(metrics["version_lag_histogram"].values()) == len(lags[step]) == metrics["tokens"]
         assert 0 < metrics["is_weight_mean"] and 0 <= metrics["is_truncated_fraction"] <= 1
+        assert metrics["objective"] == "decoupled" and metrics["is_weight_deviation"] >= 0  # `auto` at K = 2
     # A second run of the same run directory continues after the step-4 checkpoint, within the bound.
     state = rl_train(overrides=_overrides(base_model, tmp_path, 6), return_state=True)
     assert state.is_completed() and state.result()["steps"] == 6

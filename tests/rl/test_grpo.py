@@ -124,6 +124,7 @@ def test_metrics_are_detached_0_dim_tensors() -> None:
         assert sorted(metrics) == [
             "clip_fraction",
             "is_truncated_fraction",
+            "is_weight_deviation",
             "is_weight_mean",
             "kl",
             "loss",
@@ -250,6 +251,7 @@ def test_decoupled_weights_are_truncated_at_the_cap() -> None:
     )
     assert loss.item() == pytest.approx(-1.125)
     assert metrics["is_weight_mean"] == pytest.approx(1.125)  # 4.5 / 4
+    assert metrics["is_weight_deviation"] == pytest.approx(0.375)  # (0.5 + 0.5 + 0 + 0.5) / 4
     assert metrics["is_truncated_fraction"] == pytest.approx(0.5)  # 2 of 4 tokens above 1.5
     assert metrics["ratio_mean"] == pytest.approx(1.0)
     loss.backward()
@@ -288,6 +290,7 @@ def test_grpo_ignores_the_behaviour_logprobs() -> None:
     loss, metrics = policy_loss(logp, proximal, adv, torch.ones(1, 2), behaviour_logp=behaviour, objective="grpo")
     assert loss.item() == pytest.approx(-1.15)
     assert metrics["is_weight_mean"] == 1.0 and metrics["is_truncated_fraction"] == 0.0
+    assert metrics["is_weight_deviation"] == 0.0
     loss.backward()
     _assert_values(logp.grad, [[0.0, -0.55]])
 

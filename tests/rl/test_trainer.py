@@ -82,12 +82,14 @@ def test_micro_batching_gives_the_full_batch_update(aggregation, objective, upda
         torch.testing.assert_close(p3[name], p64[name], rtol=0, atol=1e-5, msg=name)
     for key in ("loss", "policy_loss", "grad_norm", "entropy", "rollout_logprob_gap", "response_tokens"):
         assert m3[key] == pytest.approx(m64[key], rel=1e-4, abs=1e-6), key
-    for key in ("is_weight_mean", "is_truncated_fraction", "ratio_mean", "clip_fraction"):
+    for key in ("is_weight_mean", "is_weight_deviation", "is_truncated_fraction", "ratio_mean", "clip_fraction"):
         assert m3[key] == pytest.approx(m64[key], rel=1e-5, abs=1e-6), key
     if objective == "decoupled":
         assert m64["is_truncated_fraction"] > 0  # the fake behaviour log-probs made the cap matter
+        assert m64["is_weight_deviation"] > 0
     else:
         assert m64["is_weight_mean"] == 1.0 and m64["is_truncated_fraction"] == 0.0
+        assert m64["is_weight_deviation"] == 0.0
 
 
 def _subset(batch: TrainBatch, rows: list[int]) -> TrainBatch:
@@ -175,6 +177,7 @@ def test_metrics_are_read_once_per_step_not_per_micro_batch(aggregation, host_re
             "clip_fraction",
             "ratio_mean",
             "is_weight_mean",
+            "is_weight_deviation",
             "is_truncated_fraction",
             "rollout_logprob_gap",
             "grad_norm",
