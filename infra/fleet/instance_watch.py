@@ -5,19 +5,21 @@ and, for instances whose worker runs as a Prefect flow run, how that run ended (
 instance failed when its worker exited by itself (`crashed` or `finished`, not asked to stop:
 preempted, scaled down, drained), when it runs on after its worker's flow run ended (a VM left
 idle; at once for a Failed run, after `settle_s` otherwise, so that a preemption is recorded as
-one), or when it has not registered `register_timeout_s` after its launch. A live failed instance
-is stopped (reason `crashed`); its pool's provider (`LocalProvider.tick`) or the capacity manager
-then launches its replacement. `replaced` counts them; an instance that registers resets its
-pool's count, and `max_failures` in a row raise `PoolFailure` naming the last one's error.
-`check()` runs at the step's polls (and at its start and end); the clock is injected.
-Detail: docs/internals.md §3.
+one), when it has not registered `register_timeout_s` after its launch, or when it held no
+policy version the open step accepts for `stall_s` (`fabric.weights.stall_s`). A live failed
+instance is stopped (reason `crashed`: it holds nothing the run can use); its pool's provider
+(`LocalProvider.tick`) or the capacity manager launches its replacement. `replaced` counts them;
+an instance seen registered and holding an accepted version (or while no step is open) resets
+its pool's count, and `max_failures` in a row raise `PoolFailure` naming the last one's error.
+`check()` runs at the step's polls (and at its start and end); clock injected. docs/internals.md §3.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from infra.providers.interface import InstanceRecord, Provider
@@ -62,7 +64,7 @@ class InstanceWatch:
         provider: Provider,
         pools: Sequence[PoolSpec],
         *,
-        registered: Callable[[], Iterable[str]],
+        registered: Callable[[], Mapping[str, int | None]],
         max_failures: int,
         register_timeout_s: float,
         settle_s: float,
@@ -70,10 +72,14 @@ class InstanceWatch:
         explain: Callable[[str], str] = lambda instance_id: "",
         clock: Callable[[], float] = time.time,
         interval_s: float = WATCH_S,
+        accepted: Callable[[], int | None] = lambda: None,
+        stall_s: float = math.inf,
     ) -> None:
-        """`registered()`: the ids of the instances registered now; `worker_ends(live)`: how the
-        flow runs of those of `live` whose run ended ended; `explain(id)`: one line on why an
-        instance that exited did (its log's last line, its run's message), or ''."""
+        """`registered()`: the instances registered now, each with the policy version it holds
+        (None: none yet); `worker_ends(live)`: how the flow runs of those of `live` whose run ended
+        ended; `explain(id)`: one line on why an instance that exited did (its log's last line, its
+        run's message), or ''; `accepted()`: the oldest policy version the open step accepts (None:
+        no step is open); `stall_s`: how long an instance may hold none it accepts."""
         self.provider = provider
         self.pools = {pool.name for pool in pools}
         self._registered_now = registered
@@ -82,11 +88,18 @@ class InstanceWatch:
         self._max_failures = max_failures
         self._register_timeout_s = register_timeout_s
         self._settle_s = settle_s
+        self._accepted = accepted
+        self._stall_s = stall_s
         self._clock = clock
         self._interval_s = interval_s
         self._looked_at = float("-inf")
         self._registered: set[str] = set()
-        """Instances seen registered (an instance's pool count resets when it is first seen)."""
+        """Instances seen registered."""
+        self._working: set[str] = set()
+        """Instances seen registered holding an accepted version, or while no step was open (an
+        instance's pool count resets when it is first seen so)."""
+        self._behind: dict[str, tuple[int | None, float]] = {}
+        """Per instance holding no accepted version: the version it holds and since when it was seen so."""
         self._expected: set[str] = set()
         """Instances asked to finish (a drain): their end is no failure."""
         self._judged: set[str] = set()
@@ -110,16 +123,22 @@ class InstanceWatch:
             return
         self._looked_at = now
         records = {r.instance_id: r for r in self.provider.instances() if r.pool in self.pools}
-        for instance_id in set(self._registered_now()) - self._registered:
+        held = dict(self._registered_now())
+        accepted = self._accepted() if held else None
+        for instance_id, version in held.items():
             self._registered.add(instance_id)
-            if instance_id in records:
+            working = accepted is None or (version is not None and version >= accepted)
+            if working and instance_id not in self._working and instance_id in records:
+                self._working.add(instance_id)
                 self._in_a_row[records[instance_id].pool] = 0
         live = [r.instance_id for r in records.values() if r.state == "running"]
         ends = self._worker_ends(live) if live else {}
         for record in records.values():
             if record.instance_id in self._judged or record.instance_id in self._expected:
                 continue
-            error = self._failed(record, ends.get(record.instance_id), now)
+            error = self._failed(record, ends.get(record.instance_id), now) or self._stalled(
+                record, held, accepted, now
+            )
             if error is not None:
                 self._judged.add(record.instance_id)
                 if record.state == "running":
@@ -147,6 +166,32 @@ class InstanceWatch:
                 "(fabric.register_timeout_s); it was stopped"
             )
         return None
+
+    def _stalled(
+        self, record: InstanceRecord, held: Mapping[str, int | None], accepted: int | None, now: float
+    ) -> str | None:
+        """Why `record`'s instance failed by holding no accepted version for `stall_s`, or None. Its
+        clock starts again whenever the version it holds changes (a slow instance that keeps up)."""
+        instance_id = record.instance_id
+        version = held.get(instance_id)
+        if (
+            record.state != "running"
+            or accepted is None
+            or instance_id not in held
+            or (version is not None and version >= accepted)
+        ):
+            self._behind.pop(instance_id, None)
+            return None
+        behind = self._behind.get(instance_id)
+        if behind is None or behind[0] != version:
+            self._behind[instance_id] = behind = (version, now)
+        if now - behind[1] < self._stall_s:
+            return None
+        holds = "none" if version is None else f"version {version}"
+        return (
+            f"held no policy version the step accepts (>= {accepted}; it holds {holds}) for "
+            f"{self._stall_s:.0f} s (fabric.weights.stall_s): its log says which pulls failed; it was stopped"
+        )
 
     def _count(self, record: InstanceRecord, error: str) -> None:
         self.replaced += 1

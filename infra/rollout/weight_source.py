@@ -8,6 +8,7 @@ worker's.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -19,6 +20,10 @@ from infra.weights.puller import PullError, WeightPuller
 from infra.weights.shared import report_transfer, shared_config
 
 log = logging.getLogger("rlboost.worker")
+
+RETRY_S = 1.0
+"""Wait after a failed pull before the next try (a source may have joined, or the version been
+published again)."""
 
 
 class WeightSource(Protocol):
@@ -59,6 +64,9 @@ class PulledWeights(_OnceAVersion):
         """The digest of the base model this instance applies LoRA adapters to (None: whole weights);
         set once its engine is loaded, before the first pull."""
         self._puller: WeightPuller | None = None
+        self._retry_at = 0.0
+        self._failed: tuple[int, str] | None = None
+        """The version whose pull failed last, and why (said once, not at every try)."""
 
     def newest(self) -> int | None:
         return latest_version(self.client, self.run_id)
@@ -69,10 +77,15 @@ class PulledWeights(_OnceAVersion):
         if announced is None or announced < version or puller is None:
             self.waiting(version, "waiting for policy version %d to be announced (latest: %s)", version, announced)
             return None
+        if time.monotonic() < self._retry_at:
+            return None
         try:
             return puller.pull(version)
         except PullError as exc:
-            log.warning("pulling policy version %d failed (%s); retrying", version, exc)
+            self._retry_at = time.monotonic() + RETRY_S
+            if self._failed != (version, str(exc)):
+                log.warning("pulling policy version %d failed (%s); retrying every %.0f s", version, exc, RETRY_S)
+                self._failed = (version, str(exc))
             return None
 
     def loaded(self, version: int) -> None:
@@ -88,6 +101,12 @@ class PulledWeights(_OnceAVersion):
                 report.full_fallbacks,
                 report.seconds,
             )
+            if report.source_fallbacks:
+                log.info(
+                    "policy version %d: %d of its payloads came from other sources after a copy failed its check",
+                    version,
+                    report.source_fallbacks,
+                )
 
     def close(self) -> None:
         if self._puller is not None:

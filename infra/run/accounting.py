@@ -45,6 +45,8 @@ class WeightTraffic:
     """Bytes the instances received (deltas and whole versions, every source)."""
     full_fallbacks: int = 0
     """Pulls that fetched a whole version because a delta could not be applied."""
+    source_fallbacks: int = 0
+    """Payloads pulled from other sources after a copy failed its check (`PullReport.source_fallbacks`)."""
     pulls: int = 0
     """Pulls recorded: one per (instance, version), however many sources it received bytes from."""
     pull_s: float | None = None
@@ -241,6 +243,7 @@ def weight_traffic(transfers: Sequence[Transfer]) -> WeightTraffic:
     return WeightTraffic(
         nbytes=sum(t.nbytes for t in transfers),
         full_fallbacks=sum(t.full_fallbacks for t in transfers),
+        source_fallbacks=sum(t.source_fallbacks for t in transfers),
         pulls=len(seconds),
         pull_s=max(seconds.values(), default=None),
     )

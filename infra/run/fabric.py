@@ -556,6 +556,7 @@ class RolloutFabric:
                 source=key[2],
                 nbytes=t.nbytes + (seen.nbytes if seen else 0),
                 full_fallbacks=t.full_fallbacks + (seen.full_fallbacks if seen else 0),
+                source_fallbacks=t.source_fallbacks + (seen.source_fallbacks if seen else 0),
                 seconds=max(t.seconds, seen.seconds if seen else 0.0),
             )
         return list(merged.values())

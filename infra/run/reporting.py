@@ -41,7 +41,7 @@ STEP_COLUMNS = (
     ("policy_version", "version", "{:d}"),
     ("weights_mb", "weights MiB", "{:.1f}"),
     ("pull_s", "slowest pull s", "{:.2f}"),
-    ("weight_fallbacks", "whole-version fallbacks", "{:d}"),
+    ("weight_fallbacks", "weight fallbacks", "{:d}"),
     ("version_lag_mean", "version lag", "{:.2f}"),
     ("version_lag_max", "max lag", "{:d}"),
     ("version_lag_histogram", "lag histogram", "{}"),

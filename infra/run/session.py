@@ -410,7 +410,8 @@ class TrainingSession:
 
     def account(self, step: int, tokens_trained: int) -> dict:
         """Record the step in the cost ledger (instances, their usage, the step, the weight pulls);
-        returns its cost, the weight MiB the instances pulled, their whole-version fallbacks, how
+        returns its cost, the weight MiB the instances pulled, their fallbacks (whole versions
+        instead of deltas, and payloads from other sources after a copy failed its check), how
         many pulls and the slowest one's seconds (None: no pull)."""
         instance_tokens, wasted = self._step_usage.pop(step, ({}, 0))
         with self._stops_when_redis_is_gone():
@@ -418,7 +419,7 @@ class TrainingSession:
         return {
             "cost_usd": self.accounting.step_cost_usd(step) or 0.0,
             "weights_mb": traffic.nbytes / 2**20,
-            "weight_fallbacks": traffic.full_fallbacks,
+            "weight_fallbacks": traffic.full_fallbacks + traffic.source_fallbacks,
             "pulls": traffic.pulls,
             "pull_s": traffic.pull_s,
         }

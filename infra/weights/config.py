@@ -69,6 +69,12 @@ class WeightsConfig(Section):
     `queue_timeout_s` + this, is abandoned and fetched from another source (the source is slow)."""
     pull_timeout_s: float = Field(600.0, gt=0)
     """A pull that has not completed after this long fails (nothing partial is kept)."""
+    stall_s: float = Field(900.0, gt=0)
+    """An instance that holds no policy version the open step accepts for this long (no source
+    delivered one that passes its checks), while the version it holds does not change, is stopped
+    and replaced like a failed instance (counted in the step table's `replaced`); the token log
+    refuses its claims and flushes meanwhile. Keep it above `pull_timeout_s`, so that a slow but
+    healthy pull finishes first."""
     holder_ttl_s: float = Field(10.0, gt=0)
     """Lifetime of a holder or pull-lease entry in Redis; refreshed every third of it, so a dead
     peer stops being offered (and its lease stops protecting a version) after at most this."""

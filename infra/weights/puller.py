@@ -8,11 +8,12 @@ any source against the sha256 the trainer recorded (`HolderRegistry.manifest_sha
 the chunks from every live holder, complete or partial, rarest first (`infra.weights.chunk_choice`;
 `parallel_fetches` at a time, at most `max_uploads_per_peer + 2` per holder), verifies each chunk,
 drops a failing or slow source for another or the store; with `serve_from_peers` it serves each
-chunk once verified. It rebuilds a delta on the version it holds (`infra.weights.delta`, checked
-against the published sha256; else from the whole version and the deltas after it:
-`full_fallbacks`). It returns the complete version or raises `PullError`, withdrawing what it
-offered: it never loads part of a version nor serves an unverified chunk. Versions only move
-forward; one pull at a time; `last_report` (a `PullReport`): sources, failures. Step by step: §6.
+chunk once verified. A copy that fails its check is logged at once and not asked for again (the
+store's after `STORE_RECHECK_S`); a part no other source has fails the pull at once. It rebuilds
+a delta on the version it holds (`infra.weights.delta`; else from the whole version and the
+deltas after it: `full_fallbacks`). It returns the complete version or raises `PullError`,
+withdrawing what it offered: it never loads part of a version nor serves an unverified chunk.
+Versions only move forward; one pull at a time; `last_report` (a `PullReport`). Detail: §6.
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ log = logging.getLogger(__name__)
 
 STORE = "store"
 """Source name of the object store in a `PullReport`."""
+STORE_RECHECK_S = 30.0
+"""The store's copy of a part that failed its check is read again after this long (a restarted
+trainer may be rewriting the version there); a peer's is never asked for again."""
 _HOLDERS_REFRESH_S = 0.1
 _RETRY_BACKOFF_S = 1.0
 
@@ -75,6 +79,49 @@ class PullReport:
     full_fallbacks: int = 0
     """Times this pull rebuilt the version from a whole version instead of on the base it held:
     it held none (or not the delta's base), or the rebuilt weights' sha256 did not match."""
+    source_fallbacks: int = 0
+    """Payloads (the version, or a version of its chain) taken from other sources after a copy of
+    their manifest or of a chunk failed its check, in this pull or an earlier try of it."""
+
+
+class _CheckFailed(SourceFailed):
+    """The source's bytes do not match the manifest (or the manifest its published sha256)."""
+
+
+@dataclass
+class _Rejections:
+    """The copies of one payload (a version and its manifest's sha256) that failed their check:
+    per part (None: the manifest, else a chunk index), the sources that delivered one and when."""
+
+    instance_id: str
+    version: int
+    parts: dict[int | None, dict[str, float]] = field(default_factory=dict)
+
+    def add(self, part: int | None, source: str, why: str) -> None:
+        """Remember a copy that failed its check, and log it at once."""
+        self.parts.setdefault(part, {})[source] = time.monotonic()
+        log.warning(
+            "instance %s: policy version %d: the %s from %s failed its check (%s); trying the other sources",
+            self.instance_id,
+            self.version,
+            "manifest" if part is None else f"chunk {part}",
+            source,
+            why,
+        )
+
+    def excluded(self, part: int | None) -> set[str]:
+        """The sources not to ask for `part` now: every peer whose copy failed, and the store
+        until `STORE_RECHECK_S` after its copy failed."""
+        now = time.monotonic()
+        return {s for s, at in self.parts.get(part, {}).items() if s != STORE or now - at < STORE_RECHECK_S}
+
+    def stranded(self, part: int | None, holders: Mapping[str, Set[int] | None]) -> bool:
+        """Whether no source can supply `part` now: the store's copy failed its check (lately) and
+        so did that of every holder that has it (`holders`: source -> its chunks, None: all)."""
+        excluded = self.excluded(part)
+        return STORE in excluded and all(
+            source in excluded or (held is not None and part not in held) for source, held in holders.items()
+        )
 
 
 def _from_store(read: Callable[..., bytes], *args) -> bytes:
@@ -112,6 +159,8 @@ class WeightPuller:
         """The newest pulled version's state dict: the base of the next delta."""
         self._fetchers = ThreadPoolExecutor(config.parallel_fetches, thread_name_prefix=f"pull-{instance_id}")
         self._pulling = threading.Lock()
+        self._rejections: dict[tuple[int, str], _Rejections] = {}
+        """Per payload (version, manifest sha256) not yet held, the copies that failed their check."""
         self.last_report: PullReport | None = None
         """The report of the latest pull (updated while it runs)."""
 
@@ -157,6 +206,8 @@ class WeightPuller:
                 for leased_version in leased:
                     self.registry.unlease(leased_version, self.instance_id)
             report.manifest_sha256 = fetched[version].manifest_sha256 if version in fetched else ""
+            report.source_fallbacks = len({v for (v, _), r in self._rejections.items() if r.parts and v in fetched})
+            self._rejections = {key: r for key, r in self._rejections.items() if key[0] > version}
             for payload_version in sorted(fetched):
                 self._hold(fetched[payload_version])
             self._base = (version, state)
@@ -221,7 +272,8 @@ class WeightPuller:
             )
         deadline = time.monotonic() + self.config.pull_timeout_s
         report.manifest_sha256 = expected
-        manifest_bytes = self._manifest(version, expected, deadline, report)
+        rejections = self._rejections.setdefault((version, expected), _Rejections(self.instance_id, version))
+        manifest_bytes = self._manifest(version, expected, deadline, report, rejections)
         manifest = Manifest.from_bytes(manifest_bytes)
         self._check_base(manifest)
         download = _ChunkDownload(
@@ -234,6 +286,7 @@ class WeightPuller:
             config=self.config,
             deadline=deadline,
             report=report,
+            rejections=rejections,
         )
         if self.server is not None:
             self.server.offer_manifest(manifest, manifest_bytes)
@@ -295,13 +348,29 @@ class WeightPuller:
             self.registry.unhold_chunks(version, self.server.url)
             self.server.withdraw(version)
 
-    def _manifest(self, version: int, expected_sha256: str, deadline: float, report: PullReport) -> bytes:
-        """The manifest's bytes from any holder or the store, checked against the published sha256."""
+    def _manifest(
+        self, version: int, expected_sha256: str, deadline: float, report: PullReport, rejections: _Rejections
+    ) -> bytes:
+        """The manifest's bytes from any holder or the store, checked against the published sha256;
+        `PullError` at once when the copy of every source failed that check."""
         path = f"/weights/v{version}/{MANIFEST_FILE}"
-        while time.monotonic() < deadline:
+        while True:
             holders = self._holders(version)
-            random.shuffle(holders)
-            for source in [*holders, STORE]:
+            if rejections.stranded(None, dict.fromkeys(holders)):
+                raise PullError(
+                    f"version {version}: the manifest of every source failed its check "
+                    f"({', '.join(sorted(rejections.parts[None]))}) and no other source holds it"
+                )
+            if time.monotonic() >= deadline:
+                raise PullError(
+                    f"version {version}: no source delivered its manifest within {self.config.pull_timeout_s:.0f} s; "
+                    f"last failures: {report.failures[-3:]}"
+                )
+            excluded = rejections.excluded(None)
+            sources = [holder for holder in holders if holder not in excluded]
+            random.shuffle(sources)
+            rejected = False
+            for source in [*sources, *([STORE] if STORE not in excluded else [])]:
                 try:
                     if source == STORE:
                         data = _from_store(self.store.read_manifest_bytes, version)
@@ -312,12 +381,12 @@ class WeightPuller:
                     continue
                 if sha256_hex(data) == expected_sha256:
                     return data
-                report.failures.append(f"{source}: manifest: sha256 does not match the published one")
-            time.sleep(_RETRY_BACKOFF_S)
-        raise PullError(
-            f"version {version}: no source delivered its manifest within {self.config.pull_timeout_s:.0f} s; "
-            f"last failures: {report.failures[-3:]}"
-        )
+                why = "sha256 does not match the published one"
+                report.failures.append(f"{source}: manifest: {why}")
+                rejections.add(None, source, why)
+                rejected = True
+            if not rejected:  # after a rejection, look again at once: maybe no source is left
+                time.sleep(_RETRY_BACKOFF_S)
 
     def _fetch_chunk(self, manifest: Manifest, index: int, source: str, priority_headers: dict[str, str]) -> bytes:
         file = manifest.chunks[index].file
@@ -366,7 +435,9 @@ class _ChunkDownload:
         config: WeightsConfig,
         deadline: float,
         report: PullReport,
+        rejections: _Rejections,
     ) -> None:
+        """`rejections`: the copies of this payload that failed their check (this pull adds its own)."""
         self.manifest = manifest
         self.list_sources = sources
         self.fetch = fetch
@@ -381,6 +452,7 @@ class _ChunkDownload:
         self.pull_timeout_s = config.pull_timeout_s
         self.deadline = deadline
         self.report = report
+        self.rejections = rejections
         self.pull_started = time.time()
         self.progress = 0
         """Verified bytes so far (sent to holders, with `pull_started`, as this pull's priority)."""
@@ -411,6 +483,7 @@ class _ChunkDownload:
                 if now >= next_refresh:
                     self.sources, self.fetched_elsewhere = self.list_sources()
                     next_refresh = now + _HOLDERS_REFRESH_S
+                self._raise_if_stranded()
                 self._assign()
                 state = (bytes(self.held), bytes(self.fetching))
                 if state != self.advertised:
@@ -430,6 +503,15 @@ class _ChunkDownload:
                 future.cancel()
         return tuple(self.results[i] for i in range(total))
 
+    def _raise_if_stranded(self) -> None:
+        """`PullError` when a chunk still wanted has no source left whose copy did not fail its check."""
+        for chunk, failed in self.rejections.parts.items():
+            if chunk is not None and chunk in self.pending and self.rejections.stranded(chunk, self.sources):
+                raise PullError(
+                    f"version {self.manifest.version}: chunk {chunk} of every source failed its check "
+                    f"({', '.join(sorted(failed))}) and no other source holds it"
+                )
+
     def _assign(self) -> None:
         """Request chunks, rarest first (`infra.weights.chunk_choice`), up to `parallel` at a time,
         sparing the seeds unless this puller would be idle; a chunk no usable holder has comes
@@ -437,6 +519,14 @@ class _ChunkDownload:
         if len(self.in_flight) >= self.parallel or not self.pending:
             return
         usable = {source: chunks for source, chunks in self.sources.items() if source not in self.dropped}
+        excluded = {chunk: set(sources) for chunk, sources in self.failed_on.items()}
+        store_rejected: set[int] = set()
+        for chunk in self.rejections.parts:
+            if chunk is not None:
+                rejected = self.rejections.excluded(chunk)
+                excluded[chunk] = excluded.get(chunk, set()) | rejected
+                if STORE in rejected:
+                    store_rejected.add(chunk)
         for spare_seeds in (True, False):
             for chunk, source in plan(
                 self.pending,
@@ -444,14 +534,14 @@ class _ChunkDownload:
                 self.fetched_elsewhere,
                 self.per_source,
                 self.per_holder_limit,
-                self.failed_on,
+                excluded,
                 self.rng,
                 spare_seeds=spare_seeds,
             ):
                 if len(self.in_flight) >= self.parallel:
                     return
                 if source is None:
-                    if time.monotonic() < self.store_retry_at:
+                    if time.monotonic() < self.store_retry_at or chunk in store_rejected:
                         continue
                     source = STORE
                 self.pending.remove(chunk)
@@ -467,7 +557,7 @@ class _ChunkDownload:
         """On a fetch thread: the chunk's bytes, checked against the manifest."""
         data = self.fetch(self.manifest, chunk, source, headers)
         if not chunk_is_valid(self.manifest.chunks[chunk], data):
-            raise SourceFailed("corrupt: size or sha256 does not match the manifest")
+            raise _CheckFailed("corrupt: size or sha256 does not match the manifest")
         return data
 
     def _settle(self, future: Future) -> None:
@@ -484,6 +574,9 @@ class _ChunkDownload:
             self.failed_on.setdefault(chunk, set()).add(source)
             self.pending.add(chunk)
             return
+        except _CheckFailed as exc:
+            self._failed(chunk, source, str(exc), check=True)
+            return
         except SourceFailed as exc:
             self._failed(chunk, source, str(exc))
             return
@@ -494,9 +587,13 @@ class _ChunkDownload:
         self.verified(self.manifest.version, chunk, data)
         mark_chunk(self.held, chunk)
 
-    def _failed(self, chunk: int, source: str, why: str) -> None:
+    def _failed(self, chunk: int, source: str, why: str, check: bool = False) -> None:
+        """`check`: the source's copy failed its check (remembered past this pull, logged at once)."""
         self.report.failures.append(f"{source}: chunk {chunk}: {why}")
-        log.warning("weights v%d: %s: chunk %d: %s", self.manifest.version, source, chunk, why)
+        if check:
+            self.rejections.add(chunk, source, why)
+        else:
+            log.warning("weights v%d: %s: chunk %d: %s", self.manifest.version, source, chunk, why)
         self.failed_on.setdefault(chunk, set()).add(source)
         if source == STORE:
             self.store_retry_at = time.monotonic() + _RETRY_BACKOFF_S

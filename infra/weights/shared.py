@@ -55,6 +55,8 @@ class Transfer:
     seconds: float
     full_fallbacks: int = 0
     """Whole versions this pull fetched because a delta could not be applied (counted once per pull)."""
+    source_fallbacks: int = 0
+    """Payloads this pull took from other sources after a copy failed its check (once per pull)."""
 
 
 def report_transfer(client: redis.Redis, run_id: str, report: PullReport) -> None:
@@ -68,6 +70,7 @@ def report_transfer(client: redis.Redis, run_id: str, report: PullReport) -> Non
                 "nbytes": nbytes,
                 "seconds": report.seconds,
                 "full_fallbacks": report.full_fallbacks if i == 0 else 0,
+                "source_fallbacks": report.source_fallbacks if i == 0 else 0,
             }
         )
         for i, (source, nbytes) in enumerate(sorted(report.bytes_by_source.items()))

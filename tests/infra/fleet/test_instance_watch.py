@@ -4,7 +4,9 @@ counted; one that registers resets its pool's count; a pool whose instances keep
 with the last one's error on one line. How a worker's flow run ended (what `InstanceRuns` reads
 from Prefect, tested against a real server in test_instance_runs) is given here as data: a Failed
 run stops its instance at once, another end only after `settle_s`, and an instance asked to drain
-or preempted is no failure. The watch looks at most every `WATCH_S`, or at once when forced."""
+or preempted is no failure. An instance that holds no version the open step accepts for
+`stall_s` (no source delivered one that passes its checks) is stopped and replaced too, unless the
+version it holds keeps moving. The watch looks at most every `WATCH_S`, or at once when forced."""
 
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ while True:
 """
 REGISTER_TIMEOUT_S = 300.0
 SETTLE_S = 40.0
+STALL_S = 60.0
 
 
 def pool(name: str = "spot", size: int = 1) -> PoolSpec:
@@ -55,20 +58,28 @@ class Run:
         )
         self.registry = InstanceRegistry(redis_client, f"watch-{uuid.uuid4().hex[:8]}")
         self.ends = ends if ends is not None else {}
+        self.accepted: int | None = None
+        """The oldest version the open step accepts (None: no step open)."""
         self.watch = InstanceWatch(
             self.provider,
             [pool("spot", 3), pool("flaky")],
-            registered=lambda: [s.spec.instance_id for s in self.registry.all()],
+            registered=lambda: {s.spec.instance_id: s.policy_version for s in self.registry.all()},
             max_failures=3,
             register_timeout_s=REGISTER_TIMEOUT_S,
             settle_s=SETTLE_S,
             worker_ends=lambda live: {i: end for i, end in self.ends.items() if i in live},
             explain=self.provider.last_log_line,
             clock=self.clock,
+            accepted=lambda: self.accepted,
+            stall_s=STALL_S,
         )
 
     def register(self, instance_id: str) -> None:
         self.registry.register(InstanceSpec.of_pool(instance_id, pool()), slots=1, ttl_s=60)
+
+    def holds(self, instance_id: str, version: int | None) -> None:
+        """A heartbeat of `instance_id` saying it holds `version`."""
+        assert self.registry.heartbeat(instance_id, version, free_slots=1, running=0, ttl_s=60)
 
     def state(self, instance_id: str) -> tuple[str, str | None]:
         record = self.provider.describe(instance_id)
@@ -171,3 +182,40 @@ def test_how_a_workers_flow_run_ended_decides_and_asked_ends_are_no_failures(tmp
         run.exited("flaky-0")
         run.look()
         assert run.watch.replaced == 2  # a preemption is not a failure
+
+
+def test_an_instance_that_holds_no_accepted_version_for_stall_s_is_stopped_and_replaced(tmp_path, redis_client):
+    """No source can supply a valid version 2: spot-0 stays on version 1 and is stopped and replaced
+    `STALL_S` after it was first seen behind, while spot-1, slow but pulling each version, is not;
+    a replacement that stalls too does not reset the pool's count of failures in a row."""
+    run = Run(tmp_path, redis_client, "wait")
+    with run.provider:
+        run.provider.launch(pool("spot", 3), 2)
+        for instance_id in ("spot-0", "spot-1"):
+            run.register(instance_id)
+            run.holds(instance_id, 1)
+        run.accepted = 1
+        run.look()
+        assert run.watch._in_a_row == {"spot": 0}
+        run.accepted = 2  # the next step opens: both instances are behind from this look on
+        run.look()
+        run.clock.advance(STALL_S / 2 - WATCH_S)
+        run.holds("spot-1", None)  # spot-1 is loading a version (it moved): its clock starts again
+        run.look()
+        run.clock.advance(STALL_S / 2 - 2 * WATCH_S)
+        run.look()
+        assert run.state("spot-0") == ("running", None)  # not yet: STALL_S after it was first seen behind
+        run.look()
+        assert run.state("spot-0") == ("terminating", "crashed")  # killed like a failed instance
+        assert run.state("spot-1") == ("running", None)
+        assert run.watch.replaced == 1
+        run.exited("spot-0")
+        assert run.state("spot-2") == ("running", None)  # its replacement
+        run.holds("spot-1", 2)
+        run.register("spot-2")
+        run.look()
+        assert run.watch._in_a_row == {"spot": 1}  # spot-2 holds no accepted version: no reset
+        run.clock.advance(STALL_S)
+        run.look()
+        assert run.state("spot-2") == ("terminating", "crashed") and run.state("spot-1") == ("running", None)
+        assert run.watch.replaced == 2 and run.watch._in_a_row == {"spot": 2}
