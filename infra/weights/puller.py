@@ -3,17 +3,16 @@
     puller = WeightPuller(config, redis_client, run_id, instance_id, run_dir=run_dir)
     state_dict = puller.pull(version)      # blocks until the whole version is here and verified
 
-`pull(version)` leases the version (store retention keeps it), checks the manifest it fetched from
-any source against the sha256 the trainer recorded (`HolderRegistry.manifest_sha256`), downloads
-the chunks from every live holder, complete or partial, rarest first (`infra.weights.chunk_choice`;
-`parallel_fetches` at a time, at most `max_uploads_per_peer + 2` per holder), verifies each chunk,
-drops a failing or slow source for another or the store; with `serve_from_peers` it serves each
-chunk once verified. A copy that fails its check is logged at once and not asked for again (the
-store's after `STORE_RECHECK_S`); a part no other source has fails the pull at once. It rebuilds
-a delta on the version it holds (`infra.weights.delta`; else from the whole version and the
-deltas after it: `full_fallbacks`). It returns the complete version or raises `PullError`,
-withdrawing what it offered: it never loads part of a version nor serves an unverified chunk.
-Versions only move forward; one pull at a time; `last_report` (a `PullReport`). Detail: §6.
+`pull(version)` leases the version (store retention keeps it), checks the manifest from any source
+against the sha256 the trainer recorded in Redis, downloads the chunks from every live holder,
+complete or partial, rarest first (`infra.weights.chunk_choice`; `parallel_fetches` at a time, at
+most `max_uploads_per_peer + 2` per holder), verifies each, drops a failing or slow source for
+another or the store; with `serve_from_peers` it serves each chunk once verified. A copy failing
+its check is logged at once and not asked for again (the store's after `STORE_RECHECK_S`); a part
+no other source has fails the pull at once. It rebuilds a delta on the version it holds (else from
+the whole version and the deltas after it: `full_fallbacks`). It returns the complete version or
+raises `PullError`, withdrawing what it offered: it never loads part of a version nor serves an
+unverified chunk. Versions only move forward; one pull at a time; `last_report`. Detail: §6.
 """
 
 from __future__ import annotations
