@@ -1,18 +1,18 @@
 """A run against a measured baseline: `compare(report, baseline) -> BaselineComparison`.
 
-The only comparison with on-demand the ledger makes is against another run it recorded: a
-*reserved-only* run of the same workload (the run's configuration with its spot pools removed),
-named by its ledger run id. Both runs' figures are measured; nothing is re-priced.
+The ledger compares with on-demand only against a *reserved-only* run it recorded of the same
+workload (the configuration without its spot pools); both are measured, nothing is re-priced.
 
 - `cost_efficiency` = the baseline's $ per million trained tokens / the run's: trained tokens per
   dollar of the run relative to the baseline (1.3: 30 % more tokens per dollar).
 - `throughput_ratio` = the run's trained tokens/s / the baseline's (over each run's step time).
 
 Refused with `BaselineMismatch`, saying why and what to do: a baseline with spot instances, one
-whose recorded workload (`runs.workload`) differs from the run's in the model, LoRA adapters, data, batch, trainer
-or any pool but the spot ones (each differing field named with both values), a run that recorded
-no workload, one without the trainer's machine, one that trained no tokens or spent nothing, or the
-run itself as its own baseline.
+whose recorded workload (`runs.workload`) differs from the run's in the model, LoRA, data, batch,
+trainer (backend, ranks, nodes, machine), optimizer, GRPO settings or any pool but the spot ones
+(each differing field named with both values), a run with no workload or none of the trainer's
+configuration (recorded before), without the trainer's machine, with no trained tokens or spend,
+or the run itself as its own baseline.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def _check(report: CostReport, what: str) -> tuple[float, float]:
     return report.usd_per_million_trained, report.trained_tokens_per_s
 
 
-COMPARED_SECTIONS = ("model", "lora", "data", "batch", "trainer")
+COMPARED_SECTIONS = ("model", "lora", "data", "batch", "trainer", "optim", "grpo")
 """Workload sections a baseline must match (`infra.run.workload`); pools are compared apart from spot."""
 POOL_FIELDS = ("provider", "capacity_class", "size", "machine_type", "price_per_hour", "colocated")
 """What a baseline's non-spot pools must match, pool by pool (by name)."""
@@ -68,17 +68,29 @@ MEASURED_FIELDS = ("data.mean_prompt_tokens",)
 _ABSENT = "absent"
 
 
+def trainer_machine(workload: dict[str, Any]) -> dict[str, Any] | None:
+    """The trainer's machine (`ledger.trainer`) of a recorded workload, of any age: `trainer.machine`,
+    or, recorded before the trainer's configuration was, the `trainer` section itself."""
+    trainer = workload.get("trainer")
+    if isinstance(trainer, dict) and "backend" in trainer:
+        return trainer.get("machine")
+    return trainer
+
+
+def _flatten(name: str, value: Any, flat: dict[str, Any]) -> None:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _flatten(f"{name}.{key}", item, flat)
+    elif name not in MEASURED_FIELDS:
+        flat[name] = value
+
+
 def _flat(workload: dict[str, Any]) -> dict[str, Any]:
-    """The compared fields of a workload as dotted names, its spot pools left out."""
+    """The compared fields of a workload as dotted names (`trainer.machine.price_per_hour`), its spot
+    pools left out."""
     flat: dict[str, Any] = {}
     for section in COMPARED_SECTIONS:
-        value = workload.get(section)
-        if isinstance(value, dict):
-            flat.update(
-                {f"{section}.{key}": item for key, item in value.items() if f"{section}.{key}" not in MEASURED_FIELDS}
-            )
-        else:
-            flat[section] = value
+        _flatten(section, workload.get(section), flat)
     for pool in workload.get("pools") or []:
         if pool.get("capacity_class") != "spot":
             flat.update({f"pools.{pool.get('name')}.{field}": pool.get(field) for field in POOL_FIELDS})
@@ -104,12 +116,18 @@ def _check_workloads(report: CostReport, baseline: CostReport) -> None:
                 f"migration 0004), so the ledger cannot check that both runs ran the same model, batch and pools: "
                 f"compare runs recorded since"
             )
+        if "backend" not in (side.workload.get("trainer") or {}):
+            raise BaselineMismatch(
+                f"{what} run {side.run_id} recorded its workload before the trainer's configuration (trainer.backend, "
+                f"ranks, optimizer, GRPO settings) was part of it, so the ledger cannot check that both runs trained "
+                f"alike: compare runs recorded since"
+            )
     differences = workload_differences(report.workload or {}, baseline.workload or {})
     if differences:
         raise BaselineMismatch(
             f"baseline run {baseline.run_id} did not run run {report.run_id}'s workload with its spot pools removed: "
             f"it differs in {'; '.join(differences)}. Fix: name a reserved-only run of the same model, data, batch, "
-            f"trainer and pools (the run's configuration without its spot pools)"
+            f"trainer, optimizer, GRPO settings and pools (the run's configuration without its spot pools)"
         )
 
 

@@ -1,14 +1,16 @@
 """What a run runs, as the ledger records it (`runs.workload`): `run_workload(config, params)`.
 
-A JSON-ready dict of six sections: `model` (its path, the architecture read from its
+A JSON-ready dict of eight sections: `model` (its path, the architecture read from its
 `config.json`, the parameter count and dtype), `lora` (None for full fine-tuning; with
 `model.lora` its rank, alpha, dropout and target modules, the adapters' trainable parameters and
 the bytes of one adapter version), `data` (the prompts' source and their mean length in tokens),
 `batch` (prompts per step, group size, response budget, sampling, bounded staleness), `pools`
 (every pool's name, provider, capacity class, size, machine type, price, co-location, notice,
-silent-kill fraction and availability) and `trainer` (`ledger.trainer`). A baseline comparison
-checks that two runs agree on all of it but their spot pools (`infra.ledger.comparison`);
-`rlboost cost --predict` maps it to a simulator scenario (`infra.sim.from_run`).
+silent-kill fraction and availability), `trainer` (backend, world size, nodes, ZeRO stage with
+DeepSpeed, gradient checkpointing, and `machine`: `ledger.trainer`), `optim` and `grpo` (those sections
+whole). A baseline comparison checks that two runs agree on all of it but their spot pools
+(`infra.ledger.comparison`); `rlboost cost --predict` maps it to a simulator scenario
+(`infra.sim.from_run`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ POOL_FIELDS = (
     "silent_kill_fraction",
     "availability",
 )
+TRAINER_FIELDS = ("backend", "world_size", "nodes", "zero_stage", "gradient_checkpointing")
+"""What the trainer's configuration decides of the work (not its addresses, threads and timeouts)."""
 
 
 @dataclass(frozen=True)
@@ -117,5 +121,11 @@ def run_workload(
         "pools": [pool.model_dump(mode="json", include=set(POOL_FIELDS)) for pool in config.fabric.pools]
         if config.fabric.enabled
         else [],
-        "trainer": config.ledger.trainer.model_dump(mode="json") if config.ledger.trainer else None,
+        "trainer": {
+            **config.trainer.model_dump(mode="json", include=set(TRAINER_FIELDS)),
+            **({"zero_stage": None} if config.trainer.backend != "deepspeed" else {}),  # DeepSpeed's only
+            "machine": config.ledger.trainer.model_dump(mode="json") if config.ledger.trainer else None,
+        },
+        "optim": config.optim.model_dump(mode="json"),
+        "grpo": config.grpo.model_dump(mode="json"),
     }

@@ -20,6 +20,7 @@ from typing import Any, Literal
 from pydantic import TypeAdapter, ValidationError
 
 from infra.availability.traces import TraceSchedule
+from infra.ledger.comparison import trainer_machine
 from infra.ledger.report import CostReport
 from infra.providers.pool import PoissonAvailability, TraceAvailability
 from infra.run.config import ConfigError
@@ -131,7 +132,7 @@ def _pools(workload: dict[str, Any], report: CostReport, sources: list[Source]) 
     """(reserved section, spot section, the spot pool's availability or None)."""
     pools = workload.get("pools") or []
     trainer_pool = next((p for p in pools if p.get("colocated")), None)
-    trainer = workload.get("trainer") or trainer_pool
+    trainer = trainer_machine(workload) or trainer_pool
     if trainer is None:
         raise Unmappable("the run recorded no trainer's machine (ledger.trainer or a colocated pool) to simulate")
     others = [p["name"] for p in pools if p.get("capacity_class") != "spot" and not p.get("colocated")]

@@ -103,6 +103,18 @@ def test_a_baseline_of_another_model_and_batch_exits_2_naming_the_fields(tmp_pat
     assert "batch.max_new_tokens (run: 6, baseline: 64)" in line
 
 
+def test_a_deepspeed_baseline_of_a_torch_trainer_run_exits_2_naming_the_backend(tmp_path):
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    with Ledger(url) as ledger:
+        record_hybrid(ledger)
+        record_baseline(ledger, "ds-1", workload(**{"trainer.backend": "deepspeed", "trainer.world_size": 2}))
+    result = runner.invoke(app, ["cost", "--run", "hybrid-1", "--baseline", "ds-1", "--db", url], env=WIDE)
+    assert result.exit_code == 2, result.output
+    (line,) = [line for line in result.output.splitlines() if "differs in" in line]
+    assert "trainer.backend (run: 'torch', baseline: 'deepspeed')" in line
+    assert "trainer.world_size (run: 1, baseline: 2)" in line
+
+
 def test_exports_csv_and_json_with_hand_computed_numbers(ledger_url, tmp_path):
     csv_path, json_path = tmp_path / "cost.csv", tmp_path / "cost.json"
     result = runner.invoke(

@@ -191,8 +191,51 @@ def test_pools_must_match_apart_from_spot_and_the_workload_must_be_recorded(ledg
     record_baseline(ledger, "base-2", workload(**{"fabric.pools": [ondemand], "ledger.trainer.price_per_hour": 2.0}))
     with pytest.raises(BaselineMismatch) as refused:
         ledger.compare("hybrid-1", "base-2")
-    assert "trainer.price_per_hour (run: 3.67, baseline: 2.0)" in str(refused.value)
+    assert "trainer.machine.price_per_hour (run: 3.67, baseline: 2.0)" in str(refused.value)
     assert "pools.od.capacity_class (run: 'absent', baseline: 'ondemand')" in str(refused.value)
     ledger.start_run("unrecorded", name="grpo-demo", started_at=at(0))
     with pytest.raises(BaselineMismatch, match="baseline run unrecorded recorded no workload.*migration 0004"):
         ledger.compare("hybrid-1", "unrecorded")
+
+
+def test_a_deepspeed_baseline_of_a_torch_trainer_run_is_refused_naming_each_trainer_field(ledger):
+    record_hybrid(ledger)  # the demo's trainer: torch, one process
+    deepspeed = {"trainer.backend": "deepspeed", "trainer.world_size": 2, "trainer.zero_stage": 3}
+    record_baseline(ledger, "ds-1", workload(**deepspeed))
+    with pytest.raises(BaselineMismatch) as refused:
+        ledger.compare("hybrid-1", "ds-1")
+    message = str(refused.value)
+    assert "\n" not in message and "baseline run ds-1 did not run run hybrid-1's workload" in message
+    assert "trainer.backend (run: 'torch', baseline: 'deepspeed')" in message
+    assert "trainer.world_size (run: 1, baseline: 2)" in message
+    assert "trainer.zero_stage (run: None, baseline: 3)" in message
+    assert "trainer.nodes" not in message and "optim." not in message
+
+
+def test_optimizer_and_grpo_settings_must_match_and_an_identical_trainer_compares(ledger):
+    record_hybrid(ledger)
+    record_baseline(ledger, "tuned-1", workload(**{"optim.lr": 1e-5, "grpo.kl_coef": 0.05, "optim.betas": [0.9, 0.95]}))
+    with pytest.raises(BaselineMismatch) as refused:
+        ledger.compare("hybrid-1", "tuned-1")
+    message = str(refused.value)
+    assert "optim.lr (run: 0.00025, baseline: 1e-05)" in message
+    assert "optim.betas (run: [0.9, 0.99], baseline: [0.9, 0.95])" in message
+    assert "grpo.kl_coef (run: 0.0, baseline: 0.05)" in message
+    record_baseline(ledger, "same-1", workload(**{"trainer.zero_stage": 3}))  # no effect on the torch trainer
+    assert ledger.compare("hybrid-1", "same-1").cost_efficiency == pytest.approx(3.67 / 2.935)
+
+
+def test_a_baseline_recorded_before_the_trainers_configuration_is_refused_in_one_line(ledger):
+    """A workload recorded before `trainer`, `optim` and `grpo` said how the run trained (its
+    `trainer` section was the machine alone) cannot show that both runs trained alike."""
+    record_hybrid(ledger)
+    older = workload()
+    older["trainer"] = older["trainer"]["machine"]
+    del older["optim"], older["grpo"]
+    record_baseline(ledger, "old-1", older)
+    with pytest.raises(BaselineMismatch) as refused:
+        ledger.compare("hybrid-1", "old-1")
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith("baseline run old-1 recorded its workload before the trainer's configuration")
+    assert ledger.report("old-1").workload == older  # still readable as recorded

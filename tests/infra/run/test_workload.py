@@ -27,7 +27,16 @@ def test_the_demo_configuration_records_its_batch_every_pool_and_the_spot_availa
     reserved, spot = recorded["pools"]
     assert (reserved["name"], reserved["colocated"], reserved["price_per_hour"]) == ("reserved", True, 3.67)
     assert spot["availability"]["poisson"] == {"mean_life_s": 60.0, "mean_gap_s": 5.0, "seed": 1}
-    assert recorded["trainer"] is None and recorded["model"]["params"] is None
+    assert recorded["model"]["params"] is None
+    assert recorded["trainer"] == {  # the torch trainer (no ZeRO stage); its machine is the colocated pool
+        "backend": "torch",
+        "world_size": 1,
+        "nodes": 1,
+        "zero_stage": None,
+        "gradient_checkpointing": False,
+        "machine": None,
+    }
+    assert recorded["optim"]["lr"] == 2.5e-4 and recorded["grpo"]["clip_eps"] == 0.2
     assert recorded["lora"] is None  # full fine-tuning
     assert recorded["data"] == {"source": "arithmetic", "family": "add", "path": None, "mean_prompt_tokens": None}
     json.dumps(recorded)  # JSON-ready: the ledger stores it as JSON

@@ -127,6 +127,20 @@ def test_predicts_the_recorded_run_beside_its_measured_figures(url, tmp_path):
     assert "recorded" in result.output and "assumed" in result.output
 
 
+def test_a_workload_recorded_before_the_trainers_configuration_maps_alike(url, tmp_path):
+    """An older row's `trainer` section is the trainer's machine itself (no backend, no `optim` or
+    `grpo`): it stays readable, and maps to the same scenario."""
+    recorded = workload(tmp_path / "qwen", prompt_tokens=300.4)
+    older = {**recorded, "trainer": recorded["trainer"]["machine"]}
+    del older["optim"], older["grpo"]
+    with Ledger(url) as ledger:
+        record_run(ledger, recorded)
+        record_run(ledger, older, "qwen-old")
+        new, old = (scenario_of(ledger.report(run_id))[0] for run_id in ("qwen-1", "qwen-old"))
+    assert old.reserved.price_per_hour == 88.0
+    assert old.model_dump(exclude={"name"}) == new.model_dump(exclude={"name"})
+
+
 def test_a_pools_own_availability_drives_the_spot_capacity(url, tmp_path):
     poisson = {**SPOT_POOL, "availability": {"poisson": {"mean_life_s": 60.0, "mean_gap_s": 5.0, "seed": 1}}}
     with Ledger(url) as ledger:
