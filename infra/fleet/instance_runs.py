@@ -42,6 +42,7 @@ from prefect.states import Cancelled
 from infra.fleet.instance_watch import WorkerEnd
 from infra.providers.interface import instance_work_queue
 from infra.providers.pool import PoolSpec
+from infra.rollout.control import Drain
 from infra.rollout.instance import InstanceSpec
 from infra.rollout.registry import InstanceRegistry
 from infra.rollout.settings import WorkerSettings
@@ -295,7 +296,7 @@ class InstanceRuns:
                             )
                         elif state is not None and state.is_final():
                             del pending[instance_id]
-                        elif instance_id not in asked and registry.request(instance_id, {"op": "drain"}):
+                        elif instance_id not in asked and registry.request(instance_id, Drain()):
                             asked.add(instance_id)
                     time.sleep(0.2)
         finally:

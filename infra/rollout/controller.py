@@ -25,6 +25,7 @@ import redis
 from pydantic import Field
 
 from infra.keyspace import controller_prefix, current_step_key, glob_escape
+from infra.rollout.control import Release, ReleaseAll, Resume
 from infra.rollout.policies import (
     ClusterSnapshot,
     InstanceView,
@@ -452,22 +453,17 @@ class RolloutController:
                 target = instance.instance_id
                 if instance.rollout_only or not instance.alive or target in told:
                     continue
-                if self.registry.request(target, {"op": "release_all", "step": step}):
+                if self.registry.request(target, ReleaseAll(step)):
                     self.redis.sadd(told_key, target)
         elif told:
             for target in sorted(told):
-                self.registry.request(target, {"op": "resume", "step": step})
+                self.registry.request(target, Resume(step))
             self.redis.delete(told_key)
         return released
 
     def _steal(self, snapshot: ClusterSnapshot, released: bool) -> None:
         for decision in steal(snapshot, self.config.steal, reserved_released=released):
-            message = {
-                "op": "release",
-                "sample_ids": list(decision.sample_ids),
-                "to": decision.to_instance,
-                "route_s": self.config.steal.route_s,
-            }
+            message = Release(tuple(decision.sample_ids), to=decision.to_instance, route_s=self.config.steal.route_s)
             if self.registry.request(decision.from_instance, message):
                 self._steal_at[decision.from_instance] = snapshot.now
                 self.redis.hincrby(self._key("step", snapshot.step.step), "steals", decision.count)

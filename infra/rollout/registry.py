@@ -6,8 +6,8 @@ within its `ttl_s` (`fabric.worker.ttl_s`); each heartbeat refreshes a liveness 
 after `ttl_s` (what `alive` reads) and records, on the server's clock, its policy version, free
 slots and running samples.
 Reaping reads heartbeat age, not the liveness key (`policies.reaper`); a deregistered instance's
-heartbeat returns False, which tells it to stop. Control messages (``{"op": "release_all"}``, ...)
-go through a FIFO list per instance (`request`; taken by `poll_requests` or `wait_request`).
+heartbeat returns False, which tells it to stop. Control messages (`infra.rollout.control`) go
+through a FIFO list per instance (`request`; taken by `poll_requests` or `wait_request`).
 
 Key layout (``P = "rlb:{<run_id>}:reg:"``): ``P members`` (set of instance ids), ``P i:<id>``
 (hash: spec, slots and last heartbeat), ``P alive:<id>`` (liveness key with TTL), ``P ctl:<id>``
@@ -16,14 +16,14 @@ Key layout (``P = "rlb:{<run_id>}:reg:"``): ``P members`` (set of instance ids),
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 import redis
 
 from infra.availability.capacity import CapacityClass
 from infra.keyspace import registry_prefix
+from infra.rollout.control import ControlMessage, Unknown, decode, encode
 from infra.rollout.instance import InstanceSpec
 
 
@@ -172,27 +172,24 @@ class InstanceRegistry:
         """Registered instances whose liveness key has not expired."""
         return [s for s in self.all() if s.alive]
 
-    def request(self, instance_id: str, command: dict[str, Any]) -> bool:
+    def request(self, instance_id: str, message: ControlMessage) -> bool:
         """Queue a control message for an instance; False if it is not registered."""
-        if not isinstance(command.get("op"), str):
-            raise ValueError(f"a control message needs a string 'op', got {command!r}")
-        message = json.dumps(command)
-        return bool(self._request(keys=[self._members], args=[self.prefix, instance_id, message]))
+        return bool(self._request(keys=[self._members], args=[self.prefix, instance_id, encode(message)]))
 
-    def poll_requests(self, instance_id: str) -> list[dict[str, Any]]:
+    def poll_requests(self, instance_id: str) -> list[ControlMessage | Unknown]:
         """Take the instance's pending control messages, oldest first."""
         key = self._ctl_key(instance_id)
         pipe = self.client.pipeline(transaction=True)
         pipe.lrange(key, 0, -1)
         pipe.delete(key)
         messages, _ = pipe.execute()
-        return [json.loads(m) for m in messages]
+        return [decode(m) for m in messages]
 
-    def wait_request(self, instance_id: str, timeout_s: float) -> dict[str, Any] | None:
+    def wait_request(self, instance_id: str, timeout_s: float) -> ControlMessage | Unknown | None:
         """Take the instance's oldest control message, waiting up to `timeout_s` for one (None if
         none came). The client's socket_timeout must exceed `timeout_s`."""
         reply = self.client.blpop([self._ctl_key(instance_id)], timeout=timeout_s)
-        return None if reply is None else json.loads(reply[1])
+        return None if reply is None else decode(reply[1])
 
     def _ctl_key(self, instance_id: str) -> str:
         return self.prefix + "ctl:" + instance_id

@@ -30,6 +30,7 @@ from redis.cluster import RedisCluster
 from redis.typing import KeyT, StreamIdT
 
 from infra.keyspace import current_step_key, glob_escape, tokenlog_prefix, tokenlog_shards_key
+from infra.rollout.control import ROUTE_S
 from rl.generation import GenerationRequest, SamplingParams
 
 # --- keys read outside the Lua scripts (``P`` = a shard's `infra.keyspace.tokenlog_prefix`; all: docs/internals.md §4)
@@ -536,7 +537,7 @@ class TokenLog:
         *,
         keep_tokens: bool = True,
         to: str | None = None,
-        route_s: float = 5.0,
+        route_s: float = ROUTE_S,
     ) -> bool:
         """Give a leased sample back to the queue (False if the lease is not current).
 

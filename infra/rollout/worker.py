@@ -30,6 +30,7 @@ import redis
 
 from infra.rollout import held as held_samples
 from infra.rollout import worker_engine
+from infra.rollout.control import ROUTE_S, ControlMessage, Drain, Release, ReleaseAll, Resume, Unknown
 from infra.rollout.direct_weights import DirectWeights
 from infra.rollout.flush_pipeline import FlushPipeline
 from infra.rollout.held import Held, Pending
@@ -497,7 +498,7 @@ class RolloutWorker:
 
     # -- handing samples back -------------------------------------------------------------------
 
-    def _release(self, samples: list[Held], to: str | None = None, route_s: float = 5.0) -> None:
+    def _release(self, samples: list[Held], to: str | None = None, route_s: float = ROUTE_S) -> None:
         """Stop generating `samples`, flush their tails, then release them (fenced; routed to
         instance `to` for `route_s` if given)."""
         samples = [h for h in samples if self.held.get(h.sample_id) is h]
@@ -529,33 +530,30 @@ class RolloutWorker:
 
     # -- control messages -----------------------------------------------------------------------
 
-    def _control(self, message: dict[str, Any]) -> None:
-        op = message.get("op")
-        if op == "release":
-            ids = message.get("sample_ids")
-            if ids is not None:
-                targets = [self.held[s] for s in ids if s in self.held]
-            else:
-                count = int(message.get("count", 0))
-                running = [h for h in self.held.values() if h.finish is None]
-                running.sort(key=lambda h: (h.generated, -h.order))  # the most work left first
-                targets = running[: max(count, 0)]
-            self._claim_after = time.monotonic() + STEAL_HOLDOFF_S
-            to = message.get("to") or None
-            log.info("releasing %d samples on request%s", len(targets), f" to {to}" if to else "")
-            self._release(targets, to=to, route_s=float(message.get("route_s", 5.0)))
-        elif op == "release_all":
-            step = message.get("step", self._step.first if self._step else None)
-            self._pause(None if step is None else int(step))
-            log.info("releasing all %d samples; not claiming for step %s", len(self.held), step)
-            self._release(list(self.held.values()))
-        elif op == "resume":
-            self._unpause()
-            self._claim_after = 0.0
-        elif op == "drain":
-            self.request_stop("drain")
-        else:
-            log.warning("ignoring unknown control message %r", message)
+    def _control(self, message: ControlMessage | Unknown) -> None:
+        match message:
+            case Release(sample_ids=ids, count=count, to=to, route_s=route_s):
+                if ids is not None:
+                    targets = [self.held[s] for s in ids if s in self.held]
+                else:
+                    running = [h for h in self.held.values() if h.finish is None]
+                    running.sort(key=lambda h: (h.generated, -h.order))  # the most work left first
+                    targets = running[: max(count, 0)]
+                self._claim_after = time.monotonic() + STEAL_HOLDOFF_S
+                log.info("releasing %d samples on request%s", len(targets), f" to {to}" if to else "")
+                self._release(targets, to=to or None, route_s=route_s)
+            case ReleaseAll(step=step):
+                step = step if step is not None else (self._step.first if self._step else None)
+                self._pause(step)
+                log.info("releasing all %d samples; not claiming for step %s", len(self.held), step)
+                self._release(list(self.held.values()))
+            case Resume():
+                self._unpause()
+                self._claim_after = 0.0
+            case Drain():
+                self.request_stop("drain")
+            case Unknown(text=text):
+                log.warning("ignoring unknown control message %r", text)
 
     # -- heartbeats -----------------------------------------------------------------------------
 

@@ -38,6 +38,7 @@ from infra.providers.interface import InstanceRecord, Provider
 from infra.providers.local import LocalProvider
 from infra.providers.placement import plan_node
 from infra.providers.pool import PoolSpec
+from infra.rollout.control import Drain
 from infra.rollout.controller import AdmittedStep, RolloutController, StepReport, TakeOver, samples_of_group
 from infra.rollout.instance import InstanceSpec
 from infra.rollout.protocol import current_window
@@ -336,7 +337,7 @@ class RolloutFabric:
     def _drain(self, instance_id: str) -> bool:
         """Ask an instance to finish its work (a scale-down): its end is then no failure."""
         self.watch.expect_end(instance_id)
-        return self.registry.request(instance_id, {"op": "drain"})
+        return self.registry.request(instance_id, Drain())
 
     def _cloud_instance_changed(self, record: InstanceRecord) -> None:
         if record.state == "terminated" and self.instance_runs is not None:

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from flows.rollout_instance import rollout_instance
+from infra.rollout.control import Drain
 from infra.rollout.registry import InstanceRegistry
 from tests.helpers import save_tiny_model
 
@@ -35,7 +36,7 @@ def _serve_until_registered_then_drain(redis_client, **parameters):
             assert thread.is_alive(), f"the flow ended early: {result}"
             time.sleep(0.1)
     finally:
-        registry.request(instance_id, {"op": "drain"})
+        registry.request(instance_id, Drain())
         thread.join(timeout=30)
     assert not thread.is_alive()
     return result["state"]

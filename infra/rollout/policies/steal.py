@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from infra.rollout.control import ROUTE_S
 from infra.rollout.policies.claims import active
 from infra.rollout.policies.snapshot import ClusterSnapshot, InstanceView, RunningSample
 
@@ -28,7 +29,7 @@ class StealConfig:
     cooldown_s: float = 5.0
     """An instance asked to release is not asked again for this long (hysteresis: its release
     must show up in the snapshot before it is judged again)."""
-    route_s: float = 5.0
+    route_s: float = ROUTE_S
     """A stolen sample waits this long (on the Redis server's clock) for the receiver it was
     stolen for to claim it; after that any instance may (the receiver died or stopped claiming)."""
 

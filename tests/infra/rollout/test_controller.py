@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from infra.availability.capacity import CapacityClass
+from infra.rollout.control import ControlMessage, Release, ReleaseAll
 from infra.rollout.controller import (
     ControllerConfig,
     OffloadSettings,
@@ -140,12 +141,12 @@ def fleet(redis_url, run_id):
 
 
 @pytest.fixture
-def sent(monkeypatch) -> dict[str, list[dict]]:
+def sent(monkeypatch) -> dict[str, list[ControlMessage]]:
     """The control messages the controller delivered, by instance id."""
-    messages: dict[str, list[dict]] = defaultdict(list)
+    messages: dict[str, list[ControlMessage]] = defaultdict(list)
     deliver = InstanceRegistry.request
 
-    def recording(registry: InstanceRegistry, instance_id: str, command: dict) -> bool:
+    def recording(registry: InstanceRegistry, instance_id: str, command: ControlMessage) -> bool:
         delivered = deliver(registry, instance_id, command)
         if delivered:
             messages[instance_id].append(command)
@@ -269,10 +270,10 @@ def test_idle_instance_steals_from_an_overloaded_one(redis_client, run_id, fleet
     b = fleet("b", length)
     report = done.result(timeout=20)
 
-    releases = [m for m in sent["a"] if m["op"] == "release"]
-    assert len(releases[0]["sample_ids"]) == 2, "4 vs 0 running evens out at 2 vs 2"
-    assert report.steals == sum(len(m["sample_ids"]) for m in releases)
-    released = [sid for m in releases for sid in m["sample_ids"]]
+    releases = [m for m in sent["a"] if isinstance(m, Release) and m.sample_ids is not None]
+    assert len(releases[0].sample_ids or ()) == 2, "4 vs 0 running evens out at 2 vs 2"
+    assert report.steals == sum(len(m.sample_ids or ()) for m in releases)
+    released = [sid for m in releases for sid in m.sample_ids or ()]
     assert sorted(r.sample_id for r in b.engine.requests) == sorted(released)
     assert all(r.generated_ids for r in b.engine.requests), "stolen samples continue from their prefix"
     assert sorted(a.engine.released) == sorted(released)
@@ -296,7 +297,7 @@ def test_reserved_instance_releases_at_t_local_while_spot_is_alive(redis_client,
     wait_for(lambda: bool(sent["r"]))
     report = done.result(timeout=20)
 
-    assert sent["r"] == [{"op": "release_all", "step": 0}]
+    assert sent["r"] == [ReleaseAll(0)]
     assert (report.t_local_s, report.num_spot) == (10.0, 1)
     assert report.migrations == len(reserved.engine.requests) and report.instance_tokens["s"] > 0
     assert sorted(reserved.engine.released) == sorted(r.sample_id for r in reserved.engine.requests)

@@ -8,6 +8,7 @@ import uuid
 import pytest
 from pydantic import ValidationError
 
+from infra.rollout.control import ROUTE_S, Drain, Release, ReleaseAll, Resume, Unknown, decode, encode
 from infra.rollout.instance import InstanceSpec
 from infra.rollout.registry import InstanceRegistry
 
@@ -76,7 +77,7 @@ def test_not_alive_after_ttl_and_back_with_heartbeat(registry):
 
 def test_deregistered_instance_is_told_to_stop(registry):
     registry.register(spot("s1"), slots=8, ttl_s=TTL_S)
-    registry.request("s1", {"op": "drain"})
+    registry.request("s1", Drain())
     assert registry.deregister("s1")
     assert not registry.deregister("s1")
     assert not registry.heartbeat("s1", 0, 8, 0, TTL_S)
@@ -85,14 +86,21 @@ def test_deregistered_instance_is_told_to_stop(registry):
 
 def test_control_messages_are_fifo(registry):
     registry.register(spot("s1"), slots=8, ttl_s=TTL_S)
-    commands = [{"op": "release", "count": 3}, {"op": "release_all"}, {"op": "drain"}]
+    commands = [Release(count=3), Release(("0/1/2",), to="s2", route_s=2.5), ReleaseAll(4), Resume(), Drain()]
     for command in commands:
         assert registry.request("s1", command)
     assert registry.poll_requests("s1") == commands
     assert registry.poll_requests("s1") == []
-    assert not registry.request("ghost", {"op": "drain"})
-    with pytest.raises(ValueError, match="'op'"):
-        registry.request("s1", {"count": 3})
+    assert not registry.request("ghost", Drain())
+
+
+def test_a_control_message_of_an_unknown_kind_is_read_as_unknown(registry, redis_client):
+    """A newer controller's message (or garbage) reaches an older worker as `Unknown`, not an error."""
+    registry.register(spot("s1"), slots=8, ttl_s=TTL_S)
+    registry.request("s1", Drain())
+    redis_client.rpush(registry.prefix + "ctl:s1", '{"op": "defragment"}', "not json")
+    assert registry.poll_requests("s1") == [Drain(), Unknown('{"op": "defragment"}'), Unknown("not json")]
+    assert decode(encode(Release(count=2))) == Release(count=2) and Release().route_s == ROUTE_S
 
 
 def test_instance_spec_validation(registry):

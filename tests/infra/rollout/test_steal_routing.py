@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from infra.rollout.control import ControlMessage, Release
 from infra.rollout.controller import ControllerConfig, RolloutController
 from infra.rollout.policies import StealConfig
 from infra.rollout.protocol import set_current_step
@@ -81,10 +82,10 @@ def ignore(group_id: int, records: list[SampleRecord]) -> None:
 
 def test_stolen_samples_land_on_the_chosen_receiver_exactly_once(redis_client, redis_url, tmp_path, monkeypatch):
     run_id = f"steal-{os.urandom(4).hex()}"
-    sent: dict[str, list[dict]] = defaultdict(list)
+    sent: dict[str, list[ControlMessage]] = defaultdict(list)
     deliver = InstanceRegistry.request
 
-    def recording(registry: InstanceRegistry, instance_id: str, command: dict) -> bool:
+    def recording(registry: InstanceRegistry, instance_id: str, command: ControlMessage) -> bool:
         delivered = deliver(registry, instance_id, command)
         if delivered:
             sent[instance_id].append(command)
@@ -111,7 +112,7 @@ def test_stolen_samples_land_on_the_chosen_receiver_exactly_once(redis_client, r
         with ThreadPoolExecutor(max_workers=1) as background:
             done = background.submit(controller.run_step, 0, 0, groups, ignore)
             wait_for(lambda: sent["a"] or done.done(), "the steal")
-            routed = {sid: m["to"] for m in sent["a"] if m["op"] == "release" for sid in m["sample_ids"]}
+            routed = {sid: m.to for m in sent["a"] if isinstance(m, Release) for sid in m.sample_ids or ()}
 
             def owner(sid: str) -> str:
                 return log.sample_owners([sid])[0]

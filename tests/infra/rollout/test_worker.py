@@ -26,6 +26,7 @@ import redis
 import torch
 from pydantic import ValidationError
 
+from infra.rollout.control import Release, ReleaseAll, Resume
 from infra.rollout.controller import ControllerConfig
 from infra.rollout.instance import InstanceSpec
 from infra.rollout.protocol import current_step, set_current_step
@@ -197,11 +198,11 @@ class Cluster:
             self.takers[version] = set()
         self.takers[version] |= set(names)
         for name in names:
-            self.registry.request(name, {"op": "resume"})
+            self.registry.request(name, Resume())
 
     def start_step(self, step: int, version: int, groups: list[GroupSpec]) -> None:
         for name in set(WORKERS) - self.takers.get(version, set()):
-            self.registry.request(name, {"op": "release_all", "step": step})  # sits this step out
+            self.registry.request(name, ReleaseAll(step))  # sits this step out
         assert self.log.enqueue_step(step, version, groups)
         assert set_current_step(self.client, self.run_id, step, version)
 
@@ -396,10 +397,10 @@ def test_release_all_hands_back_everything_and_stops_claiming(cluster):
     def handed_back() -> int:
         return sum(r.state == "queued" and r.attempts == 1 for r in c.records(step, groups).values())
 
-    assert c.registry.request("zombie", {"op": "release", "count": 3})  # a token-level steal
+    assert c.registry.request("zombie", Release(count=3))  # a token-level steal
     c.wait(lambda: handed_back() >= 3, 0.4, "3 samples to be stolen")
     assert handed_back() == 3  # and not claimed back at once (the hold-off)
-    assert c.registry.request("zombie", {"op": "release_all"})
+    assert c.registry.request("zombie", ReleaseAll())
     c.wait(lambda: c.log.step_status(step).running == 0, 2.0, "every sample to be handed back")
     before = c.log.step_status(step)
     assert before.queued > 0 and not before.complete
@@ -411,7 +412,7 @@ def test_release_all_hands_back_everything_and_stops_claiming(cluster):
         3.0,
         "a heartbeat reporting no free slots",
     )
-    assert c.registry.request("zombie", {"op": "resume"})
+    assert c.registry.request("zombie", Resume())
     c.wait_complete(step)
     records = c.check_step(step, version, groups, "release_all + resume")
     assert any(r.migrations for r in records.values())
