@@ -8,13 +8,23 @@ Loading from YAML with file/line-aware errors lives in `infra.run.config`.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from rl.environments.registry import (
+    ENVIRONMENTS,
+    REWARD_KINDS,
+    EnvironmentConfigError,
+    environment_args,
+    environment_class,
+    environment_path,
+    reward_function,
+)
 from rl.problems import FAMILIES
-from rl.rewards import FORMAT_PATTERNS, NAMED_FORMATS, REWARD_KINDS
+from rl.rewards import FORMAT_PATTERNS, NAMED_FORMATS
 
 
 class Section(BaseModel):
@@ -180,6 +190,11 @@ class RewardConfig(Section):
     """`exact_match` (the response's answer equals the reference: the number after its last `####`
     if it has one, else its final number) or `boxed` (answer inside \\boxed{}); a GSM8K reference
     (a solution ending with `#### 72`) counts as its number for both."""
+    function: str | None = None
+    """Your own reward instead of `kind`, by import path `my_pkg.rewards:score`: called as
+    `score(response, answer) -> float`, or with a keyword `trajectory` (the whole multi-turn
+    `rl.environments.protocol.Trajectory`) if it takes one or `**kwargs`. Checked when the
+    configuration loads; its package must be installed where the rollout runs, as this one is."""
     format_weight: float = Field(default=0.0, ge=0)
     """Weight of the format reward added to correctness (0 disables it)."""
     format: str = "family"
@@ -187,8 +202,17 @@ class RewardConfig(Section):
     arithmetic family's own pattern, `data.source: arithmetic` only), `boxed` (ends with a
     \\boxed{...}), `gsm8k` (ends with `#### <number>`), or any other text as a Python regex."""
 
+    @field_validator("function")
+    @classmethod
+    def _function(cls, path: str | None) -> str | None:
+        if path is not None:
+            _check(lambda: reward_function(path))
+        return path
+
     @model_validator(mode="after")
     def _kind(self) -> RewardConfig:
+        if self.function is not None and "kind" in self.model_fields_set:
+            raise ValueError("reward.kind and reward.function exclude each other: keep one of them")
         if self.kind not in REWARD_KINDS:
             raise ValueError(f"kind must be one of {REWARD_KINDS}, got {self.kind!r}")
         if self.format != "family" and self.format not in NAMED_FORMATS:
@@ -205,6 +229,67 @@ class RewardConfig(Section):
         if self.format == "family":
             return FORMAT_PATTERNS.get(family) if family is not None else None
         return NAMED_FORMATS.get(self.format, self.format)
+
+
+def _check(validate: Callable[[], object]) -> None:
+    """Run a registry check, raising its one-line reason (the configuration error names the key)."""
+    try:
+        validate()
+    except EnvironmentConfigError as error:
+        raise ValueError(error.reason) from None
+
+
+class EnvironmentConfig(Section):
+    """A multi-turn environment that answers each model turn (absent: one response per prompt)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True, populate_by_name=True)
+
+    name: str | None = None
+    """A built-in environment: `calculator` (a `calc` tool for multi-digit arithmetic, docs/environments.md)."""
+    class_: str | None = Field(default=None, alias="class")
+    """Your own environment instead of `name`, by import path `my_pkg.envs:Shell`: a subclass of
+    `rl.environments.protocol.Environment` (or `ToolEnvironment`), checked when the configuration
+    loads; its package must be installed where the rollout runs, as this one is."""
+    args: dict[str, Any] = {}
+    """Keyword arguments of the environment's constructor (one environment per trajectory)."""
+    max_turns: int = Field(default=4, ge=1)
+    """Most model turns of a trajectory; one that reaches it is truncated and scored (a policy outcome)."""
+    step_timeout_s: float = Field(default=10.0, gt=0)
+    """A step (a tool call) running longer than this is an infrastructure failure, never a reward."""
+    retries: int = Field(default=1, ge=0)
+    """Times an infrastructure failure is retried (from the logged turns when the environment is
+    replayable, else with a fresh environment from the start) before the trajectory is masked out."""
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, name: str | None) -> str | None:
+        if name is not None:
+            _check(lambda: environment_path(name, None))
+        return name
+
+    @field_validator("class_")
+    @classmethod
+    def _importable(cls, path: str | None) -> str | None:
+        if path is not None:
+            _check(lambda: environment_class(path))
+        return path
+
+    @field_validator("args")
+    @classmethod
+    def _accepted(cls, args: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        name, path = info.data.get("name"), info.data.get("class_")
+        if name is not None or path is not None:
+            _check(lambda: environment_args(environment_class(environment_path(name, path)), args))
+        return args
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EnvironmentConfig:
+        if (self.name is None) == (self.class_ is None):
+            raise ValueError(
+                f"give environment.name (one of {', '.join(ENVIRONMENTS)}) or environment.class "
+                "('package.module:Class'), not both or neither"
+            )
+        return self
 
 
 class PromptConfig(Section):
@@ -283,6 +368,11 @@ class TrainingConfig(Section):
     """K: the prompts of step s are generated while steps s-1 .. s-K still train, by any policy
     version >= s-1-K (a response continues on each newer version as it is published). 0 is the
     strict on-policy loop: every token of step s comes from version s-1."""
+    infra_failed: Literal["drop_group", "renormalize"] = "drop_group"
+    """What happens to the group of a trajectory that failed for the infrastructure (its
+    environment raised, timed out or is gone) after `environment.retries`: `drop_group` (the whole
+    group leaves the step) or `renormalize` (its other samples train, advantages over them alone);
+    the failed trajectory is never scored."""
     max_logprob_gap: float | None = Field(default=None, gt=0)
     """Fail a step whose mean |trainer - engine| log-prob gap per trained token exceeds this (the
     engines decode other weights than the trainer believes: a stale or lost version); None: off."""

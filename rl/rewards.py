@@ -3,7 +3,8 @@
 Owns answer extraction (final number, last ``\\boxed{...}``, the number after GSM8K's ``####``),
 number normalisation, the correctness rewards (``exact_match``, ``boxed``), the format reward with
 its patterns for the arithmetic families and the named ones (``boxed``, ``gsm8k``), and
-`make_reward_fn`, which combines them as ``correctness + format_weight * format``. Malformed model
+`make_reward_fn`, which combines them as ``correctness + format_weight * format`` (the names
+and the combination are `rl.environments.registry`'s). Malformed model
 output scores 0.0 and never raises; a reference answer that cannot be compared (e.g. a
 non-numeric answer for ``exact_match``) is a dataset or configuration error and raises
 ``ValueError``.
@@ -12,8 +13,6 @@ non-numeric answer for ``exact_match``) is a dataset or configuration error and 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Protocol
 
 ADD_FORMAT = r"-?\d+"
@@ -160,42 +159,9 @@ class RewardFn(Protocol):
     def __call__(self, response: str, answer: str) -> float: ...
 
 
-_CORRECTNESS: dict[str, Callable[[str, str], float]] = {
-    "exact_match": exact_match_reward,
-    "boxed": boxed_reward,
-}
-REWARD_KINDS = tuple(_CORRECTNESS)
-
-
-@dataclass(frozen=True)
-class CombinedReward:
-    """``correctness(response, answer) + format_weight * format_reward(response, pattern)``.
-
-    A plain dataclass of module-level functions, so it pickles into worker processes.
-    """
-
-    correctness: Callable[[str, str], float]
-    format_weight: float = 0.0
-    format_pattern: str | None = None
-
-    def __call__(self, response: str, answer: str) -> float:
-        reward = self.correctness(response, answer)
-        if self.format_weight and self.format_pattern is not None:
-            reward += self.format_weight * format_reward(response, self.format_pattern)
-        return reward
-
-
 def make_reward_fn(kind: str, format_weight: float = 0.0, format_pattern: str | None = None) -> RewardFn:
-    """The reward named ``kind`` (one of `REWARD_KINDS`), plus an optional weighted format term."""
-    if kind not in _CORRECTNESS:
-        raise ValueError(f"unknown reward kind {kind!r}; expected one of {REWARD_KINDS}")
-    if format_weight < 0:
-        raise ValueError(f"format_weight must be >= 0, got {format_weight}")
-    if format_weight > 0 and format_pattern is None:
-        raise ValueError("format_weight > 0 needs format_pattern (e.g. rewards.ADD_FORMAT)")
-    if format_pattern is not None:
-        try:
-            re.compile(format_pattern)
-        except re.error as error:
-            raise ValueError(f"format_pattern {format_pattern!r} is not a regex: {error}") from None
-    return CombinedReward(_CORRECTNESS[kind], format_weight, format_pattern)
+    """The built-in reward named ``kind`` (`rl.environments.registry.REWARD_KINDS`), plus an
+    optional weighted format term (`rl.environments.registry.builtin_reward`)."""
+    from rl.environments.registry import builtin_reward  # here: the registry imports this module
+
+    return builtin_reward(kind, format_weight, format_pattern)

@@ -19,6 +19,7 @@ from infra.ledger.config import LedgerConfig
 from infra.run.fabric_config import FabricConfig
 from rl.config import (
     DataConfig,
+    EnvironmentConfig,
     EvalConfig,
     GRPOConfig,
     ModelConfig,
@@ -82,6 +83,7 @@ class RunConfig(Section):
     rollout: RolloutConfig = RolloutConfig()
     prompt: PromptConfig = PromptConfig()
     reward: RewardConfig = RewardConfig()
+    environment: EnvironmentConfig | None = None
     grpo: GRPOConfig = GRPOConfig()
     optim: OptimConfig = OptimConfig()
     training: TrainingConfig = TrainingConfig()
@@ -212,7 +214,10 @@ def parse_config(text: str, source: str = "<string>", overrides: dict[str, Any] 
             loc = tuple(item["loc"])
             line = line_of(root, loc)
             where = f"{source}:{line}" if line else source
-            override = next((d for p, d in overridden.items() if tuple(map(str, loc[: len(p)])) == p), None)
+            named = tuple(map(str, loc))
+            override = next(  # the override at or under the failing field (a section's own check)
+                (d for p, d in overridden.items() if named[: len(p)] == p or (named and p[: len(named)] == named)), None
+            )
             if override is not None:  # the bad value came from an override, not from the file
                 where = f"override {override}"
             field = ".".join(map(str, loc)) or "(top level)"
@@ -270,7 +275,7 @@ def _reference_section(path: str, model: type[BaseModel], lines: list[str]) -> N
                 if default is None or default is PydanticUndefined
                 else (f"`{list(default)}`" if isinstance(default, tuple) else f"`{default}`")
             )
-        lines.append(f"| `{name}` | {shown} | {description} |")
+        lines.append(f"| `{field.alias or name}` | {shown} | {description} |")
     lines.append("")
     for child, inner in nested:
         _reference_section(child, inner, lines)
@@ -280,5 +285,6 @@ def reference_markdown() -> str:
     """The configuration reference (docs/configuration.md embeds it; a test keeps the two in sync)."""
     lines: list[str] = []
     for section, info in RunConfig.model_fields.items():
-        _reference_section(section, info.annotation, lines)
+        for model in _nested_models(info.annotation):  # a section that may be absent: `X | None`
+            _reference_section(section, model, lines)
     return "\n".join(lines).rstrip() + "\n"

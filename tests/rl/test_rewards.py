@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from rl.environments.registry import REWARD_KINDS
 from rl.problems import FAMILIES, eval_set
 from rl.rewards import (
     ADD_FORMAT,
@@ -15,7 +16,6 @@ from rl.rewards import (
     FORMAT_PATTERNS,
     GSM8K_FORMAT,
     NAMED_FORMATS,
-    REWARD_KINDS,
     boxed_reward,
     exact_match_reward,
     extract_boxed,
