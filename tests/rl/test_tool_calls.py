@@ -185,7 +185,7 @@ def test_a_template_that_cannot_carry_tool_calls_is_refused_in_one_line(template
     assert message.endswith(("prompt.chat_template: false for the text format", "the template's call markers"))
 
 
-@pytest.mark.slow
+@pytest.mark.integration  # loading the GGUF's tokenizer takes ~25 s (as tests/rl/test_models.py's)
 def test_smollm2_chat_template_renders_a_tool_result_as_the_tokens_of_the_whole_conversation() -> None:
     pytest.importorskip("gguf", reason="install the gguf extra: pip install 'rlboost[gguf]'")
     from rl.models import load_tokenizer, smollm2_gguf
