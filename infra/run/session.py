@@ -43,12 +43,12 @@ from rl.devices import resolve_device
 from rl.distributed.protocol import TrainSpec
 from rl.distributed.trainer import DistributedTrainer
 from rl.engine_factory import build_engine
+from rl.environments.registry import load_reward
 from rl.evaluation import evaluate_accuracy
 from rl.generation import GenerationEngine, SamplingParams
 from rl.models import load_policy, load_tokenizer
 from rl.prompt_source import PromptSource
 from rl.prompts import check_chat_template, encode_prompt
-from rl.rewards import make_reward_fn
 from rl.rollout import Sample, build_requests, read_samples, samples_from_results, write_samples
 from rl.scoring import score_samples
 from rl.stops import StopStrings
@@ -113,11 +113,8 @@ class TrainingSession:
         """Whether that engine runs `self.model` itself (so it is always at the current version)."""
         self.prompts = PromptSource(config.data)
         self.eval_records = self.prompts.eval_records(config.eval.size)
-        pattern = config.reward.format_pattern(config.data.family if config.data.source == "arithmetic" else None)
-        self.reward_fn = make_reward_fn(
-            config.reward.kind, config.reward.format_weight, pattern if config.reward.format_weight else None
-        )
-        self.correctness_fn = make_reward_fn(config.reward.kind)
+        self.reward_fn = load_reward(config.reward, config.data.family if config.data.source == "arithmetic" else None)
+        self.correctness_fn = self.reward_fn.correctness
         self.cursor = 0
         self.history = History()
         self.resumed_from: int | None = None
