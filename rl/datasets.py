@@ -24,7 +24,12 @@ SUPPORTED_SUFFIXES = (".jsonl", ".parquet")
 
 
 class DatasetError(ValueError):
-    """A dataset file that cannot be read, or a row in it that is not a valid record."""
+    """A dataset file that cannot be read, or a row in it that is not a valid record; `missing`:
+    the record field a row lacks (None for any other fault)."""
+
+    def __init__(self, message: str, missing: str | None = None) -> None:
+        super().__init__(message)
+        self.missing = missing
 
 
 @dataclass(frozen=True)
@@ -102,7 +107,7 @@ def _parquet_rows(path: Path, fields: tuple[str, ...]) -> Iterator[tuple[int, An
         raise DatasetError(f"{path}: not a readable parquet file ({error})") from None
     for field in fields:
         if field not in columns:
-            raise DatasetError(f"{path}: row 1: missing field {field!r} (present keys: {sorted(columns)})")
+            raise DatasetError(f"{path}: row 1: missing field {field!r} (present keys: {sorted(columns)})", field)
     number = 0
     try:
         for batch in parquet.iter_batches(columns=list(dict.fromkeys(fields))):
@@ -119,7 +124,7 @@ def _record(path: Path, number: int, row: Any, prompt_field: str, answer_field: 
         raise DatasetError(f"{where}: not a JSON object (got {type(row).__name__})")
     for field in (prompt_field, answer_field):
         if field not in row:
-            raise DatasetError(f"{where}: missing field {field!r} (present keys: {sorted(row)})")
+            raise DatasetError(f"{where}: missing field {field!r} (present keys: {sorted(row)})", field)
     prompt, answer = row[prompt_field], row[answer_field]
     if not isinstance(prompt, str):
         raise DatasetError(f"{where}: field {prompt_field!r} must be a string, got {_describe(prompt)}")
