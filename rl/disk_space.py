@@ -1,6 +1,7 @@
 """Naming a full disk: whether an error came from a file system out of space, and how much room a
 path's file system has left, in words, for the messages that say so (`rl.checkpoint`, the local
-instances' start failures)."""
+instances' start failures); `no_room_to_start(directory)`: the line refusing a run whose directory
+lies on a full file system, before the run writes anything (`rlboost train`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,10 @@ from pathlib import Path
 LOW_SPACE_BYTES = 16 << 20
 """Below this much free space a file system counts as full for a failure that names no cause
 (torch reports a short write as "unexpected pos" and nothing more)."""
+
+ROOM_TO_START_BYTES = 64 << 10
+"""Below this much free space the run directory's file system is full before the run starts: its
+lock, its logs and the Prefect server's log alone take more."""
 
 _OUT_OF_SPACE_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
 _OUT_OF_SPACE_TEXT = ("no space left on device", "os error 28", "disk quota exceeded")
@@ -58,6 +63,18 @@ def free_bytes(path: str | Path) -> int | None:
     """Free bytes on the file system holding `path`; None if unknown."""
     usage = _free_and_total(Path(path))
     return None if usage is None else usage[0]
+
+
+def no_room_to_start(directory: Path) -> str | None:
+    """The one line that refuses a run whose directory's file system has less than
+    `ROOM_TO_START_BYTES` free; None when it has more (or its free space is unknown)."""
+    free = free_bytes(directory)
+    if free is None or free >= ROOM_TO_START_BYTES:
+        return None
+    return (
+        f"run.output_dir: no space left on the device for the run directory {directory}: {describe_free(directory)}. "
+        "Free some space, or set run.output_dir on a larger disk"
+    )
 
 
 def describe_free(path: str | Path) -> str:

@@ -84,6 +84,29 @@ def _end(failure: NamedFailure) -> NoReturn:
     raise typer.Exit(failure.code)
 
 
+def _cannot_start(line: str) -> NoReturn:
+    """Refuse a run before it starts: its one line (the field, the fix), exit status 2."""
+    console.print("[red]cannot start the run[/red]")
+    console.print(line, markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def _check_inputs(cfg) -> None:
+    """Before anything heavy is imported or written: the dataset files open and their first records
+    are valid (`rl.prompt_source.check_data_files`), and the run directory's disk is not full."""
+    from rl.datasets import DatasetError
+    from rl.disk_space import no_room_to_start
+    from rl.prompt_source import check_data_files
+
+    try:
+        check_data_files(cfg.data, cfg.eval.size)
+    except DatasetError as error:
+        _cannot_start(str(error))
+    full = no_room_to_start(cfg.run.directory)
+    if full is not None:
+        _cannot_start(full)
+
+
 def _preflight(cfg) -> None:
     """Stop with the field and the fix when the run cannot start on this machine as configured."""
     from infra.run.preflight import PreflightError, preflight
@@ -91,9 +114,7 @@ def _preflight(cfg) -> None:
     try:
         preflight(cfg)
     except PreflightError as error:
-        console.print("[red]cannot start the run[/red]")
-        console.print(str(error), markup=False, highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+        _cannot_start(str(error))
 
 
 @app.command()
@@ -146,6 +167,8 @@ def pretrain(
 def train(config: ConfigOption = None, set_: SetOption = None, console_log_level: LogOption = "WARNING") -> None:
     """Run the rl-train flow with a configuration file."""
     os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", console_log_level)
+    cfg = load_run_config(config, set_)
+    _check_inputs(cfg)  # bad data files, a full disk: in a second or two, nothing written
     _check_prefect_database()  # a Prefect that cannot start on its database says so at once
     from flows.rl_train import run_training
     from infra.cli.failures import claim_run_directory, quiet_console
@@ -153,12 +176,11 @@ def train(config: ConfigOption = None, set_: SetOption = None, console_log_level
 
     _quiet_weight_loading()
 
-    cfg = load_run_config(config, set_)
     _preflight(cfg)  # fail fast, before Prefect starts
     try:  # the run's lock before the Prefect server: a second driver of the run starts nothing
         run_log = claim_run_directory(cfg.run.directory)
-    except (NamedFailure, OSError) as error:  # OSError: a full disk
-        _end(ending(error, "") or NamedFailure(2, str(error)))
+    except NamedFailure as error:
+        _end(error)
     quiet_console(run_log)  # tracebacks go to the run log, named failures end as one line
     try:
         _ephemeral_prefect(cfg.run.directory / "prefect-server.log")

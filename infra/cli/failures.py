@@ -13,12 +13,12 @@ co-located rollout instances' own lines (in the run log, as a local instance's a
 from __future__ import annotations
 
 import copy
-import errno
 import logging
 from pathlib import Path
 
 from infra.run.driver_lock import RunLocked, hold_for_session
 from infra.run.run_log import RUN_LOG_FILE, RunLog
+from rl.disk_space import describe_free, full_path, out_of_space
 
 INSTANCE_LOGGERS = ("rlboost.worker",)
 """Loggers of a rollout instance's own lines: in the training process, the co-located instances'."""
@@ -43,8 +43,8 @@ def claim_run_directory(directory: Path) -> RunLog:
         _note_in_the_run_log(directory, f"a second driver was refused: {error}")
         raise NamedFailure(2, str(error)) from None
     except OSError as error:
-        if error.errno == errno.ENOSPC:
-            raise  # the caller names a full disk with its free space
+        if out_of_space(error):
+            raise _full_disk(str(full_path(error) or directory)) from None
         what = f"{error.strerror}: {error.filename}" if error.strerror and error.filename else str(error)
         raise NamedFailure(
             2,
@@ -69,6 +69,7 @@ def _named_classes() -> dict[type[BaseException], tuple[int, str]]:
     from infra.services.prefect_api import PrefectApiUnreachable, PrefectServerCannotStart
     from infra.services.redis_embedded import RedisUnavailable
     from rl.checkpoint import CorruptCheckpoint, OutOfSpace
+    from rl.datasets import DatasetError
     from rl.distributed.group import RankFailure
     from rl.trainer import CheckpointMismatch
 
@@ -84,6 +85,7 @@ def _named_classes() -> dict[type[BaseException], tuple[int, str]]:
         CheckpointMismatch: (2, "the run stopped: {}"),  # the user's to fix: another trainer's checkpoint,
         CorruptCheckpoint: (2, "the run stopped: {}"),  # a damaged one,
         OutOfSpace: (2, "the run stopped: {}"),  # a full disk
+        DatasetError: (2, "{}"),  # a bad record past those checked before the run started: the same line
     }
 
 
@@ -93,7 +95,6 @@ def ending(error: BaseException, resume: str) -> NamedFailure | None:
     from infra.fleet.instance_watch import PoolFailure
     from infra.run.redis_outage import RunStopped
     from infra.services.prefect_api import PrefectServerCannotStart
-    from rl.disk_space import describe_free, full_path, out_of_space
 
     if isinstance(error, NamedFailure):
         return error
@@ -104,14 +105,18 @@ def ending(error: BaseException, resume: str) -> NamedFailure | None:
             resumable = isinstance(error, (RunStopped, PoolFailure))
             return NamedFailure(code, line.format(error) + (resume if resumable else ""))
     if isinstance(error, OSError) and out_of_space(error):
-        written = full_path(error) or "the run directory"
-        return NamedFailure(
-            2,
-            f"the run stopped: no space left on the device writing {written}: {describe_free(written)}. Free "
-            "some space (or set run.output_dir on a larger disk) and run the same command again to resume "
-            "from the last checkpoint",
-        )
+        return _full_disk(full_path(error) or "the run directory")
     return None
+
+
+def _full_disk(written: str) -> NamedFailure:
+    """The line of a write that ran out of space (`written`: the file, or the run directory)."""
+    return NamedFailure(
+        2,
+        f"the run stopped: no space left on the device writing {written}: {describe_free(written)}. Free "
+        "some space (or set run.output_dir on a larger disk) and run the same command again to resume "
+        "from the last checkpoint",
+    )
 
 
 def named(error: BaseException) -> bool:

@@ -4,11 +4,11 @@
 project's loggers at INFO and up and every other record at WARNING and up (Prefect's INFO too),
 each with its traceback, to the run directory's `driver.log`; an exception that ends a thread of
 the process is logged there too (`threading.excepthook`) instead of printed, and so are warnings
-and vLLM's own log (which would print to the console). `keep(error)` writes
-the error that ended the run, with its traceback, to the file alone. The console shows none of
-these tracebacks (`infra.cli.failures`): this file is where they are. It is opened under the run's
-driver lock, so one driver writes it at a time (a second driver refused by the lock appends only
-the line saying so).
+and vLLM's own log (which would print to the console). `keep(error)` writes the error that ended
+the run, with its traceback, to the file alone; on a full disk neither it nor `close()` raises.
+The console shows none of these tracebacks (`infra.cli.failures`): this file is where they are. It
+is opened under the run's driver lock, so one driver writes it at a time (a second driver refused
+by the lock appends only the line saying so).
 """
 
 from __future__ import annotations
@@ -31,10 +31,23 @@ log = logging.getLogger("rlboost.driver")
 
 class _QuietFileHandler(logging.FileHandler):
     """A file handler that drops a record it cannot write (a full disk) instead of printing
-    logging's own traceback to the console: the run names a full disk itself."""
+    logging's own traceback to the console, and whose flush and close never raise: the run names a
+    full disk itself, and the handler of its failure writes here."""
 
     def handleError(self, record: logging.LogRecord) -> None:
         pass
+
+    def flush(self) -> None:
+        try:
+            super().flush()
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        try:
+            super().close()  # it flushes what the file took no more of, then closes it all the same
+        except OSError:
+            pass
 
 
 class RunLog:

@@ -1,7 +1,10 @@
 """Bad input from the command line gets one line naming the field or argument and the fix, exit
-status 2, before any work: an unsafe run name, a `--set` without `=`."""
+status 2, before any work: an unsafe run name, a `--set` without `=`, a run directory on a disk
+that is full from the start; and a disk that fills during the run ends it with one line, exit 2."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 from typer.testing import CliRunner
@@ -70,3 +73,47 @@ def test_rlboost_train_on_a_full_disk_stops_with_one_line_and_exit_2(tmp_path):
     assert done.returncode == 2, output[-4000:]
     assert "no space left on the device" in done.stdout and "free of 256.0 kB" in done.stdout, done.stdout
     assert "Traceback" not in output, output[-4000:]
+
+
+def test_rlboost_train_on_a_disk_full_from_the_start_is_refused_before_any_work(tmp_path):
+    """The run directory lies on a file system with no space left before the run writes anything
+    (a 2 MB tmpfs, filled): one line naming the path and its free space, exit status 2, in a second
+    or two, and nothing written there."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.helpers import as_set_flags, on_a_small_disk, tiny_run
+
+    disk = tmp_path / "disk"
+    overrides = {"run.output_dir": str(disk), "fabric.enabled": False}
+    train = [
+        sys.executable,
+        "-m",
+        "infra.cli",
+        "train",
+        *as_set_flags(tiny_run(tmp_path / "base", tmp_path, "full", 1, overrides)),
+    ]
+    fill_then_train = [
+        "sh",
+        "-c",
+        'cat /dev/zero > "$0/filler" 2>/dev/null; "$@"; code=$?; ls -A "$0"; exit $code',
+        str(disk),
+    ]
+    done = subprocess.run(
+        on_a_small_disk(disk, "2m", [*fill_then_train, *train]),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")},
+        cwd=Path(__file__).parents[3],
+    )
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    run = disk / "full"
+    assert done.returncode == 2, lines
+    assert lines == [
+        "cannot start the run",
+        f"run.output_dir: no space left on the device for the run directory {run}: 0 B free of 2.0 MB on the file "
+        f"system of {run}. Free some space, or set run.output_dir on a larger disk",
+        "filler",  # the disk holds nothing else: no run directory, no log
+    ]

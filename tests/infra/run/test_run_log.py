@@ -3,11 +3,14 @@ exception that ends a thread (logged there, not printed) and the error that ende
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import sys
 import threading
 import warnings
+
+import pytest
 
 from infra.run.run_log import RUN_LOG_FILE, RunLog
 
@@ -68,3 +71,21 @@ def test_engine_logs_and_warnings_go_to_the_file_not_the_console(tmp_path, capfd
     assert "vllm.engine: Automatically detected platform cpu." in text
     assert "FutureWarning: `torch_dtype` is deprecated!" in text
     assert "VLLM_CONFIGURE_LOGGING" not in os.environ  # restored on close
+
+
+def test_on_a_full_disk_the_run_log_drops_what_it_cannot_write_and_never_raises(tmp_path, capfd):
+    """Every write fails with ENOSPC (the log file is /dev/full): the error that ended the run is
+    kept where it can be, and neither `keep` nor `close` raises (the run names the full disk itself)."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    (tmp_path / RUN_LOG_FILE).symlink_to("/dev/full")
+    run_log = RunLog.open(tmp_path)
+    try:
+        logging.getLogger("rlboost.driver").info("a line longer than the file's buffer: %s", "x" * 100_000)
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "trainer.pt"))
+        except OSError as error:
+            run_log.keep(error)
+    finally:
+        run_log.close()
+    assert capfd.readouterr().err == ""
