@@ -65,6 +65,9 @@ class GenerationRequest:
     """Response tokens already generated (resume after an interruption)."""
     stop_token_ids: tuple[int, ...] = ()
     """Tokens that end the response, in addition to the engine's eos."""
+    turn_start: int = 0
+    """Where the current turn of a multi-turn trajectory starts in `generated_ids` (after its last
+    environment segment): stop strings are looked for in the turn only, not in earlier turns."""
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
@@ -75,6 +78,11 @@ class GenerationRequest:
             raise ValueError(
                 f"request {self.sample_id!r}: {len(self.generated_ids)} generated_ids exceed "
                 f"max_new_tokens={self.max_new_tokens}"
+            )
+        if not 0 <= self.turn_start <= len(self.generated_ids):
+            raise ValueError(
+                f"request {self.sample_id!r}: turn_start={self.turn_start} outside its "
+                f"{len(self.generated_ids)} generated_ids"
             )
 
 

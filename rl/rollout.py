@@ -2,7 +2,9 @@
 
 Sample ids are ``"<step>/<group>/<index>"`` and the sampling seed is derived from (run seed,
 step), so a sample's tokens are a pure function of the policy and its id: a step re-run after a
-crash, or a sample resumed on another instance, draws the same tokens.
+crash, or a sample resumed on another instance, draws the same tokens. A multi-turn trajectory is
+one sample whose response alternates model turns and environment segments (`Sample.loss_mask`
+0: never trained); `Sample.model_turns` cuts it into its turns.
 """
 
 from __future__ import annotations
@@ -29,10 +31,35 @@ class Sample:
     """The version the sample's step trains from (the proximal policy)."""
     token_versions: list[int] = field(default_factory=list)
     """The version that generated each response token (empty: all `policy_version`)."""
+    loss_mask: list[int] = field(default_factory=list)
+    """Per response token, 1 if it is trained (the model generated it) and 0 if not (an environment
+    segment's, logprob 0.0); empty: all ones (a single-turn response)."""
+    turns: list[tuple[int, str | None]] = field(default_factory=list)
+    """A trajectory's completed turns: where each model turn ends in the response and the
+    environment's observation after it (its tokens follow)."""
+    env_reward: float | None = None
+    """The environment's terminal reward (None: the run's reward function scores the response)."""
+    truncated: bool = False
+    """A trajectory ended by `environment.max_turns` or its token budget (scored all the same)."""
 
     def versions(self) -> list[int]:
         """The generating version of each response token."""
         return self.token_versions or [self.policy_version] * len(self.response_ids)
+
+    def trained(self) -> list[int]:
+        """The loss mask of every response token (all ones for a single-turn response)."""
+        return self.loss_mask or [1] * len(self.response_ids)
+
+    def model_turns(self) -> list[tuple[int, int, str | None]]:
+        """(start, end, observation after it) of each model turn in the response, in order; the
+        last one has no observation. A single-turn response is one turn."""
+        mask, starts, spans = self.trained(), 0, []
+        for end, observation in self.turns:
+            spans.append((starts, end, observation))
+            starts = end
+            while starts < len(mask) and not mask[starts]:
+                starts += 1
+        return [*spans, (starts, len(self.response_ids), None)]
 
 
 def step_seed(run_seed: int, step: int) -> int:
@@ -97,4 +124,7 @@ def write_samples(path: Path, samples: list[Sample]) -> None:
 
 def read_samples(path: Path) -> list[Sample]:
     with open(path) as handle:
-        return [Sample(**json.loads(line)) for line in handle if line.strip()]
+        samples = [Sample(**json.loads(line)) for line in handle if line.strip()]
+    for sample in samples:
+        sample.turns = [(end, observation) for end, observation in sample.turns]  # JSON gives lists
+    return samples

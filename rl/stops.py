@@ -11,7 +11,8 @@ it (`window_tokens`: enough tokens for the longest stop string, plus slack for t
 first token decodes differently out of context), so checking costs O(window) per token, not
 O(length). A hit cuts the chunk after the completing token, releases the sample from the inner
 engine and reports finish_reason "stop". A resumed sample whose logged prefix already holds a
-stop string (it stopped before it could be reported) finishes on arrival with no new tokens.
+stop string in its current turn (`GenerationRequest.turn_start`: a trajectory's earlier turns
+ended at theirs) finishes on arrival with no new tokens (it stopped before it could be reported).
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ class StopStrings(GenerationEngine):
             self.inner.add(request)
             return
         prefix = list(request.generated_ids)
-        if prefix and any(stop in self.tokenizer.decode(prefix, skip_special_tokens=True) for stop in stops):
+        turn = prefix[request.turn_start :]
+        if turn and any(stop in self.tokenizer.decode(turn, skip_special_tokens=True) for stop in stops):
             self._stopped_on_arrival.append(request.sample_id)
         else:
             self.inner.add(request)

@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 
 import redis
 from pydantic import Field
@@ -41,7 +41,7 @@ from infra.rollout.policies import (
 )
 from infra.rollout.protocol import set_current_step
 from infra.rollout.registry import InstanceRegistry
-from infra.rollout.tokenlog import GroupSpec, SampleRecord, StepStatus, TokenLog, TokenLogStats
+from infra.rollout.tokenlog import INFRA_FAILED, GroupSpec, SampleRecord, StepStatus, TokenLog, TokenLogStats
 from rl.config import Section
 from rl.rollout import Sample
 
@@ -114,6 +114,8 @@ class StepReport:
     instance_tokens: dict[str, int]
     """Logged tokens per instance, credited to the owner seen at each poll (a sample migrating
     between two polls credits its last flushes to the next owner)."""
+    infra_failed: dict[str, int] = field(default_factory=dict)
+    """Trajectories failed by the infrastructure (their environment), by kind: never scored."""
 
     @classmethod
     def from_json(cls, text: bytes | str) -> StepReport:
@@ -151,29 +153,43 @@ class AdmittedStep:
 
 
 def samples_of_group(records: Sequence[SampleRecord]) -> list[Sample]:
-    """A complete group's records as the `Sample`s of the in-process rollout path."""
+    """A complete group's records as the `Sample`s of the in-process rollout path; a sample failed
+    by the infrastructure (``infra:<kind>``, in a group completed without it: `renormalize`) is
+    left out, never scored."""
     for record in records:
-        if record.state != "done":
+        if record.state != "done" and not (record.state == "failed" and _infra_failed(record)):
             raise ValueError(f"sample {record.sample_id} is {record.state}, not done")
-    return [
-        Sample(
-            sample_id=r.sample_id,
-            group=r.group_id,
-            prompt_ids=list(r.prompt_ids),
-            response_ids=list(r.token_ids),
-            logprobs=list(r.logprobs),
-            finish_reason=r.finish_reason or "",
-            policy_version=r.policy_version,
-            token_versions=_off_policy_versions(r),
-        )
-        for r in records
-    ]
+    return [_sample(r) for r in records if r.state == "done"]
 
 
-def _off_policy_versions(record: SampleRecord) -> list[int]:
-    """The record's per-token versions, or [] when every token is of the step's own version."""
+def _infra_failed(record: SampleRecord) -> bool:
+    return (record.finish_reason or "").startswith(INFRA_FAILED)
+
+
+def _sample(record: SampleRecord) -> Sample:
+    mask = record.loss_mask()
+    outcome = record.outcome
+    return Sample(
+        sample_id=record.sample_id,
+        group=record.group_id,
+        prompt_ids=list(record.prompt_ids),
+        response_ids=list(record.token_ids),
+        logprobs=list(record.logprobs),
+        finish_reason=record.finish_reason or "",
+        policy_version=record.policy_version,
+        token_versions=_off_policy_versions(record, mask),
+        loss_mask=mask if not all(mask) else [],
+        turns=[(turn.end, turn.observation) for turn in record.turns],
+        env_reward=None if outcome is None else outcome.reward,
+        truncated=outcome is not None and outcome.truncated,
+    )
+
+
+def _off_policy_versions(record: SampleRecord, mask: Sequence[int]) -> list[int]:
+    """The record's per-token versions, or [] when every model token is of the step's own version
+    (an environment segment's tokens are of none: `ENV_VERSION`)."""
     versions = record.token_versions()
-    return versions if any(v != record.policy_version for v in versions) else []
+    return versions if any(v != record.policy_version for v, m in zip(versions, mask) if m) else []
 
 
 def _str(reply: bytes | str) -> str:
@@ -555,6 +571,7 @@ class RolloutController:
             rollout_idle_s=rollout_idle,
             groups_done=status.groups_done,
             groups_dropped=status.dropped_group_ids,
+            infra_failed=status.infra_failed,
             instance_tokens={_str(k): int(v) for k, v in sorted(self.redis.hgetall(self._key("itok", step)).items())},
         )
         pipe = self.redis.pipeline(transaction=True)

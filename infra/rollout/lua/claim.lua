@@ -49,11 +49,12 @@ end
 local out = {}
 for _, sid in ipairs(sids) do
   local sk = P .. 's:' .. sid
-  local h = redis.call('HMGET', sk, 'state', 'owner', 'epoch', 'step', 'group')
+  local h = redis.call('HMGET', sk, 'state', 'owner', 'epoch', 'step', 'group', 'env_retries')
   if h[1] == 'running' and h[2] == inst then
     local g = redis.call('HMGET', P .. 'g:' .. h[4] .. '/' .. h[5],
-      'prompt', 'max_new', 'seed', 'sampling')
-    out[#out + 1] = {sid, h[3], g[1], redis.call('GET', sk .. ':r') or '', g[2], g[3], g[4]}
+      'prompt', 'max_new', 'seed', 'sampling', 'env')
+    out[#out + 1] = {sid, h[3], g[1], redis.call('GET', sk .. ':r') or '', g[2], g[3], g[4],
+      redis.call('GET', sk .. ':v') or '', redis.call('LRANGE', sk .. ':t', 0, -1), g[5] or '', h[6] or '0'}
   end
 end
 return out

@@ -8,7 +8,7 @@ for _, gid in ipairs(redis.call('LRANGE', P .. 'groups:' .. step, 0, -1)) do
     local sk = P .. 's:' .. sid
     local h = redis.call('HMGET', sk, 'state', 'owner')
     if h[1] == 'running' then redis.call('SREM', P .. 'own:' .. h[2], sid) end
-    redis.call('DEL', sk, sk .. ':r', sk .. ':v')
+    redis.call('DEL', sk, sk .. ':r', sk .. ':v', sk .. ':t')
   end
   redis.call('DEL', gk)
 end

@@ -1,13 +1,14 @@
--- ARGV: P, step, version, min version, then per group: id, n, prompt, max_new, seed, sampling, meta
+-- ARGV: P, step, version, min version, then per group: id, n, prompt, max_new, seed, sampling, meta,
+-- environment ('' = none), renormalize ('1': an infra failure leaves the group complete without it)
 local step = ARGV[2]
 local stk = P .. 'step:' .. step
 if redis.call('EXISTS', stk) == 1 then return 0 end
 local seq, groups = 0, 0
-for i = 5, #ARGV, 7 do
+for i = 5, #ARGV, 9 do
   local gid, n, max_new = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 3]
   redis.call('HSET', P .. 'g:' .. step .. '/' .. gid, 'n', n, 'done', 0, 'failed', 0,
     'prompt', ARGV[i + 2], 'max_new', max_new, 'seed', ARGV[i + 4], 'sampling', ARGV[i + 5],
-    'meta', ARGV[i + 6])
+    'meta', ARGV[i + 6], 'env', ARGV[i + 7], 'renorm', ARGV[i + 8], 'infra', 0)
   redis.call('RPUSH', P .. 'groups:' .. step, gid)
   for j = 0, n - 1 do
     local sid = step .. '/' .. gid .. '/' .. j

@@ -1,29 +1,42 @@
 -- ARGV: P, JSON [[sample, instance, epoch, offset (-1 = none), token count, finish reason
--- ('' = none), policy version (-1 = none)], ...], every flush's records (8 bytes each) concatenated.
--- A flush whose version is below the sample's window (`minv`) is rejected; an accepted one whose
--- version differs from the sample's last opens a version span (u32 offset, u32 version) in :v.
+-- ('' = none), policy version (-1 = none), source ('model' | 'env'), observation (JSON, env only),
+-- turn (env only), outcome (JSON, '' = none)], ...], every flush's records (8 bytes each) concatenated.
+-- A model flush whose version is below the sample's window (`minv`) is rejected; an env flush (an
+-- environment segment) is not checked: its tokens get version ENV_VERSION. An accepted flush whose
+-- version differs from the sample's last opens a version span (u32 offset, u32 version) in :v (a
+-- model flush without a version after an env segment: the step's version). An accepted env flush
+-- records its turn in :t once ('<offset>:<observation>'), however often it is redelivered.
 local recs = ARGV[3]
 local out, rejected, pos = {}, 0, 1
 for _, m in ipairs(cjson.decode(ARGV[2])) do
   local sid, inst, epoch, offset, k, fin, ver = m[1], m[2], m[3], m[4], m[5], m[6], m[7]
+  local env = m[8] == 'env'
   local rec = string.sub(recs, pos, pos + 8 * k - 1)
   pos = pos + 8 * k
   local sk = P .. 's:' .. sid
   local rk = sk .. ':r'
-  local h = redis.call('HMGET', sk, 'state', 'owner', 'epoch', 'max_new', 'minv', 'lastv')
+  local h = redis.call('HMGET', sk, 'state', 'owner', 'epoch', 'max_new', 'minv', 'lastv', 'step')
+  if env then ver = ENV_VERSION end
   local ok = 0
-  if h[2] == inst and tonumber(h[3]) == epoch and (ver < 0 or ver >= tonumber(h[5] or 0)) then
+  if h[2] == inst and tonumber(h[3]) == epoch and (env or ver < 0 or ver >= tonumber(h[5] or 0)) then
     if h[1] == 'running' then
       -- Append first (APPEND returns the new length), then check; undo what does not fit.
       local len = redis.call('APPEND', rk, rec)
       local have = len / 8 - k
       if (offset < 0 or offset == have) and len / 8 <= tonumber(h[4]) then
+        if ver < 0 and h[6] == tostring(ENV_VERSION) then
+          ver = tonumber(redis.call('HGET', P .. 'step:' .. h[7], 'version'))
+        end
         if ver >= 0 and k > 0 and h[6] ~= tostring(ver) then
           redis.call('APPEND', sk .. ':v', struct.pack('<I4I4', have, ver))
           redis.call('HSET', sk, 'lastv', ver)
         end
+        if env and redis.call('LLEN', sk .. ':t') == m[10] then
+          redis.call('RPUSH', sk .. ':t', have .. ':' .. m[9])
+        end
         if fin ~= '' then
           redis.call('HSET', sk, 'state', 'done', 'finish', fin)
+          if m[11] ~= '' then redis.call('HSET', sk, 'outcome', m[11]) end
           redis.call('SREM', P .. 'own:' .. inst, sid)
           local g = redis.call('HMGET', sk, 'step', 'group')
           settle(g[1], g[2], 'done')

@@ -5,8 +5,8 @@ if not g[1] then return false end
 local out = {redis.call('HGET', P .. 'step:' .. ARGV[2], 'version'), g[2], g[3]}
 for j = 0, tonumber(g[1]) - 1 do
   local sk = P .. 's:' .. base .. '/' .. j
-  local h = redis.call('HMGET', sk, 'state', 'finish', 'attempts', 'migrations')
+  local h = redis.call('HMGET', sk, 'state', 'finish', 'attempts', 'migrations', 'outcome')
   out[#out + 1] = {h[1], h[2], h[3], h[4], redis.call('GET', sk .. ':r') or '',
-    redis.call('GET', sk .. ':v') or ''}
+    redis.call('GET', sk .. ':v') or '', redis.call('LRANGE', sk .. ':t', 0, -1), h[5] or ''}
 end
 return out

@@ -14,5 +14,13 @@ for _, gid in ipairs(redis.call('LRANGE', P .. 'groups:' .. step, 0, -1)) do
     tokens = tokens + redis.call('STRLEN', sk .. ':r') / 8
   end
 end
+local infra = {}
+local fields = redis.call('HGETALL', P .. 'step:' .. step)
+for i = 1, #fields, 2 do
+  if string.sub(fields[i], 1, 6) == 'infra:' then
+    infra[#infra + 1] = fields[i]
+    infra[#infra + 1] = fields[i + 1]
+  end
+end
 return {s[1], s[2], s[3], s[4], counts.queued, counts.running, counts.done, counts.failed,
-  tokens, redis.call('SMEMBERS', P .. 'dropped:' .. step), s[5] or s[1]}
+  tokens, redis.call('SMEMBERS', P .. 'dropped:' .. step), s[5] or s[1], infra}
