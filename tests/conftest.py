@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -18,8 +20,6 @@ def _one_torch_thread():
 @pytest.fixture(scope="session", autouse=True)
 def _ledger_in_a_temporary_database(tmp_path_factory):
     """Training runs in tests record their costs in a throwaway SQLite ledger, not .rlboost/."""
-    import os
-
     url = f"sqlite:///{tmp_path_factory.mktemp('ledger') / 'ledger.sqlite'}"
     previous = os.environ.get("RLBOOST_LEDGER_URL")
     os.environ["RLBOOST_LEDGER_URL"] = url
@@ -33,8 +33,6 @@ def _ledger_in_a_temporary_database(tmp_path_factory):
 @pytest.fixture(scope="session")
 def prefect_harness():
     """One ephemeral Prefect server (SQLite) for the whole session."""
-    import os
-
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -96,10 +94,20 @@ def pretrained_tiny_model(tmp_path_factory):
     """The demo's base model, pretrained once per session by the demo's recipe
     (deployments/configs/demo.yaml `pretrain`: to 50% held-out greedy accuracy, 300 steps for its
     seed; 40-100 s on 2 cores). Its directory: read it, don't write to it."""
+    from filelock import FileLock
+
     from infra.run.config import load_config
     from rl.pretrain import pretrain
 
-    path = tmp_path_factory.mktemp("pretrained") / "base-model"
-    config = load_config(None, {"pretrain.output": str(path), "model.path": str(path)})
-    pretrain(config.pretrain, config.model)
+    # Under pytest-xdist every worker is its own session: the first one pretrains, in the run's
+    # shared temporary directory, and the others wait for it and read the same model.
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent
+    path = shared / "pretrained" / "base-model"
+    with FileLock(str(shared / "pretrained.lock")):
+        if not (shared / "pretrained.done").exists():
+            config = load_config(None, {"pretrain.output": str(path), "model.path": str(path)})
+            pretrain(config.pretrain, config.model)
+            (shared / "pretrained.done").touch()
     return path

@@ -47,8 +47,9 @@ pytestmark = pytest.mark.integration
 ROOT = REPO_ROOT
 SHAPE = tiny_shape()
 SAMPLING = {"temperature": 1.0}
-NOTICE_S = 5.0
-"""The preemption notice the tests grant (GCP/Azure give 30 s)."""
+NOTICE_S = 30.0
+"""The preemption notice the tests grant, as GCP and Azure do: the bound within which a SIGTERMed
+worker hands its samples back and exits (on a loaded 2-core machine that took over 5 s)."""
 WORKERS = ("w", "term", "kill", "zombie")
 """w: the worker that finishes every step; term: SIGTERM victim; kill: SIGKILL victim;
 zombie: reaped while alive, later the release_all target."""
@@ -231,7 +232,7 @@ class Cluster:
             time.sleep(0.005)
         raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
-    def wait_complete(self, step: int, timeout: float = 20.0) -> None:
+    def wait_complete(self, step: int, timeout: float = 60.0) -> None:
         self.wait(lambda: self.log.step_status(step).complete, timeout, f"step {step} to complete")
 
     def records(self, step: int, groups: list[GroupSpec]) -> dict[str, SampleRecord]:
@@ -321,7 +322,7 @@ def test_sigterm_hands_back_samples_with_their_tokens(cluster):
     groups = make_groups(step, count=4, n=4, max_new=64)
     c.publish(version, "term")
     c.start_step(step, version, groups)
-    c.wait(lambda: mid_generation(c, step, 60), 20.0, "the victim to log tokens")
+    c.wait(lambda: mid_generation(c, step, 60), 60.0, "the victim to log tokens")
     proc = c.procs["term"]
     sent = time.monotonic()
     os.killpg(proc.pid, signal.SIGTERM)
@@ -354,7 +355,7 @@ def test_sigkill_and_reap_loses_nothing(cluster):
     groups = make_groups(step, count=4, n=4, max_new=64)
     c.publish(version, "kill")
     c.start_step(step, version, groups)
-    c.wait(lambda: mid_generation(c, step, 60), 20.0, "the victim to log tokens")
+    c.wait(lambda: mid_generation(c, step, 60), 60.0, "the victim to log tokens")
     proc = c.procs["kill"]
     os.killpg(proc.pid, signal.SIGKILL)
     assert proc.wait(timeout=NOTICE_S) == -signal.SIGKILL
@@ -376,7 +377,7 @@ def test_reaped_zombie_is_fenced_and_drops_its_samples(cluster):
     rejected = c.log.stats().rejected_appends
     c.publish(version, "zombie")
     c.start_step(step, version, groups)
-    c.wait(lambda: mid_generation(c, step, 60), 20.0, "the zombie-to-be to log tokens")
+    c.wait(lambda: mid_generation(c, step, 60), 60.0, "the zombie-to-be to log tokens")
     assert c.log.reap("zombie", ControllerConfig().max_reaps) > 0  # declared dead, but still running
     c.wait(lambda: c.log.stats().rejected_appends > rejected, 5.0, "a fenced append")
     c.publish(version, "w")
@@ -392,7 +393,7 @@ def test_release_all_hands_back_everything_and_stops_claiming(cluster):
     groups = make_groups(step, count=4, n=4, max_new=64)
     c.publish(version, "zombie")  # the zombie of the previous test is a healthy worker again
     c.start_step(step, version, groups)
-    c.wait(lambda: mid_generation(c, step, 40), 20.0, "tokens to be logged")
+    c.wait(lambda: mid_generation(c, step, 40), 60.0, "tokens to be logged")
 
     def handed_back() -> int:
         return sum(r.state == "queued" and r.attempts == 1 for r in c.records(step, groups).values())
