@@ -2,8 +2,8 @@
 tables and exports.
 
 Reads the ledger at `--db` (default `$RLBOOST_LEDGER_URL`, else `sqlite:///.rlboost/ledger.sqlite`)
-and prints the run's `CostReport`: per-step costs (with the weight MiB each step's instances pulled
-and its slowest pull's seconds), spend per capacity class, run totals. The books
+and prints the run's `CostReport`: per-step costs (the essential `STEP_COLUMNS`, within 80 columns;
+`--wide` or `--columns` for the rest), spend per capacity class, run totals. The books
 add up: the steps and the named lines of what no step holds (before step 1, between steps, after
 the last step, egress outside steps, ...) sum to the total, in the tables, `--csv` (a row per step,
 per line, then `total`) and `--json` (the whole report). `--baseline`: the comparison with a
@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from pydantic import TypeAdapter
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 from infra.ledger import BaselineComparison, BaselineMismatch, Ledger, LedgerUnavailable, UnknownRun
@@ -62,6 +65,16 @@ PredictOption = Annotated[
     ),
 ]
 
+WideOption = Annotated[
+    bool, typer.Option("--wide", help="Every column of the per-step table (it may be wider than the terminal).")
+]
+ColumnsOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--columns", help="The per-step table's columns, comma-separated (e.g. cost_usd,spot_usd,pull_s_max)."
+    ),
+]
+
 _json_time = TypeAdapter(datetime)
 
 
@@ -72,10 +85,17 @@ def cost(
     csv_path: CsvOption = None,
     json_path: JsonOption = None,
     predict: PredictOption = False,
+    wide: WideOption = False,
+    columns: ColumnsOption = None,
 ) -> None:
     """Cost of a run: per step, per million trained tokens, spot vs reserved, and (--baseline) against a measured reserved-only run."""
     console = Console()
     comparison = prediction = None
+    try:
+        chosen = step_columns(wide, columns)
+    except ValueError as error:
+        console.print(str(error), markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
     try:
         ledger = Ledger(db, create=False)
         try:
@@ -90,7 +110,12 @@ def cost(
         console.print("[red]cost report failed[/red]")
         console.print(str(error), markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(1 if isinstance(error, LedgerUnavailable) else 2) from None  # 2: a bad argument
-    console.print(steps_table(report))
+    table = steps_table(report, chosen)
+    if wide or columns:  # what was asked for, whole: the terminal may wrap it, but no cell is cut
+        needed = Measurement.get(console, console.options.update_width(10_000), table).maximum
+        Console(width=max(console.width, needed)).print(table)
+    else:
+        console.print(table)
     console.print(classes_table(report))
     console.print(summary_table(report))
     if comparison is not None:
@@ -115,60 +140,68 @@ def _usd(value: float | None) -> str:
     return "" if value is None else f"{value:,.2f}" if abs(value) >= 100 else f"{value:.4f}"
 
 
-def steps_table(report: CostReport) -> Table:
-    table = Table(title=f"cost per step of run {report.run_id}")
-    for header in (
-        "step",
-        "instances",
-        "inst-s",
-        "generated",
-        "wasted",
-        "trained",
-        "preempted",
-        "replaced",
-        "cost $",
-        "spot $",
-        "trainer $",
-        "$/M gen",
-        "$/M trained",
-        "pulled MiB",
-        "slowest pull s",
-    ):
-        table.add_column(header, justify="right")
-    for s in report.steps:
-        table.add_row(
-            str(s.step),
-            str(s.instances),
-            f"{s.instance_seconds:.0f}",
-            str(s.tokens_generated),
-            str(s.tokens_wasted),
-            str(s.tokens_trained),
-            str(s.preemptions),
-            str(s.replaced),
-            _usd(s.cost_usd),
-            _usd(s.spot_usd),
-            _usd(s.trainer_usd),
-            _usd(s.usd_per_million_generated),
-            _usd(s.usd_per_million_trained),
-            _mib(s.transfer_bytes),
-            _seconds(s.pull_s_max),
+@dataclass(frozen=True)
+class StepColumn:
+    """A column of the per-step table: its header, the `StepCost` field (and total-row key) it
+    shows, how a value is written, and whether a default (80-column) table has it."""
+
+    header: str
+    field: str
+    show: Callable[[Any], str]
+    essential: bool = False
+
+
+STEP_COLUMNS = (
+    StepColumn("instances", "instances", str),
+    StepColumn("inst-s", "instance_seconds", lambda v: f"{v:.0f}"),
+    StepColumn("generated", "tokens_generated", str, essential=True),
+    StepColumn("wasted", "tokens_wasted", str),
+    StepColumn("trained", "tokens_trained", str, essential=True),
+    StepColumn("preempted", "preemptions", str, essential=True),
+    StepColumn("replaced", "replaced", str),
+    StepColumn("cost $", "cost_usd", lambda v: _usd(v), essential=True),
+    StepColumn("spot $", "spot_usd", lambda v: _usd(v), essential=True),
+    StepColumn("trainer $", "trainer_usd", lambda v: _usd(v)),
+    StepColumn("$/M gen", "usd_per_million_generated", lambda v: _usd(v)),
+    StepColumn("$/M trained", "usd_per_million_trained", lambda v: _usd(v), essential=True),
+    StepColumn("pulled MiB", "transfer_bytes", lambda v: _mib(v)),
+    StepColumn("slowest pull s", "pull_s_max", lambda v: _seconds(v)),
+)
+"""The per-step table's columns after `step`, in order; `rlboost cost` shows the essential ones
+unless `--wide` or `--columns` says otherwise (the CSV and JSON exports always have every field)."""
+
+
+def step_columns(wide: bool = False, names: str | None = None) -> tuple[StepColumn, ...]:
+    """The columns `--wide` / `--columns a,b` asks for (by header or field name); ValueError naming
+    an unknown one and the choices."""
+    if names is None:
+        return STEP_COLUMNS if wide else tuple(c for c in STEP_COLUMNS if c.essential)
+    by_name = {c.header: c for c in STEP_COLUMNS} | {c.field: c for c in STEP_COLUMNS}
+    wanted = [name.strip() for name in names.split(",") if name.strip()]
+    unknown = [name for name in wanted if name not in by_name]
+    if unknown or not wanted:
+        choices = ", ".join(c.field for c in STEP_COLUMNS)
+        raise ValueError(
+            f"--columns: unknown column {', '.join(map(repr, unknown)) or '(none given)'}; choose from {choices}"
         )
+    return tuple(dict.fromkeys(by_name[name] for name in wanted))
+
+
+def steps_table(report: CostReport, columns: tuple[StepColumn, ...] = STEP_COLUMNS) -> Table:
+    table = Table(title=f"cost per step of run {report.run_id}")
+    table.add_column("step", overflow="fold")  # a line of the books has a name: it wraps, never cut
+    for column in columns:
+        table.add_column(column.header, justify="right", no_wrap=True)
+    for s in report.steps:
+        table.add_row(str(s.step), *(column.show(getattr(s, column.field)) for column in columns))
     table.add_section()
     for line in report.unattributed:
         if line.usd or line.instance_seconds:
-            table.add_row(line.name, "", f"{line.instance_seconds:.0f}", *[""] * 5, _usd(line.usd))
+            cells = {"instance_seconds": f"{line.instance_seconds:.0f}", "cost_usd": _usd(line.usd)}
+            table.add_row(line.name, *(cells.get(column.field, "") for column in columns))
     table.add_section()
     total = _total_row(report)
-    table.add_row(
-        "total",
-        *(str(total[k]) for k in ("instances",)),
-        f"{total['instance_seconds']:.0f}",
-        *(str(total[k]) for k in ("tokens_generated", "tokens_wasted", "tokens_trained", "preemptions", "replaced")),
-        *(_usd(total[k]) for k in ("cost_usd", "spot_usd", "trainer_usd")),
-        *(_usd(total[k]) for k in ("usd_per_million_generated", "usd_per_million_trained")),
-        _mib(report.transfer_bytes),
-        _seconds(_slowest_pull(report)),
-    )
+    table.add_row("total", *(column.show(total[column.field]) for column in columns))
     return table
 
 
@@ -188,7 +221,7 @@ def _slowest_pull(report: CostReport) -> float | None:
 def classes_table(report: CostReport) -> Table:
     table = Table(title="spend per capacity class")
     table.add_column("class")
-    for header in ("instances", "instance-hours", "spend $", "preemptions", "boot s (mean, n)", "booting $"):
+    for header in ("instances", "hours", "spend $", "preempted", "boot s (n)", "boot $"):
         table.add_column(header, justify="right")
     for c in report.classes:
         table.add_row(
@@ -249,9 +282,9 @@ def _rate(value: float | None) -> str:
 
 def comparison_table(comparison: BaselineComparison) -> Table:
     """The run beside its measured baseline run (the only comparison with on-demand the ledger makes)."""
-    table = Table(title=f"against a {comparison.basis}")
+    table = Table(title=f"run {comparison.run_id} against a {comparison.basis}")
     table.add_column("what")
-    for header in (comparison.run_id, comparison.baseline_run_id, "ratio"):
+    for header in ("this run", "baseline", "ratio"):
         table.add_column(header, justify="right")
     table.add_row("total $", _usd(comparison.total_usd), _usd(comparison.baseline_total_usd), "")
     table.add_row(

@@ -30,7 +30,7 @@ def ledger_url(tmp_path):
 
 
 def test_prints_cost_per_step_spend_per_class_and_totals_without_re_pricing(ledger_url):
-    result = runner.invoke(app, ["cost", "--run", RUN_ID, "--db", ledger_url], env=WIDE)
+    result = runner.invoke(app, ["cost", "--run", RUN_ID, "--db", ledger_url, "--wide"], env=WIDE)
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     step1 = next(line for line in lines if line.startswith("│") and line.split("│")[1].strip() == "1")
@@ -49,6 +49,35 @@ def test_prints_cost_per_step_spend_per_class_and_totals_without_re_pricing(ledg
     # The same instance-seconds re-priced at on-demand prices are no on-demand run: not shown.
     for gone in ("savings", "on-demand-only", "9.6402"):
         assert gone not in result.output
+
+
+@pytest.mark.parametrize("flags", [[], ["--wide"], ["--columns", "generated,pulled MiB,pull_s_max"]])
+def test_an_80_column_terminal_gets_every_cell_whole(ledger_url, tmp_path, flags):
+    """By default the essential columns fit 80 columns; `--wide` and `--columns` print what was asked
+    for whole (wider than the terminal if need be). No cell is ever cut to an ellipsis."""
+    url = f"sqlite:///{tmp_path / 'both.sqlite'}"
+    with Ledger(url) as ledger:
+        record_baseline(ledger)
+        record_hybrid(ledger)
+    for args in (["--run", RUN_ID, "--db", ledger_url], ["--run", "hybrid-1", "--baseline", "base-1", "--db", url]):
+        result = runner.invoke(app, ["cost", *args, *flags], env={"COLUMNS": "80"})
+        assert result.exit_code == 0, result.output
+        assert "…" not in result.output, result.output
+        table = result.output.split("spend per capacity class")[0]
+        if not flags:
+            assert max(len(line) for line in result.output.splitlines()) <= 80, result.output
+            assert "$/M trained" in table and "pulled MiB" not in table
+        elif flags == ["--wide"]:
+            assert "slowest pull s" in table and "trainer $" in table
+        else:
+            assert "pulled MiB" in table and "slowest pull s" in table and "cost $" not in table
+
+
+def test_an_unknown_column_is_one_line_naming_the_choices(ledger_url):
+    result = runner.invoke(app, ["cost", "--run", RUN_ID, "--db", ledger_url, "--columns", "cost_usd,speed"])
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines() == [result.output.strip()]
+    assert "unknown column 'speed'" in result.output and "pull_s_max" in result.output
 
 
 def test_compares_with_a_measured_baseline_run_labelled_as_such(tmp_path):
