@@ -9,6 +9,7 @@ optimizer step: the update equals one `Trainer.train_step` on the whole batch up
 order; `abandon` drops it. With `optim.updates_per_step` > 1 the updates need the whole step (the
 proximal forward comes first), so `add` only scores and `finish` hands every sample over in the
 step's order. One RL step is one policy version; groups the rollout dropped are never added.
+`train_batch` is the one way samples become a `TrainBatch`: their logged token ids and loss masks.
 """
 
 from __future__ import annotations
@@ -26,6 +27,18 @@ from rl.rewards import RewardFn
 from rl.rollout import Sample
 from rl.scoring import score_group
 from rl.trainer import PolicyTrainer, TrainBatch
+
+
+def train_batch(samples: Sequence[Sample], advantages: Sequence[float]) -> TrainBatch:
+    """The batch of `samples`: their token ids as logged (never decoded and re-encoded), the
+    engine's log-probs and each one's loss mask (a trajectory's environment segments: 0)."""
+    return TrainBatch(
+        [s.prompt_ids for s in samples],
+        [s.response_ids for s in samples],
+        [s.logprobs for s in samples],
+        list(advantages),
+        [s.loss_mask for s in samples] if any(s.loss_mask for s in samples) else [],
+    )
 
 
 class StreamedStep:
@@ -89,14 +102,7 @@ class StreamedStep:
         if self._pending:
             samples, advantages = zip(*self._pending)
             self._pending.clear()
-            self.trainer.accumulate(
-                TrainBatch(
-                    [s.prompt_ids for s in samples],
-                    [s.response_ids for s in samples],
-                    [s.logprobs for s in samples],
-                    list(advantages),
-                )
-            )
+            self.trainer.accumulate(train_batch(samples, advantages))
 
     def covers(self, samples: Sequence[Sample]) -> bool:
         """Whether exactly these samples were accumulated (a retried rollout may differ)."""

@@ -56,11 +56,16 @@ class TrainBatch:
     rollout_logprobs: list[list[float]]
     """Per response token, the log-prob under the sampling distribution recorded by the engine."""
     advantages: list[float]
+    loss_masks: list[list[int]] = field(default_factory=list)
+    """Per response, 1 for each token trained and 0 for one that is not (a multi-turn trajectory's
+    environment segments); empty (the whole field, or one response's): all ones."""
 
     def __post_init__(self) -> None:
         sizes = {len(self.prompt_ids), len(self.response_ids), len(self.rollout_logprobs), len(self.advantages)}
         if len(sizes) != 1:
             raise ValueError(f"TrainBatch fields disagree in length: {sorted(sizes)}")
+        if self.loss_masks and len(self.loss_masks) != len(self.response_ids):
+            raise ValueError(f"{len(self.loss_masks)} loss masks for {len(self.response_ids)} responses")
         for i, (prompt, resp, lps) in enumerate(zip(self.prompt_ids, self.response_ids, self.rollout_logprobs)):
             if not prompt:
                 raise ValueError(
@@ -68,9 +73,30 @@ class TrainBatch:
                 )
             if len(resp) != len(lps):
                 raise ValueError(f"response {i}: {len(resp)} tokens but {len(lps)} log-probs")
+            if self.loss_masks and self.loss_masks[i] and len(self.loss_masks[i]) != len(resp):
+                raise ValueError(f"response {i}: {len(resp)} tokens but a loss mask of {len(self.loss_masks[i])}")
 
     def __len__(self) -> int:
         return len(self.response_ids)
+
+    def mask(self, i: int) -> list[int]:
+        """Response `i`'s loss mask (all ones when it has none)."""
+        mask = self.loss_masks[i] if self.loss_masks else []
+        return mask or [1] * len(self.response_ids[i])
+
+    def trained_tokens(self, rows: Sequence[int]) -> int:
+        """The tokens of `rows` that are trained (their loss masks' ones)."""
+        return sum(sum(self.mask(i)) for i in rows)
+
+    def select(self, rows: Sequence[int]) -> TrainBatch:
+        """The batch of `rows`, in that order."""
+        return TrainBatch(
+            [self.prompt_ids[i] for i in rows],
+            [self.response_ids[i] for i in rows],
+            [self.rollout_logprobs[i] for i in rows],
+            [self.advantages[i] for i in rows],
+            [self.loss_masks[i] for i in rows] if self.loss_masks else [],
+        )
 
 
 @dataclass
@@ -109,10 +135,11 @@ class _Packed:
     response_mask: Tensor
 
 
-def _pack(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> _Packed:
+def _pack(prompts: list[list[int]], responses: list[list[int]], masks: list[list[int]], pad_id: int) -> _Packed:
     """Left-pad the prompts and right-pad the responses, so that every row's response starts in the
     same column: the logits of the last T_resp + 1 positions then predict every response token,
-    and the model computes no others (its `logits_to_keep`)."""
+    and the model computes no others (its `logits_to_keep`). The response mask is each row's loss
+    mask: an environment segment's tokens are context, never trained."""
     prompt_width = max(len(p) for p in prompts)
     resp_width = max(1, max(len(r) for r in responses))
     batch = len(prompts)
@@ -120,13 +147,13 @@ def _pack(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> 
     attention_mask = torch.zeros((batch, prompt_width + resp_width), dtype=torch.long)
     targets = torch.full((batch, resp_width), pad_id, dtype=torch.long)
     response_mask = torch.zeros((batch, resp_width))
-    for i, (p, r) in enumerate(zip(prompts, responses)):
+    for i, (p, r, m) in enumerate(zip(prompts, responses, masks)):
         start = prompt_width - len(p)
         input_ids[i, start : prompt_width + len(r)] = torch.tensor(p + r)
         attention_mask[i, start : prompt_width + len(r)] = 1
         if r:
             targets[i, : len(r)] = torch.tensor(r)
-            response_mask[i, : len(r)] = 1
+            response_mask[i, : len(r)] = torch.tensor(m, dtype=response_mask.dtype)
     position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
     return _Packed(input_ids, attention_mask, position_ids, targets, response_mask)
 
@@ -137,11 +164,13 @@ def _to(packed: _Packed, device: torch.device) -> _Packed:
 
 def concat_batches(batches: Sequence[TrainBatch]) -> TrainBatch:
     """One batch of the samples of `batches`, in order."""
+    masked = any(b.loss_masks for b in batches)
     return TrainBatch(
         [p for b in batches for p in b.prompt_ids],
         [r for b in batches for r in b.response_ids],
         [lp for b in batches for lp in b.rollout_logprobs],
         [a for b in batches for a in b.advantages],
+        [b.mask(i) for b in batches for i in range(len(b))] if masked else [],
     )
 
 
@@ -322,11 +351,12 @@ class Trainer:
         (None when the chunk has no response token)."""
         prompts = [batch.prompt_ids[i] for i in chunk]
         responses = [batch.response_ids[i] for i in chunk]
-        tokens = float(sum(len(r) for r in responses))
+        masks = [batch.mask(i) for i in chunk]
+        tokens = float(sum(sum(m) for m in masks))
         if not tokens:
             return None
-        sequences = float(sum(1 for r in responses if r))
-        packed = _pack(prompts, responses, self.pad_token_id)
+        sequences = float(sum(1 for m in masks if any(m)))
+        packed = _pack(prompts, responses, masks, self.pad_token_id)
         behaviour_lp = torch.zeros_like(packed.response_mask)
         for row, i in enumerate(chunk):
             behaviour_lp[row, : len(batch.rollout_logprobs[i])] = torch.tensor(batch.rollout_logprobs[i])
@@ -451,7 +481,7 @@ class Trainer:
         """U > 1: the proximal forward over the whole step, then one update per mini-batch."""
         self.optimizer.zero_grad(set_to_none=True)
         batch = concat_batches(pieces)
-        if not sum(len(r) for r in batch.response_ids):
+        if not batch.trained_tokens(range(len(batch))):
             raise ValueError("the step has no response tokens to train on")
         plan = [self._micro_batches(rows) for rows in mini_batches(batch, self.optim_config.updates_per_step)]
         self.model.train()  # the mode of the training forward, so the first update's ratio is exactly 1

@@ -65,8 +65,11 @@ def batch_to_wire(batch: TrainBatch) -> dict:
         "response_ids": batch.response_ids,
         "rollout_logprobs": batch.rollout_logprobs,
         "advantages": batch.advantages,
+        "loss_masks": batch.loss_masks,
     }
 
 
 def batch_from_wire(data: dict) -> TrainBatch:
-    return TrainBatch(data["prompt_ids"], data["response_ids"], data["rollout_logprobs"], data["advantages"])
+    return TrainBatch(
+        data["prompt_ids"], data["response_ids"], data["rollout_logprobs"], data["advantages"], data["loss_masks"]
+    )

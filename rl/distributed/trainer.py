@@ -135,16 +135,16 @@ class DistributedTrainer:
         shares = self._balancer.split(lengths)
         passes = rounds(shares, self.optim_config.micro_batch_size)
         payloads = [
-            {"batch": batch_to_wire(_select(batch, share)) if share else None, "rounds": passes} for share in shares
+            {"batch": batch_to_wire(batch.select(share)) if share else None, "rounds": passes} for share in shares
         ]
         self.group.call("accumulate", payloads)
         # Counted as the torch trainer counts them (a micro-batch without tokens adds nothing).
         size = self.optim_config.micro_batch_size
         for share in shares:
             for start in range(0, len(share), size):
-                responses = [batch.response_ids[i] for i in share[start : start + size]]
-                tokens = float(sum(len(r) for r in responses))
-                sequences = float(sum(1 for r in responses if r))
+                rows = share[start : start + size]
+                tokens = float(batch.trained_tokens(rows))
+                sequences = float(sum(1 for i in rows if any(batch.mask(i))))
                 totals.tokens += tokens
                 totals.sequences += sequences
                 totals.weight += tokens if self.grpo.aggregation == "token" else sequences
@@ -221,15 +221,6 @@ class DistributedTrainer:
     def close(self) -> None:
         """Stop the ranks (idempotent)."""
         self.group.close()
-
-
-def _select(batch: TrainBatch, indices: list[int]) -> TrainBatch:
-    return TrainBatch(
-        [batch.prompt_ids[i] for i in indices],
-        [batch.response_ids[i] for i in indices],
-        [batch.rollout_logprobs[i] for i in indices],
-        [batch.advantages[i] for i in indices],
-    )
 
 
 def _sum(dicts) -> dict[str, float]:

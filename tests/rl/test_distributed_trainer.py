@@ -126,6 +126,27 @@ def test_two_ranks_take_the_torch_trainers_step(model_dir, tmp_path, zero_stage)
         distributed.close()
 
 
+def masked(batch: TrainBatch) -> TrainBatch:
+    """`batch` as trajectories: every third response token an environment token (loss mask 0)."""
+    masks = [[0 if t % 3 == 1 else 1 for t in range(len(r))] for r in batch.response_ids]
+    logprobs = [[lp if m else 0.0 for lp, m in zip(lps, mask)] for lps, mask in zip(batch.rollout_logprobs, masks)]
+    return TrainBatch(batch.prompt_ids, batch.response_ids, logprobs, batch.advantages, masks)
+
+
+def test_two_ranks_train_a_trajectorys_model_tokens_only(model_dir, tmp_path):
+    """The loss masks reach the ranks: their step on trajectories is the torch trainer's."""
+    reference = torch_trainer(model_dir)
+    want = reference.train_step(masked(random_batch(seed=2)))
+    distributed = ranks(model_dir, tmp_path)
+    try:
+        got = distributed.train_step(masked(random_batch(seed=2)))
+        assert max_difference(distributed.policy_state(), reference.policy_state()) <= 1e-5
+        for key in ("loss", "entropy", "grad_norm", "response_tokens", "rollout_logprob_gap"):
+            assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
+    finally:
+        distributed.close()
+
+
 def update_gap(after: dict[str, torch.Tensor], want: dict[str, torch.Tensor], before: dict[str, torch.Tensor]) -> float:
     """|update - wanted update| / |wanted update| over every parameter."""
     num = sum(float(((after[k].float() - want[k].float()) ** 2).sum()) for k in want)

@@ -584,7 +584,7 @@ def test_batched_logprobs_equal_each_row_scored_alone():
     model = tiny_model()
     trainer = run_trainer(model, PAD, GRPOConfig(), OptimConfig())
     batch = random_batch(size=6, empty_response=False)
-    packed = _pack(batch.prompt_ids, batch.response_ids, PAD)
+    packed = _pack(batch.prompt_ids, batch.response_ids, [batch.mask(i) for i in range(len(batch))], PAD)
     with torch.no_grad():
         logprobs, logits = trainer._logprobs(trainer.model, packed)
     assert logits.shape[:2] == (6, max(len(r) for r in batch.response_ids))
