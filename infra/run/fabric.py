@@ -48,11 +48,11 @@ from infra.rollout.tokenlog import GroupSpec, ShardCountMismatch, TokenLog
 from infra.rollout.worker_config import instance_flags
 from infra.run.colocated import ColocatedInstance, WithColocated
 from infra.run.fabric_config import CloudSettings, FabricConfig
-from infra.run.redis_outage import REDIS_ERRORS, public_url, wait_for_redis
+from infra.run.redis_outage import REDIS_ERRORS, lost_redis, public_url, wait_for_redis
 from infra.services.redis_embedded import REDIS_CA_FILE_ENV, REDIS_URL_ENV, EmbeddedRedis, RedisSettings
 from infra.weights.config import WeightsConfig
 from infra.weights.model_source import upload_model
-from infra.weights.publisher import WeightPublisher
+from infra.weights.publisher import PublishError, WeightPublisher
 from infra.weights.puller import STORE
 from infra.weights.shared import Transfer, drain_transfers, share_config
 from infra.weights.tls import CERT_ENV as TLS_CERT_ENV
@@ -177,8 +177,10 @@ class RolloutFabric:
                 if pool.colocated:
                     self.colocated.append(self._colocated_instance(index, pool, trainer_device))
         except BaseException:
-            self.weights.close()
-            self._close_colocated_and_redis()
+            try:
+                self._close_weights()
+            finally:
+                self._close_colocated_and_redis()
             raise
         local_pools = [pool for pool in config.pools if pool.provider == "local" and not pool.colocated]
         cloud_pools = [pool for pool in config.pools if pool.provider != "local"]
@@ -583,9 +585,22 @@ class RolloutFabric:
             self.fleet.stop(drain=lambda live: runs.drain(live, timeout_s))
             runs.settle(runs.known(), "ended with the training run before it started this run")
             runs.remove_environment()
-        self.provider.shutdown()
-        self.weights.close()
-        self._close_colocated_and_redis()
+        try:
+            self.provider.shutdown()
+            self._close_weights()
+        finally:
+            self._close_colocated_and_redis()
+
+    def _close_weights(self) -> None:
+        """Finish the publisher's pending work and stop it. A publication that failed on a lost
+        Redis goes to the run log: the step that met the lost Redis ends the run (`RunStopped`), or
+        the run had ended, and the instances it was for are going too."""
+        try:
+            self.weights.close()
+        except PublishError as error:
+            if not lost_redis(error):
+                raise
+            log.info("closing the weights publisher: %s", error, exc_info=error)
 
     def _close_colocated_and_redis(self) -> None:
         """Stop the colocated instances (they hand their samples back through Redis), then Redis."""

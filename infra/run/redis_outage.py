@@ -5,8 +5,9 @@ the step, but not at once: the fabric waits up to `fabric.redis_outage_timeout_s
 a PING again (`wait_for_redis`) and then resumes the step where the token log says it is (a Redis
 restarted on its append-only file keeps it). Past the timeout it raises `RedisUnreachable`; the
 training session adds what the run kept (`RunStopped`: its last checkpoint) and the CLI prints it
-as one line with the command that resumes the run. The Redis is named by `public_url`, never with
-its password.
+as one line with the command that resumes the run. A weight publication that failed on the lost
+Redis (`lost_redis`) goes to the run log when the fabric closes: it never replaces that line. The
+Redis is named by `public_url`, never with its password.
 """
 
 from __future__ import annotations
@@ -20,6 +21,19 @@ import redis
 
 REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError)
 """What redis-py raises when the server cannot be reached or does not answer."""
+
+
+def lost_redis(error: BaseException) -> bool:
+    """Whether `error` was raised from or during a Redis that could not be reached (`REDIS_ERRORS`
+    in its chain): the `PublishError` of a version whose publication met a lost Redis, say."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, REDIS_ERRORS):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def public_url(url: str) -> str:

@@ -7,7 +7,8 @@ instance and two spot workers) with small overrides, each failure made for real:
   drivers of a run started at the same instant on a fresh Prefect home (one runs);
 * an output directory on a read-only file system, or below a file (it cannot be made);
 * the token log's Redis SIGKILLed mid-run: the co-located worker inside the training process
-  prints nothing either, its traceback is in the run log with the run's;
+  prints nothing either, its traceback is in the run log with the run's; SIGKILLed before a
+  version is published: its publication fails on the lost Redis, and ends the run the same way;
 * a Redis URL whose port another service (HTTP) holds;
 * Prefect: a database another Prefect version migrated, no free port for the ephemeral server
   (every port of its range held, in a private network namespace), a PREFECT_API_URL that does not
@@ -161,6 +162,42 @@ def lost_redis(model: Path, tmp_path: Path, home: Path) -> Case:
     )
 
 
+def lost_redis_at_publish(model: Path, tmp_path: Path, home: Path) -> Case:
+    """Redis SIGKILLed once step 1's rollout is written: the step scores and trains without it, and
+    the publication of version 1 meets a Redis that is gone (`Error 111 connecting`)."""
+    server = EmbeddedRedis()
+    server.start()
+    where = public_url(server.url)
+    run = tmp_path / "runs" / "errors"
+    env = _environment(tmp_path, home, RLBOOST_REDIS_URL=server.url)
+    reserved = {**RESERVED_POOL, "colocated": True}
+    overrides = {"fabric.redis_outage_timeout_s": 3, "fabric.pools": [reserved]}
+    driver = subprocess.Popen(
+        _train_command(model, tmp_path, **overrides),
+        env=env,
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        rollout = run / "steps" / "000001" / "rollout.jsonl"
+        wait_for(lambda: rollout.exists() or driver.poll() is not None, "step 1's rollout", timeout_s=240)
+        os.kill(server.pid, signal.SIGKILL)
+        output, _ = driver.communicate(timeout=240)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        server.stop()
+    log = (run / "driver.log").read_text()
+    assert "infra.weights.publisher: weight publication failed" in log, "the publication met a live Redis"
+    assert "closing the weights publisher: weight publication failed: Error 111 connecting" in log
+    assert "the run ended with: RunStopped(" in log
+    return Case(
+        driver.returncode, output, 3, f"the run stopped: the token log's Redis at {where} has not answered", run
+    )
+
+
 def redis_port_held_by_another_service(model: Path, tmp_path: Path, home: Path) -> Case:
     class Quiet(BaseHTTPRequestHandler):
         def log_message(self, *args) -> None:
@@ -265,6 +302,7 @@ CLASSES: dict[str, Callable[[Path, Path, Path], Case]] = {
     "read-only output directory": read_only_output_dir,
     "output directory that cannot be made": output_dir_below_a_file,
     "lost Redis": lost_redis,
+    "Redis lost while a version is published": lost_redis_at_publish,
     "Redis port held by another service": redis_port_held_by_another_service,
     "Prefect database of another version": prefect_database_of_another_version,
     "no free port for the Prefect server": prefect_without_a_free_port,

@@ -1,5 +1,6 @@
 """`wait_for_redis`: returns once a real Redis answers, raises `RedisUnreachable` naming it without
-its password when it does not within the timeout (a manual clock)."""
+its password when it does not within the timeout (a manual clock). `lost_redis`: a failure caused
+by a Redis that refused the connection."""
 
 from __future__ import annotations
 
@@ -29,3 +30,15 @@ def test_a_redis_that_stays_away_is_named_after_the_timeout():
         wait_for_redis(client, url, 3.0, ConnectionError("gone"), clock=clock, sleep=clock.advance)
     assert str(raised.value).startswith(f"the token log's Redis at redis://127.0.0.1:{port}/0 has not answered for 3 s")
     assert "s3cret" not in str(raised.value)
+
+
+def test_a_publication_that_failed_on_an_unreachable_redis_is_a_lost_redis():
+    from infra.run.redis_outage import lost_redis
+    from infra.weights.publisher import PublishError
+
+    with pytest.raises(redis.ConnectionError) as refused:
+        redis.Redis(port=free_port(), socket_connect_timeout=1).ping()  # nothing listens there
+    with pytest.raises(PublishError) as published:
+        raise PublishError(f"weight publication failed: {refused.value}") from refused.value
+    assert lost_redis(published.value)
+    assert not lost_redis(PublishError("weight publication failed: the store refused the upload"))
