@@ -15,7 +15,7 @@ export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 
-.PHONY: setup vllm-setup demo test test-unit test-full bench-learning gpu-check constraints clean
+.PHONY: setup vllm-setup demo test test-unit test-full bench-learning gpu-check gpu-wheels constraints clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -63,12 +63,16 @@ ARGS ?=
 demo: setup
 	$(BIN)/rlboost demo $(ARGS)
 
+# pytest-xdist: TEST_WORKERS processes, each its own session (its own Prefect server, Redis and
+# temporary directories); a file's tests stay on one worker (module fixtures are made once). Many
+# integration tests wait on processes more than they compute, so 3 workers beat 2 on 2 cores.
+TEST_WORKERS ?= 3
 test: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 	$(BIN)/pyright
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile
 
 # The edit loop: the unit tests alone (no Redis, Prefect or worker processes; about a minute on 2
 # cores). `make test` stays the whole suite.
@@ -93,10 +97,19 @@ bench-learning: setup
 	$(BIN)/python bench/learning.py
 
 # The CUDA paths on a GPU machine, one JSON line at the end (bench/gpu_check.py; docs/engines.md, "The
-# GPU check"): it makes its own .venv-gpu once (CUDA torch and vLLM), so it needs no `setup`.
-# Without a GPU it says so in one line and exits 2. `make gpu-check ARGS="--model tiny"`: a smoke run.
+# GPU check"). It needs no `setup`: where the wheel set of `gpu-wheels` was brought (.gpu-wheels/), it
+# installs it with no index beside the machine's CUDA torch; else it makes .venv-gpu from the index
+# (CUDA torch and vLLM). Without a GPU it says so in one line and exits 2. `ARGS="--model tiny"`: a
+# smoke run; `ARGS="--device cpu"` with PYTHON=.venv/bin/python: the stages rehearsed on the CPU.
 gpu-check:
 	@$(PYTHON) bench/gpu_check.py $(ARGS)
+
+# The wheel set for a GPU machine with CUDA torch and no package index (bench/gpu_wheels.py): the
+# project and the runtime dependencies that machine lacks, for its CPython, at most 60 MiB, in
+# .gpu-wheels/ (about a minute; 50.5 MiB on 2026-12-05). Bring that folder beside the checkout.
+GPU_PYTHON_VERSION ?= 3.12
+gpu-wheels: $(TEST_STAMP)
+	$(BIN)/python bench/gpu_wheels.py --out .gpu-wheels --python-version $(GPU_PYTHON_VERSION)
 
 # Regenerate constraints.txt (after changing a dependency in pyproject.toml; 5-10 min): the test set
 # is installed in a throwaway venv WITHOUT the pins, as $(TEST_STAMP) installs it, and its
