@@ -442,6 +442,9 @@ def fabric_stage(model_dir: Path, device: str, engine: str = "hf") -> dict[str, 
     instance preempted after step 2: reward before and after (the first and last three steps' mean
     training reward), tokens generated per second, instances replaced, samples migrated."""
     os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
+    os.environ.setdefault("DO_NOT_TRACK", "1")  # the GPU machine reaches nothing outside: no telemetry
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     from flows.rl_train import run_training
     from infra.run.config import load_config
     from rl.models import load_tokenizer
