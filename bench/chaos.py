@@ -492,8 +492,8 @@ def ledger_state(ledger_url: str, run_id: str) -> tuple[int, int]:
     from sqlalchemy import func, select
     from sqlalchemy.orm import Session
 
-    from infra.ledger import Ledger
     from infra.ledger.models import Instance, Step
+    from infra.ledger.recorder import Ledger
 
     with Ledger(ledger_url) as ledger, Session(ledger.engine) as session:
         open_instances = session.scalar(

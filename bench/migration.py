@@ -38,7 +38,8 @@ from infra.availability.traces import AvailabilityTrace, TraceEvent, TraceSchedu
 from infra.providers.interface import PreemptionEvent  # noqa: E402
 from infra.providers.local import LocalProvider  # noqa: E402
 from infra.providers.pool import PoolSpec  # noqa: E402
-from infra.rollout.controller import ControllerConfig, OffloadSettings, StepReport  # noqa: E402
+from infra.rollout.controller import StepReport  # noqa: E402
+from infra.rollout.controller_config import ControllerConfig, OffloadSettings  # noqa: E402
 from infra.rollout.policies import StealConfig  # noqa: E402
 from infra.rollout.settings import WorkerSettings  # noqa: E402
 from infra.run.fabric import RolloutFabric  # noqa: E402

@@ -37,7 +37,8 @@ def sweep(
 ) -> None:
     """Delete the VMs (found by their rlboost-run label) whose run ended or whose driver is gone, and record them in the ledger."""
     from infra.cli.run_config import load_run_config
-    from infra.ledger import Ledger, LedgerUnavailable
+    from infra.ledger.db import LedgerUnavailable
+    from infra.ledger.recorder import Ledger
     from infra.providers.errors import CloudError
     from infra.run.fabric import cloud_options
     from infra.run.sweep import CloudSweep

@@ -30,7 +30,10 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 
-from infra.ledger import BaselineComparison, BaselineMismatch, Ledger, LedgerUnavailable, UnknownRun
+from infra.ledger.comparison import BaselineComparison, BaselineMismatch
+from infra.ledger.db import LedgerUnavailable
+from infra.ledger.reader import UnknownRun
+from infra.ledger.recorder import Ledger
 from infra.ledger.report import CostReport, StepCost
 from infra.pricing import PriceNotFound
 from infra.sim import from_run

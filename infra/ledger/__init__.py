@@ -10,25 +10,6 @@ workload -> `BaselineComparison`).
 `infra.run.accounting.RunAccounting` writes a training run into it; the trainer's machine is an
 instance of role `trainer`; `rlboost cost --run ID [--baseline ID]` prints and exports the report
 (`infra/cli/cost.py`). The API wired step by step, the report's definitions and each write's key:
-docs/cost-ledger.md ("In code"); what is recorded and why: docs/internals.md §7.
+docs/cost-ledger.md ("In code"); what is recorded and why: docs/internals.md §7. The package
+imports none of its modules, so loading `config` (a run's `ledger` section) loads no SQLAlchemy.
 """
-
-from infra.ledger.comparison import BaselineComparison, BaselineMismatch
-from infra.ledger.config import LedgerConfig, TrainerMachine, resolve_ledger_url
-from infra.ledger.db import LedgerUnavailable
-from infra.ledger.reader import UnknownRun
-from infra.ledger.recorder import Ledger, LedgerWriteError
-from infra.ledger.report import CostReport
-
-__all__ = [
-    "BaselineComparison",
-    "BaselineMismatch",
-    "CostReport",
-    "Ledger",
-    "LedgerConfig",
-    "LedgerUnavailable",
-    "LedgerWriteError",
-    "TrainerMachine",
-    "UnknownRun",
-    "resolve_ledger_url",
-]

@@ -68,15 +68,6 @@ MEASURED_FIELDS = ("data.mean_prompt_tokens",)
 _ABSENT = "absent"
 
 
-def trainer_machine(workload: dict[str, Any]) -> dict[str, Any] | None:
-    """The trainer's machine (`ledger.trainer`) of a recorded workload, of any age: `trainer.machine`,
-    or, recorded before the trainer's configuration was, the `trainer` section itself."""
-    trainer = workload.get("trainer")
-    if isinstance(trainer, dict) and "backend" in trainer:
-        return trainer.get("machine")
-    return trainer
-
-
 def _flatten(name: str, value: Any, flat: dict[str, Any]) -> None:
     if isinstance(value, dict):
         for key, item in value.items():

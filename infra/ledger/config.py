@@ -9,7 +9,7 @@ the working directory, beside the default base model in `.rlboost/`).
 from __future__ import annotations
 
 import os
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -63,3 +63,12 @@ class LedgerConfig(Section):
     def resolved_url(self) -> str:
         """The URL the run records to (see `resolve_ledger_url`)."""
         return resolve_ledger_url(self.url)
+
+
+def trainer_machine(workload: dict[str, Any]) -> dict[str, Any] | None:
+    """The trainer's machine (`ledger.trainer`) of a recorded workload, of any age: `trainer.machine`,
+    or, recorded before the trainer's configuration was, the `trainer` section itself."""
+    trainer = workload.get("trainer")
+    if isinstance(trainer, dict) and "backend" in trainer:
+        return trainer.get("machine")
+    return trainer

@@ -24,7 +24,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from infra.providers.interface import BootFile, BootPlan, instance_work_queue
 from infra.providers.pool import PoolSpec
-from infra.services.redis_embedded import REDIS_CA_FILE_ENV
 from rl import env_vars
 
 WatcherKind = Literal["gce", "azure"]
@@ -354,5 +353,5 @@ def _redis_ca_lines(bootstrap: WorkerBootstrap) -> list[str]:
     return [
         f"mkdir -p {shlex.quote(bootstrap.install_dir)}",
         f"printf '%s' {shlex.quote(bootstrap.redis_ca_pem)} > {shlex.quote(path)}",
-        f"export {REDIS_CA_FILE_ENV}={shlex.quote(path)}",
+        f"export {env_vars.REDIS_CA_FILE}={shlex.quote(path)}",
     ]

@@ -24,8 +24,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from infra.ledger import BaselineMismatch, CostReport, Ledger, UnknownRun
+from infra.ledger.comparison import BaselineMismatch
 from infra.ledger.config import TrainerMachine
+from infra.ledger.reader import UnknownRun
+from infra.ledger.recorder import Ledger
+from infra.ledger.report import CostReport
 from infra.providers.interface import InstanceRecord, Provider
 from infra.providers.pool import PoolSpec
 from infra.weights.shared import Transfer

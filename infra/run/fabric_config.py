@@ -11,7 +11,7 @@ from pydantic import Field, model_validator
 from infra.pricing.egress import egress_usd_per_gb
 from infra.providers.pool import PoolSpec
 from infra.providers.startup import WorkerBootstrap
-from infra.rollout.controller import ControllerConfig
+from infra.rollout.controller_config import ControllerConfig
 from infra.rollout.settings import WorkerSettings
 from infra.weights.config import WeightsConfig
 from rl.config import Section

@@ -26,7 +26,8 @@ from typing import Any
 
 import torch
 
-from infra.ledger import CostReport, Ledger
+from infra.ledger.recorder import Ledger
+from infra.ledger.report import CostReport
 from infra.run.accounting import RunAccounting
 from infra.run.config import RunConfig
 from infra.run.driver_lock import session_lock

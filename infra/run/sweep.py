@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from infra.fleet.cloud_fleet import provider_class
-from infra.ledger import Ledger
 from infra.ledger.reader import list_runs
+from infra.ledger.recorder import Ledger
 from infra.providers.pool import PoolSpec
 from infra.providers.startup import WorkerBootstrap
 from infra.providers.zonal import LabelledVm, ZonalCloudProvider, label_value

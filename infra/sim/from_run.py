@@ -15,19 +15,21 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import TypeAdapter, ValidationError
 
 from infra.availability.traces import TraceSchedule
-from infra.ledger.comparison import trainer_machine
-from infra.ledger.report import CostReport
+from infra.ledger.config import trainer_machine
 from infra.providers.pool import PoissonAvailability, TraceAvailability
 from infra.run.config import ConfigError
 from infra.sim.availability import spot_schedule
 from infra.sim.runner import SPECS, measure
 from infra.sim.scenario import Scenario, SpotSection, parse_scenario
 from infra.sim.simulator import Simulation
+
+if TYPE_CHECKING:
+    from infra.ledger.report import CostReport
 
 MACHINE_GPUS: dict[str, tuple[str, int]] = {
     **{f"a2-highgpu-{n}g": ("A100-40G", n) for n in (1, 2, 4, 8)},

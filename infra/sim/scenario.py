@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field, NonNegativeInt, PositiveInt, ValidationEr
 from infra.availability.traces import TraceError, load_trace
 from infra.pricing import PriceNotFound, default_catalog
 from infra.pricing.egress import egress_usd_per_gb
-from infra.rollout.controller import ControllerConfig
+from infra.rollout.controller_config import ControllerConfig
 from infra.run.config import ConfigError, line_of, read_yaml_sections
 from infra.sim.hardware import GPUS, GPUSpec, ModelShape
 from rl.config import Section
@@ -363,7 +363,7 @@ class Scenario(Section):
     measured: MeasuredSection | None = None
     """Speeds measured on this machine instead of the GPU models (None: the GPU models)."""
     controller: ControllerConfig = ControllerConfig()
-    """The rollout controller's configuration (`infra.rollout.controller.ControllerConfig`): reap
+    """The rollout controller's configuration (`infra.rollout.controller_config.ControllerConfig`): reap
     timeout, steal, offload (`T_local`) and the poll interval."""
     paper_offload: PaperOffloadSection = PaperOffloadSection()
     """The `paper` variant's offload rule (the artifact's, in place of `controller.offload`)."""

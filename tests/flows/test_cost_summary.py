@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from flows.rl_train import _cost_summary
-from infra.ledger import Ledger
+from infra.ledger.recorder import Ledger
 from tests.infra.ledger.test_ledger_comparison import record_baseline, record_hybrid
 
 

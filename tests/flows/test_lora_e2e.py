@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from flows.rl_train import rl_train
-from infra.ledger import Ledger
+from infra.ledger.recorder import Ledger
 from infra.run.config import load_config
 from rl.lora import ADAPTER_WEIGHTS_FILE, add_adapters, read_adapter
 from rl.models import load_model, load_policy

@@ -21,7 +21,7 @@ from prefect.client.schemas.filters import (
 )
 
 from flows.rl_train import rl_train
-from infra.ledger import Ledger
+from infra.ledger.recorder import Ledger
 from tests.helpers import save_tiny_model, tiny_run, tiny_shape
 
 pytestmark = pytest.mark.integration

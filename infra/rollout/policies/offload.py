@@ -59,7 +59,7 @@ class OffloadController:
     """Chooses `T_local` per step; persistable with `to_dict` / `from_dict`."""
 
     def __init__(self, initial_t_local: float, floor: float, ceiling: float | None, damping: float) -> None:
-        """The `controller.offload` settings (`infra.rollout.controller.OffloadSettings.new_controller`)."""
+        """The `controller.offload` settings (`infra.rollout.controller_config.OffloadSettings.new_controller`)."""
         if damping <= 0:
             raise ValueError(f"damping must be > 0, got {damping}")
         if not floor <= initial_t_local <= (math.inf if ceiling is None else ceiling):

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from infra.cli.app import app
-from infra.ledger import Ledger
+from infra.ledger.recorder import Ledger
 from infra.providers.interface import InstanceRecord
 from tests.infra.ledger.test_ledger import RUN_ID, at, record_small_run
 from tests.infra.ledger.test_ledger_comparison import record_baseline, record_hybrid, workload

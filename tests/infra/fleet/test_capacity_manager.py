@@ -12,7 +12,7 @@ from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
 
 from infra.fleet.capacity_manager import CapacityManager
-from infra.ledger import Ledger
+from infra.ledger.recorder import Ledger
 from infra.providers.errors import PoolConfigError
 from infra.providers.gcp import GcpProvider
 from infra.providers.interface import InstanceHandle, InstanceRecord, PreemptionEvent, Provider, StopReason

@@ -8,8 +8,8 @@ import uuid
 import pytest
 from sqlalchemy import create_engine, text
 
-from infra.ledger import Ledger
 from infra.ledger.db import normalize_url
+from infra.ledger.recorder import Ledger
 
 
 def _postgres_url(schema: str) -> str:

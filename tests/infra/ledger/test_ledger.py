@@ -18,10 +18,11 @@ from pydantic import ValidationError
 from sqlalchemy import func, inspect, select
 from sqlalchemy.orm import Session
 
-from infra.ledger import Ledger, LedgerConfig, LedgerUnavailable, LedgerWriteError, UnknownRun
-from infra.ledger.db import create_ledger_engine, current_revision, downgrade_to, upgrade_to_head
+from infra.ledger.config import LedgerConfig
+from infra.ledger.db import LedgerUnavailable, create_ledger_engine, current_revision, downgrade_to, upgrade_to_head
 from infra.ledger.models import Base, Instance, PriceQuote, Run, Step, Usage, WeightTransfer
-from infra.ledger.recorder import as_utc
+from infra.ledger.reader import UnknownRun
+from infra.ledger.recorder import Ledger, LedgerWriteError, as_utc
 from infra.providers.interface import InstanceRecord
 from infra.providers.pool import PoolSpec
 

@@ -24,7 +24,7 @@ import pytest
 from typer.testing import CliRunner
 
 from infra.cli.app import app
-from infra.ledger import Ledger
+from infra.ledger.recorder import Ledger
 from infra.providers.interface import InstanceRecord
 from tests.infra.ledger.test_ledger import at
 
@@ -160,7 +160,7 @@ def test_a_run_recorded_by_its_accounting_adds_up_with_the_costs_its_steps_repor
     30 s steps with 20 s evaluations between them, 40 s after the last; the trainer alone at
     $3.60/h. The per-step costs the flow plots (`step_cost_usd`, $0.03 each) left out the $0.14 of
     the other 140 s; the lines hold it."""
-    from infra.ledger import TrainerMachine
+    from infra.ledger.config import TrainerMachine
     from infra.run.accounting import RunAccounting
     from tests.infra.ledger.test_ledger_comparison import Clock
 

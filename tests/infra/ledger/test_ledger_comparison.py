@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import pytest
 
-from infra.ledger import BaselineMismatch, Ledger, TrainerMachine
+from infra.ledger.comparison import BaselineMismatch
+from infra.ledger.config import TrainerMachine
+from infra.ledger.recorder import Ledger
 from infra.providers.interface import InstanceRecord
 from infra.run.accounting import RunAccounting
 from infra.run.config import load_config

@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from infra.ledger import Ledger
 from infra.ledger.models import Instance
+from infra.ledger.recorder import Ledger
 from infra.providers.interface import InstanceRecord
 
 RUN_ID = "identity-0a1b2c3d"

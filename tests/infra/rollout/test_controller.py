@@ -22,13 +22,8 @@ import pytest
 
 from infra.availability.capacity import CapacityClass
 from infra.rollout.control import ControlMessage, Release, ReleaseAll
-from infra.rollout.controller import (
-    ControllerConfig,
-    OffloadSettings,
-    RolloutController,
-    StepReport,
-    samples_of_group,
-)
+from infra.rollout.controller import RolloutController, StepReport, samples_of_group
+from infra.rollout.controller_config import ControllerConfig, OffloadSettings
 from infra.rollout.instance import InstanceSpec
 from infra.rollout.policies import StealConfig
 from infra.rollout.registry import InstanceRegistry
@@ -344,7 +339,8 @@ def test_t_local_adapts_per_step_and_survives_a_controller_restart(redis_client,
 _CONTROLLER_PROCESS = """
 import json, os, sys, time
 import redis
-from infra.rollout.controller import ControllerConfig, RolloutController
+from infra.rollout.controller import RolloutController
+from infra.rollout.controller_config import ControllerConfig
 from infra.rollout.tokenlog import GroupSpec
 
 run_id, spec = sys.argv[1], json.loads(sys.argv[2])

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from infra.rollout.control import ControlMessage, Release
-from infra.rollout.controller import ControllerConfig, RolloutController
+from infra.rollout.controller import RolloutController
+from infra.rollout.controller_config import ControllerConfig
 from infra.rollout.policies import StealConfig
 from infra.rollout.protocol import set_current_step
 from infra.rollout.registry import InstanceRegistry

@@ -9,7 +9,8 @@ import json
 import uuid
 
 from infra.keyspace import controller_prefix
-from infra.rollout.controller import ControllerConfig, OffloadSettings, RolloutController
+from infra.rollout.controller import RolloutController
+from infra.rollout.controller_config import ControllerConfig, OffloadSettings
 from infra.rollout.instance import InstanceSpec
 from infra.rollout.protocol import current_step, set_current_step
 from infra.rollout.registry import InstanceRegistry

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import pytest
 import redis
 
-from infra.rollout.controller import ControllerConfig
+from infra.rollout.controller_config import ControllerConfig
 from infra.rollout.tokenlog import Flush, GroupSpec, ShardCountMismatch, TokenLog
 from infra.services.redis_embedded import RedisSettings
 from tests.helpers import wait_for

@@ -27,7 +27,7 @@ import torch
 from pydantic import ValidationError
 
 from infra.rollout.control import Release, ReleaseAll, Resume
-from infra.rollout.controller import ControllerConfig
+from infra.rollout.controller_config import ControllerConfig
 from infra.rollout.instance import InstanceSpec
 from infra.rollout.protocol import current_step, set_current_step
 from infra.rollout.registry import InstanceRegistry

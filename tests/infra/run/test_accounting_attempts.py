@@ -7,8 +7,8 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from infra.ledger import Ledger
 from infra.ledger.models import Run, WeightTransfer
+from infra.ledger.recorder import Ledger
 from infra.run.accounting import RunAccounting
 from infra.weights.shared import Transfer
 from tests.helpers import Clock, wait_for

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from infra.ledger import Ledger
+from infra.ledger.recorder import Ledger
 from infra.providers.interface import InstanceRecord
 from infra.rollout.instance import InstanceSpec
 from infra.rollout.registry import InstanceRegistry

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra.ledger import Ledger
+from infra.ledger.recorder import Ledger
 from infra.providers.interface import InstanceRecord
 from infra.run.accounting import RunAccounting, WeightTraffic
 from infra.weights.puller import PullReport

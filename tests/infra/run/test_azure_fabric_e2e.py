@@ -28,7 +28,7 @@ from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterNam
 from prefect.settings import PREFECT_API_URL
 
 from flows.rl_train import rl_train
-from infra.ledger import Ledger
+from infra.ledger.recorder import Ledger
 from infra.run import fabric as fabric_module
 from infra.services.redis_embedded import EmbeddedRedis
 from rl.rollout import read_samples

@@ -33,8 +33,8 @@ from prefect.exceptions import ObjectNotFound
 from prefect.settings import PREFECT_API_URL
 
 from flows.rl_train import rl_train
-from infra.ledger import Ledger
 from infra.ledger.reader import load_run
+from infra.ledger.recorder import Ledger
 from infra.run.fabric import environment_block_name
 from infra.services.redis_embedded import EmbeddedRedis
 from infra.weights.model_source import INDEX

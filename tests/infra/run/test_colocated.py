@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from infra.ledger import Ledger
+from infra.ledger.recorder import Ledger
 from infra.run.accounting import RunAccounting
 from infra.run.colocated import ColocatedInstanceError
 from infra.run.fabric import RolloutFabric

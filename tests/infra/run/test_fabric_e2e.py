@@ -10,7 +10,7 @@ import json
 import pytest
 
 from flows.rl_train import rl_train
-from infra.ledger import Ledger
+from infra.ledger.recorder import Ledger
 from infra.run.config import load_config
 from rl.models import load_model, save_model
 from rl.prompt_source import PromptSource

@@ -30,8 +30,8 @@ from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
 from infra.cli.app import app
-from infra.ledger import Ledger
 from infra.ledger.models import Instance, Run
+from infra.ledger.recorder import Ledger
 from infra.rollout.tokenlog import TokenLog
 from infra.run.config import load_config
 from infra.services.redis_embedded import EmbeddedRedis

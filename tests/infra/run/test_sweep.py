@@ -16,8 +16,8 @@ from google.auth.credentials import AnonymousCredentials
 from typer.testing import CliRunner
 
 from infra.cli.app import app
-from infra.ledger import Ledger
 from infra.ledger.reader import list_runs, list_swept
+from infra.ledger.recorder import Ledger
 from infra.providers.zonal import OperationPolling
 from infra.run.fabric_config import SweepSettings
 from infra.run.sweep import CloudSweep, SweepSchedule

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from infra.ledger import Ledger
+from infra.ledger.recorder import Ledger
 from infra.run.config import load_config
 from infra.run.session import TrainingSession
 from infra.run.workload import model_architecture, run_workload

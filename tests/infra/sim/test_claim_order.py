@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from infra.rollout.controller import ControllerConfig
+from infra.rollout.controller_config import ControllerConfig
 from infra.rollout.tokenlog import Claim, GroupSpec, TokenLog
 from infra.sim.claiming import ClaimQueue
 

@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from infra.cli.app import app
-from infra.ledger import Ledger
+from infra.ledger.recorder import Ledger
 from infra.providers.interface import InstanceRecord
 from infra.run.config import load_config
 from infra.run.workload import run_workload

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from infra.rollout.controller import OffloadSettings
+from infra.rollout.controller_config import OffloadSettings
 from infra.rollout.policies import (
     CapacityConfig,
     CapacityTarget,

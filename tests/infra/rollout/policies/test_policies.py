@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from infra.rollout.controller import ControllerConfig, OffloadSettings
+from infra.rollout.controller_config import ControllerConfig, OffloadSettings
 from infra.rollout.policies import (
     CapacityConfig,
     CapacityTarget,
