@@ -1,16 +1,21 @@
 """The samples a rollout worker holds (docs/internals.md §4): each one's lease, the response tokens
 logged and those generated since, which of them are due to flush (`due`), the fenced flushes that
-log them (`flushes`) and what an accepted flush changes (`Held.logged_ok`).
+log them (`flushes`) and what an accepted flush changes (`Held.logged_ok`). A multi-turn
+trajectory's sample also has its `infra.rollout.trajectory.Episode`: the engine ending one of its
+model turns ends the turn (`turn_end`), not the sample.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import NamedTuple
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, NamedTuple
 
-from infra.rollout.tokenlog import Claim, Flush
-from rl.generation import TokenChunk
+from infra.rollout.tokenlog import Claim, Flush, Outcome
+from rl.generation import GenerationRequest, TokenChunk
+
+if TYPE_CHECKING:
+    from infra.rollout.trajectory import Episode
 
 
 @dataclass(eq=False)
@@ -33,6 +38,17 @@ class Held:
     since: float = 0.0
     """Monotonic time of the oldest unflushed token."""
     finish: str | None = None
+    episode: Episode | None = None
+    """A trajectory's environment state (None: a single-turn sample)."""
+    turn_start: int = 0
+    """Where the current model turn starts in the response (after the last environment segment)."""
+    turn_end: str | None = None
+    """The engine's finish reason of a trajectory's model turn that ended: its tokens are flushed,
+    then its environment answers it (None while the turn is generating)."""
+    outcome: Outcome | None = None
+    """How a finished trajectory ended (logged with its finishing flush)."""
+    segment: Segment | None = None
+    """The environment segment answering the turn that ended, to be logged (an env flush)."""
 
     @property
     def generated(self) -> int:
@@ -46,8 +62,17 @@ class Held:
             self.tokens += chunk.token_ids
             self.logprobs += chunk.logprobs
         if chunk.finish_reason is not None:
-            self.finish = chunk.finish_reason
+            if self.episode is None:
+                self.finish = chunk.finish_reason
+            else:
+                self.turn_end = chunk.finish_reason
         return len(chunk.token_ids)
+
+    def request(self) -> GenerationRequest:
+        """The engine request that continues the sample from its logged tokens (its current turn)."""
+        request = replace(self.claim, generated_ids=list(self.prefix)).request()
+        request.turn_start = self.turn_start
+        return request
 
     def logged_ok(self, count: int, submitted: float) -> None:
         """A flush of the first `count` buffered tokens, submitted at `submitted`, was accepted."""
@@ -58,27 +83,62 @@ class Held:
             self.since = submitted
 
 
+class Segment(NamedTuple):
+    """An environment segment to log: the observation's tokens (rendered once), its text, its turn."""
+
+    tokens: list[int]
+    observation: str | None
+    turn: int
+
+
 class Pending(NamedTuple):
-    """One flush in a batch: the sample, how many of its buffered tokens, its finish reason."""
+    """One flush in a batch: the sample, how many of its buffered tokens, its finish reason; or
+    its environment `segment`."""
 
     held: Held
     count: int
     finish: str | None
+    segment: Segment | None = None
 
 
 def due(held: Iterable[Held], now: float, flush_tokens: int, flush_s: float, force: bool) -> list[Held]:
-    """The samples to flush now: finished, or with `flush_tokens` unflushed tokens, or whose oldest
-    unflushed token is `flush_s` old; with `force`, every one with unflushed tokens."""
+    """The samples to flush now: finished, a trajectory's ended turn, or with `flush_tokens`
+    unflushed tokens, or whose oldest unflushed token is `flush_s` old; with `force`, every one
+    with unflushed tokens."""
     return [
         h
         for h in held
-        if h.finish is not None or (h.tokens and (force or len(h.tokens) >= flush_tokens or now - h.since >= flush_s))
+        if h.finish is not None
+        or (h.tokens and (force or h.turn_end is not None or len(h.tokens) >= flush_tokens or now - h.since >= flush_s))
     ]
 
 
 def flushes(batch: Sequence[Pending], instance_id: str, version: int | None) -> list[Flush]:
-    """The fenced flushes of a batch, each from where the sample's logged tokens end."""
+    """The fenced flushes of a batch, each from where the sample's logged tokens end (an
+    environment segment's: logprobs 0.0, no version)."""
     return [
-        Flush(h.sample_id, instance_id, h.epoch, h.tokens[:count], h.logprobs[:count], h.logged, finish, version)
-        for h, count, finish in batch
+        Flush(
+            h.sample_id,
+            instance_id,
+            h.epoch,
+            segment.tokens,
+            [0.0] * len(segment.tokens),
+            h.logged,
+            source="env",
+            observation=segment.observation,
+            turn=segment.turn,
+        )
+        if segment is not None
+        else Flush(
+            h.sample_id,
+            instance_id,
+            h.epoch,
+            h.tokens[:count],
+            h.logprobs[:count],
+            h.logged,
+            finish,
+            version,
+            outcome=h.outcome if finish is not None else None,
+        )
+        for h, count, finish, segment in batch
     ]

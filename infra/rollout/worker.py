@@ -9,6 +9,9 @@ flush means the lease was revoked. Its `WorkerMode` says whether it generates, i
 (``release_all``), asleep or waking. SIGTERM, a ``drain`` message or eviction stops it: it flushes,
 hands every sample back, deregisters and exits 0. Its configuration and command line are
 `infra.rollout.worker_config`'s; `main(argv)` is the process entry point (``rlboost worker``).
+A multi-turn trajectory ends a model turn, not its sample: its environment answers on a thread
+pool (`infra.rollout.trajectory`) while the engine decodes the others, and the answer is logged as
+an environment segment before the next turn starts from the logged tokens.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, replace
+from concurrent.futures import FIRST_COMPLETED
+from concurrent.futures import wait as wait_for_any
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,16 +38,18 @@ from infra.rollout import worker_engine
 from infra.rollout.control import ROUTE_S, ControlMessage, Drain, Release, ReleaseAll, Resume, Unknown
 from infra.rollout.direct_weights import DirectWeights
 from infra.rollout.flush_pipeline import FlushPipeline
-from infra.rollout.held import Held, Pending
+from infra.rollout.held import Held, Pending, Segment
 from infra.rollout.protocol import StepWindow, current_window
 from infra.rollout.registry import InstanceRegistry
-from infra.rollout.tokenlog import Claim, TokenLog
+from infra.rollout.tokenlog import INFRA_FAILED, Claim, LoggedTurn, Outcome, TokenLog
+from infra.rollout.trajectory import InfraFailure, Trajectories
 from infra.rollout.weight_source import HandedOverWeights, PulledWeights, WeightSource
 from infra.rollout.worker_config import TORCH_THREADS, WorkerConfig, parse_config
 from infra.services.redis_embedded import RedisSettings
 from infra.weights.puller import AdapterBaseMismatch
 from rl.driver_watch import watch_driver
-from rl.generation import GenerationEngine, TokenChunk
+from rl.environments.protocol import StepResult
+from rl.generation import FINISH_LENGTH, GenerationEngine, TokenChunk
 
 __all__ = ["RECONCILE_S", "STEAL_HOLDOFF_S", "TORCH_THREADS", "RolloutWorker", "WorkerConfig", "WorkerMode", "main"]
 
@@ -97,6 +104,12 @@ class WorkerStats:
     """Times the engine was put to sleep after a `release_all`."""
     generating_s: float = 0.0
     """Seconds spent in engine steps (generating)."""
+    env_steps: int = 0
+    """Environment calls of trajectories' turns (retries included)."""
+    env_retries: int = 0
+    """Infrastructure failures of environments retried."""
+    infra_failed: int = 0
+    """Trajectories failed for the infrastructure after their retries (``infra:<kind>``)."""
 
 
 class RolloutWorker:
@@ -109,9 +122,12 @@ class RolloutWorker:
         client: redis.Redis | None = None,
         engine: GenerationEngine | None = None,
         weights: DirectWeights | None = None,
+        tokenizer: Any = None,
     ) -> None:
         """`client` (binary responses) and `engine` are made from the config when not given.
-        `weights`: the trainer's versions, handed over in this process, loaded instead of pulled."""
+        `weights`: the trainer's versions, handed over in this process, loaded instead of pulled.
+        `tokenizer`: the engine's model's (trajectories decode their turns and encode observations
+        with it; default: the engine's own, a `rl.stops.StopStrings` has one)."""
         self.config = config
         ca_file = None if config.redis_ca_file is None else Path(config.redis_ca_file)
         self.client = client or RedisSettings(url=config.redis_url, ca_file=ca_file).client()
@@ -124,6 +140,9 @@ class RolloutWorker:
         )
         self.registry = InstanceRegistry(self.client, config.run_id)
         self.engine = engine
+        self.tokenizer = tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
+        self._trajectories: Trajectories | None = None
+        """The environments of the trajectories held (made at the first one)."""
         self._mode = WorkerMode.GENERATING
         self.failure: BaseException | None = None
         """The exception that ended `run()` with exit code 1, if one did."""
@@ -171,6 +190,7 @@ class RolloutWorker:
     def load_engine(self) -> GenerationEngine:
         """The configured engine on the base model (`infra.rollout.worker_engine`)."""
         self.engine = worker_engine.load_engine(self.config, self.client)
+        self.tokenizer = getattr(self.engine, "tokenizer", None)
         if isinstance(self._weights, PulledWeights):
             self._weights.adapter_base = worker_engine.adapter_base(self.config, self.client)
         return self.engine
@@ -230,6 +250,8 @@ class RolloutWorker:
             beat.join()
             self._flusher.close()
             self._weights.close()
+            if self._trajectories is not None:
+                self._trajectories.shutdown()
             try:
                 self.registry.deregister(cfg.instance.instance_id)
             except redis.RedisError:
@@ -266,17 +288,23 @@ class RolloutWorker:
                     self._flush(force=True, wait=True)
                     self._sleep_if_released()
                     self._idle()
+                self._advance_trajectories()
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 # Buffers are kept; flushes carry offsets, so retrying them later is exactly-once.
                 log.warning("Redis unavailable (%s); retrying in %.0f ms", exc, self.config.poll_ms)
                 time.sleep(self._poll_s)
 
     def _idle(self) -> None:
-        """Nothing to generate: block on the control list until the next poll is due."""
+        """Nothing to generate: block on the control list until the next poll is due (on the
+        trajectories' environment calls instead, while some run)."""
         wait = self._next_poll - time.monotonic()
         if self._can_claim():
             wait = min(wait, self._claim_after - time.monotonic())
         if wait <= 0.001:
+            return
+        jobs = [h.episode.job for h in self.held.values() if h.episode is not None and h.episode.job is not None]
+        if jobs:
+            wait_for_any(jobs, timeout=min(wait, self._poll_s), return_when=FIRST_COMPLETED)
             return
         message = self.registry.wait_request(self.config.instance.instance_id, min(wait, self._poll_s))
         if message is not None:
@@ -383,14 +411,14 @@ class RolloutWorker:
         running: list[Held] = []
         if self.held:
             self._flush(force=True, wait=True)  # every buffered token is logged under the old version
-            running = [h for h in self.held.values() if h.finish is None]
+            running = [h for h in self.held.values() if h.finish is None and h.turn_end is None]
             for held in running:
                 self._engine_release(held.sample_id)
         self._wake()
         engine.load_weights(state, version)
         for held in running:
             if self.held.get(held.sample_id) is held:
-                engine.add(replace(held.claim, generated_ids=list(held.prefix)).request())
+                engine.add(held.request())
         self.stats.weight_loads += 1
         self._claim_after = 0.0
 
@@ -420,9 +448,12 @@ class RolloutWorker:
         stale = self.held.pop(claim.sample_id, None)
         if stale is not None:  # we were reaped and re-claimed it before a flush told us
             self._engine_release(stale.sample_id)
-        if self.config.restart_from_scratch and claim.generated_ids:
-            # The baseline does not resume: drop the logged tokens; the sample is queued again
-            # empty and claimed later from scratch.
+        episode = self._runner().begin(claim) if claim.environment is not None else None
+        stateless = episode is not None and claim.turns and not episode.replayable
+        if claim.generated_ids and (self.config.restart_from_scratch or stateless):
+            # The baseline does not resume, and an environment that cannot replay its logged turns
+            # restarts its trajectory: drop the logged tokens; the sample is queued again empty
+            # and claimed later from scratch.
             self.tokenlog.release(claim.sample_id, self.config.instance.instance_id, claim.epoch, keep_tokens=False)
             self._claim_after = 0.0
             return
@@ -435,7 +466,14 @@ class RolloutWorker:
             return
         self._claims += 1
         self.held[claim.sample_id] = Held(
-            claim.sample_id, claim.epoch, len(claim.generated_ids), self._claims, claim, list(claim.generated_ids)
+            claim.sample_id,
+            claim.epoch,
+            len(claim.generated_ids),
+            self._claims,
+            claim,
+            list(claim.generated_ids),
+            episode=episode,
+            turn_start=claim.turn_start,
         )
         self.stats.claimed += 1
         self.stats.resumed += bool(claim.generated_ids)
@@ -455,9 +493,13 @@ class RolloutWorker:
             due = [h for h in only if self.held.get(h.sample_id) is h and (h.tokens or h.finish)]
         else:
             due = held_samples.due(self.held.values(), time.monotonic(), self.config.flush_tokens, self._flush_s, force)
-        if due:
+        segments = [
+            h for h in (only or self.held.values()) if h.segment is not None and self.held.get(h.sample_id) is h
+        ]
+        if due or segments:
             assert self.engine is not None
             batch = [Pending(h, len(h.tokens), h.finish) for h in due]
+            batch += [Pending(h, len(h.segment.tokens), None, h.segment) for h in segments if h.segment is not None]
             # With bounded staleness each flush names the version that generated it (all of its
             # tokens: a new version is loaded only after a forced flush); strictly on-policy the
             # claim's fence already made it the step's version.
@@ -470,15 +512,19 @@ class RolloutWorker:
 
     def _flushed(self, batch: list[Pending], submitted: float, results: list[bool]) -> None:
         """Apply a settled batch: accepted tokens become logged, a rejection drops the sample."""
-        for (held, count, finish), ok in zip(batch, results):
+        for (held, count, finish, segment), ok in zip(batch, results):
             if self.held.get(held.sample_id) is not held:
                 continue  # re-claimed under a new lease meanwhile: this flush was fenced off
             if not ok:
                 self._drop(held, "flush rejected")
                 continue
+            if segment is not None:
+                self._next_turn(held, segment)
+                continue
             held.logged_ok(count, submitted)
             if finish is not None:
                 del self.held[held.sample_id]
+                self._close_episode(held)
                 self.stats.finished += 1
 
     def _drop(self, held: Held, why: str) -> None:
@@ -486,6 +532,7 @@ class RolloutWorker:
         if self.held.get(held.sample_id) is held:
             del self.held[held.sample_id]
         self._engine_release(held.sample_id)
+        self._close_episode(held)
         self.stats.dropped += 1
         log.info("dropped sample %s (%s: lease revoked)", held.sample_id, why)
 
@@ -496,6 +543,100 @@ class RolloutWorker:
         except KeyError:
             pass  # it had finished in the engine already
 
+    # -- trajectories: the environment's turns -----------------------------------------------------
+
+    def _runner(self) -> Trajectories:
+        if self._trajectories is None:
+            self._trajectories = Trajectories(self.tokenizer, threads=max(2, self.config.slots))
+        return self._trajectories
+
+    def _advance_trajectories(self) -> None:
+        """Step the environment of each trajectory whose turn ended and is logged; apply the
+        answers that came back (or the failures)."""
+        waiting = [h for h in self.held.values() if h.episode is not None and h.finish is None]
+        if not waiting:
+            return
+        runner = self._runner()
+        for held in waiting:
+            episode = held.episode
+            assert episode is not None
+            if held.turn_end is None or held.tokens or held.segment is not None or episode.job is not None:
+                continue
+            if held.turn_end == FINISH_LENGTH:  # the budget ended the turn: nothing left to answer
+                self._end_trajectory(held, Outcome(None, truncated=True))
+            else:
+                runner.submit(episode, held.prefix)
+                self.stats.env_steps += 1
+        holders = {id(h.episode): h for h in waiting}
+        for episode, result in runner.settled([h.episode for h in waiting if h.episode is not None], time.monotonic()):
+            held = holders[id(episode)]
+            if self.held.get(held.sample_id) is not held:
+                continue
+            if isinstance(result, InfraFailure):
+                self._env_failed(held, result)
+            else:
+                self._answered(held, result)
+
+    def _answered(self, held: Held, result: StepResult) -> None:
+        """The environment answered the turn: the trajectory ends (done, or a limit: truncated), or
+        its observation is logged as an environment segment before the next turn (`_next_turn`)."""
+        episode = held.episode
+        assert episode is not None
+        if result.done:
+            self._end_trajectory(held, Outcome(result.reward, result.truncated))
+            return
+        if episode.turn + 1 >= episode.spec.max_turns:
+            self._end_trajectory(held, Outcome(None, truncated=True))
+            return
+        tokens = self._runner().observation_tokens(episode, result.observation)
+        if held.logged + len(tokens) >= held.claim.max_new_tokens:  # no room left for a model token
+            self._end_trajectory(held, Outcome(None, truncated=True), FINISH_LENGTH)
+            return
+        held.segment = Segment(tokens, result.observation, episode.turn)
+
+    def _end_trajectory(self, held: Held, outcome: Outcome, reason: str | None = None) -> None:
+        """Finish the trajectory (its finishing flush goes with the next batch)."""
+        held.finish = reason or held.turn_end
+        held.outcome = outcome
+        self._close_episode(held)
+
+    def _next_turn(self, held: Held, segment: Segment) -> None:
+        """The observation is logged: the next model turn continues from the logged tokens."""
+        episode = held.episode
+        assert episode is not None and self.engine is not None
+        held.segment = None
+        episode.turns.append(LoggedTurn(held.logged, segment.observation))
+        held.logged += len(segment.tokens)
+        held.prefix += segment.tokens
+        episode.starts.append(held.logged)
+        held.turn_start, held.turn_end = held.logged, None
+        self.engine.add(held.request())
+
+    def _env_failed(self, held: Held, failure: InfraFailure) -> None:
+        """An infrastructure failure: retried (the environment is built again from the logged turns
+        and steps the turn with the same key; one that cannot replay restarts the trajectory from
+        scratch), or, after `retries`, the sample fails (``infra:<kind>``), never scored."""
+        episode = held.episode
+        assert episode is not None
+        episode.failures += 1
+        self._runner().discard(episode)
+        instance = self.config.instance.instance_id
+        log.warning("sample %s: %s (%s), failure %d", held.sample_id, failure.kind, failure.error, episode.failures)
+        if episode.failures <= episode.spec.retries:
+            self.stats.env_retries += 1
+            if episode.replayable or not episode.turns:
+                return  # stepped again by the next `_advance_trajectories`
+            del self.held[held.sample_id]
+            self.tokenlog.release(held.sample_id, instance, held.epoch, keep_tokens=False, env_retry=True)
+            return
+        del self.held[held.sample_id]
+        self.stats.infra_failed += 1
+        self.tokenlog.fail(held.sample_id, instance, held.epoch, f"{INFRA_FAILED}{failure.kind}")
+
+    def _close_episode(self, held: Held) -> None:
+        if held.episode is not None and self._trajectories is not None:
+            self._trajectories.discard(held.episode)
+
     # -- handing samples back -------------------------------------------------------------------
 
     def _release(self, samples: list[Held], to: str | None = None, route_s: float = ROUTE_S) -> None:
@@ -504,14 +645,13 @@ class RolloutWorker:
         samples = [h for h in samples if self.held.get(h.sample_id) is h]
         if not samples:
             return
-        for held in samples:
-            if held.finish is None:
-                self._engine_release(held.sample_id)
         self._flush(force=True, only=samples, wait=True)  # finished ones complete, not migrate
         instance = self.config.instance.instance_id
         for held in samples:
             if self.held.get(held.sample_id) is not held:
                 continue  # finished, or dropped by the flush
+            self._engine_release(held.sample_id)
+            self._close_episode(held)
             del self.held[held.sample_id]
             keep = not self.config.restart_from_scratch
             if self.tokenlog.release(held.sample_id, instance, held.epoch, keep_tokens=keep, to=to, route_s=route_s):
