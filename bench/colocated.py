@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from infra.run.config import DEFAULT_CONFIG, RunConfig, load_config  # noqa: E402
 from infra.run.session import TrainingSession  # noqa: E402
+from infra.run.step_record import StepRecord  # noqa: E402
 
 VARIANTS = ("colocated", "separate")
 READY_TIMEOUT_S = 120.0
@@ -76,7 +77,7 @@ def one_step(session: TrainingSession, step: int) -> dict:
     metrics = session.train(step, rollout["path"], scores["path"])
     session.publish(step)
     session.account(step, int(metrics["response_tokens"]))
-    session.record(step, {"step": step, "reward": scores["reward"], "tokens": rollout["tokens"]})
+    session.record(StepRecord(step=step, reward=scores["reward"], tokens=rollout["tokens"]))
     return {
         "reward": scores["reward"],
         "rollout_s": rollout["seconds"],

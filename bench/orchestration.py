@@ -35,6 +35,7 @@ import flows  # noqa: E402,F401  (quiet, embedded-friendly Prefect defaults befo
 from flows.rl_train import rl_step  # noqa: E402
 from infra.run.config import DEFAULT_CONFIG, load_config  # noqa: E402
 from infra.run.session import TrainingSession, close_session, get_session, open_session  # noqa: E402
+from infra.run.step_record import StepRecord  # noqa: E402
 
 VARIANTS = ("prefect", "prefect_no_heartbeat", "direct")
 
@@ -48,14 +49,13 @@ def direct_step(session: TrainingSession, step: int) -> None:
     session.publish(step)
     cost = session.account(step, int(metrics["response_tokens"]))
     session.record(
-        step,
-        {
-            "step": step,
-            "reward": scores["reward"],
-            "tokens": rollout["tokens"],
-            "train_s": metrics["seconds"],
-            "cost_usd": cost["cost_usd"],
-        },
+        StepRecord(
+            step=step,
+            reward=scores["reward"],
+            tokens=rollout["tokens"],
+            train_s=metrics["seconds"],
+            cost_usd=cost["cost_usd"],
+        )
     )
 
 

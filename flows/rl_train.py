@@ -40,6 +40,8 @@ from infra.run.reporting import (
     table_description,
 )
 from infra.run.session import close_session, get_session, open_session
+from infra.run.step_record import StepRecord
+from infra.run.summary import RunFacts, summarize
 from infra.services.prefect_api import current_api_url
 from tasks.pretraining import ensure_base_model
 from tasks.training import (
@@ -58,7 +60,7 @@ from tasks.training import (
 @flow(name="rl-step", flow_run_name="step-{step}", persist_result=False)
 def rl_step(
     session_key: str, step: int, evaluate: bool, checkpoint: bool, last_step: int | None = None, staleness: int = 0
-) -> dict:
+) -> StepRecord:
     """One RL step: rollout (training complete groups as they arrive), score, train, publish the
     new policy version, account its cost (+ evaluate, checkpoint when due). With bounded
     staleness (`staleness` K >= 1) the rollout admits the next K steps (up to `last_step`), and a
@@ -75,49 +77,56 @@ def rl_step(
             end_rollout_ahead(session_key, step)
     generated_ahead = ahead.result()["groups_done"] if ahead is not None else 0
     cost = account_task(session_key, step, int(metrics["response_tokens"]))
-    row: dict[str, Any] = {
-        "step": step,
-        "reward": scores["reward"],
-        "accuracy": scores["accuracy"],
-        "eval_accuracy": evaluate_task(session_key) if evaluate else None,
-        "tokens": rollout["tokens"],
-        "tokens_per_s": rollout["tokens"] / max(rollout["seconds"], 1e-9),
-        "rollout_s": rollout["seconds"],
-        "train_s": metrics["seconds"],
-        "train_overlap_s": metrics.get("train_overlap_s", 0.0),
-        "entropy": metrics["entropy"],
-        "grad_norm": metrics["grad_norm"],
-        "trainer_peak_rss_mb": metrics["peak_rss_mb"],
-        "kl": metrics["kl"],
-        "cost_usd": cost["cost_usd"],
-        "policy_version": published["version"],
-        "weights_mb": cost["weights_mb"],
-        "pulls": cost["pulls"],
-        "pull_s": cost["pull_s"],
-        "weight_fallbacks": cost["weight_fallbacks"],
-        "version_lag_mean": metrics["version_lag_mean"],
-        "version_lag_max": metrics["version_lag_max"],
-        "version_lag_histogram": metrics["version_lag_histogram"],
-        "objective": metrics["objective"],
-        "is_weight_mean": metrics.get("is_weight_mean", 1.0),
-        "is_weight_deviation": metrics.get("is_weight_deviation", 0.0),
-        "is_truncated_fraction": metrics.get("is_truncated_fraction", 0.0),
-        "logprob_gap": metrics.get("rollout_logprob_gap"),
-        "groups_generated_ahead": generated_ahead,
-    }
-    row.update({k: v for k, v in rollout.items() if k not in ("path", "tokens", "seconds")})
-    row["step_s"] = time.perf_counter() - started
+    eval_accuracy = evaluate_task(session_key) if evaluate else None
+    record = StepRecord(
+        step=step,
+        reward=scores["reward"],
+        accuracy=scores["accuracy"],
+        eval_accuracy=eval_accuracy,
+        tokens=rollout["tokens"],
+        tokens_per_s=rollout["tokens"] / max(rollout["seconds"], 1e-9),
+        rollout_s=rollout["seconds"],
+        train_s=metrics["seconds"],
+        train_overlap_s=metrics.get("train_overlap_s", 0.0),  # none unless the groups were streamed
+        entropy=metrics["entropy"],
+        grad_norm=metrics["grad_norm"],
+        trainer_peak_rss_mb=metrics["peak_rss_mb"],
+        kl=metrics["kl"],
+        cost_usd=cost["cost_usd"],
+        policy_version=published["version"],
+        weights_mb=cost["weights_mb"],
+        pulls=cost["pulls"],
+        pull_s=cost["pull_s"],
+        weight_fallbacks=cost["weight_fallbacks"],
+        version_lag_mean=metrics["version_lag_mean"],
+        version_lag_max=metrics["version_lag_max"],
+        version_lag_histogram=metrics["version_lag_histogram"],
+        objective=metrics["objective"],
+        is_weight_mean=metrics.get("is_weight_mean", 1.0),  # the objectives without importance weights: none
+        is_weight_deviation=metrics.get("is_weight_deviation", 0.0),
+        is_truncated_fraction=metrics.get("is_truncated_fraction", 0.0),
+        logprob_gap=metrics.get("rollout_logprob_gap"),
+        groups_generated_ahead=generated_ahead,
+        **_fabric_counts(rollout),
+        step_s=time.perf_counter() - started,
+    )
     session = get_session(session_key)
-    session.record(step, row)
+    session.record(record)
     if checkpoint:
         checkpoint_task(session_key)
     create_table_artifact(
-        table=step_table_rows([row], adapters=session.adapter is not None),
+        table=step_table_rows([record], adapters=session.adapter is not None),
         description=table_description(
             f"RL step {step}: reward, accuracy, tokens, throughput, timings, the version published", session.adapter
         ),
     )
-    return row
+    return record
+
+
+def _fabric_counts(rollout: dict) -> dict[str, Any]:
+    """The fabric's counts of a rollout (preemptions, migrations, ...: none in process), which the
+    rollout task names as the record's fields."""
+    return {key: value for key, value in rollout.items() if key not in ("path", "tokens", "seconds")}
 
 
 @flow(name="rl-train", log_prints=False, persist_result=False)
@@ -182,37 +191,37 @@ def _train_loop(config: RunConfig, key: str, session, logger) -> dict:
                 staleness=config.training.max_staleness,
             )
             held_out = session.history.evals[-1][1]
-            status = f"reward {row['reward']:.2f}  held-out acc {held_out:.2f}"
+            status = f"reward {row.reward:.2f}  held-out acc {held_out:.2f}"
             progress.update(bar, advance=1, status=status)
-            if row["eval_accuracy"] is not None and not console.is_terminal:
+            if row.eval_accuracy is not None and not console.is_terminal:
                 console.print(f"GRPO step {step}/{total}  {status}")
             update_progress_artifact(progress_id, 100.0 * step / total)
-    history = session.history
-    base_acc, final_acc = history.evals[0][1], history.evals[-1][1]
+    return _report(config, session, minutes=(time.perf_counter() - began) / 60)
+
+
+def _report(config: RunConfig, session, minutes: float) -> dict:
+    """The end of the run: its curves, its summary (printed, returned, a markdown artifact) and the
+    table of every step."""
+    history, adapter, baseline = session.history, session.adapter, config.ledger.baseline_run_id
     costs = session.cost_report()  # one report for the plot and the summary: their totals agree
     plot = plot_curves(history.steps, history.evals, config.run.directory / "curves.png", costs)
-    summary = {
-        "run": config.run.name,
-        "steps": total,
-        "base_accuracy": base_acc,
-        "final_accuracy": final_acc,
-        "gain_points": 100 * (final_acc - base_acc),
-        "final_reward": sum(r["reward"] for r in history.steps[-10:]) / max(1, len(history.steps[-10:])),
-        "tokens_generated": sum(r["tokens"] for r in history.steps),
-        **_staleness_summary(config, history.steps),
-        "minutes_this_run": (time.perf_counter() - began) / 60,
-        **({"adapter_mib_per_version": session.adapter.nbytes / 2**20} if session.adapter else {}),
-        "curves_png": str(plot),
-        "checkpoint": str(session.checkpoint_dir),
-        **_cost_summary(costs.summary()),
-        **(session.accounting.baseline_summary(config.ledger.baseline_run_id) if config.ledger.baseline_run_id else {}),
-        "ledger_run_id": session.run_id,
-    }
-    console.print(summary_table(summary))
+    facts = RunFacts(
+        name=config.run.name,
+        steps=config.run.steps,
+        max_staleness=config.training.max_staleness,
+        minutes=minutes,
+        curves_png=plot,
+        checkpoint=session.checkpoint_dir,
+        ledger_run_id=session.run_id,
+        adapter_mib=adapter.nbytes / 2**20 if adapter else None,
+        baseline=session.accounting.baseline_summary(baseline) if baseline else {},
+    )
+    summary = summarize(history, costs.summary(), facts)
+    Console().print(summary_table(summary))
     create_table_artifact(
         key=artifact_key(f"{config.run.name}-steps"),
-        table=step_table_rows(history.steps, adapters=session.adapter is not None),
-        description=table_description("Every RL step of the run", session.adapter),
+        table=step_table_rows(history.steps, adapters=adapter is not None),
+        description=table_description("Every RL step of the run", adapter),
     )
     create_markdown_artifact(
         key=artifact_key(f"{config.run.name}-summary"),
@@ -220,51 +229,6 @@ def _train_loop(config: RunConfig, key: str, session, logger) -> dict:
         description="Accuracy gain, reward, tokens and cost of the run, with its curves",
     )
     return summary
-
-
-def _staleness_summary(config: RunConfig, rows: list[dict]) -> dict:
-    """The run's bounded-staleness figures: K, the trained tokens' mean and largest version lag, the
-    mean importance weight and truncated fraction, the mean trainer-vs-engine log-prob gap."""
-    tokens = sum(r["tokens"] for r in rows) or 1
-
-    def weighted(key: str, default: float) -> float:
-        return sum(r["tokens"] * (r.get(key) if r.get(key) is not None else default) for r in rows) / tokens
-
-    return {
-        "max_staleness": config.training.max_staleness,
-        "version_lag_mean": weighted("version_lag_mean", 0.0),
-        "version_lag_max": max((r.get("version_lag_max", 0) for r in rows), default=0),
-        "is_weight_mean": weighted("is_weight_mean", 1.0),
-        "is_truncated_fraction": weighted("is_truncated_fraction", 0.0),
-        "logprob_gap_mean": weighted("logprob_gap", 0.0),
-    }
-
-
-def _cost_summary(costs: dict) -> dict:
-    """The cost figures the run summary shows (all of them: `rlboost cost --run <ledger run id>`; the
-    comparison with on-demand is against a measured baseline run, `ledger.baseline_run_id`): the
-    total, the steps' part (`attributed_usd`) and each line of the rest from a microdollar up: they add up to it."""
-    keys = (
-        "total_usd",
-        "attributed_usd",
-        *(
-            key
-            for key in costs
-            if key.startswith("unattributed_") and key != "unattributed_usd" and abs(costs[key]) >= 1e-6
-        ),  # under a microdollar: the database's timestamp rounding, not a cost
-        "spend_spot_usd",
-        "spend_reserved_usd",
-        "trainer_usd",
-        "usd_per_million_generated",
-        "usd_per_million_trained",
-        "trained_tokens_per_s",
-        "tokens_wasted",
-        "preemptions",
-    )
-    shown = {key: costs[key] for key in keys if costs.get(key) is not None}
-    if not costs.get("trainer_recorded"):
-        shown["trainer_usd"] = "not recorded: set ledger.trainer (the totals leave the trainer's machine out)"
-    return shown
 
 
 def run_training(config_path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> dict:

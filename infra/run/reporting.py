@@ -1,11 +1,13 @@
 """How a run is shown to people: the live progress bar, per-step and summary tables (rich, and
-markdown for Prefect artifacts; with `model.lora` the version column reads `adapter version` and
+markdown for Prefect artifacts; the step table's columns are `StepRecord`'s, `infra.run.step_record`;
+with `model.lora` the version column reads `adapter version` and
 the tables' descriptions say what a version weighs: `table_description`), and the reward/accuracy and
 cost curves as a PNG (the cost bars add up to the ledger's total: `cost_bars`)."""
 
 from __future__ import annotations
 
 import base64
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,40 +20,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table  # noqa: E402
 
 from infra.ledger.report import CostReport  # noqa: E402
+from infra.run.step_record import StepRecord, step_columns  # noqa: E402
 from infra.run.workload import AdapterSize  # noqa: E402
-
-STEP_COLUMNS = (
-    ("step", "step", "{:d}"),
-    ("reward", "reward", "{:.3f}"),
-    ("accuracy", "train acc", "{:.3f}"),
-    ("eval_accuracy", "held-out acc", "{:.3f}"),
-    ("tokens", "tokens", "{:d}"),
-    ("tokens_per_s", "tokens/s", "{:.0f}"),
-    ("rollout_s", "rollout s", "{:.2f}"),
-    ("train_s", "train s", "{:.2f}"),
-    ("train_overlap_s", "train during rollout s", "{:.2f}"),
-    ("trainer_peak_rss_mb", "trainer peak MiB", "{:.0f}"),
-    ("step_s", "step s", "{:.2f}"),
-    ("entropy", "entropy", "{:.3f}"),
-    ("preemptions", "preemptions", "{:d}"),
-    ("replaced", "replaced", "{:d}"),
-    ("migrations", "migrations", "{:d}"),
-    ("tokens_wasted", "tokens wasted", "{:d}"),
-    ("cost_usd", "cost $", "{:.4f}"),
-    ("policy_version", "version", "{:d}"),
-    ("weights_mb", "weights MiB", "{:.1f}"),
-    ("pull_s", "slowest pull s", "{:.2f}"),
-    ("weight_fallbacks", "weight fallbacks", "{:d}"),
-    ("version_lag_mean", "version lag", "{:.2f}"),
-    ("version_lag_max", "max lag", "{:d}"),
-    ("version_lag_histogram", "lag histogram", "{}"),
-    ("objective", "objective", "{}"),
-    ("is_weight_mean", "IS weight", "{:.3f}"),
-    ("is_weight_deviation", "IS deviation", "{:.3f}"),
-    ("is_truncated_fraction", "IS truncated", "{:.3f}"),
-    ("logprob_gap", "logprob gap", "{:.4f}"),
-    ("groups_generated_ahead", "groups ahead", "{:d}"),
-)
 
 
 def artifact_key(name: str) -> str:
@@ -71,26 +41,14 @@ def step_progress(console: Console | None = None) -> Progress:
     )
 
 
-def format_value(key: str, value) -> str:
-    if value is None:
-        return ""
-    for column, _, fmt in STEP_COLUMNS:
-        if column == key:
-            if isinstance(value, dict):  # a histogram: "lag:tokens ..."
-                return " ".join(f"{k}:{v}" for k, v in value.items())
-            return fmt.format(int(value) if "d}" in fmt else value)
-    return str(value)
-
-
-ADAPTER_HEADERS = {"policy_version": "adapter version"}
-"""The headers a run with `model.lora` shows instead (its versions are adapters, not whole models)."""
-
-
-def step_table_rows(rows: list[dict], adapters: bool = False) -> list[dict[str, str]]:
-    """Rows for a Prefect table artifact (column header -> formatted value); `adapters`: the run's
-    versions are LoRA adapters (`ADAPTER_HEADERS`)."""
-    headers = {key: (ADAPTER_HEADERS.get(key, header) if adapters else header) for key, header, _ in STEP_COLUMNS}
-    return [{headers[key]: format_value(key, row.get(key)) for key, _, _ in STEP_COLUMNS} for row in rows]
+def step_table_rows(records: Sequence[StepRecord], adapters: bool = False) -> list[dict[str, str]]:
+    """Rows for a Prefect table artifact (column header -> formatted value), one column per field of
+    the record that has a `Column` (`step_columns`); `adapters`: the run's versions are LoRA
+    adapters (the columns' `adapter_header`)."""
+    return [
+        {column.title(adapters): column.text(getattr(record, name)) for name, column in step_columns(type(record))}
+        for record in records
+    ]
 
 
 def table_description(text: str, adapter: AdapterSize | None) -> str:
@@ -140,17 +98,19 @@ def summary_markdown(summary: dict, plot_path: Path | None) -> str:
     return "\n".join(lines)
 
 
-def plot_curves(rows: list[dict], evals: list[tuple[int, float]], path: Path, costs: CostReport | None = None) -> Path:
+def plot_curves(
+    rows: Sequence[StepRecord], evals: list[tuple[int, float]], path: Path, costs: CostReport | None = None
+) -> Path:
     """Training reward per step and held-out sampled accuracy per evaluation (top), and the cost
     of each step with the run's cumulative cost (bottom), in one PNG. With the run's `costs`, the
     bottom adds what no step holds (`cost_bars`), so the cumulative line ends at its total."""
     fig, (ax, cost_ax) = plt.subplots(2, 1, figsize=(8, 6.5), dpi=110, height_ratios=(3, 2), sharex=True)
-    steps = [r["step"] for r in rows]
-    ax.plot(steps, [r["reward"] for r in rows], color="#9bb7d4", linewidth=1, label="train reward (batch mean)")
+    steps = [r.step for r in rows]
+    ax.plot(steps, [r.reward for r in rows], color="#9bb7d4", linewidth=1, label="train reward (batch mean)")
     if len(rows) >= 10:
         window = max(5, len(rows) // 25)
         smooth = [
-            sum(r["reward"] for r in rows[max(0, i - window + 1) : i + 1]) / len(rows[max(0, i - window + 1) : i + 1])
+            sum(r.reward for r in rows[max(0, i - window + 1) : i + 1]) / len(rows[max(0, i - window + 1) : i + 1])
             for i in range(len(rows))
         ]
         ax.plot(steps, smooth, color="#1f5fa8", linewidth=2, label=f"train reward ({window}-step mean)")
@@ -198,14 +158,14 @@ class CostBars:
     series: list[tuple[str, str, list[float]]]
 
 
-def cost_bars(rows: list[dict], costs: CostReport | None) -> CostBars:
+def cost_bars(rows: Sequence[StepRecord], costs: CostReport | None) -> CostBars:
     """Each step's cost (the ledger's where `costs` has the step, else the row's `cost_usd`);
     with `costs`, the gap after each step (`between steps`) on top of it, `before step 1` one
     position before the first step and the report's other lines one after the last: every bar
     summed is `costs.total_usd`."""
-    steps = [r["step"] for r in rows]
+    steps = [r.step for r in rows]
     if costs is None:
-        return CostBars(steps, [("cost of the step ($)", "#8fbc8f", [r.get("cost_usd") or 0.0 for r in rows])])
+        return CostBars(steps, [("cost of the step ($)", "#8fbc8f", [r.cost_usd or 0.0 for r in rows])])
     by_step = {s.step: s for s in costs.steps}
     shown = set(steps)
     unplotted = sum(s.cost_usd + s.idle_after_usd for s in costs.steps if s.step not in shown)

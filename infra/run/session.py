@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from infra.run.identity import claim_identity
 from infra.run.model_record import record_model
 from infra.run.preflight import in_process_engine_device, preflight
 from infra.run.redis_outage import RedisUnreachable, RunStopped
+from infra.run.step_record import History, StepRecord
 from infra.run.sweep import SweepSchedule, start_sweeps
 from infra.run.workload import adapter_size, run_workload
 from rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -75,14 +76,6 @@ class StepPaths:
     @property
     def metrics(self) -> Path:
         return self.root / "metrics.json"
-
-
-@dataclass
-class History:
-    """What the run has measured so far (for artifacts, plots and the summary)."""
-
-    steps: list[dict] = field(default_factory=list)
-    evals: list[tuple[int, float]] = field(default_factory=list)
 
 
 class TrainingSession:
@@ -126,7 +119,7 @@ class TrainingSession:
             if checkpoint is not None:
                 state = load_checkpoint(checkpoint, self.trainer)
                 self.cursor = state["cursor"]
-                self.history = History(state["history"]["steps"], [tuple(e) for e in state["history"]["evals"]])
+                self.history = History.from_state(state["history"])
                 self.resumed_from = self.trainer.step
                 offload_state = state.get("offload")
         except BaseException:
@@ -464,16 +457,16 @@ class TrainingSession:
         self.history.evals.append((self.step, accuracy))
         return accuracy
 
-    def record(self, step: int, row: dict) -> None:
-        """Finish a step: its metrics become part of the run's history (and its metrics file)."""
-        self.history.steps = [r for r in self.history.steps if r["step"] != step] + [row]
+    def record(self, row: StepRecord) -> None:
+        """Finish a step: its record becomes part of the run's history (and its metrics file)."""
+        self.history.record(row)
         self.cursor += self.config.rollout.prompts_per_step
-        self.paths(step).metrics.write_text(json.dumps(row))
+        self.paths(row.step).metrics.write_text(json.dumps(row.to_json()))
 
     def checkpoint(self) -> str:
         state = {
             "cursor": self.cursor,
-            "history": {"steps": self.history.steps, "evals": self.history.evals},
+            "history": self.history.state(),
         }
         if self.fabric is not None:
             with self._stops_when_redis_is_gone():

@@ -135,12 +135,16 @@ def _names() -> list[str]:
 
 
 def test_the_plots_bars_and_the_run_summary_add_up_to_the_total(ledger, tmp_path):
-    from flows.rl_train import _cost_summary
     from infra.run.reporting import cost_bars, plot_curves
+    from infra.run.step_record import StepRecord
+    from infra.run.summary import cost_summary
 
     record_run(ledger)
     report = ledger.report(RUN)
-    rows = [{"step": 1, "reward": 0.2, "cost_usd": 0.475}, {"step": 2, "reward": 0.4, "cost_usd": 0.45}]
+    rows = [
+        StepRecord(step=1, reward=0.2, tokens=10, cost_usd=0.475),
+        StepRecord(step=2, reward=0.4, tokens=10, cost_usd=0.45),
+    ]
     bars = cost_bars(rows, report)
     assert bars.x == [0, 1, 2, 3]
     heights = {label: values for label, _, values in bars.series}
@@ -149,7 +153,7 @@ def test_the_plots_bars_and_the_run_summary_add_up_to_the_total(ledger, tmp_path
     assert heights["after the last step, other lines ($)"][-1] == pytest.approx(0.30 + 0.025 + 0.02)
     assert abs(sum(sum(values) for values in heights.values()) - report.total_usd) < 1e-9
     assert plot_curves(rows, [(2, 0.5)], tmp_path / "curves.png", report).stat().st_size > 0
-    summary = _cost_summary(report.summary())
+    summary = cost_summary(report.summary())
     parts = [value for key, value in summary.items() if key.startswith("unattributed_")]
     assert len(parts) == 5  # every non-zero line (no step in progress)
     assert abs(summary["attributed_usd"] + sum(parts) - summary["total_usd"]) < 1e-9

@@ -13,6 +13,7 @@ import torch
 
 from infra.run.config import load_config
 from infra.run.session import TrainingSession
+from infra.run.step_record import StepRecord
 from rl.distributed.group import RankFailure
 from rl.lora import adapter_state
 from tests.helpers import save_tiny_model, tiny_run, tiny_shape
@@ -49,7 +50,7 @@ def _step(session: TrainingSession, step: int) -> dict:
     rollout = session.rollout(step)
     scores = session.score(step, rollout["path"])
     metrics = session.train(step, rollout["path"], scores["path"])
-    session.record(step, {"step": step, "reward": scores["reward"]})
+    session.record(StepRecord(step=step, reward=scores["reward"], tokens=rollout["tokens"]))
     return metrics
 
 
