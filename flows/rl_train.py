@@ -33,6 +33,7 @@ from infra.run.config import RunConfig, load_config
 from infra.run.reporting import (
     artifact_key,
     plot_curves,
+    progress_status,
     step_progress,
     step_table_rows,
     summary_markdown,
@@ -190,8 +191,7 @@ def _train_loop(config: RunConfig, key: str, session, logger) -> dict:
                 last_step=total,
                 staleness=config.training.max_staleness,
             )
-            held_out = session.history.evals[-1][1]
-            status = f"reward {row.reward:.2f}  held-out acc {held_out:.2f}"
+            status = progress_status(session.history)
             progress.update(bar, advance=1, status=status)
             if row.eval_accuracy is not None and not console.is_terminal:
                 console.print(f"GRPO step {step}/{total}  {status}")

@@ -383,7 +383,7 @@ class RolloutController:
             self.registry.deregister(decision.instance_id)
             self.redis.hincrby(self._key("step", snapshot.step.step), "reaped_instances", 1)
             self._steal_at.pop(decision.instance_id, None)
-            logger.warning(
+            logger.info(  # a preempted spot instance is routine: the run log has it, the console a count
                 "reaped %s (%s): %d samples requeued",
                 decision.instance_id,
                 decision.reason,

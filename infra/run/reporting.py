@@ -20,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table  # noqa: E402
 
 from infra.ledger.report import CostReport  # noqa: E402
-from infra.run.step_record import StepRecord, step_columns  # noqa: E402
+from infra.run.step_record import History, StepRecord, step_columns  # noqa: E402
 from infra.run.workload import AdapterSize  # noqa: E402
 
 
@@ -39,6 +39,17 @@ def step_progress(console: Console | None = None) -> Progress:
         TimeRemainingColumn(),
         console=console,
     )
+
+
+def progress_status(history: History) -> str:
+    """The progress line's status after a step: reward, held-out accuracy and, on the fabric, the
+    run's preemptions and migrations so far as counts (each instance's story is in the run log)."""
+    last = history.steps[-1]
+    status = f"reward {last.reward:.2f}  held-out acc {history.evals[-1][1]:.2f}"
+    if last.preemptions is not None:
+        migrated = sum(r.migrations or 0 for r in history.steps)
+        status += f"  preempted {last.preemptions}  migrated {migrated}"
+    return status
 
 
 def step_table_rows(records: Sequence[StepRecord], adapters: bool = False) -> list[dict[str, str]]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from infra.run.reporting import step_table_rows, table_description
+from infra.run.reporting import progress_status, step_table_rows, table_description
 from infra.run.step_record import Column, History, StepRecord, step_columns
 from infra.run.workload import AdapterSize
 
@@ -94,3 +94,14 @@ def test_the_description_says_the_versions_are_adapters_and_what_one_weighs():
     assert table_description("Every RL step of the run", None) == "Every RL step of the run"
     described = table_description("Every RL step of the run", AdapterSize(parameters=163_840, nbytes=655_360))
     assert described == "Every RL step of the run. Versions are LoRA adapters (0.62 MiB, 163,840 parameters each)"
+
+
+def test_the_progress_line_counts_preemptions_and_migrations_on_the_fabric_only():
+    """A preemption is the demo's point: the progress line counts them (and the samples migrated,
+    over the run), the instances' own lines go to the run log; an in-process rollout shows neither."""
+    history = History(evals=[(0, 0.25), (2, 0.5)])
+    history.record(StepRecord(step=1, reward=0.5, tokens=10, preemptions=1, migrations=3))
+    history.record(StepRecord(step=2, reward=0.75, tokens=10, preemptions=2, migrations=4))
+    assert progress_status(history) == "reward 0.75  held-out acc 0.50  preempted 2  migrated 7"
+    in_process = History([StepRecord(step=1, reward=0.5, tokens=10)], [(0, 0.25)])
+    assert progress_status(in_process) == "reward 0.50  held-out acc 0.25"
