@@ -26,9 +26,10 @@ from pathlib import Path
 
 from infra.fleet import code_bundle, wheelhouse
 from infra.fleet.cloud_boot import pool_extras
+from infra.providers.bootstrap import WorkerBootstrap
 from infra.providers.interface import BootPlan
 from infra.providers.pool import PoolSpec
-from infra.providers.startup import LOCK_ENV, WHEEL_ENV, WHEELHOUSE_ENV, WorkerBootstrap, render_startup_script
+from infra.providers.startup import LOCK_ENV, WHEEL_ENV, WHEELHOUSE_ENV, render_startup_script
 from rl.engine_spec import EngineSpec
 
 UNREACHABLE_INDEX = {"PIP_CONFIG_FILE": os.devnull, "PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_RETRIES": "0"}

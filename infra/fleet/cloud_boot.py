@@ -25,9 +25,10 @@ from urllib.parse import urlsplit
 
 from infra.fleet import code_bundle, wheelhouse
 from infra.fleet.instance_runs import InstanceRuns
+from infra.providers.bootstrap import WorkerBootstrap
 from infra.providers.interface import BootFile, BootPlan
 from infra.providers.pool import PoolSpec
-from infra.providers.startup import FLOW_RUN_ENV, LOCK_ENV, WHEEL_ENV, WHEELHOUSE_ENV, WorkerBootstrap, fetch_command
+from infra.providers.startup import FLOW_RUN_ENV, LOCK_ENV, WHEEL_ENV, WHEELHOUSE_ENV, fetch_command
 from rl.engine_spec import EngineSpec
 
 log = logging.getLogger(__name__)

@@ -23,11 +23,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from infra.fleet.capacity_manager import CapacityManager
+from infra.providers.bootstrap import WorkerBootstrap
 from infra.providers.composite import CompositeProvider
 from infra.providers.errors import CloudError
 from infra.providers.interface import BootHooks, OnChange, Provider
 from infra.providers.pool import PoolSpec
-from infra.providers.startup import WorkerBootstrap
 
 log = logging.getLogger(__name__)
 

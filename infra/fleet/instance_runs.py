@@ -3,7 +3,7 @@
 Every instance that runs as a Prefect flow run (a local `fabric.instances: prefect` instance, a
 cloud VM) gets one run of its pool's deployment, created *before* the instance starts, in a work
 queue of its own (`<run id>-<instance id>`) that only its worker polls
-(`python -m infra.stack.prefect_worker --run-once`). `InstanceRuns` owns that bookkeeping:
+(`python -m infra.services.prefect_worker --run-once`). `InstanceRuns` owns that bookkeeping:
 `create` (a VM's `before_boot`) checks the pool's deployment and work pool (`UnknownPool` names the
 fix) and creates the run, whose parameters carry no secret: the Redis URL and the weights secret
 travel in the environment, or in the Prefect Secret block its `environment_block` parameter names

@@ -4,7 +4,7 @@
 targets, availability schedules and real signals) with a different instance: before the local
 provider starts one, it creates a flow run of the pool's `rollout-instance/<pool>` deployment in a
 work queue of its own (`infra.fleet.instance_runs`), and the instance's process group runs a Prefect
-process worker on that queue (`python -m infra.stack.prefect_worker --run-once --stop-with-parent`)
+process worker on that queue (`python -m infra.services.prefect_worker --run-once --stop-with-parent`)
 that picks up exactly that run and exits when it ends. So every instance shows in the Prefect UI as
 a `rollout-instance` run on its work pool: a preemption notice (SIGTERM to the group, which holds
 the flow run's process too) drains it and ends its run **Crashed**; a silent SIGKILL leaves it
@@ -30,6 +30,7 @@ from infra.providers.interface import InstanceHandle, InstanceRecord, Preemption
 from infra.providers.local import LocalProvider, TickThread
 from infra.providers.placement import GpuSlot
 from infra.providers.pool import PoolSpec
+from infra.services import prefect_worker
 from infra.services.prefect_api import check_api, current_api_url
 from infra.services.redis_embedded import REDIS_CA_FILE_ENV, REDIS_URL_ENV
 
@@ -150,7 +151,7 @@ class PrefectLocalProvider(Provider):
         return [
             sys.executable,
             "-m",
-            "infra.stack.prefect_worker",
+            prefect_worker.__name__,
             "--pool",
             pool.name,
             "--work-queue",

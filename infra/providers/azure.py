@@ -36,11 +36,12 @@ from azure.identity import DefaultAzureCredential
 from azure.mgmt.compute import ComputeManagementClient
 from azure.mgmt.compute import models as m
 
+from infra.providers.bootstrap import WorkerBootstrap
 from infra.providers.errors import CredentialsError, PoolConfigError, ZoneUnavailable
 from infra.providers.interface import BootPlan
 from infra.providers.pool import PoolSpec
 from infra.providers.prices_live import AzureRetailPrices, QuoteBook
-from infra.providers.startup import WorkerBootstrap, render_startup_script
+from infra.providers.startup import render_startup_script
 from infra.providers.zonal import (
     LABEL_POOL,
     LABEL_RUN,

@@ -32,11 +32,12 @@ from google.auth import exceptions as auth_exc
 from google.auth.credentials import Credentials
 from google.cloud import billing_v1, compute_v1
 
+from infra.providers.bootstrap import WorkerBootstrap
 from infra.providers.errors import CredentialsError, PoolConfigError, ZoneUnavailable
 from infra.providers.interface import BootPlan
 from infra.providers.pool import PoolSpec
 from infra.providers.prices_live import GceShape, GcpCatalogPrices, QuoteBook
-from infra.providers.startup import WorkerBootstrap, render_startup_script
+from infra.providers.startup import render_startup_script
 from infra.providers.zonal import (
     LABEL_POOL,
     LABEL_RUN,

@@ -9,8 +9,8 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from infra.pricing.egress import egress_usd_per_gb
+from infra.providers.bootstrap import WorkerBootstrap
 from infra.providers.pool import PoolSpec
-from infra.providers.startup import WorkerBootstrap
 from infra.rollout.controller_config import ControllerConfig
 from infra.rollout.settings import WorkerSettings
 from infra.weights.config import WeightsConfig

@@ -27,8 +27,8 @@ from typing import Any
 from infra.fleet.cloud_fleet import provider_class
 from infra.ledger.reader import list_runs
 from infra.ledger.recorder import Ledger
+from infra.providers.bootstrap import WorkerBootstrap
 from infra.providers.pool import PoolSpec
-from infra.providers.startup import WorkerBootstrap
 from infra.providers.zonal import LabelledVm, ZonalCloudProvider, label_value
 from infra.run.fabric import cloud_options
 from infra.run.fabric_config import FabricConfig, SweepSettings

@@ -1,4 +1,4 @@
-"""`python -m infra.stack.prefect_worker --pool P [--work-queue Q] --name N`: a Prefect process worker
+"""`python -m infra.services.prefect_worker --pool P [--work-queue Q] --name N`: a Prefect process worker
 whose flow runs outlive its stop signal.
 
 It is Prefect's process worker (`prefect.workers.process.ProcessWorker`), started differently from
@@ -21,14 +21,19 @@ import asyncio
 import contextlib
 import os
 import signal
+from typing import TYPE_CHECKING
 
 import anyio
-from prefect.workers.process import ProcessWorker
+
+if TYPE_CHECKING:
+    from prefect.workers.process import ProcessWorker
 
 
 async def serve(
     pool: str, work_queues: list[str], name: str, limit: int, run_once: bool, stop_with_parent: bool
 ) -> None:
+    from prefect.workers.process import ProcessWorker  # Prefect loads when the worker starts, not when it is named
+
     worker = ProcessWorker(
         work_pool_name=pool, work_queues=work_queues or None, name=name, limit=limit, create_pool_if_not_found=False
     )
@@ -76,7 +81,9 @@ async def _finish_running_flow_runs(worker: ProcessWorker, serving: asyncio.Futu
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m infra.stack.prefect_worker", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m infra.services.prefect_worker", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--pool", required=True, help="work pool to serve")
     parser.add_argument(
         "--work-queue", action="append", default=[], help="work queue to poll (repeatable; default: all)"

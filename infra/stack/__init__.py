@@ -1,2 +1,2 @@
-"""The local service stack of `rlboost up` / `rlboost down` (`stack`): detached service processes
-(`processes`) and the Prefect process worker that serves a pool's runs (`prefect_worker`)."""
+"""The local service stack of `rlboost up` / `rlboost down` (`stack`) and its detached service
+processes (`processes`); the Prefect process worker it starts is `infra.services.prefect_worker`."""

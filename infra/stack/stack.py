@@ -8,7 +8,7 @@
    unless `redis_appendfsync` says otherwise, so a restarted Redis keeps the token logs);
 3. the work pools (base job template `deployments/work-pools/local-process.json`), the zombie-run
    automation (`deployments/automations/`) and the deployments of `prefect.yaml`;
-4. a Prefect worker (`infra.stack.prefect_worker`) per queue training deployments use (the
+4. a Prefect worker (`infra.services.prefect_worker`) per queue training deployments use (the
    `reserved` pool's `default`: the training machine), the Redis URL in its environment.
 `stack.json` (private: it holds the Redis password) records what started (pids with start times,
 URLs), so `down()` stops exactly those: workers first (their runs stop their instances, Crashed),
@@ -36,6 +36,7 @@ from pydantic import BaseModel
 
 from infra.fleet.prefect_local import UnknownPool
 from infra.run.config import load_config
+from infra.services import prefect_worker
 from infra.services.ports import free_port, port_is_free
 from infra.services.prefect_home import database_problem, point_at_home
 from infra.services.redis_embedded import REDIS_URL_ENV, AppendFsync, find_redis_server, launch_redis_server
@@ -394,7 +395,7 @@ class _Starter:
             [
                 sys.executable,
                 "-m",
-                "infra.stack.prefect_worker",
+                prefect_worker.__name__,
                 "--pool",
                 pool,
                 "--work-queue",

@@ -13,11 +13,11 @@ from google.auth.credentials import AnonymousCredentials
 
 from infra.fleet.capacity_manager import CapacityManager
 from infra.ledger.recorder import Ledger
+from infra.providers.bootstrap import WorkerBootstrap
 from infra.providers.errors import PoolConfigError
 from infra.providers.gcp import GcpProvider
 from infra.providers.interface import InstanceHandle, InstanceRecord, PreemptionEvent, Provider, StopReason
 from infra.providers.pool import PoolSpec
-from infra.providers.startup import WorkerBootstrap
 from infra.run.fabric_config import CapacitySettings
 from infra.weights.updates import UpdateMeter
 from tests.fakes.gce import FakeGce

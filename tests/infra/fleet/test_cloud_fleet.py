@@ -13,11 +13,11 @@ from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
 
 from infra.fleet.cloud_fleet import CloudFleet
+from infra.providers.bootstrap import WorkerBootstrap
 from infra.providers.errors import CloudError, PoolConfigError
 from infra.providers.gcp import GcpProvider
 from infra.providers.interface import InstanceRecord
 from infra.providers.pool import PoolSpec
-from infra.providers.startup import WorkerBootstrap
 from infra.run.fabric_config import CloudSettings
 from tests.fakes.gce import FakeGce
 from tests.helpers import Clock, wait_for

@@ -13,8 +13,9 @@ import pytest
 
 from infra.fleet import code_bundle
 from infra.fleet.cloud_boot import CloudBoot, pool_extras
+from infra.providers.bootstrap import WorkerBootstrap
 from infra.providers.pool import PoolSpec
-from infra.providers.startup import FLOW_RUN_ENV, LOCK_ENV, WHEEL_ENV, WorkerBootstrap
+from infra.providers.startup import FLOW_RUN_ENV, LOCK_ENV, WHEEL_ENV
 from rl.engine_spec import EngineSpec
 from tests.helpers import REPO_ROOT
 

@@ -11,7 +11,8 @@ import pytest
 
 from infra.fleet import code_bundle, wheelhouse
 from infra.fleet.cloud_boot import CloudBoot
-from infra.providers.startup import LOCK_ENV, WHEEL_ENV, WHEELHOUSE_ENV, WorkerBootstrap
+from infra.providers.bootstrap import WorkerBootstrap
+from infra.providers.startup import LOCK_ENV, WHEEL_ENV, WHEELHOUSE_ENV
 from rl.engine_spec import EngineSpec
 from tests.infra.fleet.test_code_bundle import gcp_pool
 

@@ -13,10 +13,10 @@ from azure.core.pipeline.policies import BearerTokenCredentialPolicy, SansIOHTTP
 
 from infra.pricing import price
 from infra.providers.azure import AzureProvider
+from infra.providers.bootstrap import WorkerBootstrap
 from infra.providers.errors import CredentialsError, PoolConfigError
 from infra.providers.pool import PoolSpec
 from infra.providers.prices_live import AzureRetailPrices, azure_hourly_price
-from infra.providers.startup import WorkerBootstrap
 from infra.providers.zonal import LABEL_POOL, LABEL_RUN, LABEL_STEP, OperationPolling
 from infra.services.ports import free_port
 from tests.fakes.arm import FakeArm
@@ -133,7 +133,7 @@ def test_spot_launch_asks_for_a_spot_vm_with_max_price_tags_and_the_worker(arm, 
     name = body["properties"]["osProfile"]["computerName"]
     assert f"-m infra.watchers azure --instance {name}" in script
     assert (
-        f"-m infra.stack.prefect_worker --pool t4-spot --work-queue run-42-{name} --name {name} --limit 1 --run-once"
+        f"-m infra.services.prefect_worker --pool t4-spot --work-queue run-42-{name} --name {name} --limit 1 --run-once"
         in script
     )
     # The SDK's poller followed the Azure-AsyncOperation documents to the end.

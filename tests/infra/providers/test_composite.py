@@ -10,12 +10,12 @@ import pytest
 from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
 
+from infra.providers.bootstrap import WorkerBootstrap
 from infra.providers.composite import CompositeProvider
 from infra.providers.gcp import GcpProvider
 from infra.providers.local import LocalProvider
 from infra.providers.pool import PoolSpec
 from infra.providers.prices_live import offline_price
-from infra.providers.startup import WorkerBootstrap
 
 pytestmark = pytest.mark.integration  # real processes
 

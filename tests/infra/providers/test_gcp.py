@@ -11,12 +11,13 @@ from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
 from google.oauth2.credentials import Credentials as UserCredentials
 
+from infra.providers.bootstrap import WorkerBootstrap
 from infra.providers.errors import CredentialsError, PoolConfigError
 from infra.providers.gcp import GcpProvider
 from infra.providers.interface import BootFile, BootPlan
 from infra.providers.pool import PoolSpec
 from infra.providers.prices_live import offline_price
-from infra.providers.startup import LOCK_ENV, WHEEL_ENV, WorkerBootstrap
+from infra.providers.startup import LOCK_ENV, WHEEL_ENV
 from infra.providers.zonal import LABEL_POOL, LABEL_RUN, LABEL_STEP
 from infra.services.ports import free_port
 from tests.fakes.gce import FakeGce
@@ -134,7 +135,7 @@ def test_spot_launch_asks_for_spot_gpus_labels_and_the_worker(gce, clock):
     assert '--no-deps --force-reinstall "$RLBOOST_WHEEL"' in script and "pip install rlboost" not in script
     assert f"export RLBOOST_FLOW_RUN_ID=run-of-{body['name']}" in script
     assert (
-        f"-m infra.stack.prefect_worker --pool t4-spot --work-queue {RUN}-{body['name']} --name {body['name']} --limit 1 --run-once"
+        f"-m infra.services.prefect_worker --pool t4-spot --work-queue {RUN}-{body['name']} --name {body['name']} --limit 1 --run-once"
         in script
     )
     assert "-m infra.watchers gce" in script and "PREFECT_API_URL=http://prefect.internal:4200/api" in script

@@ -17,13 +17,13 @@ from prefect import flow
 from prefect.client.orchestration import SyncPrefectClient
 from prefect.settings import PREFECT_API_URL
 
+from infra.providers.bootstrap import WorkerBootstrap
 from infra.providers.interface import BootFile, BootPlan
 from infra.providers.startup import (
     FAILED_PREFIX,
     FLOW_RUN_ENV,
     LOCK_ENV,
     WHEEL_ENV,
-    WorkerBootstrap,
     fetch_command,
     render_startup_script,
 )
@@ -139,7 +139,7 @@ def test_the_script_quotes_every_value_and_runs_the_instances_worker_under_its_c
         "--",
         python,
         "-m",
-        "infra.stack.prefect_worker",
+        "infra.services.prefect_worker",
     ]
     worker += ["--pool", "l4-spot", "--work-queue", "run 1-l4-spot-0a1b2c3d", "--name", "l4-spot-0a1b2c3d"]
     assert shlex.split(script.splitlines()[-1]) == ["exec", *worker, "--limit", "1", "--run-once"]

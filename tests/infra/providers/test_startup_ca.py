@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import subprocess
 
-from infra.providers.startup import WorkerBootstrap, render_startup_script
+from infra.providers.bootstrap import WorkerBootstrap
+from infra.providers.startup import render_startup_script
 from infra.services.redis_embedded import REDIS_CA_FILE_ENV
 from tests.infra.providers.test_gcp import gcp_pool
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from infra.fleet import code_bundle, wheelhouse
+from infra.providers.bootstrap import WorkerBootstrap
 from infra.providers.interface import BootFile, BootPlan
 from infra.providers.startup import (
     FAILED_PREFIX,
@@ -26,7 +27,6 @@ from infra.providers.startup import (
     LOCK_MARKER,
     WHEEL_ENV,
     WHEELHOUSE_ENV,
-    WorkerBootstrap,
     render_startup_script,
 )
 from tests.helpers import REPO_ROOT
