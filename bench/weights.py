@@ -3,7 +3,7 @@
     .venv/bin/python bench/weights.py [--instances 8] [--cap-mb-s 40] [--chunk-mb 4]
 
 A ~200 MB Llama-shaped checkpoint is published by this process (`WeightPublisher`) and pulled by
-N instance processes (`python -m infra.weights.instance`) with the store on a local moto S3 server,
+N instance processes (`python -m tests.infra.weights.instance`) with the store on a local moto S3 server,
 three ways: **trainer** (every instance from the trainer only), **store** (every instance from
 the object store) and **swarm** (the system: from the trainer and every instance that holds all
 or part of the version, each serving every chunk as soon as it has verified it). Every source's
@@ -131,7 +131,7 @@ class CappedProxy:
 
 
 class Instances:
-    """N `infra.weights.instance` processes, driven over stdin/stdout."""
+    """N `tests.infra.weights.instance` processes, driven over stdin/stdout."""
 
     def __init__(self, count: int, redis_url: str) -> None:
         self.processes = [
@@ -139,7 +139,7 @@ class Instances:
                 [
                     sys.executable,
                     "-m",
-                    "infra.weights.instance",
+                    "tests.infra.weights.instance",
                     "--redis-url",
                     redis_url,
                     "--instance-id",

@@ -53,14 +53,14 @@ def _status(url: str, path: str) -> int:
 
 
 class _InstanceProcess:
-    """`python -m infra.weights.instance` as a real child process, driven over stdin/stdout."""
+    """`python -m tests.infra.weights.instance` as a real child process, driven over stdin/stdout."""
 
     def __init__(self, redis_url: str, instance_id: str, run_dir: Path) -> None:
         self.process = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
-                "infra.weights.instance",
+                "tests.infra.weights.instance",
                 "--redis-url",
                 redis_url,
                 "--instance-id",

@@ -1,6 +1,6 @@
 """A standalone weights instance: a process that pulls versions on command and serves them.
 
-    python -m infra.weights.instance --redis-url URL --instance-id ID [--run-dir DIR]
+    python -m tests.infra.weights.instance --redis-url URL --instance-id ID [--run-dir DIR]
 
 One JSON command per line on stdin, one JSON answer per line on stdout:
 - ``{"op": "open", "run_id", "config": {<WeightsConfig>}}`` -> ``{"op": "opened", "url"}``: a fresh
@@ -11,8 +11,9 @@ One JSON command per line on stdin, one JSON answer per line on stdout:
 - ``{"op": "fingerprint", "version"}`` -> ``{"op": "fingerprint", "version", "fingerprint"}``, of a
   held version (apart from "pull", so checking weights costs no CPU while others still pull);
 - ``{"op": "drop"}`` -> ``{"op": "dropped"}``: closes the puller (stops serving, leaves the registry).
-End of input closes the puller and exits. The integration tests use it for peers that are real
-processes (killed with SIGKILL), bench/weights.py for its instances; rollout workers embed `WeightPuller`.
+End of input closes the puller and exits. A test harness (run from the repository root): the
+integration tests use it for peers that are real processes (killed with SIGKILL), bench/weights.py
+for its instances; rollout workers embed `WeightPuller`.
 """
 
 from __future__ import annotations
