@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
+from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,7 +45,7 @@ from infra.rollout.instance import InstanceSpec
 from infra.rollout.protocol import current_window
 from infra.rollout.registry import InstanceRegistry
 from infra.rollout.settings import worker_flags
-from infra.rollout.tokenlog import GroupSpec, ShardCountMismatch, TokenLog
+from infra.rollout.tokenlog import GroupSpec, TokenLog
 from infra.rollout.worker_config import instance_flags
 from infra.run.colocated import ColocatedInstance, WithColocated
 from infra.run.fabric_config import CloudSettings, FabricConfig
@@ -124,7 +125,25 @@ class RolloutFabric:
         self.model_path = Path(model_path)
         self.run_dir = Path(run_dir)
         self.engine = engine
+        self.instance_prefix = instance_prefix
         self._redis_server: EmbeddedRedis | None = None
+        with ExitStack() as stack:  # what is made is closed again, in reverse, if a later part fails
+            self._open(stack, config, run_id, run_dir, trainer_device, take_over_step)
+            self._resources = stack.pop_all()
+            """What `close` undoes, last made first (the fleet, the local instances, the colocated
+            ones, the publisher, Redis)."""
+
+    def _open(
+        self,
+        stack: ExitStack,
+        config: FabricConfig,
+        run_id: str,
+        run_dir: Path,
+        trainer_device: str,
+        take_over_step: int | None,
+    ) -> None:
+        """Start Redis, the token log, controller and publisher, the instances and the fleet; each
+        part's undoing goes on `stack` as soon as the part exists."""
         configured_redis = config.redis_url or os.environ.get(REDIS_URL_ENV)
         if configured_redis is None:
             persistent = config.redis_appendfsync is not None
@@ -132,28 +151,21 @@ class RolloutFabric:
                 appendfsync=config.redis_appendfsync, directory=self.run_dir / "redis" if persistent else None
             )
             self._redis_server.start()
+            stack.callback(self._redis_server.stop)
         self.redis_url = self._redis_server.url if self._redis_server else configured_redis
         self.redis_ca_file = None if config.redis_ca_file is None else config.redis_ca_file.resolve()
         """The CA of a rediss:// Redis, which every instance verifies the server with."""
         field = "fabric.redis_url" if config.redis_url or self._redis_server else f"${REDIS_URL_ENV}"
         self.redis = RedisSettings(url=self.redis_url, ca_file=self.redis_ca_file).client(field)
-        try:
-            self.log = TokenLog(self.redis, run_id, shards=config.tokenlog_shards)
-        except ShardCountMismatch:
-            self._close_colocated_and_redis()
-            raise
+        stack.callback(self.redis.close)
+        self.log = TokenLog(self.redis, run_id, shards=config.tokenlog_shards)
         self.registry = InstanceRegistry(self.redis, run_id)
         self.controller = RolloutController(self.redis, run_id, config.controller, clock=time.time)
-        self.instance_prefix = instance_prefix
         self.colocated: list[ColocatedInstance] = []
         self.take_over: TakeOver | None = None
         """What the dead driver left of the resumed step (None for a run's first driver)."""
         if take_over_step is not None:
-            try:
-                self.take_over = self.controller.take_over(take_over_step)
-            except BaseException:
-                self._close_colocated_and_redis()  # none started yet: closes Redis
-                raise
+            self.take_over = self.controller.take_over(take_over_step)
         weights = self.weights_config = peer_weights_config(config)
         if weights.serves:
             # Local instances inherit the trainer's environment: one random secret per session
@@ -168,20 +180,21 @@ class RolloutFabric:
             self.redis,
             run_id,
             run_dir=run_dir,
-            dtype=TORCH_DTYPES[engine.dtype],
-            adapter_base=None if engine.lora is None else base_digest(model_path),
+            dtype=TORCH_DTYPES[self.engine.dtype],
+            adapter_base=None if self.engine.lora is None else base_digest(self.model_path),
         )
+        stack.callback(self._close_weights)
         self._step = 0
-        try:
-            for index, pool in enumerate(config.pools):
-                if pool.colocated:
-                    self.colocated.append(self._colocated_instance(index, pool, trainer_device))
-        except BaseException:
-            try:
-                self._close_weights()
-            finally:
-                self._close_colocated_and_redis()
-            raise
+        self._open_instances(stack, config, run_dir, trainer_device)
+
+    def _open_instances(self, stack: ExitStack, config: FabricConfig, run_dir: Path, trainer_device: str) -> None:
+        """The colocated instances, the local pools' provider, the cloud fleet, the instance watch;
+        then start them all."""
+        for index, pool in enumerate(config.pools):
+            if pool.colocated:
+                instance = self._colocated_instance(index, pool, trainer_device)
+                self.colocated.append(instance)
+                stack.callback(instance.close)  # it hands its samples back through Redis: closed before it
         local_pools = [pool for pool in config.pools if pool.provider == "local" and not pool.colocated]
         cloud_pools = [pool for pool in config.pools if pool.provider != "local"]
         providers: dict[str, Provider] = {}
@@ -195,6 +208,7 @@ class RolloutFabric:
             providers.update(self.fleet.providers)
         self.provider = WithColocated(CompositeProvider(providers), self.colocated)
         """The instances of the run: the providers' and the colocated ones (the ledger reads them)."""
+        stack.callback(self.provider.shutdown)
         self.watch = self._instance_watch([*local_pools, *cloud_pools])
         for instance in self.colocated:
             instance.start()
@@ -202,6 +216,7 @@ class RolloutFabric:
             self.provider.launch(pool, pool.size)
         self.provider.start()
         if self.fleet is not None:
+            stack.callback(self._stop_fleet)
             self.fleet.start()
 
     def _instance_watch(self, pools: list[PoolSpec]) -> InstanceWatch:
@@ -578,18 +593,18 @@ class RolloutFabric:
             return call()
 
     def close(self) -> None:
-        if self.fleet is not None:
-            runs = self.instance_runs
-            assert runs is not None
-            timeout_s = self.config.cloud.drain_timeout_s
-            self.fleet.stop(drain=lambda live: runs.drain(live, timeout_s))
-            runs.settle(runs.known(), "ended with the training run before it started this run")
-            runs.remove_environment()
-        try:
-            self.provider.shutdown()
-            self._close_weights()
-        finally:
-            self._close_colocated_and_redis()
+        """Drain and delete the cloud instances, shut the local ones down, finish the publisher,
+        stop the colocated instances, then Redis: each step runs even if one before it fails."""
+        self._resources.close()
+
+    def _stop_fleet(self) -> None:
+        """Stop the cloud fleet: drain its instances, settle their flow runs, remove the secrets."""
+        runs, fleet = self.instance_runs, self.fleet
+        assert runs is not None and fleet is not None
+        timeout_s = self.config.cloud.drain_timeout_s
+        fleet.stop(drain=lambda live: runs.drain(live, timeout_s))
+        runs.settle(runs.known(), "ended with the training run before it started this run")
+        runs.remove_environment()
 
     def _close_weights(self) -> None:
         """Finish the publisher's pending work and stop it. A publication that failed on a lost
@@ -601,11 +616,3 @@ class RolloutFabric:
             if not lost_redis(error):
                 raise
             log.info("closing the weights publisher: %s", error, exc_info=error)
-
-    def _close_colocated_and_redis(self) -> None:
-        """Stop the colocated instances (they hand their samples back through Redis), then Redis."""
-        for instance in self.colocated:
-            instance.close()
-        self.redis.close()
-        if self._redis_server is not None:
-            self._redis_server.stop()

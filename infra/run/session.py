@@ -19,7 +19,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,26 +85,30 @@ class TrainingSession:
             torch.set_num_threads(config.run.torch_threads)
         self.directory = config.run.directory
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._driver_lock = session_lock(self.directory)  # a second driver of this run is refused here
-        try:
-            self._open(config)
-        except BaseException:
-            self._driver_lock.release()
-            raise
+        with ExitStack() as stack:  # what is made is closed again, in reverse, if a later part fails
+            self._driver_lock = session_lock(self.directory)  # a second driver of this run is refused here
+            stack.callback(self._driver_lock.release)
+            self._open(config, stack)
+            self._resources = stack.pop_all()
+            """What `close` undoes, last made first: the engine, the fabric (after the sweeps), the
+            trainer, the run's accounting, the ledger, the driver lock."""
 
-    def _open(self, config: RunConfig) -> None:
-        """Make everything the session holds (under the run's driver lock)."""
+    def _open(self, config: RunConfig, stack: ExitStack) -> None:
+        """Make everything the session holds (under the run's driver lock); each part's undoing
+        goes on `stack` as soon as the part exists."""
         preflight(config)
         self.device = resolve_device(config.model.device, "model.device")
         self.tokenizer = load_tokenizer(config.model.path, config.model.gguf_file)
         check_chat_template(self.tokenizer, config.prompt, config.model.path)  # before any work
         self.model, self.trainer = _make_trainer(config, self.device, self.tokenizer.pad_token_id)
+        stack.callback(self.trainer.close)
         self.adapter = adapter_size(self.trainer.policy_state()) if config.model.lora is not None else None
         """One adapter version's size (None: full fine-tuning, a version is every weight)."""
         self._engine: GenerationEngine | None = None
         """The in-process engine (rollout without the fabric, and evaluation), made on first use."""
         self._engine_shares_model = False
         """Whether that engine runs `self.model` itself (so it is always at the current version)."""
+        stack.callback(self._close_engine)  # after the fabric, before the trainer
         self.prompts = PromptSource(config.data)
         self.eval_records = self.prompts.eval_records(config.eval.size)
         self.reward_fn = load_reward(config.reward, config.data.family if config.data.source == "arithmetic" else None)
@@ -114,17 +118,13 @@ class TrainingSession:
         self.resumed_from: int | None = None
         offload_state = None
         """The fabric's learned offload state at the checkpoint (a Redis that kept its own wins)."""
-        try:
-            checkpoint = latest_checkpoint(self.checkpoint_dir)
-            if checkpoint is not None:
-                state = load_checkpoint(checkpoint, self.trainer)
-                self.cursor = state["cursor"]
-                self.history = History.from_state(state["history"])
-                self.resumed_from = self.trainer.step
-                offload_state = state.get("offload")
-        except BaseException:
-            self.trainer.close()
-            raise
+        checkpoint = latest_checkpoint(self.checkpoint_dir)
+        if checkpoint is not None:
+            state = load_checkpoint(checkpoint, self.trainer)
+            self.cursor = state["cursor"]
+            self.history = History.from_state(state["history"])
+            self.resumed_from = self.trainer.step
+            offload_state = state.get("offload")
         self.fabric: RolloutFabric | None = None
         self._stream: tuple[int, StreamedStep] | None = None
         """The step whose groups are being trained while they arrive (fabric rollout only)."""
@@ -138,49 +138,64 @@ class TrainingSession:
         """Per step in progress: tokens each instance generated, tokens wasted (for the ledger)."""
         self._taken_over = None
         """What the dead attempt left of the first step (reported in that step's metrics)."""
+        self._open_fabric(config, stack, offload_state)
+
+    def _open_fabric(self, config: RunConfig, stack: ExitStack, offload_state: Any) -> None:
+        """The ledger, the run's sweeps (cloud pools), the rollout fabric and the run's accounting."""
         ledger = Ledger(config.ledger.resolved_url())
+        stack.callback(ledger.close)
+        stack.callback(self._finish_accounting)  # after the fabric and the trainer are closed
         self._sweeps: SweepSchedule | None = None
         """The run's heartbeat and VM sweeps (cloud pools only): alive before any VM is launched."""
-        try:
-            if self.identity.resumed:  # before anything beats: the dead attempt ends at its last heartbeat
-                ledger.resume_run(self.run_id)
-            if config.fabric.enabled and config.fabric.cloud_pools:
-                self._sweeps = start_sweeps(config.fabric, self.run_id, config.run.name, ledger)
-            if config.fabric.enabled:
-                self.fabric = RolloutFabric(
-                    config.fabric,
-                    self.run_id,
-                    self.directory,
-                    config.model.path,
-                    engine=config.engine_spec(),
-                    trainer_device=str(self.device),
-                    instance_prefix=self.identity.instance_prefix,
-                    take_over_step=self.step + 1 if self.identity.resumed else None,
-                )
-                self._taken_over = self.fabric.take_over
-                if offload_state is not None:
-                    self.fabric.controller.seed_offload(offload_state)
-                self.fabric.publish(self.step, self.trainer.policy_state())
-            self.accounting = RunAccounting(
-                ledger,
+        if self.identity.resumed:  # before anything beats: the dead attempt ends at its last heartbeat
+            ledger.resume_run(self.run_id)
+        if config.fabric.enabled and config.fabric.cloud_pools:
+            self._sweeps = start_sweeps(config.fabric, self.run_id, config.run.name, ledger)
+            stack.callback(self._sweeps.stop)
+        if config.fabric.enabled:
+            self.fabric = RolloutFabric(
+                config.fabric,
                 self.run_id,
-                config.run.name,
-                config.fabric.pools if self.fabric else (),
-                self.fabric.provider if self.fabric else None,
-                transfers=self.fabric.drain_transfers if self.fabric else None,
-                ready=self.fabric.registered if self.fabric else None,
-                trainer=config.ledger.trainer,
+                self.directory,
+                config.model.path,
+                engine=config.engine_spec(),
+                trainer_device=str(self.device),
                 instance_prefix=self.identity.instance_prefix,
-                workload=run_workload(config, _parameters(self.model), self._mean_prompt_tokens(), self.adapter),
+                take_over_step=self.step + 1 if self.identity.resumed else None,
             )
-        except BaseException:
-            if self._sweeps is not None:
-                self._sweeps.stop()
-            ledger.close()
-            if self.fabric is not None:
-                self.fabric.close()
-            self.trainer.close()
-            raise
+            stack.callback(self._close_fabric)
+            self._taken_over = self.fabric.take_over
+            if offload_state is not None:
+                self.fabric.controller.seed_offload(offload_state)
+            self.fabric.publish(self.step, self.trainer.policy_state())
+        self.accounting = RunAccounting(
+            ledger,
+            self.run_id,
+            config.run.name,
+            config.fabric.pools if self.fabric else (),
+            self.fabric.provider if self.fabric else None,
+            transfers=self.fabric.drain_transfers if self.fabric else None,
+            ready=self.fabric.registered if self.fabric else None,
+            trainer=config.ledger.trainer,
+            instance_prefix=self.identity.instance_prefix,
+            workload=run_workload(config, _parameters(self.model), self._mean_prompt_tokens(), self.adapter),
+        )
+
+    def _close_fabric(self) -> None:
+        """Stop the sweeps, then the fabric (it deletes the run's VMs)."""
+        assert self.fabric is not None
+        if self._sweeps is not None:
+            self._sweeps.stop()  # before the fabric deletes its VMs and the run ends
+        self.fabric.close()
+
+    def _finish_accounting(self) -> None:
+        accounting: RunAccounting | None = getattr(self, "accounting", None)  # None: never made
+        if accounting is not None:
+            accounting.finish()
+
+    def _close_engine(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
 
     def _mean_prompt_tokens(self) -> float | None:
         """Mean tokens of the encoded prompts, over the first `PROMPTS_MEASURED` held-out ones."""
@@ -474,18 +489,8 @@ class TrainingSession:
         return str(save_checkpoint(self.checkpoint_dir, self.trainer, state, keep=self.config.run.keep_checkpoints))
 
     def close(self) -> None:
-        try:
-            if self._sweeps is not None:
-                self._sweeps.stop()  # before the fabric deletes its VMs and the run ends
-            if self.fabric is not None:
-                self.fabric.close()
-            if self._engine is not None:
-                self._engine.close()
-            self.trainer.close()
-        finally:
-            self.accounting.finish()
-            self.accounting.ledger.close()
-            self._driver_lock.release()
+        """Close what the session made, last made first; each part closes even if one before fails."""
+        self._resources.close()
 
 
 def _parameters(model: Any) -> int | None:
