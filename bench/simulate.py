@@ -57,7 +57,7 @@ def updated(scenario: Scenario, **changes) -> Scenario:
     """`scenario` with top-level fields, or fields of sections (dicts), replaced; validated again."""
     data = scenario.model_dump()
     for name, value in changes.items():
-        data[name] = {**data[name], **value} if isinstance(value, dict) else value
+        data[name] = {**(data[name] or {}), **value} if isinstance(value, dict) else value
     return Scenario.model_validate(data)
 
 

@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from infra.availability.traces import TraceSchedule
+from infra.sim.agentic import DecodeWork, decode_work, trajectories
 from infra.sim.availability import spot_schedule
 from infra.sim.hardware import DecodeModel
 from infra.sim.scenario import Scenario, Variant, prices_per_hour
@@ -54,6 +55,9 @@ SPECS: dict[str, VariantSpec] = {
     ),
     "restart": VariantSpec("restart", use_spot=True, migration="restart", steal=False, swarm=True),
     **{f"rlboost_async_k{k}": VariantSpec(f"rlboost_async_k{k}", use_spot=True, max_staleness=k) for k in ASYNC_K},
+    "rlboost_async_k2_train_first": VariantSpec(
+        "rlboost_async_k2_train_first", use_spot=True, max_staleness=2, train_first=True
+    ),
     **{f"ondemand_async_k{k}": VariantSpec(f"ondemand_async_k{k}", use_spot=False, max_staleness=k) for k in ASYNC_K},
 }
 
@@ -99,16 +103,18 @@ class Metrics:
 class WorkBound:
     """The best throughput any schedule could reach on a scenario's trace (work conservation):
     the reserved GPUs' seconds plus the spot GPUs' seconds the trace makes available on average,
-    against one step's rollout and training work, each at its best. Rollout costs, per response
-    of L tokens after a prompt of P on an engine of `g` GPUs, ``g * (L * (a / slots + c) + b * (L
-    * P + L**2 / 2) + prefill(P))`` GPU-seconds: every decode step of a full engine, the sample's
-    share of it (the `hardware` roofline), no re-prefill; training costs the reserved cluster
-    `cluster_train_seconds` (this project's trainer: no old-log-prob forward) and runs on the
-    reserved GPUs only. With `R_r`, `R_s` the rollout GPU-seconds on reserved or spot engines,
-    `T` the training GPU-seconds, `G_r` and `G_s` the GPUs: the step takes at least ``t* =
-    max(T / G_r, min(R_s / G_s, (R_r + T) / (G_r + G_s R_r / R_s)))``, the reserved GPUs
-    training and generating what the spot GPUs cannot. Nothing else is charged (boot, weight
-    pulls, claim delays, the tail of a step, the orchestration), so no variant can beat it."""
+    against one step's rollout and training work, each at its best. Rollout costs, on an engine
+    of `g` GPUs, ``g * (a * steps + c * N + b * C + prefill)`` GPU-seconds for N model tokens whose
+    contexts sum to C (a response of L tokens after a prompt of P: ``L * P + L**2 / 2``; a
+    trajectory's turns also read its earlier turns and tool results), the prompts and tool
+    results prefilled once, no re-prefill; ``steps = N / slots``: every decode step of a full
+    engine (the `hardware` roofline). Training costs the reserved cluster `cluster_train_seconds`
+    (this project's trainer: no old-log-prob forward) and runs on the reserved GPUs only. With
+    `R_r`, `R_s` the rollout GPU-seconds on reserved or spot engines, `T` the training
+    GPU-seconds, `G_r` and `G_s` the GPUs: the step takes at least ``t* = max(T / G_r, min(R_s /
+    G_s, (R_r + T) / (G_r + G_s R_r / R_s)))``, the reserved GPUs training and generating what
+    the spot GPUs cannot. Nothing else is charged (boot, weight pulls, claim delays, tool calls,
+    the tail of a step, the orchestration), so no variant can beat it."""
 
     tokens_per_step: float
     rollout_gpu_s_reserved: float
@@ -128,21 +134,38 @@ class WorkBound:
     """The same bound when work cannot move between periods of different spot capacity: the
     time average of the bound at each capacity the trace holds (a schedule whose rollout runs
     at most K steps ahead of the trainer cannot bank a long surplus for a later shortage)."""
+    tokens_per_s_kv: float = 0.0
+    """The same bound (banked) with decode at the batch the KV cache allows: a decode step reads
+    at most the cache's capacity of context, so an engine type takes at least ``max(N / slots, C /
+    capacity)`` steps, not ``N / slots`` (`slots` sizes concurrency for a mean context; a sample's
+    context grows as it decodes). At most `tokens_per_s`: the part of a variant's gap to that bound
+    which no schedule on engines that respect their KV cache could close."""
 
 
-def rollout_gpu_seconds(scenario: Scenario, decode: DecodeModel, lengths: Iterable[int]) -> float:
-    """GPU-seconds of generating responses of `lengths` on engines like `decode`, at their best
-    (full engines, one prefill of each prompt)."""
-    w = scenario.workload
-    prompt = w.prompt_tokens
-    slots = decode.slots(prompt + min(w.mean_response_tokens, w.max_response_tokens))
+def rollout_gpu_seconds(scenario: Scenario, decode: DecodeModel, work: DecodeWork, kv: bool = False) -> float:
+    """GPU-seconds of decoding `work` on engines like `decode`, at their best (full engines, each
+    prompt and tool result prefilled once); with `kv`, no decode step past the KV cache's capacity."""
+    slots = decode.slots(scenario.mean_context())
     a, c = decode.seconds_per_step_base, decode.seconds_per_step_per_running
     b = decode.seconds_per_step_per_context_token
-    total, count = 0.0, 0
-    for n in lengths:
-        total += n * (a / slots + c) + b * (n * prompt + n * n / 2)
-        count += 1
-    return decode.gpus * (total + count * decode.prefill_seconds(prompt))
+    steps = work.tokens / slots
+    if kv:
+        steps = max(steps, work.context_tokens / decode.kv_capacity_tokens)
+    return decode.gpus * (
+        a * steps + c * work.tokens + b * work.context_tokens + decode.prefill_seconds(work.prefill_tokens)
+    )
+
+
+def step_work(scenario: Scenario, step: int) -> tuple[float, DecodeWork]:
+    """`step`'s trained tokens (as the variants count them) and its decode work."""
+    w = scenario.workload
+    prompt = w.prompt_tokens if scenario.training.count_prompt_tokens else 0
+    if scenario.agentic is None:
+        lengths = response_lengths(scenario, step)
+        return sum(lengths) + prompt * len(lengths), decode_work(w.prompt_tokens, ((n,) for n in lengths))
+    plans = trajectories(scenario, step)
+    tokens = sum(p.model_tokens + sum(p.observation_tokens) for p in plans) + prompt * len(plans)
+    return tokens, decode_work(w.prompt_tokens, plans)
 
 
 def capacity_durations(schedule: TraceSchedule, pool: int, start_s: float, end_s: float) -> dict[int, float]:
@@ -171,39 +194,44 @@ def work_bound(
 ) -> WorkBound:
     """`WorkBound` of `scenario` for the mean work of `steps`, with the spot capacity `schedule`
     allows over `window` (wall seconds)."""
-    w, reserved, spot = scenario.workload, scenario.reserved, scenario.spot
-    reserved_engine = decode_model(scenario, "reserved", reserved.engine_gpus, reserved.max_running)
-    spot_engine = decode_model(scenario, "spot", spot.gpus, spot.max_running)
-    prompt = w.prompt_tokens if scenario.training.count_prompt_tokens else 0
-    tokens = r_r = r_s = 0.0
-    count = 0
+    reserved, spot = scenario.reserved, scenario.spot
+    engines = (
+        decode_model(scenario, "reserved", reserved.engine_gpus, reserved.max_running),
+        decode_model(scenario, "spot", spot.gpus, spot.max_running),
+    )
+    tokens, count = 0.0, 0
+    rollout = [0.0, 0.0, 0.0, 0.0]
+    """Reserved, spot; then both again at the KV cache's batch."""
     for step in steps:
-        lengths = response_lengths(scenario, step)
-        tokens += sum(lengths) + prompt * len(lengths)
-        r_r += rollout_gpu_seconds(scenario, reserved_engine, lengths)
-        r_s += rollout_gpu_seconds(scenario, spot_engine, lengths)
+        trained, work = step_work(scenario, step)
+        tokens += trained
+        for i, (engine, kv) in enumerate(((e, kv) for kv in (False, True) for e in engines)):
+            rollout[i] += rollout_gpu_seconds(scenario, engine, work, kv)
         count += 1
     if count == 0:
         raise ValueError("the bound needs at least one step")
-    tokens, r_r, r_s = tokens / count, r_r / count, r_s / count
+    tokens = tokens / count
+    r_r, r_s, r_r_kv, r_s_kv = (r / count for r in rollout)
     g_r = reserved.gpus
     train = cluster_train_seconds(scenario, tokens, g_r, recompute_logprobs=False) * g_r
-
-    def step_seconds(g_s: float) -> tuple[float, str]:
-        shared = (r_r + train) / (g_r + g_s * r_r / r_s) if g_s > 0 else (r_r + train) / g_r
-        spot_alone = r_s / g_s if g_s > 0 else math.inf
-        step_s = max(train / g_r, min(shared, spot_alone))
-        return step_s, "training" if step_s == train / g_r else ("all" if shared <= spot_alone else "spot")
-
     g_s = mean_capacity(schedule, spot.max_instances, *window) * spot.gpus
-    step_s, limit = step_seconds(g_s)
+    step_s, limit = _bound_step(r_r, r_s, train, g_r, g_s)
     start, end = window
     unbanked = 0.0
     if end > start:
         for capacity, seconds in capacity_durations(schedule, spot.max_instances, start, end).items():
-            unbanked += seconds * tokens / step_seconds(capacity * spot.gpus)[0]
+            unbanked += seconds * tokens / _bound_step(r_r, r_s, train, g_r, capacity * spot.gpus)[0]
         unbanked /= end - start
-    return WorkBound(tokens, r_r, r_s, train, g_r, g_s, step_s, tokens / step_s, limit, unbanked)
+    kv_step_s = _bound_step(r_r_kv, r_s_kv, train, g_r, g_s)[0]
+    return WorkBound(tokens, r_r, r_s, train, g_r, g_s, step_s, tokens / step_s, limit, unbanked, tokens / kv_step_s)
+
+
+def _bound_step(r_r: float, r_s: float, train: float, g_r: float, g_s: float) -> tuple[float, str]:
+    """`WorkBound`'s ``t*`` for rollout GPU-seconds `r_r`/`r_s`, training `train` and the GPUs."""
+    shared = (r_r + train) / (g_r + g_s * r_r / r_s) if g_s > 0 else (r_r + train) / g_r
+    spot_alone = r_s / g_s if g_s > 0 else math.inf
+    step_s = max(train / g_r, min(shared, spot_alone))
+    return step_s, "training" if step_s == train / g_r else ("all" if shared <= spot_alone else "spot")
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ Variant = Literal[
     "ondemand_equal_cost",
     "rlboost_async_k1",
     "rlboost_async_k2",
+    "rlboost_async_k2_train_first",
     "ondemand_async_k1",
     "ondemand_async_k2",
 ]
@@ -118,6 +119,49 @@ class WorkloadSection(Section):
     """Coefficient of variation of the log-normal response length (heavy right tail: 1-1.5)."""
     max_response_tokens: int = Field(14336, ge=1)
     """Response budget: longer responses are cut here (the sampling `max_new_tokens`)."""
+
+
+class AgenticSection(Section):
+    """Multi-turn trajectories instead of single responses (`infra.sim.agentic`): each sample is
+    turns of model tokens with a tool call between two turns, whose result's tokens join the
+    context. With it, `workload.prompt_tokens` is the task's prompt and the `workload` response
+    lengths are unused. Defaults: a SWE-style coding agent (docs/CALIBRATION.md, "Agentic
+    workload"); the coefficients of variation are assumptions, not published figures."""
+
+    turns_mean: float = Field(41.0, ge=1)
+    """Mean turns per trajectory (log-normal), before `max_turns` and the context budget."""
+    turns_cv: float = Field(0.7, gt=0)
+    """Coefficient of variation of the turns per trajectory."""
+    max_turns: int = Field(100, ge=1)
+    """Most turns of one trajectory (`environment.max_turns`)."""
+    turn_tokens_mean: float = Field(200.0, gt=0)
+    """Mean model tokens of one turn (its reasoning and its tool call), log-normal."""
+    turn_tokens_cv: float = Field(1.0, gt=0)
+    """Coefficient of variation of a turn's model tokens."""
+    max_turn_tokens: int = Field(2048, ge=1)
+    """A turn's model tokens are cut here (the sampling `max_new_tokens` of one turn)."""
+    observation_tokens_mean: float = Field(160.0, gt=0)
+    """Mean tokens of one tool result appended to the context, log-normal."""
+    observation_tokens_cv: float = Field(1.5, gt=0)
+    """Coefficient of variation of a tool result's tokens."""
+    tool_latency_mean_s: float = Field(3.0, ge=0)
+    """Mean seconds of one tool call, log-normal (no GPU: the engine decodes other samples)."""
+    tool_latency_cv: float = Field(1.0, gt=0)
+    """Coefficient of variation of a tool call's seconds."""
+    max_context_tokens: int = Field(32768, ge=2)
+    """A trajectory ends when its context (prompt, turns, tool results) would pass this budget."""
+    kv_reuse: bool = True
+    """A turn that resumes on the instance of its previous turn prefills only the new tool
+    result (the engine's prefix cache holds the history); elsewhere, or False, the whole history."""
+    environment: Literal["server", "replay"] = "server"
+    """Where this project's trajectories keep their environment when they migrate: `server` (an
+    environment server, or a pure environment restored from the log: nothing re-runs) or `replay`
+    (the new instance re-runs the trajectory's tool calls before it continues)."""
+
+    def mean_context(self, prompt_tokens: int) -> float:
+        """A running turn's mean context: the prompt plus half a mean trajectory, within the budget."""
+        half = self.turns_mean * (self.turn_tokens_mean + self.observation_tokens_mean) / 2
+        return min(prompt_tokens + half, self.max_context_tokens)
 
 
 class DecodeSection(Section):
@@ -362,6 +406,8 @@ class Scenario(Section):
     token_log: TokenLogSection = TokenLogSection()
     measured: MeasuredSection | None = None
     """Speeds measured on this machine instead of the GPU models (None: the GPU models)."""
+    agentic: AgenticSection | None = None
+    """Multi-turn trajectories with tool calls (`AgenticSection`); None: one response per sample."""
     controller: ControllerConfig = ControllerConfig()
     """The rollout controller's configuration (`infra.rollout.controller_config.ControllerConfig`): reap
     timeout, steal, offload (`T_local`) and the poll interval."""
@@ -371,6 +417,26 @@ class Scenario(Section):
 
     def gpu(self, section: Literal["reserved", "spot"]) -> GPUSpec:
         return GPUS[getattr(self, section).gpu]
+
+    def longest_context(self) -> tuple[int, str, str]:
+        """Tokens of one sample's whole context (the prompt and the longest response, or the
+        agentic context budget), the fields it comes from and the one to lower."""
+        if self.agentic is not None:
+            return self.agentic.max_context_tokens, "agentic.max_context_tokens", "agentic.max_context_tokens"
+        w = self.workload
+        return (
+            w.prompt_tokens + w.max_response_tokens,
+            "prompt_tokens + max_response_tokens",
+            "workload.max_response_tokens",
+        )
+
+    def mean_context(self) -> float:
+        """A running sample's mean context, which sizes an engine's concurrency: the prompt and a
+        mean response, or a running turn's (`AgenticSection.mean_context`)."""
+        w = self.workload
+        if self.agentic is not None:
+            return self.agentic.mean_context(w.prompt_tokens)
+        return w.prompt_tokens + min(w.mean_response_tokens, w.max_response_tokens)
 
     def train_flops_per_param(self, recompute_logprobs: bool) -> float:
         """FLOPs per parameter per trained token of one update: `training.flops_per_param`, less
@@ -402,7 +468,7 @@ def _memory_problems(scenario: Scenario) -> list[tuple[tuple[str, ...], str]]:
     """Engines whose memory holds neither the weights nor one sample's whole context."""
     found: list[tuple[tuple[str, ...], str]] = []
     shape = scenario.model.shape()
-    longest = scenario.workload.prompt_tokens + scenario.workload.max_response_tokens
+    longest, what, knob = scenario.longest_context()
     share = scenario.decode.memory_utilization
     for section, field in (("reserved", "engine_gpus"), ("spot", "gpus")):
         part = getattr(scenario, section)
@@ -424,8 +490,7 @@ def _memory_problems(scenario: Scenario) -> list[tuple[tuple[str, ...], str]]:
                 (
                     (section, field),
                     f"the KV cache of {gpus} x {part.gpu} holds {(usable - shape.weight_bytes) / shape.kv_bytes_per_token:,.0f} "
-                    f"tokens, fewer than one sample's {longest:,} (prompt_tokens + max_response_tokens). "
-                    f"{fix}, or lower workload.max_response_tokens",
+                    f"tokens, fewer than one sample's {longest:,} ({what}). {fix}, or lower {knob}",
                 )
             )
     return found
@@ -487,6 +552,15 @@ def _problems(scenario: Scenario) -> list[tuple[tuple[str, ...], str]]:
                 f"{training.max_staleness} lets rollout run {training.max_staleness} steps ahead, but the run trains only "
                 f"run.max_steps={scenario.run.max_steps}. Fix: lower training.max_staleness below run.max_steps "
                 "(1 or 2 suffice) or raise run.max_steps",
+            )
+        )
+    agentic = scenario.agentic
+    if agentic is not None and scenario.workload.prompt_tokens >= agentic.max_context_tokens:
+        found.append(
+            (
+                ("agentic", "max_context_tokens"),
+                f"{agentic.max_context_tokens:,} leaves no room after workload.prompt_tokens "
+                f"({scenario.workload.prompt_tokens:,}). Fix: raise it above the prompt, or lower workload.prompt_tokens",
             )
         )
     if scenario.reserved.gpus % scenario.reserved.engine_gpus:

@@ -8,11 +8,10 @@ each step ends with `OffloadController.update(StepTiming(...))` (the `paper` var
 in the token log's order (`ClaimQueue`); a steal's samples wait for their receiver until
 `StealConfig.route_s`. Migration modes (the variants): `token` (logged tokens kept), `group_min`
 (a preempted group's samples keep as many as its shortest one), `restart` (nothing kept). Spot
-instances follow the trace (`budget`), or as many of them as `plan_marginal` finds worth their
-price (`marginal`; the rest drained); every weight pull's bytes are counted for egress (with LoRA,
-`model.lora`, a version is the adapters' bytes; a booted instance pulls the base once).
-A snapshot's running samples are rebuilt when an engine's samples change, their token counts
-refreshed only when the queue is empty (no policy reads them while samples are queued).
+instances follow the trace (`budget`) or `plan_marginal` (`marginal`); every weight pull's bytes
+are counted for egress (with LoRA a version is the adapters'). A multi-turn trajectory
+(`scenario.agentic`) leaves its engine for each tool call and returns to it (its prefix cached);
+one whose environment cannot move (`restart`, `paper`) starts over or replays its tool calls.
 """
 
 from __future__ import annotations
@@ -40,6 +39,7 @@ from infra.rollout.policies import (
     reap,
     steal,
 )
+from infra.sim.agentic import Trajectory, trajectories
 from infra.sim.artifact_offload import ArtifactOffload
 from infra.sim.availability import capacity_changes
 from infra.sim.claiming import ClaimQueue, dispatch
@@ -73,6 +73,12 @@ class VariantSpec:
     """The trainer runs a separate no-grad forward to recompute the old log-probs (veRL, the
     artifact: `training.old_logprob_flops_per_param` of its FLOPs); this project's does not (one
     update per RL step: the proximal log-probs are the training forward's)."""
+    train_first: bool = False
+    """While spot instances are alive, the reserved GPUs train the step's complete groups before
+    they generate: at the step's start they stay training while the step's remaining samples run on
+    spot, and wake to generate (a `network.local_sync_s` pause) only once no complete group is
+    left to train (then until `T_local` or the step's rollout is done, as without it). A model of
+    a schedule the runtime's controller does not run (it generates first, up to `T_local`)."""
     capacity: Literal["budget", "marginal"] = "budget"
     """`budget`: hold every spot instance the trace allows (up to `spot.max_instances`);
     `marginal`: only as many as `plan_marginal` finds worth their price (the trace's capacity the
@@ -102,6 +108,22 @@ class Sample:
     done: bool = False
     first_version: int | None = None
     """Policy version of the engine that generated its first token (every later one is newer)."""
+    plan: Trajectory | None = None
+    """Its turns and tool calls (a multi-turn trajectory); None: one response."""
+    turn: int = 0
+    """The turn it generates (or generates next), 0-based."""
+    observed: int = 0
+    """Tokens of the tool results in its context."""
+    home: str | None = None
+    """The instance its last turn ran on: where its prefix is cached and, when its environment
+    cannot move (`Simulation.pinned`), where its environment lives."""
+    cached: tuple[str, int | None, float] | None = None
+    """(instance, policy version, context tokens) of its prefix in that instance's cache."""
+
+    @property
+    def goal(self) -> int:
+        """Model tokens it has when the turn it generates ends (the whole response: `target`)."""
+        return self.target if self.plan is None else self.plan.ends[self.turn]
 
 
 @dataclass
@@ -205,6 +227,14 @@ class RunResult:
     """(time, bytes) of every spot instance's weight pull."""
     egress_usd_per_gb: float = 0.0
     """What a GB of those pulls costs (the trainer's region to the spot pool's)."""
+    tool_calls: int = 0
+    """Tool calls a trajectory's turn ended with (a restarted trajectory's again), replays apart."""
+    replayed_tool_calls: int = 0
+    """Tool calls run again to rebuild an environment that could not move with its trajectory."""
+    prefill_tokens: float = 0.0
+    """Tokens prefilled on claims (prompts, resumed samples, tool results; not version re-prefills)."""
+    reserved_busy_s: float = 0.0
+    """Seconds the reserved engines held running samples (their generating time)."""
 
 
 def decode_model(scenario: Scenario, section: Literal["reserved", "spot"], gpus: int, max_running: int) -> DecodeModel:
@@ -279,9 +309,19 @@ class Simulation:
         """Bytes of one published version: the whole weights, or the adapters with LoRA."""
         self.first_pull_bytes = scenario.model.first_pull_bytes()
         """Bytes a booted spot instance pulls first (with LoRA the base, then the adapters)."""
-        w = scenario.workload
-        self.mean_context = w.prompt_tokens + min(w.mean_response_tokens, w.max_response_tokens)
+        self.mean_context = scenario.mean_context()
+        agentic = scenario.agentic
+        self.budget = scenario.workload.max_response_tokens if agentic is None else agentic.max_context_tokens
+        """What a running sample's `RunningSample.budget` shows the controller."""
         self.reserved_gpus = variant.reserved_gpus or scenario.reserved.gpus
+        self.pinned = agentic is not None and (variant.migration != "token" or agentic.environment == "replay")
+        """A trajectory's environment lives on its instance: it waits for that instance after each
+        tool call, and if it leaves it starts over (`restart`) or replays its tool calls elsewhere."""
+        self.in_tool: dict[str, Sample] = {}
+        """Trajectories in a tool call (or replaying them), not on any engine or queue."""
+        self.tool_calls = 0
+        self.replayed_tool_calls = 0
+        self.prefill_tokens = 0.0
         self.engines: list[Engine] = []
         for i in range(self.reserved_gpus // scenario.reserved.engine_gpus):
             model = self._decode("reserved", scenario.reserved.engine_gpus, scenario.reserved.max_running)
@@ -289,6 +329,7 @@ class Simulation:
                 Engine(f"reserved-{i}", "reserved", model, model.slots(self.mean_context), 0.0, 0.0, policy_version=0)
             )
             self.engines[-1].registered = True
+        self.engine_of = {e.instance_id: e for e in self.engines}
         self.spot_seq = 0
         self.steps: list[StepRecord] = []
         self.instance_counts: list[tuple[float, int]] = [(0.0, 0)]
@@ -319,6 +360,10 @@ class Simulation:
         self.training = False
         """The reserved GPUs train the current step before `T_local` because its rollout is
         done (bounded staleness: they may hold samples of later steps, which they release)."""
+        self.leading = False
+        """`train_first`: the reserved GPUs train the step's complete groups before they generate."""
+        self.generating_since = 0.0
+        """When the reserved engines started generating this step (`T_local` counts from it)."""
 
     # --- setup -----------------------------------------------------------------------------------
 
@@ -365,6 +410,10 @@ class Simulation:
             max_staleness=self.k,
             pulls=self.pulls,
             egress_usd_per_gb=self.egress_usd_per_gb,
+            tool_calls=self.tool_calls,
+            replayed_tool_calls=self.replayed_tool_calls,
+            prefill_tokens=self.prefill_tokens,
+            reserved_busy_s=sum(e.busy_s for e in self.engines if e.capacity_class == "reserved"),
         )
 
     # --- engines: decode by the roofline ---------------------------------------------------------
@@ -384,7 +433,11 @@ class Simulation:
         engine.clock_at = until
 
     def _generated(self, engine: Engine, sample: Sample) -> float:
-        return min(sample.target, sample.base + engine.progress - sample.start_progress)
+        return min(sample.goal, sample.base + engine.progress - sample.start_progress)
+
+    def _context(self, sample: Sample) -> int:
+        """Tokens of its context before its generated ones: the prompt and the tool results."""
+        return self.s.workload.prompt_tokens + sample.observed
 
     def _reschedule(self, engine: Engine) -> None:
         """Schedule `engine`'s next sample completion (an older schedule goes stale)."""
@@ -413,10 +466,15 @@ class Simulation:
             sample.first_version = engine.policy_version
         sample.base, sample.start_progress = sample.logged, engine.progress
         engine.running[sample.sample_id] = sample
-        engine.context0 += self.s.workload.prompt_tokens + sample.base - engine.progress
-        finish = engine.progress + sample.target - sample.base
+        engine.context0 += self._context(sample) + sample.base - engine.progress
+        finish = engine.progress + sample.goal - sample.base
         heapq.heappush(engine.finish_heap, (finish, sample.epoch, sample.sample_id))
-        prefill = engine.decode.prefill_seconds(self.s.workload.prompt_tokens + sample.base)
+        tokens = self._context(sample) + sample.base
+        cached = sample.cached
+        if cached is not None and cached[0] == engine.instance_id and cached[1] == engine.policy_version:
+            tokens -= cached[2]  # the prefix cache holds its history: only the new tool result
+        self.prefill_tokens += tokens
+        prefill = engine.decode.prefill_seconds(tokens)
         engine.stall_until = max(engine.stall_until, now) + prefill
         engine.view_cache = None
 
@@ -425,7 +483,7 @@ class Simulation:
         self._advance(engine, self.loop.now)
         generated = self._generated(engine, sample)
         del engine.running[sample.sample_id]
-        engine.context0 -= self.s.workload.prompt_tokens + sample.base - sample.start_progress
+        engine.context0 -= self._context(sample) + sample.base - sample.start_progress
         if not engine.running:
             engine.context0, engine.progress = 0.0, 0.0
             engine.finish_heap.clear()
@@ -446,6 +504,10 @@ class Simulation:
             entry = heapq.heappop(heap)
             if self._current(engine, entry):
                 finished.append(engine.running[entry[2]])
+        ended = [sample for sample in finished if sample.goal < sample.target]
+        for sample in ended:
+            self._end_turn(engine, sample)
+        finished = [sample for sample in finished if sample.goal == sample.target]
         for sample in finished:
             self._remove(engine, sample)
             sample.logged = sample.target
@@ -468,10 +530,15 @@ class Simulation:
         self._train_next()
 
     def _release(
-        self, engine: Engine, sample: Sample, how: Literal["flushed", "silent"], to: str | None = None
+        self,
+        engine: Engine,
+        sample: Sample,
+        how: Literal["flushed", "silent"],
+        to: str | None = None,
+        defer: bool = False,
     ) -> None:
         """Hand `sample` back to the queue with what the migration mode keeps (routed to
-        instance `to`, as the token log routes a steal, if given)."""
+        instance `to`, as the token log routes a steal, if given; with `defer` the caller queues it)."""
         generated = self._remove(engine, sample)
         if self.v.migration == "restart":
             kept = 0.0
@@ -486,6 +553,8 @@ class Simulation:
         self.wasted += generated - kept
         sample.logged = kept
         sample.seq = self.queue.next_seq(sample.step)
+        if defer:
+            return
         if to is None:
             self._enqueue(sample)
         else:
@@ -501,7 +570,9 @@ class Simulation:
         group's released samples to the shortest of them."""
         samples = list(engine.running.values())
         for sample in samples:
-            self._release(engine, sample, how)
+            self._release(engine, sample, how, defer=self.pinned)
+        if self.pinned:  # its trajectories in a tool call or waiting for a slot lose their environment too
+            samples += self._homeless(engine)
         if preempted and self.v.migration == "group_min":
             shortest: dict[int, float] = {}
             for sample in samples:
@@ -511,7 +582,91 @@ class Simulation:
                 self.wasted += sample.logged - cut
                 sample.logged = cut
             self.queue.rescore(lambda sid: int(self.by_id[sid].logged))
+        if self.pinned:
+            for sample in samples:
+                self._rewind(sample)
         self._reschedule(engine)
+
+    # --- trajectories: turns and tool calls ------------------------------------------------------
+
+    def _end_turn(self, engine: Engine, sample: Sample) -> None:
+        """A turn of a trajectory ends: it leaves the engine (its prefix stays in the engine's
+        cache with `agentic.kv_reuse`) while its tool call runs."""
+        assert sample.plan is not None and self.s.agentic is not None
+        self._remove(engine, sample)
+        sample.logged = sample.goal
+        sample.home = engine.instance_id
+        if self.s.agentic.kv_reuse:
+            sample.cached = (engine.instance_id, engine.policy_version, self._context(sample) + sample.logged)
+        self.tool_calls += 1
+        self._start_tools(sample, sample.plan.tool_s[sample.turn])
+
+    def _start_tools(self, sample: Sample, seconds: float) -> None:
+        """`sample` waits `seconds` for its tool call (or the replay of its tool calls)."""
+        self.in_tool[sample.sample_id] = sample
+        epoch = sample.epoch
+        self.loop.after(seconds, lambda: self._tools_done(sample, epoch))
+
+    def _tools_done(self, sample: Sample, epoch: int) -> None:
+        """The tool call returned (or the replay ended): the result joins the context and the
+        next turn waits for its instance, or any instance."""
+        if epoch != sample.epoch or self.finished:
+            return  # it started over, or moved, meanwhile
+        assert sample.plan is not None
+        del self.in_tool[sample.sample_id]
+        if sample.logged == sample.goal:  # a turn ended (not a replay, which resumes within a turn)
+            sample.observed += sample.plan.observation_tokens[sample.turn]
+            sample.turn += 1
+        sample.seq = self.queue.next_seq(sample.step)
+        home = self.engine_of.get(sample.home) if sample.home is not None else None
+        if home is None:  # a replay ended: it continues wherever it is claimed
+            self._enqueue(sample)
+        elif home.generating_alive and not (home.capacity_class == "reserved" and self._reserved_busy()):
+            until = math.inf if self.pinned else self.loop.now + self.config.steal.route_s
+            self.routed.append((home.instance_id, until, sample.sample_id))
+            if not self.pinned:
+                self.loop.at(until, self._soon_claim)
+        elif self.pinned:
+            self._rewind(sample)
+        else:
+            self._enqueue(sample)
+        self._soon_claim()
+
+    def _homeless(self, engine: Engine) -> list[Sample]:
+        """Pinned trajectories whose environment lives on `engine` and that are not running on
+        it: in a tool call, or waiting for a slot there (their pending events go stale)."""
+        mine = engine.instance_id
+        ids = {sid for to, _, sid in self.routed if to == mine}
+        self.routed = [entry for entry in self.routed if entry[2] not in ids]
+        out = [self.by_id[sid] for sid in sorted(ids)]
+        out += [sample for sample in self.in_tool.values() if sample.home == mine]
+        for sample in out:
+            self.in_tool.pop(sample.sample_id, None)
+            sample.epoch += 1
+        return out
+
+    def _rewind(self, sample: Sample) -> None:
+        """A pinned trajectory lost its environment: `restart` starts it over from turn 0;
+        otherwise it keeps its logged tokens and a new instance replays the tool calls of its
+        completed turns before it continues."""
+        assert sample.plan is not None
+        if self.v.migration == "restart" and sample.logged:
+            self.wasted += sample.logged
+            sample.logged = 0.0
+        ends = sample.plan.ends
+        turn = 0
+        while turn < len(ends) - 1 and ends[turn] <= sample.logged:
+            turn += 1
+        sample.turn, sample.observed = turn, sample.plan.observed_before(turn)
+        sample.home = sample.cached = None
+        sample.seq = self.queue.next_seq(sample.step)
+        replay = sample.plan.tools_before(turn)
+        if replay > 0:
+            self.replayed_tool_calls += turn
+            sample.epoch += 1
+            self._start_tools(sample, replay)
+        else:
+            self._enqueue(sample)
 
     # --- steps -----------------------------------------------------------------------------------
 
@@ -540,23 +695,44 @@ class Simulation:
         self.trained_at: float | None = None
         """When every group was trained: the step ends `training.step_overhead_s` later."""
         self.version = version
+        self.leading = (
+            self.v.train_first
+            and bool(self.cur.ready_groups)
+            and self._spot_registered()
+            and not any(self.by_id[sid].step == self.step for sid in self.queue)
+        )
+        self.generating_since = self.started_at
+        if not self.leading:
+            self._wake_reserved()
+        pullers = [e for e in self.engines if e.capacity_class == "spot" and e.generating_alive]
+        self._pull(pullers, peers=0, fresh=False)
+        self._soon_claim()
+        if self.leading:
+            self._train_next()
+
+    def _wake_reserved(self) -> None:
+        """The reserved engines load the current version (`network.local_sync_s`) to generate."""
+        version = self.version
         for engine in self.engines:
             if engine.capacity_class == "reserved":
                 self._hold(engine, self.s.network.local_sync_s)
                 engine.policy_version = None
                 self.loop.after(self.s.network.local_sync_s, lambda e=engine: self._loaded(e, version))
-        pullers = [e for e in self.engines if e.capacity_class == "spot" and e.generating_alive]
-        self._pull(pullers, peers=0, fresh=False)
-        self._soon_claim()
 
     def _admit(self, step: int) -> None:
         """Admit `step`'s prompts: its samples join the token log's queue behind the older steps'."""
         self.admitted = step
         w = self.s.workload
         samples: list[Sample] = []
-        for target in response_lengths(self.s, step):
+        plans: list[Trajectory | None]
+        if self.s.agentic is None:
+            lengths, plans = response_lengths(self.s, step), [None] * (w.prompts_per_step * w.samples_per_prompt)
+        else:
+            plans = list(trajectories(self.s, step))
+            lengths = [plan.model_tokens for plan in plans if plan is not None]
+        for target, plan in zip(lengths, plans):
             g, i = divmod(len(samples), w.samples_per_prompt)
-            samples.append(Sample(f"{step}/{g}/{i}", g, self.queue.next_seq(step), target, step=step))
+            samples.append(Sample(f"{step}/{g}/{i}", g, self.queue.next_seq(step), target, step=step, plan=plan))
         state = StepState(
             step=step,
             samples=samples,
@@ -609,8 +785,9 @@ class Simulation:
             if engine.running:  # partial rollout: the running samples' tokens are prefilled again
                 now = self.loop.now
                 self._advance(engine, now)
-                prompt = self.s.workload.prompt_tokens
-                tokens = sum(prompt + self._generated(engine, sample) for sample in engine.running.values())
+                tokens = sum(
+                    self._context(sample) + self._generated(engine, sample) for sample in engine.running.values()
+                )
                 engine.stall_until = max(engine.stall_until, now) + engine.decode.prefill_seconds(tokens)
                 self._reschedule(engine)
             self._soon_claim()
@@ -625,7 +802,12 @@ class Simulation:
             self.trainer_until = None
         cur = self.cur
         rollout_done = cur.done == len(cur.samples)
-        if not (self.released or rollout_done or self.s.training.while_generating):
+        if self.leading and not cur.ready_groups and not rollout_done and self.queue:
+            self.leading = False  # nothing to train, and work the spot instances have no slot for
+            self.generating_since = now
+            self._wake_reserved()
+            self._soon_claim()
+        if not (self.released or rollout_done or self.leading or self.s.training.while_generating):
             return
         if self.v.offload == "artifact" and not self.released and self._spot_registered():
             return  # the artifact's fixed budget: its trainer starts once the budget is over
@@ -665,7 +847,10 @@ class Simulation:
         return groups
 
     def _trained_tokens(self, sample: Sample) -> float:
-        return sample.target + (self.s.workload.prompt_tokens if self.s.training.count_prompt_tokens else 0)
+        """Its tokens in the trained batch: the response (a trajectory's turns and tool results,
+        the latter masked out of the loss but in the forward) and, if counted, the prompt."""
+        observed = 0 if sample.plan is None else sum(sample.plan.observation_tokens)
+        return sample.target + observed + (self.s.workload.prompt_tokens if self.s.training.count_prompt_tokens else 0)
 
     def _end_step(self) -> None:
         """Measure the step as `RolloutController._finish` does (up to its last group trained; the
@@ -732,7 +917,7 @@ class Simulation:
         with `claiming` (the snapshot `dispatch` reads), an engine in its steal hold-off shows no
         free slot (its heartbeat reports 0 while it does not claim)."""
         now = self.loop.now
-        budget = self.s.workload.max_response_tokens
+        budget = self.budget
         counts_read = (
             self.v.steal
             and not claiming
@@ -799,7 +984,8 @@ class Simulation:
         if dead:
             snapshot = self._snapshot()
         num_spot = snapshot.rollout_only_alive
-        released = self.offload.should_release(now, snapshot.step.started_at, num_spot)
+        # `train_first`: `T_local` counts from the reserved engines' wake-up, not before it
+        released = not self.leading and self.offload.should_release(now, self.generating_since, num_spot)
         if released and self.released_at is None:
             self.released_at = now
             self.release_t_local = self.offload.t_local(num_spot)
@@ -812,9 +998,9 @@ class Simulation:
         elif not released and self.told:
             self.told.clear()
         self.released = released
-        if self.v.steal:
+        if self.v.steal and not self.pinned:  # a trajectory whose environment cannot move is not stolen
             snapshot = self._snapshot() if dead or released else snapshot
-            for decision in steal(snapshot, self.config.steal, reserved_released=released or self.training):
+            for decision in steal(snapshot, self.config.steal, reserved_released=released or self._reserved_busy()):
                 engine = by_id[decision.from_instance]
                 for sid in decision.sample_ids:
                     self._release(engine, engine.running[sid], "flushed", to=decision.to_instance)
@@ -825,6 +1011,10 @@ class Simulation:
         self._soon_claim()
         self._train_next()
         self.loop.after(self.config.poll_s, self._poll)
+
+    def _reserved_busy(self) -> bool:
+        """The reserved engines do not generate now: released at `T_local`, or training."""
+        return self.released or self.training or self.leading
 
     def _soon_claim(self) -> None:
         if not self.claim_pending and (self.queue or self.routed):
@@ -843,7 +1033,7 @@ class Simulation:
         if not self.queue:
             return
         snapshot = self._snapshot(claiming=True)
-        for decision in dispatch(snapshot, reserved_released=self.released or self.training):
+        for decision in dispatch(snapshot, reserved_released=self._reserved_busy()):
             engine = by_id[decision.instance_id]
             for _ in range(decision.count):
                 self._claim(engine, self.by_id[self.queue.pop()])
@@ -860,7 +1050,7 @@ class Simulation:
                 engine.generating_alive
                 and engine.policy_version == self.version
                 and now >= engine.claim_after
-                and not ((self.released or self.training) and engine.capacity_class == "reserved")
+                and not (self._reserved_busy() and engine.capacity_class == "reserved")
                 and len(engine.running) < engine.slots
             )
             if can:
@@ -957,6 +1147,7 @@ class Simulation:
         )
         self.spot_seq += 1
         self.engines.append(engine)
+        self.engine_of[engine.instance_id] = engine
         self.loop.after(spot.boot_s, lambda: self._booted(engine))
 
     def _booted(self, engine: Engine) -> None:

@@ -192,3 +192,31 @@ def test_a_bad_max_staleness_names_file_line_field_and_fix():
     assert (
         parse_scenario("availability:\n  source: constant\ntraining:\n  max_staleness: 2\n").training.max_staleness == 2
     )
+
+
+def test_train_first_keeps_the_reserved_gpus_training_while_spot_instances_finish_the_step(comparison):
+    """`rlboost_async_k2_train_first`: with spot instances alive the reserved GPUs train the
+    step's complete groups before they generate, so they generate less; it trains every sample
+    in order; and without spot instances it is `rlboost_async_k2` to the last digit."""
+    first, plain = comparison.results["rlboost_async_k2_train_first"], comparison.results["rlboost_async_k2"]
+    assert first.samples_done == first.samples_total > 0 and first.max_staleness == 2
+    assert 0 < first.reserved_busy_s < plain.reserved_busy_s
+    assert [s.step for s in first.steps] == list(range(len(first.steps)))
+    alone = small(spot={"max_instances": 0})
+    a, b = run(alone, "rlboost_async_k2"), run(alone, "rlboost_async_k2_train_first")
+    assert [(s.ended_at, s.trained_tokens) for s in a.steps] == [(s.ended_at, s.trained_tokens) for s in b.steps]
+
+
+def test_the_bound_at_the_kv_caches_batch_is_never_above_the_bound():
+    """Decode steps are at least max(tokens / slots, summed context / KV capacity): with long
+    contexts the KV cache allows a smaller batch than `slots`, and the bound falls."""
+    for scenario in (small(), small(workload={"response_cv": 3.0, "max_response_tokens": 8192})):
+        bound = work_bound(scenario, range(5), spot_schedule(scenario), (0.0, 900.0))
+        assert 0 < bound.tokens_per_s_kv <= bound.tokens_per_s
+    heavy = small(
+        workload={"mean_response_tokens": 3000, "response_cv": 2.0, "max_response_tokens": 16384},
+        reserved={"max_running": 256},
+        spot={"max_running": 256},
+    )
+    bound = work_bound(heavy, range(5), spot_schedule(heavy), (0.0, 900.0))
+    assert bound.tokens_per_s_kv < bound.tokens_per_s
