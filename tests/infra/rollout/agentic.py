@@ -83,7 +83,8 @@ def group(group_id: int, problem: tuple, n: int, tokenizer, env: EnvironmentSpec
 
 class GatedCalculator(Calculator):
     """The calculator whose k-th tool call of a trajectory waits until the file `gates[k]` exists
-    (a test holds a tool call open); each call is appended to `calls` as ``<sample> <turn>``."""
+    (a test holds a tool call open); each call is appended to the file `calls` as ``waiting
+    <sample> <turn>``, then ``called <sample> <turn>`` (its `StepKey`)."""
 
     def __init__(self, gates: list[str] = [], calls: str = "") -> None:  # noqa: B006 - never mutated
         super().__init__()
@@ -96,13 +97,17 @@ class GatedCalculator(Calculator):
 
     def call_tool(self, call: ToolCall) -> str:
         index = self._results
+        self._note("waiting")
         if index < len(self.gates):
             while not self.gates[index].exists():
                 time.sleep(0.005)
+        self._note("called")
+        return super().call_tool(call)
+
+    def _note(self, what: str) -> None:
         if self.calls and self._key is not None:
             with open(self.calls, "a") as handle:
-                handle.write(f"{self._key.sample_id} {self._key.turn}\n")
-        return super().call_tool(call)
+                handle.write(f"{what} {self._key.sample_id} {self._key.turn}\n")
 
 
 RELEASE_HUNG = threading.Event()
