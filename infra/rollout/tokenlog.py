@@ -261,17 +261,21 @@ class Claim:
 
     @property
     def turn_start(self) -> int:
-        """Where the current model turn starts in `generated_ids` (after the last environment segment)."""
-        return turn_start(self.generated_ids, self.version_spans)
+        """Where the current model turn starts in `generated_ids` (after the last turn's environment segment)."""
+        return turn_starts(self.turns, self.version_spans, len(self.generated_ids))[-1]
 
 
-def turn_start(token_ids: Sequence[int], spans: Sequence[Sequence[int]]) -> int:
-    """The response offset after the last environment segment of `spans` (0 without one)."""
-    start = 0
-    for (first, version), following in zip(spans, [*spans[1:], (len(token_ids), 0)]):
-        if version == ENV_VERSION:
-            start = following[0]
-    return start
+def turn_starts(turns: Iterable[LoggedTurn], spans: Sequence[Sequence[int]], length: int) -> list[int]:
+    """Where each model turn of a logged response of `length` tokens starts: 0, then after each
+    completed turn's environment segment (the tokens of version `ENV_VERSION` after its end)."""
+    versions = expand_spans(spans, length, 0)
+    starts = [0]
+    for turn in turns:
+        at = turn.end
+        while at < length and versions[at] == ENV_VERSION:
+            at += 1
+        starts.append(at)
+    return starts
 
 
 class Flush(NamedTuple):
