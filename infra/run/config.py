@@ -110,6 +110,15 @@ class RunConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _trajectories_run_on_the_fabric(self) -> RunConfig:
+        if self.environment is not None and not self.fabric.enabled:
+            raise ValueError(
+                "environment: multi-turn trajectories run on the fabric's rollout instances, but fabric.enabled "
+                "is false: set fabric.enabled: true, or remove environment"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _staleness_is_consistent(self) -> RunConfig:
         k = self.training.max_staleness
         if k > 0 and not self.fabric.enabled:

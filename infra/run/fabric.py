@@ -45,7 +45,7 @@ from infra.rollout.instance import InstanceSpec
 from infra.rollout.protocol import current_window
 from infra.rollout.registry import InstanceRegistry
 from infra.rollout.settings import worker_flags
-from infra.rollout.tokenlog import GroupSpec, TokenLog
+from infra.rollout.tokenlog import EnvironmentSpec, GroupSpec, TokenLog
 from infra.rollout.worker_config import instance_flags
 from infra.run.colocated import ColocatedInstance, WithColocated
 from infra.run.fabric_config import CloudSettings, FabricConfig
@@ -459,13 +459,18 @@ class RolloutFabric:
         prompt: PromptConfig = PromptConfig(),
         staleness: int = 0,
         ahead: Sequence[tuple[int, list[PromptRecord]]] = (),
+        environment: EnvironmentSpec | None = None,
+        infra_failed: str = "drop_group",
     ) -> tuple[list[Sample], StepReport]:
         """Roll out one step on the instances; samples of delivered groups, sorted by id. Each
         complete group also goes to `on_group` (its samples in order) as soon as it is done.
         Prompts are encoded as `prompt` says; its stop strings travel in each group's sampling.
         With bounded staleness (`staleness` K >= 1) the step takes tokens of versions >=
         `version` - K, and the `ahead` steps (step, prompts) are admitted too: the instances
-        generate them while this one finishes and trains, each from versions >= its step - 1 - K."""
+        generate them while this one finishes and trains, each from versions >= its step - 1 - K.
+        With `environment` (its problem left blank: each group gets its record's) each sample is a
+        multi-turn trajectory; a group whose trajectory failed for the infrastructure is handled as
+        `infra_failed` says (`training.infra_failed`)."""
         self._step = step
         sampling = {"temperature": rollout.temperature, "top_p": rollout.top_p, "top_k": rollout.top_k}
         if prompt.stop:
@@ -480,6 +485,10 @@ class RolloutFabric:
                     rollout.max_new_tokens,
                     seed=step_seed(run_seed, step),
                     sampling=sampling,
+                    environment=None
+                    if environment is None
+                    else replace(environment, prompt=record.prompt, answer=record.answer),
+                    infra_failed=infra_failed,
                 )
                 for group, record in enumerate(records)
             ]

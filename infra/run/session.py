@@ -28,6 +28,7 @@ import torch
 
 from infra.ledger.recorder import Ledger
 from infra.ledger.report import CostReport
+from infra.rollout.tokenlog import EnvironmentSpec
 from infra.run.accounting import RunAccounting
 from infra.run.config import RunConfig
 from infra.run.driver_lock import session_lock
@@ -41,11 +42,13 @@ from infra.run.step_record import History, StepRecord
 from infra.run.sweep import SweepSchedule, start_sweeps
 from infra.run.workload import adapter_size, run_workload
 from rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from rl.config import PromptConfig
 from rl.devices import resolve_device
 from rl.distributed.protocol import TrainSpec
 from rl.distributed.trainer import DistributedTrainer
 from rl.engine_factory import build_engine
-from rl.environments.registry import load_reward
+from rl.environments.registry import load_environment, load_reward
+from rl.environments.tool_calls import ToolFormatError, make_tool_format
 from rl.evaluation import evaluate_accuracy
 from rl.generation import GenerationEngine, SamplingParams
 from rl.models import load_policy, load_tokenizer
@@ -54,8 +57,8 @@ from rl.prompts import check_chat_template, encode_prompt
 from rl.rollout import Sample, build_requests, read_samples, samples_from_results, write_samples
 from rl.scoring import score_samples
 from rl.stops import StopStrings
-from rl.streaming import StreamedStep
-from rl.trainer import PolicyTrainer, TrainBatch, Trainer
+from rl.streaming import StreamedStep, train_batch
+from rl.trainer import PolicyTrainer, Trainer
 
 PROMPTS_MEASURED = 64
 """Held-out prompts encoded to measure the mean prompt length the ledger records (`runs.workload`)."""
@@ -100,6 +103,7 @@ class TrainingSession:
         self.device = resolve_device(config.model.device, "model.device")
         self.tokenizer = load_tokenizer(config.model.path, config.model.gguf_file)
         check_chat_template(self.tokenizer, config.prompt, config.model.path)  # before any work
+        self.environment, self.rollout_prompt = _trajectories(config, self.tokenizer)
         self.model, self.trainer = _make_trainer(config, self.device, self.tokenizer.pad_token_id)
         stack.callback(self.trainer.close)
         self.adapter = adapter_size(self.trainer.policy_state()) if config.model.lora is not None else None
@@ -320,9 +324,11 @@ class TrainingSession:
                     self.config.rollout,
                     self.config.run.seed,
                     on_group=on_group,
-                    prompt=self.config.prompt,
+                    prompt=self.rollout_prompt,
                     staleness=self.config.training.max_staleness,
                     ahead=self._ahead(step, last_step),
+                    environment=self.environment,
+                    infra_failed=self.config.training.infra_failed,
                 )
             progress.finish()
             self._step_usage[step] = (dict(report.instance_tokens), report.tokens_wasted)
@@ -336,6 +342,7 @@ class TrainingSession:
                 "t_local_s": report.t_local_s,
                 "preemptions": self.fabric.preemptions(),
                 "replaced": self.fabric.replaced() - replaced,
+                "infra_failed": dict(report.infra_failed),
             }
             taken_over, self._taken_over = self._taken_over, None
             if taken_over is not None and taken_over.step == step:  # what the dead attempt had done
@@ -367,6 +374,7 @@ class TrainingSession:
             self.correctness_fn,
             self.config.rollout.group_size,
             self.config.grpo,
+            partial_groups=self.config.training.infra_failed == "renormalize",
         )
         path = self.paths(step).scores
         path.write_text(json.dumps(scores.__dict__))
@@ -382,12 +390,7 @@ class TrainingSession:
         samples = read_samples(Path(rollout_path))
         advantages = json.loads(Path(scores_path).read_text())["advantages"]
         started = time.perf_counter()
-        batch = TrainBatch(
-            [s.prompt_ids for s in samples],
-            [s.response_ids for s in samples],
-            [s.logprobs for s in samples],
-            advantages,
-        )
+        batch = train_batch(samples, advantages)
         streamed = self._stream[1] if self._stream and self._stream[0] == step else None
         self._stream = None
         lag = version_lag(samples, self.step, self.config.training.max_staleness)
@@ -493,6 +496,33 @@ class TrainingSession:
         self._resources.close()
 
 
+def _trajectories(config: RunConfig, tokenizer: Any) -> tuple[EnvironmentSpec | None, PromptConfig]:
+    """The run's environment as the fabric enqueues it (each group fills in its problem) and the
+    prompt configuration its rollout uses (the tool format's stop strings added); the tool format
+    is made here, so a chat template that cannot carry tool calls is refused before any work."""
+    if config.environment is None:
+        return None, config.prompt
+    factory = load_environment(config.environment)
+    stop = config.prompt.stop
+    if factory.uses_tools:
+        try:
+            format = make_tool_format(config.prompt.chat_template, tokenizer)
+        except ToolFormatError as error:
+            raise ValueError(f"environment: the model at {config.model.path}: {error}") from None
+        stop = (*stop, *(s for s in format.stop if s not in stop))
+    spec = EnvironmentSpec(
+        factory.path,
+        prompt="",
+        answer="",
+        args=dict(factory.args),
+        max_turns=config.environment.max_turns,
+        step_timeout_s=config.environment.step_timeout_s,
+        retries=config.environment.retries,
+        chat_template=config.prompt.chat_template,
+    )
+    return spec, config.prompt.model_copy(update={"stop": stop})
+
+
 def _parameters(model: Any) -> int | None:
     """The policy's parameter count (None: its trainer ranks hold it, not this process)."""
     return None if model is None else sum(p.numel() for p in model.parameters())
@@ -539,13 +569,15 @@ def _make_trainer(config: RunConfig, device: torch.device, pad_token_id: int) ->
 
 
 def version_lag(samples: list[Sample], trained_version: int, max_staleness: int) -> dict[str, Any]:
-    """How many versions behind `trained_version` the samples' tokens were generated: mean, max and
-    histogram (lag -> tokens). Raises if a token breaks the staleness bound (the token log refuses
-    such flushes, so this is the invariant's last check, not a policy)."""
+    """How many versions behind `trained_version` the samples' trained tokens were generated: mean,
+    max and histogram (lag -> tokens); a trajectory's environment segments are of no version and
+    never trained. Raises if a token breaks the staleness bound (the token log refuses such
+    flushes, so this is the invariant's last check, not a policy)."""
     histogram: dict[int, int] = {}
     for sample in samples:
-        for version in sample.versions():
-            histogram[trained_version - version] = histogram.get(trained_version - version, 0) + 1
+        for version, trained in zip(sample.versions(), sample.trained()):
+            if trained:
+                histogram[trained_version - version] = histogram.get(trained_version - version, 0) + 1
     tokens = sum(histogram.values())
     worst = max(histogram, default=0)
     if worst > max_staleness or min(histogram, default=0) < 0:

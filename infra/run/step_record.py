@@ -73,6 +73,9 @@ class StepRecord(BaseModel):
     steals: int | None = None
     rejected_appends: int | None = None
     groups_dropped: int | None = None
+    infra_failed: Annotated[dict[str, int] | None, Column("infra failed", "{}")] = None
+    """Trajectories failed for the infrastructure (their environment), by kind, never scored
+    (None: no fabric; `{}`: none failed)."""
     t_local_s: float | None = None
     resumed_samples_done: int | None = None
     """Samples a dead attempt of this step had finished (a run resumed after a crash)."""

@@ -47,6 +47,7 @@ def summarize(history: History, costs: Mapping[str, Any], run: RunFacts) -> dict
         "gain_points": 100 * (final - base),
         "final_reward": sum(r.reward for r in last) / max(1, len(last)),
         "tokens_generated": sum(r.tokens for r in history.steps),
+        **infra_failed_summary(history.steps),
         **staleness_summary(history.steps, run.max_staleness),
         "minutes_this_run": run.minutes,
         **({"adapter_mib_per_version": run.adapter_mib} if run.adapter_mib is not None else {}),
@@ -56,6 +57,17 @@ def summarize(history: History, costs: Mapping[str, Any], run: RunFacts) -> dict
         **run.baseline,
         "ledger_run_id": run.ledger_run_id,
     }
+
+
+def infra_failed_summary(records: Sequence[StepRecord]) -> dict[str, Any]:
+    """The trajectories the infrastructure failed over the run, by kind (`environment`), as
+    `infra_failed_<kind>` counts; nothing for a run whose steps counted none (no fabric)."""
+    counted = [r.infra_failed for r in records if r.infra_failed is not None]
+    if not counted:
+        return {}
+    kinds = sorted({kind for counts in counted for kind in counts})
+    total = {kind: sum(counts.get(kind, 0) for counts in counted) for kind in kinds}
+    return {"infra_failed": sum(total.values()), **{f"infra_failed_{kind}": n for kind, n in total.items()}}
 
 
 def staleness_summary(records: Sequence[StepRecord], max_staleness: int) -> dict[str, Any]:

@@ -97,3 +97,18 @@ def test_the_final_reward_is_the_last_ten_steps_and_the_facts_add_their_lines():
     assert summary["adapter_mib_per_version"] == 0.625 and summary["vs_baseline"] == "base-1"
     assert summary["trainer_usd"].startswith("not recorded: set ledger.trainer")
     assert list(summary)[-2:] == ["vs_baseline", "ledger_run_id"]
+
+
+def test_infrastructure_failures_are_summed_by_kind_over_the_run():
+    steps = [
+        StepRecord(step=1, reward=0.5, tokens=10, infra_failed={}),
+        StepRecord(step=2, reward=0.5, tokens=10, infra_failed={"env_timeout": 2, "env_error": 1}),
+        StepRecord(step=3, reward=0.5, tokens=10, infra_failed={"env_error": 3}),
+    ]
+    summary = summarize(History(steps, [(0, 0.1), (3, 0.2)]), COSTS, FACTS)
+    assert (summary["infra_failed"], summary["infra_failed_env_error"], summary["infra_failed_env_timeout"]) == (
+        6,
+        4,
+        2,
+    )
+    assert "infra_failed" not in summarize(_history(), COSTS, FACTS)  # no fabric: nothing counted
