@@ -119,14 +119,15 @@ FAILURES: dict[tuple[str, int], int] = {}
 class FailingCalculator(Calculator):
     """The calculator whose tool calls fail `times` times per (sample, turn) first, as `kind` says:
     ``raise`` (an exception), ``gone`` (`EnvironmentGone`) or ``hang`` (past any timeout); only
-    for the samples whose id ends with `only` if given."""
+    for the samples whose id ends with `only` if given, only at turn `turn` if given."""
 
-    def __init__(self, kind: str = "raise", times: int = 1, only: str = "") -> None:
+    def __init__(self, kind: str = "raise", times: int = 1, only: str = "", turn: int = -1) -> None:
         super().__init__()
-        self.kind, self.times, self.only = kind, times, only
+        self.kind, self.times, self.only, self.turn = kind, times, only, turn
 
     def step(self, turn_text: str, key: StepKey) -> StepResult:
-        failing = key.sample_id.endswith(self.only) and FORMAT.parse(turn_text) is not None
+        failing = key.sample_id.endswith(self.only) and self.turn in (-1, key.turn)
+        failing = failing and FORMAT.parse(turn_text) is not None
         if failing and FAILURES.get((key.sample_id, key.turn), 0) < self.times:
             FAILURES[key.sample_id, key.turn] = FAILURES.get((key.sample_id, key.turn), 0) + 1
             if self.kind == "gone":
@@ -136,3 +137,9 @@ class FailingCalculator(Calculator):
             else:
                 raise RuntimeError("the tool's backend broke")
         return super().step(turn_text, key)
+
+
+class ForgetfulCalculator(FailingCalculator):
+    """A `FailingCalculator` that cannot rebuild its state from the logged turns."""
+
+    replayable = False

@@ -177,6 +177,21 @@ def test_infrastructure_failures_are_retried_then_fail_the_sample_never_scored(f
     assert status.dropped_group_ids == (0,) and status.groups_done == 1  # nothing left to renormalize
 
 
+def test_an_environment_that_cannot_replay_restarts_its_trajectory_after_a_failure(fabric):
+    """The second tool call fails once; the environment cannot rebuild the first call's state, so the
+    trajectory starts again from scratch (its tokens discarded) and ends as an undisturbed one."""
+    agentic.FAILURES.clear()
+    f = fabric()
+    forgetful = agentic.environment(
+        TWO_CALLS, "tests.infra.rollout.agentic:ForgetfulCalculator", args={"turn": 1}, retries=1
+    )
+    f.run([agentic.group(0, TWO_CALLS, 1, f.tokenizer, forgetful)])
+    wait_for(lambda: f.log.step_status(STEP).complete, "the step", timeout_s=120)
+    (record,) = f.log.read_group(STEP, 0)
+    assert f.text(record.token_ids) == agentic.transcript(TWO_CALLS) and record.attempts == 2
+    assert f.log.stats().wasted_tokens > 0 and f.worker.stats.env_retries == 1
+
+
 def test_a_step_past_its_timeout_fails_and_renormalize_keeps_the_rest_of_the_group(fabric):
     agentic.FAILURES.clear()
     f = fabric()
