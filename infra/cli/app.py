@@ -2,7 +2,9 @@
 
 The CLI is the top layer, above the flows it starts: `rlboost train` runs the `rl-train` flow in
 this process. It imports torch, transformers and the flows only inside the commands that need
-them, so `rlboost --help` and configuration errors come back at once."""
+them, so `rlboost --help` and configuration errors come back at once. Every command is declared
+the same way, with a Typer decorator: here on `app`, or on the `commands` Typer of its own module
+(`cost`, `export`, `stack`, `trainer_node`; `cloud` is a group), which `app.add_typer` adds."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from infra.cli import cloud, cost, export, stack, trainer_node
 from infra.cli.failures import NamedFailure, ending
 from infra.cli.run_config import load_run_config, parse_overrides
 from infra.run.config import DEFAULT_CONFIG, ConfigError
@@ -301,26 +304,10 @@ def simulate(
         console.print(f"metrics: {json_out}", markup=False)
 
 
-from infra.cli.cost import cost  # noqa: E402  (the command lives in its own module)
-
-app.command(name="cost")(cost)
-
-from infra.cli.export import export  # noqa: E402  (the command lives in its own module)
-
-app.command(name="export")(export)
-
-from infra.cli.stack import down, up  # noqa: E402  (the stack commands live in their own module)
-
-app.command(name="up")(up)
-app.command(name="down")(down)
-
-from infra.cli.trainer_node import trainer_node  # noqa: E402  (the command lives in its own module)
-
-app.command(name="trainer-node")(trainer_node)
-
-from infra.cli.cloud import cloud  # noqa: E402  (the cloud commands live in their own module)
-
-app.add_typer(cloud, name="cloud")
+# The commands that live in their own modules, each on its module's Typer; `cloud` is a group.
+for module in (cost, export, stack, trainer_node):
+    app.add_typer(module.commands)
+app.add_typer(cloud.cloud, name="cloud")
 
 
 if __name__ == "__main__":

@@ -80,7 +80,11 @@ ColumnsOption = Annotated[
 
 _json_time = TypeAdapter(datetime)
 
+commands = typer.Typer()
+"""This module's commands, added to `rlboost` by `infra.cli.app`."""
 
+
+@commands.command()
 def cost(
     run: RunIdOption,
     db: DbOption = None,

@@ -73,6 +73,11 @@ def find_run(runs_dir: Path, run: str) -> Path:
     raise RunNotFound(f"no run {run!r} in {runs_dir} (by run.name or run id): {listed}")
 
 
+commands = typer.Typer()
+"""This module's commands, added to `rlboost` by `infra.cli.app`."""
+
+
+@commands.command()
 def export(
     run: RunOption,
     output: OutputOption,

@@ -14,6 +14,9 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
+commands = typer.Typer()
+"""This module's commands, added to `rlboost` by `infra.cli.app`."""
+
 StateDirOption = Annotated[
     Optional[Path],
     typer.Option(
@@ -22,6 +25,7 @@ StateDirOption = Annotated[
 ]
 
 
+@commands.command()
 def up(
     port: Annotated[
         Optional[int],
@@ -115,6 +119,7 @@ def up(
         )
 
 
+@commands.command()
 def down(state_dir: StateDirOption = None) -> None:
     """Stop exactly what `rlboost up` started."""
     from infra.stack.stack import DEFAULT_STATE_DIR

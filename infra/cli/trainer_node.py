@@ -13,7 +13,11 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
+commands = typer.Typer()
+"""This module's commands, added to `rlboost` by `infra.cli.app`."""
 
+
+@commands.command()
 def trainer_node(
     rendezvous: Annotated[
         str,
