@@ -12,7 +12,7 @@ drops the token; ``"grpo"`` weights 1. `kl_k3` is added to the loss, not the rew
 Simplifies, on purpose: no value model or GAE (the group baseline is the critic); outcome rewards
 only; no entropy bonus (`entropy_from_logits` monitors) and no length penalty; no dual clip; a
 per-token importance weight; the proximal policy is exact, never approximated from behaviour
-log-probs. Detail: docs/how-it-works.md ("The learning algorithm"), docs/staleness.md.
+log-probs. Detail: docs/algorithm.md, docs/staleness.md.
 """
 
 from __future__ import annotations

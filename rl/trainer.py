@@ -11,7 +11,7 @@ is one clipped update. Micro-batches accumulate so the gradient equals the whole
 the end); `abandon_step` drops a step. Weights, gradients and AdamW stay fp32 (`autocast_dtype`:
 bf16 passes; log-probs in fp32); metrics reach the host in one transfer per update. `PolicyTrainer`
 is what the session, `rl.streaming` and `rl.checkpoint` use (also `rl.distributed`'s trainer).
-Detail: docs/how-it-works.md ("The learning algorithm"), docs/internals.md §9 ("One trainer interface").
+Detail: docs/algorithm.md, docs/internals.md §9 ("One trainer interface").
 """
 
 from __future__ import annotations
