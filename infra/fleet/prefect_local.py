@@ -56,9 +56,11 @@ class PrefectLocalProvider(Provider):
         log_dir: Path | None = None,
         instance_prefix: str = "",
         placement: Mapping[str, Sequence[GpuSlot]] | None = None,
+        environment: Mapping[str, str] | None = None,
     ) -> None:
-        """`api_url` defaults to the current `PREFECT_API_URL` and must answer; the other
-        arguments go to the `LocalProvider` that schedules the instances (and places them)."""
+        """`api_url` defaults to the current `PREFECT_API_URL` and must answer; `environment` is
+        added to the instances' (the run's weights secret); the other arguments go to the
+        `LocalProvider` that schedules the instances (and places them)."""
         self.spec = spec
         self.api_url = check_api(api_url or current_api_url(), purpose="fabric.instances: prefect")
         self.runs = InstanceRuns(spec, self.api_url)
@@ -69,6 +71,7 @@ class PrefectLocalProvider(Provider):
             "PREFECT_WORKER_QUERY_SECONDS": str(WORKER_POLL_S),
             REDIS_URL_ENV: spec.redis_url,
             **({REDIS_CA_FILE_ENV: spec.redis_ca_file} if spec.redis_ca_file else {}),
+            **(environment or {}),
         }
         self._local = LocalProvider(
             self._instance_command,

@@ -99,6 +99,21 @@ def peer_weights_config(config: FabricConfig) -> WeightsConfig:
     return config.weights
 
 
+def peer_environment(weights: WeightsConfig) -> dict[str, str]:
+    """The variables that give an instance the run's weights secret and, with `weights.tls`, its
+    peer certificate: the user's own where this process's environment sets them (remote instances
+    need them too), else fresh ones for this run (none when nothing serves weights)."""
+    if not weights.serves:
+        return {}
+    environment = {weights.secret_env: os.environ.get(weights.secret_env) or secrets.token_hex(32)}
+    if weights.tls:
+        user_set = TLS_CERT_ENV in os.environ
+        environment.update(
+            (PeerCertificate.from_environment() if user_set else PeerCertificate.generate()).environment()
+        )
+    return environment
+
+
 class RolloutFabric:
     def __init__(
         self,
@@ -167,13 +182,9 @@ class RolloutFabric:
         if take_over_step is not None:
             self.take_over = self.controller.take_over(take_over_step)
         weights = self.weights_config = peer_weights_config(config)
-        if weights.serves:
-            # Local instances inherit the trainer's environment: one random secret per session
-            # unless the user set one (which remote instances need too); the same for the peer
-            # certificate of HTTPS between peers.
-            os.environ.setdefault(weights.secret_env, secrets.token_hex(32))
-            if weights.tls and TLS_CERT_ENV not in os.environ:
-                os.environ.update(PeerCertificate.generate().environment())
+        self.peer_environment = peer_environment(weights)
+        """The weights secret (and peer certificate) of the run, handed to every instance through
+        its environment argument; this process's own environment is never written."""
         share_config(self.redis, run_id, weights, run_dir)
         self.weights = WeightPublisher(
             weights,
@@ -182,6 +193,7 @@ class RolloutFabric:
             run_dir=run_dir,
             dtype=TORCH_DTYPES[self.engine.dtype],
             adapter_base=None if self.engine.lora is None else base_digest(self.model_path),
+            environ=self.peer_environment,
         )
         stack.callback(self._close_weights)
         self._step = 0
@@ -306,12 +318,7 @@ class RolloutFabric:
         cloud_pools = [pool for pool in self.config.pools if pool.provider != "local"]
         # The run's code before its secrets: a run that cannot ship its wheel leaves no Secret block.
         boot.ship(cloud_pools, bootstrap, store, weights.store_options, self.run_dir / "code")
-        environment = {REDIS_URL_ENV: self.redis_url}
-        if weights.serves:
-            environment[weights.secret_env] = os.environ[weights.secret_env]
-            if weights.tls:
-                environment.update(PeerCertificate.from_environment().environment())
-        runs.publish_environment(environment)
+        runs.publish_environment({REDIS_URL_ENV: self.redis_url, **self.peer_environment})
         return CloudFleet(
             self.config.pools,
             run_id=self.run_id,
@@ -373,7 +380,11 @@ class RolloutFabric:
                 redis_ca_file=self._ca_path(),
             )
             return PrefectLocalProvider(
-                spec, log_dir=log_dir, instance_prefix=self.instance_prefix, placement=self.placement
+                spec,
+                log_dir=log_dir,
+                instance_prefix=self.instance_prefix,
+                placement=self.placement,
+                environment=self.peer_environment,
             )
         return LocalProvider(
             self._worker_command,
@@ -385,8 +396,8 @@ class RolloutFabric:
 
     def worker_environment(self) -> dict[str, str]:
         """What a local instance's environment adds: the run's Redis (the URL carries its password,
-        so it stays off the command line) and the CA of a rediss:// Redis."""
-        environment = {REDIS_URL_ENV: self.redis_url}
+        so it stays off the command line), the CA of a rediss:// Redis, the weights secret."""
+        environment = {REDIS_URL_ENV: self.redis_url, **self.peer_environment}
         if self.redis_ca_file is not None:
             environment[REDIS_CA_FILE_ENV] = str(self.redis_ca_file)
         return environment

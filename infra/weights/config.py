@@ -8,6 +8,7 @@ version's manifest, so a puller never needs the publisher's `chunk_mb`.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -101,13 +102,15 @@ class WeightsConfig(Section):
             raise ValueError("weights.store_url is not set and no run directory was given to default it")
         return (Path(run_dir).resolve() / "store").as_uri()
 
-    def certificate(self) -> PeerCertificate | None:
-        """The run's peer certificate from the environment when `tls` is on, else None."""
-        return PeerCertificate.from_environment() if self.tls else None
+    def certificate(self, environ: Mapping[str, str] = os.environ) -> PeerCertificate | None:
+        """The run's peer certificate from `environ` (this process's environment by default) when
+        `tls` is on, else None."""
+        return PeerCertificate.from_environment(environ) if self.tls else None
 
-    def secret(self) -> bytes:
-        """The shared secret from the environment variable named by `secret_env`."""
-        value = os.environ.get(self.secret_env, "")
+    def secret(self, environ: Mapping[str, str] = os.environ) -> bytes:
+        """The shared secret from the variable named by `secret_env` in `environ` (this process's
+        environment by default; the trainer passes the run's own)."""
+        value = environ.get(self.secret_env, "")
         if len(value) < MIN_SECRET_CHARS:
             state = "is not set" if not value else f"has only {len(value)} characters"
             raise ValueError(

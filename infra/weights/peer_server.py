@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import socket
 import threading
 import time
+from collections.abc import Mapping
 from contextlib import nullcontext
 
 import uvicorn
@@ -136,10 +138,10 @@ class _Served:
 
 
 class PeerServer:
-    def __init__(self, config: WeightsConfig) -> None:
-        """Serve with `config`'s secret (from the environment), address, upload slots and cap, and
-        its certificate when `config.tls` (else plain HTTP)."""
-        secret, tls, host = config.secret(), config.certificate(), config.bind_host
+    def __init__(self, config: WeightsConfig, environ: Mapping[str, str] = os.environ) -> None:
+        """Serve with `config`'s secret (from `environ`), address, upload slots and cap, and its
+        certificate when `config.tls` (else plain HTTP)."""
+        secret, tls, host = config.secret(environ), config.certificate(environ), config.bind_host
         self.slots = UploadSlots(config.max_uploads_per_peer)
         self.cap = UploadCap(config.upload_cap_mb_s * 2**20) if config.upload_cap_mb_s else None
         self.queue_timeout_s = config.queue_timeout_s

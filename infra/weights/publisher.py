@@ -18,6 +18,7 @@ makes a version unreachable is a `PublishError` from the next `publish` or `flus
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 from collections.abc import Mapping
@@ -51,15 +52,17 @@ class WeightPublisher:
         run_dir: str | Path | None = None,
         dtype: torch.dtype | None = None,
         adapter_base: str | None = None,
+        environ: Mapping[str, str] = os.environ,
     ) -> None:
         """`dtype`: floating-point tensors are published in it (the engines' dtype; None: as given).
         `adapter_base`: the versions are LoRA adapters of the base model with that digest
-        (`rl.lora.base_digest`), recorded in every manifest so an instance can check its base."""
+        (`rl.lora.base_digest`), recorded in every manifest so an instance can check its base.
+        `environ` holds the peer secret (and certificate) the trainer's server uses."""
         self.config = config
         self.dtype = dtype
         self.adapter_base = adapter_base
         self.store = WeightStore(config.resolve_store_url(run_dir), config.store_options)
-        self.server = PeerServer(config) if config.serve_from_trainer else None
+        self.server = PeerServer(config, environ) if config.serve_from_trainer else None
         self.registry = HolderRegistry(redis_client, run_id, config.holder_ttl_s)
         self.last_upload_error: Exception | None = None
         self._snapshots: queue.Queue[tuple[int, int | None, dict[str, torch.Tensor]] | None] = queue.Queue(maxsize=2)

@@ -16,7 +16,7 @@ import datetime
 import os
 import ssl
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,9 +64,10 @@ class PeerCertificate:
         )
 
     @classmethod
-    def from_environment(cls) -> PeerCertificate:
-        """The run's certificate from `CERT_ENV` / `KEY_ENV`; `ValueError` naming them if unset."""
-        cert, key = os.environ.get(CERT_ENV, ""), os.environ.get(KEY_ENV, "")
+    def from_environment(cls, environ: Mapping[str, str] = os.environ) -> PeerCertificate:
+        """The run's certificate from `CERT_ENV` / `KEY_ENV` of `environ` (this process's environment
+        by default); `ValueError` naming them if unset."""
+        cert, key = environ.get(CERT_ENV, ""), environ.get(KEY_ENV, "")
         if "BEGIN CERTIFICATE" not in cert or "PRIVATE KEY" not in key:
             raise ValueError(
                 f"weights.tls: the peer endpoints use HTTPS, but the environment lacks the run's peer "

@@ -1,7 +1,7 @@
 """The run's secrets (the Redis password in its URL, the weights secret) never reach a command line,
-an instance log or a run file: a real fabric runs one step on a real worker process, then `ps`,
-the logs and every file under the run directory (the embedded Redis's append-only file among them)
-are searched for both."""
+an instance log, a run file or the trainer's own environment: a real fabric runs one step on a real
+worker process (which gets them through its environment argument), then `ps`, the logs and every
+file under the run directory (the embedded Redis's append-only file among them) are searched."""
 
 from __future__ import annotations
 
@@ -36,11 +36,13 @@ def test_no_secret_on_a_command_line_in_a_log_or_a_run_file(tmp_path):
     save_tiny_model(tmp_path / "base", tiny_shape())
     model, tokenizer = load_model(tmp_path / "base")
     run_dir = tmp_path / "run"
+    before = dict(os.environ)
     fabric = rollout_fabric(CONFIG, "secrets", run_dir, tmp_path / "base")
     try:
         password = urlsplit(fabric.redis_url).password
-        secret = os.environ[CONFIG.weights.secret_env]
+        secret = fabric.peer_environment[CONFIG.weights.secret_env]
         assert password and secret
+        assert dict(os.environ) == before, "the secrets reach instances through their environment argument"
         fabric.publish(0, model.state_dict())
         records = PromptSource(DataConfig(family="chain")).take(0, 2)
         rollout = RolloutConfig(prompts_per_step=2, group_size=2, max_new_tokens=8)
