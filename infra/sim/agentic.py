@@ -14,6 +14,7 @@ import math
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import accumulate
 
 from infra.sim.scenario import AgenticSection, Scenario
@@ -33,7 +34,7 @@ class Trajectory:
         if gaps < 0 or len(self.observation_tokens) != gaps or len(self.tool_s) != gaps:
             raise ValueError("a trajectory needs >= 1 turn and one tool call between two turns")
 
-    @property
+    @cached_property
     def ends(self) -> tuple[int, ...]:
         """Model tokens generated when each turn ends (cumulative)."""
         return tuple(accumulate(self.turn_tokens))

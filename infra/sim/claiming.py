@@ -27,6 +27,8 @@ class ClaimQueue:
         self._heap: list[tuple[tuple[int, int, int], str, int]] = []
         """(claim key, sample id, enqueue seq)."""
         self._seq: dict[int, int] = {}
+        self.partial = 0
+        """Queued samples with a logged token (a negative claim score)."""
 
     def next_seq(self, step: int) -> int:
         """The step's next enqueue seq (the Lua's ``HINCRBY step:<step> seq 1``): at each sample of
@@ -38,10 +40,13 @@ class ClaimQueue:
         """Queue a sample with the seq it got from `next_seq`; `routed`: in the step's routed queue
         and claimable now (its receiver claims, or its wait is over)."""
         heapq.heappush(self._heap, (claim_key(step, routed, seq, logged_tokens), sample_id, seq))
+        self.partial += logged_tokens > 0
 
     def pop(self) -> str:
         """The sample the next claim takes."""
-        return heapq.heappop(self._heap)[1]
+        key, sample_id, _ = heapq.heappop(self._heap)
+        self.partial -= key[2] < 0
+        return sample_id
 
     def rescore(self, logged_tokens: Callable[[str], int]) -> None:
         """Score every queued sample again from its logged tokens now (after a truncation)."""
@@ -49,6 +54,7 @@ class ClaimQueue:
             (claim_key(key[0], key[1] == 0, seq, logged_tokens(sid)), sid, seq) for key, sid, seq in self._heap
         ]
         heapq.heapify(self._heap)
+        self.partial = sum(key[2] < 0 for key, _, _ in self._heap)
 
     def forget_step(self, step: int) -> None:
         """A trained step: its counter goes (the token log deletes the step's keys)."""

@@ -138,6 +138,7 @@ class StepState:
     group_samples: list[list[Sample]]
     admitted_at: float
     done: int = 0
+    groups_done: int = 0
     ready_groups: list[int] = field(default_factory=list)
     """Complete groups not yet trained, in completion order."""
     all_done_at: float | None = None
@@ -521,6 +522,7 @@ class Simulation:
             group[1] -= 1
             if group[1] == 0:
                 state.ready_groups.append(sample.group)
+                state.groups_done += 1
             if state.done == len(state.samples):
                 state.all_done_at = self.loop.now
         self._reschedule(engine)
@@ -960,9 +962,9 @@ class Simulation:
             total_samples=sum(len(state.samples) for state in self.open.values()),
             done=sum(state.done for state in self.open.values()),
             groups_total=sum(len(state.groups) for state in self.open.values()),
-            groups_done=sum(1 for state in self.open.values() for g in state.groups.values() if g[1] == 0),
+            groups_done=sum(state.groups_done for state in self.open.values()),
         )
-        partial = sum(1 for sid in self.queue if self.by_id[sid].logged > 0)
+        partial = self.queue.partial
         queued = len(self.queue) if claiming else len(self.queue) + len(self.routed)
         partial += 0 if claiming else len(self.routed)
         return ClusterSnapshot(self.loop.now, step, self._views(claiming), QueueView(queued, partial))
