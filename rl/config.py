@@ -23,7 +23,7 @@ from rl.environments.registry import (
     environment_path,
     reward_function,
 )
-from rl.problems import FAMILIES
+from rl.families import FAMILIES
 from rl.rewards import FORMAT_PATTERNS, NAMED_FORMATS
 
 
@@ -107,8 +107,9 @@ class DataConfig(Section):
     source: Literal["arithmetic", "file"] = "arithmetic"
     """`arithmetic`: generated problems; `file`: a JSONL/Parquet dataset at `path`."""
     family: str = "add"
-    """Problem family for `source: arithmetic`: `add`, `chain` (for the tiny model) or `words` (English
-    word problems ending in `#### <number>`, for an instruct model such as SmolLM2)."""
+    """Problem family for `source: arithmetic`: `add`, `chain` (for the tiny model), `words` (English
+    word problems ending in `#### <number>`, for an instruct model such as SmolLM2) or `calculator`
+    (multi-digit products and long sums, solved with the `calculator` environment's tool)."""
     path: Path | None = None
     """Dataset file for `source: file` (.jsonl or .parquet)."""
     prompt_field: str = "prompt"
@@ -473,7 +474,7 @@ class PretrainConfig(Section):
     output: Path = Path(".rlboost/base-model")
     """Where the pretrained HF directory is written (reused by later runs when present)."""
     families: tuple[str, ...] = ("add",)
-    """Problem families to learn."""
+    """Problem families to learn (`calculator`: noisy demonstrations of the tool, its results untrained)."""
     batch_size: int = Field(default=128, ge=1)
     """Problems per optimizer step (128 reached the demo's threshold in 250-450 steps for every
     seed measured; 64 took 300-1,100: `bench/pretrain.py`)."""

@@ -6,7 +6,9 @@ either stop before the jump or train far past it (leaving RL nothing to do), so 
 as soon as the held-out accuracy reaches `PretrainConfig.accuracy_threshold`.
 
 With `corpus_error_rate > 0` a fraction of the training solutions carry one wrong digit, like
-mistakes in real pretraining text. The model still learns the right answer as its most likely
+mistakes in real pretraining text (the calculator's: in the expression it passes to the tool, or
+in the answer it copies from the result; a tool's result is the environment's text, never a
+target: its tokens are masked out of the loss, and the held-out evaluation runs the tool). The model still learns the right answer as its most likely
 output (greedy accuracy, which the threshold measures), but it also learns to sample the
 mistakes at temperature 1: the gap that RL with a verifiable reward closes. This is the demo's
 setting; it is a property of the data, not of the RL algorithm, and docs/demo.md says so.
@@ -24,11 +26,16 @@ import torch
 
 from rl.config import ModelConfig, PretrainConfig
 from rl.engine import HFEngine
+from rl.environments import calculator
+from rl.environments.registry import EnvironmentFactory
+from rl.environments.tool_calls import TextToolFormat
 from rl.evaluation import evaluate_accuracy
-from rl.generation import SamplingParams
+from rl.families import environment_of, eval_set, problem_stream
+from rl.generation import GenerationEngine, SamplingParams
 from rl.models import TinyLlamaShape, build_tiny_llama, save_model
 from rl.optimizer import adamw
-from rl.problems import Problem, eval_set, problem_stream
+from rl.problems import Problem
+from rl.stops import StopStrings
 
 
 @dataclass(frozen=True)
@@ -44,6 +51,10 @@ class ThresholdNotReached(RuntimeError):
     pass
 
 
+PRETRAIN_EVAL_TURNS = 4
+"""Model turns of a held-out trajectory in pretraining's evaluation (a calculator solution has 2)."""
+
+
 def corrupt_solution(solution: str, rng: random.Random) -> str:
     """The solution with one digit of its final number replaced by a different digit."""
     digits = [i for i, ch in enumerate(solution) if ch.isdigit()]
@@ -53,16 +64,33 @@ def corrupt_solution(solution: str, rng: random.Random) -> str:
     return solution[:position] + wrong + solution[position + 1 :]
 
 
+def target_segments(problem: Problem, rng: random.Random, error_rate: float) -> list[tuple[str, bool]]:
+    """The supervised target of `problem` as (text, trained) segments: the solution (with one
+    wrong digit with probability `error_rate`); a calculator problem's demonstration is its turns,
+    each tool result between them untrained (the environment writes it, as in a trajectory)."""
+    if problem.family != calculator.FAMILY:
+        return [(corrupt_solution(problem.solution, rng) if rng.random() < error_rate else problem.solution, True)]
+    segments = []
+    for turn in calculator.demonstration(problem, rng, error_rate):
+        segments.append((turn.text, True))
+        if turn.observation is not None:
+            segments.append((TextToolFormat().render(turn.observation), False))
+    return segments
+
+
 def _supervised_batch(
     tokenizer, problems: list[Problem], error_rate: float, rng: random.Random
 ) -> dict[str, torch.Tensor]:
     rows, labels = [], []
     for problem in problems:
         prompt = tokenizer(problem.prompt).input_ids
-        solution = corrupt_solution(problem.solution, rng) if rng.random() < error_rate else problem.solution
-        target = tokenizer(solution, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
-        rows.append(prompt + target)
-        labels.append([-100] * len(prompt) + target)
+        row, label = list(prompt), [-100] * len(prompt)
+        for text, trained in target_segments(problem, rng, error_rate):
+            ids = tokenizer(text, add_special_tokens=False).input_ids
+            row += ids
+            label += ids if trained else [-100] * len(ids)
+        rows.append(row + [tokenizer.eos_token_id])
+        labels.append(label + [tokenizer.eos_token_id])
     width = max(map(len, rows))
     input_ids = torch.full((len(rows), width), tokenizer.pad_token_id)
     label_ids = torch.full((len(rows), width), -100)
@@ -76,6 +104,20 @@ def _supervised_batch(
 
 def max_response_tokens(problems: list[Problem]) -> int:
     return max(len(p.solution) for p in problems) + 1
+
+
+def _held_out_accuracy(engine: GenerationEngine, tokenizer, family: str, problems: list[Problem]) -> float:
+    """Greedy accuracy on `family`'s held-out problems (a tool family's: trajectories in its environment)."""
+    environment = environment_of(family)
+    return evaluate_accuracy(
+        engine,
+        tokenizer,
+        problems,
+        max_new_tokens=max_response_tokens(problems),
+        sampling=SamplingParams(greedy=True),
+        environment=EnvironmentFactory(environment) if environment else None,
+        max_turns=PRETRAIN_EVAL_TURNS,
+    )
 
 
 def pretrain(
@@ -103,7 +145,9 @@ def pretrain(
     held_out = {family: eval_set(family, config.eval_size) for family in config.families}
     eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
     assert isinstance(eos_id, int) and isinstance(pad_id, int), "the character tokenizer has <eos> and <pad>"
-    engine = HFEngine(model, eos_id, pad_id, max_batch_size=256, device=next(model.parameters()).device)
+    engine = StopStrings(
+        HFEngine(model, eos_id, pad_id, max_batch_size=256, device=next(model.parameters()).device), tokenizer
+    )
     noise_rng = random.Random(config.seed)
     history: list[tuple[int, float, float]] = []
     start = time.perf_counter()
@@ -121,14 +165,8 @@ def pretrain(
             continue  # (the last step is always evaluated: it may reach the threshold)
         model.eval()
         accuracy = sum(
-            evaluate_accuracy(
-                engine,
-                tokenizer,
-                family_problems,
-                max_new_tokens=max_response_tokens(family_problems),
-                sampling=SamplingParams(greedy=True),
-            )
-            for family_problems in held_out.values()
+            _held_out_accuracy(engine, tokenizer, family, family_problems)
+            for family, family_problems in held_out.items()
         ) / len(held_out)
         history.append((step, loss.item(), accuracy))
         if on_eval:

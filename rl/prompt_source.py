@@ -17,7 +17,7 @@ from pathlib import Path
 
 from rl.config import DataConfig
 from rl.datasets import SUPPORTED_SUFFIXES, DatasetError, PromptRecord, load_prompt_dataset, problems_as_records
-from rl.problems import eval_set, problem_stream
+from rl.families import eval_set, problem_stream
 
 CHECKED_RECORDS = 1000
 """Records of each dataset file that `check_data_files` validates: the first ones (reading them

@@ -33,6 +33,7 @@ from rl.config import (
     TrainingConfig,
 )
 from rl.engine_spec import EngineSpec
+from rl.families import environment_of
 
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 """A run name: one directory name, never a path."""
@@ -115,6 +116,16 @@ class RunConfig(Section):
             raise ValueError(
                 "environment: multi-turn trajectories run on the fabric's rollout instances, but fabric.enabled "
                 "is false: set fabric.enabled: true, or remove environment"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _tool_family_has_its_environment(self) -> RunConfig:
+        family = self.data.family if self.data.source == "arithmetic" else None
+        if family is not None and environment_of(family) is not None and self.environment is None:
+            raise ValueError(
+                f"data.family: {family} problems are solved with a tool: add environment: {{name: {family}}} "
+                "(deployments/configs/calculator.yaml), or choose another data.family"
             )
         return self
 

@@ -1,0 +1,48 @@
+"""Every generated problem family by name (`data.family`, `pretrain.families`): the arithmetic ones
+of `rl.problems` and the calculator's (`rl.environments.calculator`), which is solved with a tool.
+
+`problem_stream` and `eval_set` dispatch to the family's module (each splits by problem, so the
+held-out set is never trained on). `environment_of` names the environment a tool family's problems
+are solved in (None for the others): evaluation runs a trajectory in it, and a run on that family
+needs it. Torch-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from rl import problems
+from rl.environments import calculator
+from rl.problems import Problem
+
+FAMILIES = (*problems.FAMILIES, calculator.FAMILY)
+"""`add`, `chain`, `words` and `calculator`."""
+TOOL_FAMILIES = {calculator.FAMILY: "rl.environments.calculator:Calculator"}
+"""Family -> the import path of the environment its problems are solved in."""
+
+
+def _check(family: str) -> None:
+    if family not in FAMILIES:
+        raise ValueError(f"unknown problem family {family!r}; expected one of {FAMILIES}")
+
+
+def problem_stream(family: str, seed: int, split: str = "train") -> Iterator[Problem]:
+    """Endless stream of problems of one family from one split (`train` or `eval`)."""
+    _check(family)
+    if family == calculator.FAMILY:
+        return calculator.problem_stream(seed, split)
+    return problems.problem_stream(family, seed, split)
+
+
+def eval_set(family: str, size: int, seed: int = 12345) -> list[Problem]:
+    """A fixed held-out evaluation set of `size` distinct problems of `family`."""
+    _check(family)
+    if family == calculator.FAMILY:
+        return calculator.eval_set(size, seed)
+    return problems.eval_set(family, size, seed)
+
+
+def environment_of(family: str) -> str | None:
+    """The import path of the environment `family`'s problems are solved in (None: one response)."""
+    _check(family)
+    return TOOL_FAMILIES.get(family)
