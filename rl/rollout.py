@@ -41,6 +41,14 @@ class Sample:
     """The environment's terminal reward (None: the run's reward function scores the response)."""
     truncated: bool = False
     """A trajectory ended by `environment.max_turns` or its token budget (scored all the same)."""
+    migrated_mid_turn: int = 0
+    """Times a trajectory continued on another instance from inside a model turn (the fabric's)."""
+    env_s: float = 0.0
+    """Seconds a trajectory's environment steps took."""
+    wait_s: float = 0.0
+    """Seconds a trajectory waited for its environment's answers."""
+    life_s: float = 0.0
+    """Seconds from a trajectory's first claim to its end (the fabric's; 0.0: not measured)."""
 
     def versions(self) -> list[int]:
         """The generating version of each response token."""
@@ -60,6 +68,34 @@ class Sample:
             while starts < len(mask) and not mask[starts]:
                 starts += 1
         return [*spans, (starts, len(self.response_ids), None)]
+
+
+@dataclass(frozen=True)
+class TrajectoryFigures:
+    """What a step's trajectories did (the step record's fields of the same names)."""
+
+    turns_mean: float
+    """Mean model turns per trajectory."""
+    tool_calls: int
+    """Turns answered with an observation."""
+    env_s: float
+    """Seconds of environment steps, summed."""
+    tool_wait_fraction: float
+    """Seconds waiting for the environment over seconds from first claim to end, both summed."""
+    migrated_mid_turn: int
+    """Continuations on another instance from inside a model turn."""
+
+
+def trajectory_figures(samples: list[Sample]) -> TrajectoryFigures:
+    """The figures of a step's trajectories (each sample one trajectory; none: zeros)."""
+    life = sum(s.life_s for s in samples)
+    return TrajectoryFigures(
+        turns_mean=sum(len(s.turns) + 1 for s in samples) / max(1, len(samples)),
+        tool_calls=sum(len(s.turns) for s in samples),
+        env_s=sum(s.env_s for s in samples),
+        tool_wait_fraction=sum(s.wait_s for s in samples) / life if life > 0 else 0.0,
+        migrated_mid_turn=sum(s.migrated_mid_turn for s in samples),
+    )
 
 
 def step_seed(run_seed: int, step: int) -> int:

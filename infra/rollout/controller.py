@@ -148,6 +148,10 @@ def _sample(record: SampleRecord) -> Sample:
         turns=[(turn.end, turn.observation) for turn in record.turns],
         env_reward=None if outcome is None else outcome.reward,
         truncated=outcome is not None and outcome.truncated,
+        migrated_mid_turn=record.migrated_mid_turn,
+        env_s=record.env_s,
+        wait_s=record.wait_s,
+        life_s=record.life_s,
     )
 
 

@@ -49,6 +49,12 @@ class Held:
     """How a finished trajectory ended (logged with its finishing flush)."""
     segment: Segment | None = None
     """The environment segment answering the turn that ended, to be logged (an env flush)."""
+    turn_ended_at: float = 0.0
+    """Monotonic time the engine ended the current model turn."""
+    env_s: float = 0.0
+    """Seconds of the environment step that answered the turn (logged with its env or finishing flush)."""
+    wait_s: float = 0.0
+    """Seconds from the turn's end to that answer (logged likewise)."""
 
     @property
     def generated(self) -> int:
@@ -65,7 +71,7 @@ class Held:
             if self.episode is None:
                 self.finish = chunk.finish_reason
             else:
-                self.turn_end = chunk.finish_reason
+                self.turn_end, self.turn_ended_at = chunk.finish_reason, now
         return len(chunk.token_ids)
 
     def request(self) -> GenerationRequest:
@@ -127,6 +133,8 @@ def flushes(batch: Sequence[Pending], instance_id: str, version: int | None) -> 
             source="env",
             observation=segment.observation,
             turn=segment.turn,
+            env_s=h.env_s,
+            wait_s=h.wait_s,
         )
         if segment is not None
         else Flush(
@@ -139,6 +147,8 @@ def flushes(batch: Sequence[Pending], instance_id: str, version: int | None) -> 
             finish,
             version,
             outcome=h.outcome if finish is not None else None,
+            env_s=h.env_s if finish is not None else 0.0,
+            wait_s=h.wait_s if finish is not None else 0.0,
         )
         for h, count, finish, segment in batch
     ]

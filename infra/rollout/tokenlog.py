@@ -301,6 +301,12 @@ class Flush(NamedTuple):
     """An env flush's turn (0-based): recorded once, however often the flush is redelivered."""
     outcome: Outcome | None = None
     """A trajectory's finishing flush: how it ended."""
+    env_s: float = 0.0
+    """An env flush's or a trajectory's finishing flush's: seconds the environment step that
+    answered the turn took (added to the sample's once, with the turn or the finish)."""
+    wait_s: float = 0.0
+    """Likewise: seconds from the end of the model's turn to the environment's answer (the
+    trajectory waiting for its tool)."""
 
 
 @dataclass(frozen=True)
@@ -327,6 +333,15 @@ class SampleRecord:
     """A trajectory's completed turns, each followed by its environment segment."""
     outcome: Outcome | None = None
     """How a trajectory ended (None: a single-turn sample, or not done)."""
+    migrated_mid_turn: int = 0
+    """Claims of a trajectory that resumed it inside a model turn (its logged tokens ending in a
+    model segment: mid-generation, or a tool call awaiting its result)."""
+    env_s: float = 0.0
+    """Seconds its environment's steps took (every owner's, each turn once)."""
+    wait_s: float = 0.0
+    """Seconds it waited for its environment's answers (from each turn's end to the answer)."""
+    life_s: float = 0.0
+    """Seconds from its first claim to its finishing flush (0.0: not done)."""
 
     def token_versions(self) -> list[int]:
         """The generating version of each logged token (the step's version where none was recorded)."""
@@ -641,6 +656,8 @@ class TokenLog:
                     json.dumps(f.observation) if env else "",
                     f.turn if env else -1,
                     "" if f.outcome is None else f.outcome.to_json(),
+                    f.env_s,
+                    f.wait_s,
                 )
             )
             tokens.extend(f.token_ids)
@@ -883,8 +900,15 @@ class TokenLog:
                 version_spans=_spans(spans),
                 turns=_turns(turns),
                 outcome=Outcome.from_json(outcome),
+                migrated_mid_turn=int(midturn),
+                env_s=float(env_s),
+                wait_s=float(wait_s),
+                life_s=max(0, int(done_ms) - int(first_ms)) / 1000 if int(done_ms) else 0.0,
             )
-            for index, (state, finish, attempts, migrations, records, spans, turns, outcome) in enumerate(samples)
+            for index, (state, finish, attempts, migrations, records, spans, turns, outcome, *timing) in enumerate(
+                samples
+            )
+            for midturn, env_s, wait_s, first_ms, done_ms in [timing]
             for token_ids, logprobs in [_records(records)]
         ]
 

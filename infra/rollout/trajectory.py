@@ -59,6 +59,8 @@ class Episode:
     timeout_s: float = 0.0
     appending: bool = False
     """Its observation's env flush is in flight."""
+    step_s: float = 0.0
+    """Seconds the last step took (building the environment, replaying, stepping)."""
 
     @property
     def turn(self) -> int:
@@ -116,14 +118,17 @@ class Trajectories:
         episode.job = self._pool.submit(self._step, episode, replay, text, key)
 
     def _step(self, episode: Episode, replay: list[tuple[str, str | None]], text: str, key: StepKey) -> StepResult:
-        episode.started.append(time.monotonic())
+        started = time.monotonic()
+        episode.started.append(started)
         if episode.env is None:
             env = episode.factory.create(self.format(episode.spec) if episode.factory.uses_tools else None)
             env.reset(episode.spec.prompt, episode.spec.answer, None)
             for turn, (turn_text, observation) in enumerate(replay):
                 env.replay(turn_text, observation, StepKey(episode.sample_id, turn))
             episode.env = env
-        return episode.env.step(text, key)
+        result = episode.env.step(text, key)
+        episode.step_s = time.monotonic() - started
+        return result
 
     def settled(self, episodes: Iterable[Episode], now: float) -> list[tuple[Episode, StepResult | InfraFailure]]:
         """The episodes whose step finished, or ran past its timeout, with the result (the job is

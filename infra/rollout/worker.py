@@ -582,6 +582,7 @@ class RolloutWorker:
         its observation is logged as an environment segment before the next turn (`_next_turn`)."""
         episode = held.episode
         assert episode is not None
+        held.env_s, held.wait_s = episode.step_s, time.monotonic() - held.turn_ended_at
         if result.done:
             self._end_trajectory(held, Outcome(result.reward, result.truncated))
             return
@@ -604,7 +605,7 @@ class RolloutWorker:
         """The observation is logged: the next model turn continues from the logged tokens."""
         episode = held.episode
         assert episode is not None and self.engine is not None
-        held.segment = None
+        held.segment, held.env_s, held.wait_s = None, 0.0, 0.0
         episode.turns.append(LoggedTurn(held.logged, segment.observation))
         held.logged += len(segment.tokens)
         held.prefix += segment.tokens

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,14 +47,14 @@ from rl.devices import resolve_device
 from rl.distributed.protocol import TrainSpec
 from rl.distributed.trainer import DistributedTrainer
 from rl.engine_factory import build_engine
-from rl.environments.registry import load_environment, load_reward
+from rl.environments.registry import EnvironmentFactory, load_environment, load_reward
 from rl.environments.tool_calls import ToolFormatError, make_tool_format
 from rl.evaluation import evaluate_accuracy
 from rl.generation import GenerationEngine, SamplingParams
 from rl.models import load_policy, load_tokenizer
 from rl.prompt_source import PromptSource
 from rl.prompts import check_chat_template, encode_prompt
-from rl.rollout import Sample, build_requests, read_samples, samples_from_results, write_samples
+from rl.rollout import Sample, build_requests, read_samples, samples_from_results, trajectory_figures, write_samples
 from rl.scoring import score_samples
 from rl.stops import StopStrings
 from rl.streaming import StreamedStep, train_batch
@@ -344,6 +344,8 @@ class TrainingSession:
                 "replaced": self.fabric.replaced() - replaced,
                 "infra_failed": dict(report.infra_failed),
             }
+            if self.environment is not None:
+                fabric_stats.update(asdict(trajectory_figures(samples)))
             taken_over, self._taken_over = self._taken_over, None
             if taken_over is not None and taken_over.step == step:  # what the dead attempt had done
                 fabric_stats.update(
@@ -454,10 +456,11 @@ class TrainingSession:
             self._stream = None
 
     def evaluate(self) -> float:
-        """Held-out accuracy of the current policy on the in-process engine. With the fabric that
-        engine does nothing else, so one that holds its own weights (vLLM, or an HF copy in another
-        dtype) is closed afterwards: between evaluations its memory is the trainer's (SmolLM2 on
-        vLLM: 1.5 GB, 0.9 GB of it returned), and the next evaluation builds it again."""
+        """Held-out accuracy of the current policy on the in-process engine (with an environment: of
+        trajectories, each turn answered in process). With the fabric that engine does nothing
+        else, so one that holds its own weights (vLLM, or an HF copy in another dtype) is closed
+        afterwards: between evaluations its memory is the trainer's (SmolLM2 on vLLM: 1.5 GB, 0.9
+        GB of it returned), and the next evaluation builds it again."""
         eval_config = self.config.eval
         accuracy = evaluate_accuracy(
             self.engine,
@@ -468,6 +471,10 @@ class TrainingSession:
             samples_per_problem=eval_config.samples_per_problem,
             seed=self.config.run.seed + 7919,
             prompt=self.config.prompt,
+            environment=EnvironmentFactory(self.environment.path, dict(self.environment.args))
+            if self.environment
+            else None,
+            max_turns=self.environment.max_turns if self.environment else 1,
         )
         if self.fabric is not None and self._engine is not None and not self._engine_shares_model:
             self._engine.close()

@@ -76,6 +76,18 @@ class StepRecord(BaseModel):
     infra_failed: Annotated[dict[str, int] | None, Column("infra failed", "{}")] = None
     """Trajectories failed for the infrastructure (their environment), by kind, never scored
     (None: no fabric; `{}`: none failed)."""
+    turns_mean: Annotated[float | None, Column("mean turns", "{:.2f}")] = None
+    """Mean model turns per trajectory (None: no environment, one response per prompt)."""
+    tool_calls: Annotated[int | None, Column("tool calls", "{:d}")] = None
+    """Turns the environment answered with an observation (a tool's result), over the trajectories."""
+    env_s: Annotated[float | None, Column("env s", "{:.2f}")] = None
+    """Seconds the trajectories' environment steps took, summed over them."""
+    tool_wait_fraction: Annotated[float | None, Column("tool wait", "{:.3f}")] = None
+    """Of the trajectories' time from first claim to end, the fraction spent waiting for the
+    environment's answers (summed over them)."""
+    migrated_mid_turn: Annotated[int | None, Column("migrated mid-turn", "{:d}")] = None
+    """Trajectories' continuations on another instance from inside a model turn (mid-generation,
+    or a tool call awaiting its result)."""
     t_local_s: float | None = None
     resumed_samples_done: int | None = None
     """Samples a dead attempt of this step had finished (a run resumed after a crash)."""

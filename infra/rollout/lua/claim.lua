@@ -1,6 +1,8 @@
 -- ARGV: P, steps (comma-separated, oldest first), instance, version, max_samples, nonce. A step
 -- whose version window [minv, version] holds the instance's version gives its samples routed to the
 -- instance (and routed ones whose wait is over) first, then its shared queue's; then the next step.
+-- A sample's first lease stamps `first_ms`; a trajectory leased again while its logged tokens end in
+-- a model segment (inside a turn, or a tool call awaiting its result) counts a mid-turn migration.
 local inst = ARGV[3]
 local ck = P .. 'claimreq:' .. inst
 local last = redis.call('HMGET', ck, 'nonce', 'sids')
@@ -10,6 +12,13 @@ local function lease(sid)
   if redis.call('HINCRBY', sk, 'attempts', 1) > 1 then
     redis.call('HINCRBY', sk, 'migrations', 1)
     redis.call('HINCRBY', STATS, 'migrations', 1)
+    local h = redis.call('HMGET', sk, 'lastv', 'step', 'group')
+    if redis.call('STRLEN', sk .. ':r') > 0 and h[1] ~= tostring(ENV_VERSION)
+        and (redis.call('HGET', P .. 'g:' .. h[2] .. '/' .. h[3], 'env') or '') ~= '' then
+      redis.call('HINCRBY', sk, 'midturn', 1)
+    end
+  else
+    redis.call('HSET', sk, 'first_ms', now_ms())
   end
   redis.call('HINCRBY', sk, 'epoch', 1)
   redis.call('HSET', sk, 'state', 'running', 'owner', inst)

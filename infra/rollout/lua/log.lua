@@ -1,11 +1,18 @@
 -- ARGV: P, JSON [[sample, instance, epoch, offset (-1 = none), token count, finish reason
 -- ('' = none), policy version (-1 = none), source ('model' | 'env'), observation (JSON, env only),
--- turn (env only), outcome (JSON, '' = none)], ...], every flush's records (8 bytes each) concatenated.
+-- turn (env only), outcome (JSON, '' = none), environment seconds, tool-wait seconds], ...], every
+-- flush's records (8 bytes each) concatenated.
 -- A model flush whose version is below the sample's window (`minv`) is rejected; an env flush (an
 -- environment segment) is not checked: its tokens get version ENV_VERSION. An accepted flush whose
 -- version differs from the sample's last opens a version span (u32 offset, u32 version) in :v (a
 -- model flush without a version after an env segment: the step's version). An accepted env flush
--- records its turn in :t once ('<offset>:<observation>'), however often it is redelivered.
+-- records its turn in :t once ('<offset>:<observation>'), however often it is redelivered; it and a
+-- finishing flush add the seconds of the environment step that answered the turn and of the
+-- trajectory's wait for it (`env_s`, `wait_s`), once; a finishing flush stamps `done_ms`.
+local function add_env_seconds(sk, env_s, wait_s)
+  if env_s > 0 then redis.call('HINCRBYFLOAT', sk, 'env_s', env_s) end
+  if wait_s > 0 then redis.call('HINCRBYFLOAT', sk, 'wait_s', wait_s) end
+end
 local recs = ARGV[3]
 local out, rejected, pos = {}, 0, 1
 for _, m in ipairs(cjson.decode(ARGV[2])) do
@@ -33,9 +40,11 @@ for _, m in ipairs(cjson.decode(ARGV[2])) do
         end
         if env and redis.call('LLEN', sk .. ':t') == m[10] then
           redis.call('RPUSH', sk .. ':t', have .. ':' .. m[9])
+          add_env_seconds(sk, m[12], m[13])
         end
         if fin ~= '' then
-          redis.call('HSET', sk, 'state', 'done', 'finish', fin)
+          add_env_seconds(sk, m[12], m[13])
+          redis.call('HSET', sk, 'state', 'done', 'finish', fin, 'done_ms', now_ms())
           if m[11] ~= '' then redis.call('HSET', sk, 'outcome', m[11]) end
           redis.call('SREM', P .. 'own:' .. inst, sid)
           local g = redis.call('HMGET', sk, 'step', 'group')

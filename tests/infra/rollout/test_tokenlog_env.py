@@ -163,3 +163,29 @@ def test_infra_failures_count_by_kind_and_renormalize_completes_the_group_withou
         samples_of_group(log.read_group(0, 2))
     with pytest.raises(ValueError, match="infra_failed"):
         group(4, infra_failed="keep")
+
+
+def test_env_seconds_waits_and_mid_turn_migrations_are_recorded_once(log):
+    single = GroupSpec(1, [1, 2, 3], 1, 32, seed=7, sampling=SAMPLING)
+    log.enqueue_step(0, 0, [group(n=2), single])
+    claims = log.claim(0, "a", 0, 3)
+    for claim in claims:
+        assert log.log([model(claim, [10, 11], 0)]) == [True]
+    for claim in claims[:2]:
+        answer = env(claim, [20], 2, 0, "3")._replace(env_s=0.25, wait_s=0.5)
+        assert log.log([answer, answer]) == [True, True]  # a redelivery adds nothing
+    assert log.log([model(claims[0], [12], 3)]) == [True]  # the first is inside its second turn
+    for claim in claims:  # the second is at a turn boundary; the third is not a trajectory
+        assert log.release(claim.sample_id, "a", claim.epoch)
+    for claim in log.claim(0, "b", 0, 3):
+        offset = len(claim.generated_ids)
+        finish = model(claim, [13], offset, finish="stop", instance="b")._replace(env_s=0.125, wait_s=0.25)
+        assert log.log([finish, finish]) == [True, True]
+    first, second = log.read_group(0, 0)
+    (third,) = log.read_group(0, 1)
+    assert (first.migrations, second.migrations, third.migrations) == (1, 1, 1)
+    assert (first.migrated_mid_turn, second.migrated_mid_turn, third.migrated_mid_turn) == (1, 0, 0)
+    assert (first.env_s, first.wait_s) == (second.env_s, second.wait_s) == (0.375, 0.75)
+    assert all(0 <= r.life_s < 60 for r in (first, second, third))
+    samples = samples_of_group([first, second])
+    assert [s.migrated_mid_turn for s in samples] == [1, 0] and samples[0].wait_s == 0.75
