@@ -10,8 +10,8 @@ in the token log's order (`ClaimQueue`); a steal's samples wait for their receiv
 (a preempted group's samples keep as many as its shortest one), `restart` (nothing kept). Spot
 instances follow the trace (`budget`) or `plan_marginal` (`marginal`); every weight pull's bytes
 are counted for egress (with LoRA a version is the adapters'). A multi-turn trajectory
-(`scenario.agentic`) leaves its engine for each tool call and returns to it (its prefix cached);
-one whose environment cannot move (`restart`, `paper`) starts over or replays its tool calls.
+(`scenario.agentic`) keeps its slot and cached prefix on its engine through each tool call; one
+that leaves its instance without its environment (`restart`, `paper`) starts over or replays.
 """
 
 from __future__ import annotations
@@ -115,10 +115,12 @@ class Sample:
     observed: int = 0
     """Tokens of the tool results in its context."""
     home: str | None = None
-    """The instance its last turn ran on: where its prefix is cached and, when its environment
-    cannot move (`Simulation.pinned`), where its environment lives."""
+    """The instance that holds it through its tool call: its prefix cached there and, when its
+    environment cannot move (`Simulation.pinned`), its environment."""
     cached: tuple[str, int | None, float] | None = None
     """(instance, policy version, context tokens) of its prefix in that instance's cache."""
+    tool_pending: bool = False
+    """Its tool call (or the replay of its tool calls) has not returned yet."""
 
     @property
     def goal(self) -> int:
@@ -170,10 +172,16 @@ class Engine:
     claim_after: float = 0.0
     """End of its claim hold-off after a steal release."""
     view_cache: tuple[RunningSample, ...] | None = None
+    holding: dict[str, Sample] = field(default_factory=dict)
+    """Trajectories in a tool call: not decoding, their slots and cached prefixes held."""
 
     @property
     def generating_alive(self) -> bool:
         return self.registered and self.killed_at is None
+
+    @property
+    def free_slots(self) -> int:
+        return self.slots - len(self.running) - len(self.holding)
 
 
 @dataclass(frozen=True)
@@ -316,8 +324,8 @@ class Simulation:
         """What a running sample's `RunningSample.budget` shows the controller."""
         self.reserved_gpus = variant.reserved_gpus or scenario.reserved.gpus
         self.pinned = agentic is not None and (variant.migration != "token" or agentic.environment == "replay")
-        """A trajectory's environment lives on its instance: it waits for that instance after each
-        tool call, and if it leaves it starts over (`restart`) or replays its tool calls elsewhere."""
+        """A trajectory's environment lives on its instance: if it leaves that instance it starts
+        over (`restart`) or replays its tool calls elsewhere (`paper`, `agentic.environment: replay`)."""
         self.in_tool: dict[str, Sample] = {}
         """Trajectories in a tool call (or replaying them), not on any engine or queue."""
         self.tool_calls = 0
@@ -573,8 +581,7 @@ class Simulation:
         samples = list(engine.running.values())
         for sample in samples:
             self._release(engine, sample, how, defer=self.pinned)
-        if self.pinned:  # its trajectories in a tool call or waiting for a slot lose their environment too
-            samples += self._homeless(engine)
+        samples += self._let_go(engine)  # trajectories in a tool call; pinned ones lose their environment
         if preempted and self.v.migration == "group_min":
             shortest: dict[int, float] = {}
             for sample in samples:
@@ -592,60 +599,65 @@ class Simulation:
     # --- trajectories: turns and tool calls ------------------------------------------------------
 
     def _end_turn(self, engine: Engine, sample: Sample) -> None:
-        """A turn of a trajectory ends: it leaves the engine (its prefix stays in the engine's
-        cache with `agentic.kv_reuse`) while its tool call runs."""
+        """A turn of a trajectory ends: it stops decoding but stays on the engine, its slot and
+        its prefix in the cache held (`agentic.kv_reuse`), while its tool call runs."""
         assert sample.plan is not None and self.s.agentic is not None
         self._remove(engine, sample)
         sample.logged = sample.goal
         sample.home = engine.instance_id
         if self.s.agentic.kv_reuse:
             sample.cached = (engine.instance_id, engine.policy_version, self._context(sample) + sample.logged)
+        engine.holding[sample.sample_id] = sample
+        engine.view_cache = None
         self.tool_calls += 1
         self._start_tools(sample, sample.plan.tool_s[sample.turn])
 
     def _start_tools(self, sample: Sample, seconds: float) -> None:
         """`sample` waits `seconds` for its tool call (or the replay of its tool calls)."""
-        self.in_tool[sample.sample_id] = sample
+        sample.tool_pending = True
         epoch = sample.epoch
         self.loop.after(seconds, lambda: self._tools_done(sample, epoch))
 
     def _tools_done(self, sample: Sample, epoch: int) -> None:
         """The tool call returned (or the replay ended): the result joins the context and the
-        next turn waits for its instance, or any instance."""
+        next turn decodes on the engine that holds the trajectory (once the reaper has released
+        it, if that engine died silently) or, released meanwhile, on whichever claims it."""
         if epoch != sample.epoch or self.finished:
-            return  # it started over, or moved, meanwhile
+            return  # it started over meanwhile
         assert sample.plan is not None
-        del self.in_tool[sample.sample_id]
+        sample.tool_pending = False
         if sample.logged == sample.goal:  # a turn ended (not a replay, which resumes within a turn)
             sample.observed += sample.plan.observation_tokens[sample.turn]
             sample.turn += 1
+        engine = self.engine_of.get(sample.home) if sample.home is not None else None
+        if engine is not None and sample.sample_id in engine.holding:
+            if engine.killed_at is None:
+                del engine.holding[sample.sample_id]
+                self._claim(engine, sample)
+                self._reschedule(engine)
+            return
+        del self.in_tool[sample.sample_id]
         sample.seq = self.queue.next_seq(sample.step)
-        home = self.engine_of.get(sample.home) if sample.home is not None else None
-        if home is None:  # a replay ended: it continues wherever it is claimed
-            self._enqueue(sample)
-        elif home.generating_alive and not (home.capacity_class == "reserved" and self._reserved_busy()):
-            until = math.inf if self.pinned else self.loop.now + self.config.steal.route_s
-            self.routed.append((home.instance_id, until, sample.sample_id))
-            if not self.pinned:
-                self.loop.at(until, self._soon_claim)
-        elif self.pinned:
-            self._rewind(sample)
-        else:
-            self._enqueue(sample)
+        self._enqueue(sample)
         self._soon_claim()
 
-    def _homeless(self, engine: Engine) -> list[Sample]:
-        """Pinned trajectories whose environment lives on `engine` and that are not running on
-        it: in a tool call, or waiting for a slot there (their pending events go stale)."""
-        mine = engine.instance_id
-        ids = {sid for to, _, sid in self.routed if to == mine}
-        self.routed = [entry for entry in self.routed if entry[2] not in ids]
-        out = [self.by_id[sid] for sid in sorted(ids)]
-        out += [sample for sample in self.in_tool.values() if sample.home == mine]
-        for sample in out:
-            self.in_tool.pop(sample.sample_id, None)
-            sample.epoch += 1
-        return out
+    def _let_go(self, engine: Engine) -> list[Sample]:
+        """Release the trajectories `engine` holds in a tool call: this project's wait for their
+        tool (an environment server keeps running it) then join the queue; pinned ones (their
+        environment lived on `engine`) are returned to lose it, their pending events gone stale."""
+        held = list(engine.holding.values())
+        engine.holding.clear()
+        engine.view_cache = None
+        for sample in held:
+            sample.home = sample.cached = None
+            if self.pinned:
+                sample.epoch += 1
+            elif sample.tool_pending:
+                self.in_tool[sample.sample_id] = sample
+            else:
+                sample.seq = self.queue.next_seq(sample.step)
+                self._enqueue(sample)
+        return held if self.pinned else []
 
     def _rewind(self, sample: Sample) -> None:
         """A pinned trajectory lost its environment: `restart` starts it over from turn 0;
@@ -666,6 +678,7 @@ class Simulation:
         if replay > 0:
             self.replayed_tool_calls += turn
             sample.epoch += 1
+            self.in_tool[sample.sample_id] = sample
             self._start_tools(sample, replay)
         else:
             self._enqueue(sample)
@@ -925,7 +938,7 @@ class Simulation:
             and not claiming
             and not self.queue
             and not self.routed
-            and any(e.registered and len(e.running) < e.slots for e in self.engines)
+            and any(e.registered and e.free_slots > 0 for e in self.engines)
         )
         views = []
         for engine in self.engines:
@@ -945,7 +958,7 @@ class Simulation:
                     pool=engine.capacity_class,
                     capacity_class=engine.capacity_class,
                     policy_version=engine.policy_version,
-                    slots=len(engine.running) if holding_off else engine.slots,
+                    slots=len(engine.running) if holding_off else engine.slots - len(engine.holding),
                     running=engine.view_cache,
                     last_heartbeat=now if engine.killed_at is None else engine.killed_at,
                     price_per_hour=engine.price_per_hour,
@@ -1053,7 +1066,7 @@ class Simulation:
                 and engine.policy_version == self.version
                 and now >= engine.claim_after
                 and not (self._reserved_busy() and engine.capacity_class == "reserved")
-                and len(engine.running) < engine.slots
+                and engine.free_slots > 0
             )
             if can:
                 self._claim(engine, self.by_id[sid])
