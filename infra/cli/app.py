@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, NoReturn, Optional
 
@@ -205,26 +206,66 @@ DEMO_GRPO_S_PER_STEP = (1.0, 2.0)
 """Seconds per demo GRPO step on 2-core machines: 1.0 measured on quiet fresh clones (Intel Xeon,
 2026-12-03; 1.5 with benchmarks running beside it), 2.0 allowing for slower or busier hosts."""
 
+CALCULATOR_CONFIG = DEFAULT_CONFIG.with_name("calculator.yaml")
+"""`rlboost demo --env calculator`'s configuration."""
+CALCULATOR_PRETRAIN_EXPECTED = "TBD"
+"""What pretraining the calculator demo's base model took on a 2-core machine."""
+CALCULATOR_S_PER_STEP = (0.0, 0.0)
+"""Seconds per calculator demo GRPO step on 2-core machines."""
+
+
+@dataclass(frozen=True)
+class DemoTarget:
+    """One demo: its configuration, what it trains, and what it took on a 2-core machine."""
+
+    config: Path
+    task: str
+    pretrain_expected: str
+    grpo_s_per_step: tuple[float, float]
+
+
+DEMOS = {
+    None: DemoTarget(DEFAULT_CONFIG, "GRPO-train it", DEMO_PRETRAIN_EXPECTED, DEMO_GRPO_S_PER_STEP),
+    "calculator": DemoTarget(
+        CALCULATOR_CONFIG,
+        "GRPO-train it to use the calculator tool",
+        CALCULATOR_PRETRAIN_EXPECTED,
+        CALCULATOR_S_PER_STEP,
+    ),
+}
+"""`rlboost demo` (None) and `rlboost demo --env NAME`."""
+
+EnvOption = Annotated[
+    Optional[str],
+    typer.Option("--env", help="The demo of a shipped environment: calculator (the tiny model learns a calc tool)."),
+]
+
 
 @app.command()
-def demo(set_: SetOption = None, console_log_level: LogOption = "WARNING") -> None:
-    """Pretrain the tiny model if needed, then GRPO-train it on the embedded demo configuration."""
-    cfg = load_run_config(DEFAULT_CONFIG, set_)
+def demo(set_: SetOption = None, console_log_level: LogOption = "WARNING", env: EnvOption = None) -> None:
+    """Pretrain the tiny model if needed, then GRPO-train it on the embedded demo configuration
+    (with --env calculator: on the calculator environment, over several turns)."""
+    target = DEMOS.get(env)
+    if target is None:
+        known = ", ".join(name for name in DEMOS if name)
+        console.print(f"[red]--env {env}: no such demo; the environments with one: {known}[/red]", highlight=False)
+        raise typer.Exit(2)
+    cfg = load_run_config(target.config, set_)
     needs_base = not (cfg.pretrain.output / "config.json").exists()
     console.print(
         "[bold]rlboost demo[/bold]: "
         + ("1) pretrain the tiny base model (first run only), 2) " if needs_base else "")
-        + f"GRPO-train it for {cfg.run.steps} steps with rollout on local reserved and spot pools"
+        + f"{target.task} for {cfg.run.steps} steps with rollout on local reserved and spot pools"
     )
-    fast, slow = (cfg.run.steps * seconds / 60 for seconds in DEMO_GRPO_S_PER_STEP)
-    expected = (f"pretraining {DEMO_PRETRAIN_EXPECTED}; " if needs_base else "") + (
+    fast, slow = (cfg.run.steps * seconds / 60 for seconds in target.grpo_s_per_step)
+    expected = (f"pretraining {target.pretrain_expected}; " if needs_base else "") + (
         f"GRPO about {fast:.0f}-{slow:.0f} min on a 2-core machine"
     )
     console.print(f"expected: {expected}", markup=False, highlight=False)
     _check_prefect_database()  # a Prefect that cannot start says so before pretraining, not after
     if needs_base:
-        pretrain(config=DEFAULT_CONFIG, set_=set_, force=False)
-    train(config=DEFAULT_CONFIG, set_=set_, console_log_level=console_log_level)
+        pretrain(config=target.config, set_=set_, force=False)
+    train(config=target.config, set_=set_, console_log_level=console_log_level)
 
 
 @app.command(name="import-model")
