@@ -739,13 +739,11 @@ class Simulation:
         self.admitted = step
         w = self.s.workload
         samples: list[Sample] = []
-        plans: list[Trajectory | None]
         if self.s.agentic is None:
-            lengths, plans = response_lengths(self.s, step), [None] * (w.prompts_per_step * w.samples_per_prompt)
+            drawn: list[tuple[int, Trajectory | None]] = [(n, None) for n in response_lengths(self.s, step)]
         else:
-            plans = list(trajectories(self.s, step))
-            lengths = [plan.model_tokens for plan in plans if plan is not None]
-        for target, plan in zip(lengths, plans):
+            drawn = [(plan.model_tokens, plan) for plan in trajectories(self.s, step)]
+        for target, plan in drawn:
             g, i = divmod(len(samples), w.samples_per_prompt)
             samples.append(Sample(f"{step}/{g}/{i}", g, self.queue.next_seq(step), target, step=step, plan=plan))
         state = StepState(
