@@ -3,10 +3,12 @@
 the engine writes a turn, the environment answers it (a tool's result is appended as its tokens,
 rendered once), until the environment is done, `max_turns` or the token budget; a trajectory is
 correct when the environment's terminal reward is positive (without one: the last turn's exact
-match), as the rollout scores it."""
+match), as the rollout scores it. One whose environment raises is left out of the mean (an
+infrastructure failure, never a wrong answer)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -18,6 +20,8 @@ from rl.generation import GenerationEngine, GenerationRequest, SamplingParams
 from rl.problems import Problem
 from rl.prompts import encode_prompt
 from rl.rewards import exact_match_reward
+
+log = logging.getLogger("rlboost.evaluation")
 
 
 def evaluate_accuracy(
@@ -65,7 +69,8 @@ def evaluate_accuracy(
     finally:
         for env in envs:
             env.close()
-    return sum(correct) / len(requests)
+    scored = [ok for ok in correct if ok is not None]
+    return sum(scored) / len(scored) if scored else 0.0
 
 
 def _trajectories(
@@ -76,10 +81,10 @@ def _trajectories(
     envs: Sequence[Environment],
     tool_format: ToolFormat | None,
     max_turns: int,
-) -> list[bool]:
-    """Whether each request's trajectory is correct: turns generated together (the engine batches
-    the live trajectories' turns), each answered by its environment."""
-    correct = [False] * len(requests)
+) -> list[bool | None]:
+    """Whether each request's trajectory is correct (None: its environment raised): turns generated
+    together (the engine batches the live trajectories' turns), each answered by its environment."""
+    correct: list[bool | None] = [False] * len(requests)
     live = list(range(len(requests)))
     for turn in range(max_turns):
         following = []
@@ -89,7 +94,12 @@ def _trajectories(
             correct[i] = exact_match_reward(text, problems[i].answer) > 0  # unless the environment says
             if result.finish_reason == "length":
                 continue  # the budget ended the turn: truncated
-            answer = envs[i].step(text, StepKey(request.sample_id, turn))
+            try:
+                answer = envs[i].step(text, StepKey(request.sample_id, turn))
+            except Exception:
+                log.warning("evaluation: the environment of %s failed", request.sample_id, exc_info=True)
+                correct[i] = None
+                continue
             if answer.done:
                 correct[i] = answer.reward > 0 if answer.reward is not None else correct[i]
                 continue

@@ -1,7 +1,8 @@
 """The calculator as a data source and a pretraining corpus: its problems through `data.family:
 calculator` (a held-out split, refused without its environment), demonstrations whose tool results
 are never trained, and a held-out evaluation that runs each problem as a trajectory in the
-environment (the tiny model that memorised two calculator trajectories)."""
+environment (the tiny model that memorised two calculator trajectories), leaving out one whose
+environment fails."""
 
 from __future__ import annotations
 
@@ -93,9 +94,8 @@ def test_held_out_evaluation_runs_each_problem_as_a_trajectory(tmp_path):
         tokenizer,
     )
     problems = [Problem(p[0], p[1], agentic.transcript(p), FAMILY) for p in (agentic.ONE_CALL, agentic.TWO_CALLS)]
-    factory = EnvironmentFactory(CALCULATOR)
 
-    def accuracy(max_turns: int, max_new_tokens: int = 400) -> float:
+    def accuracy(max_turns: int, max_new_tokens: int = 400, factory=EnvironmentFactory(CALCULATOR)) -> float:
         return evaluate_accuracy(
             engine,
             tokenizer,
@@ -109,3 +109,6 @@ def test_held_out_evaluation_runs_each_problem_as_a_trajectory(tmp_path):
     assert accuracy(max_turns=4) == 1.0  # each tool result is appended, then the answer follows
     assert accuracy(max_turns=2) == 0.5  # the two-call trajectory is cut before its answer
     assert accuracy(max_turns=4, max_new_tokens=40) == 0.0  # the budget ends the turns
+    agentic.FAILURES.clear()
+    broken = EnvironmentFactory("tests.infra.rollout.agentic:FailingCalculator", {"times": 9, "only": "eval-1-0"})
+    assert accuracy(max_turns=2, factory=broken) == 1.0  # the failed trajectory is left out, not wrong
