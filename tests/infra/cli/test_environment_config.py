@@ -66,7 +66,7 @@ def test_train_refuses_a_bad_environment_or_reward_in_one_line(
 def test_a_run_configuration_with_an_environment_and_a_user_reward() -> None:
     config = parse_config(
         "environment:\n  name: calculator\n  max_turns: 3\nreward:\n  function: rl.rewards:boxed_reward\n"
-        "training:\n  infra_failed: renormalize\n"
+        "training:\n  infra_failed: renormalize\nfabric:\n  enabled: true\n"
     )
     assert config.environment is not None and config.environment.name == "calculator"
     assert (config.environment.max_turns, config.environment.step_timeout_s, config.environment.retries) == (3, 10.0, 1)
@@ -75,7 +75,7 @@ def test_a_run_configuration_with_an_environment_and_a_user_reward() -> None:
 
 
 def test_an_environment_class_is_given_under_the_key_class() -> None:
-    config = parse_config("environment:\n  class: rl.environments.calculator:Calculator\n")
+    config = parse_config("environment:\n  class: rl.environments.calculator:Calculator\nfabric:\n  enabled: true\n")
     assert config.environment is not None and config.environment.class_ == "rl.environments.calculator:Calculator"
     with pytest.raises(ValueError, match="x.yaml:2: environment.args: Value error, Calculator\\(\\) does not take"):
         parse_config("environment:\n  args: {digits: 3}\n  name: calculator\n", "x.yaml")
