@@ -108,8 +108,9 @@ class DataConfig(Section):
     """`arithmetic`: generated problems; `file`: a JSONL/Parquet dataset at `path`."""
     family: str = "add"
     """Problem family for `source: arithmetic`: `add`, `chain` (for the tiny model), `words` (English
-    word problems ending in `#### <number>`, for an instruct model such as SmolLM2) or `calculator`
-    (multi-digit products and long sums, solved with the `calculator` environment's tool)."""
+    word problems ending in `#### <number>`, for an instruct model such as SmolLM2), `calculator`
+    (3-digit by 2-digit products and sums of 4-6 numbers, solved with the `calculator` environment's
+    tool) or `calculator_products` (its products alone, which the tiny model learns)."""
     path: Path | None = None
     """Dataset file for `source: file` (.jsonl or .parquet)."""
     prompt_field: str = "prompt"

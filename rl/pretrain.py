@@ -27,7 +27,7 @@ import torch
 from rl.config import ModelConfig, PretrainConfig
 from rl.engine import HFEngine
 from rl.environments import calculator
-from rl.environments.registry import EnvironmentFactory
+from rl.environments.registry import EnvironmentFactory, environment_path
 from rl.environments.tool_calls import TextToolFormat
 from rl.evaluation import evaluate_accuracy
 from rl.families import environment_of, eval_set, problem_stream
@@ -115,7 +115,7 @@ def _held_out_accuracy(engine: GenerationEngine, tokenizer, family: str, problem
         problems,
         max_new_tokens=max_response_tokens(problems),
         sampling=SamplingParams(greedy=True),
-        environment=EnvironmentFactory(environment) if environment else None,
+        environment=EnvironmentFactory(environment_path(environment, None)) if environment else None,
         max_turns=PRETRAIN_EVAL_TURNS,
     )
 

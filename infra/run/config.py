@@ -122,9 +122,10 @@ class RunConfig(Section):
     @model_validator(mode="after")
     def _tool_family_has_its_environment(self) -> RunConfig:
         family = self.data.family if self.data.source == "arithmetic" else None
-        if family is not None and environment_of(family) is not None and self.environment is None:
+        needed = environment_of(family) if family is not None else None
+        if needed is not None and self.environment is None:
             raise ValueError(
-                f"data.family: {family} problems are solved with a tool: add environment: {{name: {family}}} "
+                f"data.family: {family} problems are solved with a tool: add environment: {{name: {needed}}} "
                 "(deployments/configs/calculator.yaml), or choose another data.family"
             )
         return self

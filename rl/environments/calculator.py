@@ -112,8 +112,8 @@ def _is_held_out(operands: tuple[int, ...]) -> bool:
     return int.from_bytes(digest, "little") % HELD_OUT_BUCKETS == 0
 
 
-def _operands(rng: random.Random) -> tuple[int, ...]:
-    kind = rng.randrange(len(KINDS))
+def _operands(rng: random.Random, kinds: tuple[str, ...] = KINDS) -> tuple[int, ...]:
+    kind = KINDS.index(kinds[rng.randrange(len(kinds))])
     if KINDS[kind] == "mul":
         return (kind, rng.randint(100, 999), rng.randint(10, 99))
     return (kind, *(rng.randint(10, 999) for _ in range(rng.randint(4, 6))))
@@ -133,22 +133,26 @@ def make_problem(operands: tuple[int, ...], chat: bool = False) -> Problem:
     return Problem(prompt, answer, transcript(_turns(expr, answer)), FAMILY)
 
 
-def problem_stream(seed: int, split: str = "train", chat: bool = False) -> Iterator[Problem]:
-    """Endless stream of calculator problems from one split (`train` or `eval`)."""
+def problem_stream(
+    seed: int, split: str = "train", chat: bool = False, kinds: tuple[str, ...] = KINDS
+) -> Iterator[Problem]:
+    """Endless stream of calculator problems from one split (`train` or `eval`), of `kinds` only."""
     if split not in ("train", "eval"):
         raise ValueError(f"unknown split {split!r}; expected 'train' or 'eval'")
+    if not kinds or not set(kinds) <= set(KINDS):
+        raise ValueError(f"kinds must be a non-empty subset of {KINDS}, got {kinds}")
     rng = random.Random(f"{FAMILY}:{split}:{seed}")
     while True:
-        operands = _operands(rng)
+        operands = _operands(rng, kinds)
         if _is_held_out(operands) == (split == "eval"):
             yield make_problem(operands, chat)
 
 
-def eval_set(size: int, seed: int = 12345, chat: bool = False) -> list[Problem]:
-    """A fixed held-out evaluation set of distinct problems."""
+def eval_set(size: int, seed: int = 12345, chat: bool = False, kinds: tuple[str, ...] = KINDS) -> list[Problem]:
+    """A fixed held-out evaluation set of distinct problems (of `kinds` only)."""
     seen: set[str] = set()
     problems: list[Problem] = []
-    for problem in problem_stream(seed, "eval", chat):
+    for problem in problem_stream(seed, "eval", chat, kinds):
         if problem.prompt not in seen:
             seen.add(problem.prompt)
             problems.append(problem)

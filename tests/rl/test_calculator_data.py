@@ -1,5 +1,5 @@
 """The calculator as a data source and a pretraining corpus: its problems through `data.family:
-calculator` (a held-out split, refused without its environment), demonstrations whose tool results
+calculator` or `calculator_products` (a held-out split, refused without its environment), demonstrations whose tool results
 are never trained, and a held-out evaluation that runs each problem as a trajectory in the
 environment (the tiny model that memorised two calculator trajectories), leaving out one whose
 environment fails."""
@@ -13,7 +13,7 @@ import pytest
 from infra.run.config import load_config
 from rl.config import DataConfig, PretrainConfig
 from rl.engine import HFEngine
-from rl.environments.calculator import FAMILY
+from rl.environments.calculator import FAMILY, problem_stream
 from rl.environments.registry import EnvironmentFactory
 from rl.environments.tool_calls import RESULT_CLOSE, RESULT_OPEN
 from rl.evaluation import evaluate_accuracy
@@ -21,7 +21,7 @@ from rl.families import FAMILIES, environment_of, eval_set
 from rl.generation import SamplingParams
 from rl.models import load_model
 from rl.pretrain import _supervised_batch, target_segments
-from rl.problems import Problem
+from rl.problems import Problem, take
 from rl.prompt_source import PromptSource
 from rl.stops import StopStrings
 from rl.tokenizer import build_char_tokenizer
@@ -32,7 +32,7 @@ CALCULATOR = "rl.environments.calculator:Calculator"
 
 
 def test_the_calculator_is_a_data_family_with_a_held_out_split():
-    assert FAMILY in FAMILIES and environment_of(FAMILY) == CALCULATOR and environment_of("add") is None
+    assert FAMILY in FAMILIES and environment_of(FAMILY) == "calculator" and environment_of("add") is None
     source = PromptSource(DataConfig(family=FAMILY, seed=3))
     train = source.take(0, 200)
     assert source.take(100, 50) == train[100:150]  # addressed by the cursor, as the other families
@@ -40,6 +40,13 @@ def test_the_calculator_is_a_data_family_with_a_held_out_split():
     assert not {r.prompt for r in train} & {r.prompt for r in held_out}
     assert all(r.prompt.endswith("=") and ("*" in r.prompt or "+" in r.prompt) for r in train)
     assert [r.prompt for r in held_out] == [p.prompt for p in eval_set(FAMILY, 100)]
+    products = PromptSource(DataConfig(family="calculator_products", seed=3))
+    assert environment_of("calculator_products") == "calculator"
+    assert all(r.prompt.count("*") == 1 and len(r.prompt) == 7 for r in products.take(0, 100))
+    assert not {r.prompt for r in products.take(0, 200)} & {r.prompt for r in products.eval_records(100)}
+    assert all("+" in p.prompt for p in take(problem_stream(0, kinds=("sum",)), 50))
+    with pytest.raises(ValueError, match="kinds must be a non-empty subset"):
+        next(problem_stream(0, kinds=("div",)))
 
 
 def test_a_calculator_run_needs_its_environment(tmp_path):
