@@ -523,7 +523,9 @@ def test_accumulated_pieces_with_several_updates_equal_train_step():
     m2 = trainer.finish_step()
     for name, value in params(whole).items():
         torch.testing.assert_close(params(pieces)[name], value, rtol=0, atol=0, msg=name)
-    assert m1 == m2
+    # peak_rss_mb measures the process, which other tests of the same xdist worker grow meanwhile
+    assert {k: v for k, v in m1.items() if k != "peak_rss_mb"} == {k: v for k, v in m2.items() if k != "peak_rss_mb"}
+    assert m1.keys() == m2.keys()
 
 
 def _model_token_logprobs(model, prompt: list[int], response: list[int]) -> list[float]:
