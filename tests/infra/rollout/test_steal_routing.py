@@ -112,8 +112,13 @@ def test_stolen_samples_land_on_the_chosen_receiver_exactly_once(redis_client, r
         controller = RolloutController(redis_client, run_id, ControllerConfig(poll_s=0.05, steal=steal))
         with ThreadPoolExecutor(max_workers=1) as background:
             done = background.submit(controller.run_step, 0, 0, groups, ignore)
-            wait_for(lambda: sent["a"] or done.done(), "the steal")
-            routed = {sid: m.to for m in sent["a"] if isinstance(m, Release) for sid in m.sample_ids or ()}
+
+            def routes() -> dict[str, str | None]:
+                return {sid: m.to for m in list(sent["a"]) if isinstance(m, Release) for sid in m.sample_ids or ()}
+
+            # one steal is two messages (one per receiver), sent one after the other
+            wait_for(lambda: len(routes()) >= 2 or done.done(), "the steal")
+            routed = routes()
 
             def owner(sid: str) -> str:
                 return log.sample_owners([sid])[0]
