@@ -10,7 +10,7 @@ VLLM_STAMP := $(VENV)/.vllm-stamp
 # the demo's environment and the tests' resolve the same version of each package they share.
 CONSTRAINTS := constraints.txt
 PIP_INSTALL = $(BIN)/pip install --quiet -c $(CONSTRAINTS)
-TEST_EXTRAS := dev,gguf,s3,gcp,azure,vllm,deepspeed
+TEST_EXTRAS := dev,gguf,s3,gcp,azure,vllm,deepspeed,mlflow,tensorboard,wandb,verifiers
 export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120

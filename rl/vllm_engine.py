@@ -102,7 +102,8 @@ def _environment(**variables: str):
 @contextlib.contextmanager
 def _caller_state_kept():
     """Restore the process's random states and torch thread count after the block: an engine
-    started in this process seeds every global generator and cuts torch to one thread."""
+    started in this process seeds every global generator and cuts torch to one thread, and some of
+    the packages vLLM imports draw from `random` at import."""
     python_state, numpy_state, torch_state = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
     threads = torch.get_num_threads()
     try:
@@ -169,12 +170,13 @@ class VLLMEngine(GenerationEngine):
         free the device memory (vLLM's sleep mode; GPU only, ignored on the CPU, where vLLM has none);
         `adapters`: the run has LoRA adapters (`model.lora`) and each version `load_weights` gets is
         adapter tensors, merged into the base of `model_dir` by `adapters`."""
-        import_vllm()
-        from vllm.engine.arg_utils import EngineArgs
-        from vllm.platforms import current_platform
-        from vllm.usage.usage_lib import UsageContext
-        from vllm.v1.engine.llm_engine import LLMEngine
-        from vllm.v1.executor import Executor
+        with _caller_state_kept():  # some of the packages vLLM imports draw from `random` at import
+            import_vllm()
+            from vllm.engine.arg_utils import EngineArgs
+            from vllm.platforms import current_platform
+            from vllm.usage.usage_lib import UsageContext
+            from vllm.v1.engine.llm_engine import LLMEngine
+            from vllm.v1.executor import Executor
 
         self.model_dir = Path(model_dir)
         if current_platform.is_cpu():
