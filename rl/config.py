@@ -189,9 +189,11 @@ class RewardConfig(Section):
     """How responses are scored."""
 
     kind: str = "exact_match"
-    """`exact_match` (the response's answer equals the reference: the number after its last `####`
-    if it has one, else its final number) or `boxed` (answer inside \\boxed{}); a GSM8K reference
-    (a solution ending with `#### 72`) counts as its number for both."""
+    """`exact_match` (the response's answer equals the reference: its last \\boxed{} if it has one,
+    else the answer after its last `####`, else its final number) or `boxed` (the answer inside its
+    last \\boxed{}); a GSM8K reference (a solution ending with `#### 72`) counts as its number for
+    both. Plain numbers compare exactly, other answers by math-verify (`\\frac{1}{2}` equals `0.5`;
+    docs/your-model.md#how-answers-are-compared)."""
     function: str | None = None
     """Your own reward instead of `kind`, by import path `my_pkg.rewards:score`: called as
     `score(response, answer) -> float`, or with a keyword `trajectory` (the whole multi-turn

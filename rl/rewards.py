@@ -1,10 +1,11 @@
 """Verifiable rewards: pure functions from (decoded response, reference answer) to a float.
 
-Owns answer extraction (final number, last ``\\boxed{...}``, the number after GSM8K's ``####``),
+Owns answer extraction (final number, last ``\\boxed{...}``, the answer after GSM8K's ``####``),
 number normalisation, the correctness rewards (``exact_match``, ``boxed``), the format reward with
 its patterns for the arithmetic families and the named ones (``boxed``, ``gsm8k``), and
 `make_reward_fn`, which combines them as ``correctness + format_weight * format`` (the names
-and the combination are `rl.environments.registry`'s). Malformed model
+and the combination are `rl.environments.registry`'s). Plain numbers are compared exactly here;
+any other boxed or ``####`` answer is judged by `math_verify` (`answers_match`). Malformed model
 output scores 0.0 and never raises; a reference answer that cannot be compared (e.g. a
 non-numeric answer for ``exact_match``) is a dataset or configuration error and raises
 ``ValueError``.
@@ -12,7 +13,10 @@ non-numeric answer for ``exact_match``) is a dataset or configuration error and 
 
 from __future__ import annotations
 
+import functools
 import re
+import threading
+from types import ModuleType
 from typing import Protocol
 
 ADD_FORMAT = r"-?\d+"
@@ -38,8 +42,14 @@ _NUMBER_IN_TEXT = re.compile(
 )
 _NUMBER = re.compile(r"(?P<sign>[+-])?" + _DIGITS)
 _LEADING_NUMBER = re.compile(r"\s*(?P<sign>[+-])?" + _DIGITS + r"(?!\w|[.,][0-9])")
+_PLAIN_LEADING_NUMBER = re.compile(r"\s*(?P<sign>[+-])?" + _DIGITS + r"(?=$|\s|[,.;:!?)](?![0-9]))")
 _BOXED = "\\boxed{"
 _GSM8K = "####"
+MATH_VERIFY_MAX_CHARS = 300
+"""Longest answer text handed to `math_verify`; a longer one is compared as text only. Bounds
+sympy's time where its signal-based timeout cannot run (any thread but the main one)."""
+MATH_VERIFY_TIMEOUT_S = 5
+"""`math_verify`'s parse and verify timeouts in the main thread (``signal.alarm``, whole seconds)."""
 
 
 def normalize_number(s: str) -> str | None:
@@ -100,6 +110,54 @@ def extract_gsm8k(text: str) -> str | None:
     return None if match is None else _canonical(match)
 
 
+def gsm8k_answer(text: str) -> str | None:
+    """The answer after the last ``####``, for comparison; None if the text has no ``####``.
+
+    A plain number followed by the line's end, a space or punctuation is that number, normalised
+    (``"#### 72 clips"`` -> ``"72"``); otherwise the rest of the line, stripped of a final dot, for
+    `answers_match` to parse (``"#### 3/4"`` -> ``"3/4"``, ``"#### $1,234"`` -> ``"$1,234"``).
+    """
+    start = text.rfind(_GSM8K)
+    if start < 0:
+        return None
+    rest = text[start + len(_GSM8K) :]
+    match = _PLAIN_LEADING_NUMBER.match(rest)
+    if match is not None:
+        return _canonical(match)
+    return rest.split("\n", 1)[0].strip().removesuffix(".").strip()
+
+
+@functools.cache
+def _math_verify() -> ModuleType:
+    import math_verify  # here: sympy's import takes most of a second, and plain numbers never need it
+
+    return math_verify
+
+
+def answers_match(got: str, want: str) -> bool:
+    """Whether the answer text ``got`` equals the reference ``want``.
+
+    Two plain numbers (`normalize_number`) compare exactly; texts equal but for whitespace match.
+    Anything else is parsed as LaTeX by `math_verify` (``parse`` the reference as the gold, then
+    ``verify``): ``\\frac{1}{2}`` = ``0.5``, ``12\\text{ cm}`` = ``12``, ``x = 7`` = ``7``. Its
+    signal-based timeouts run only in the main thread; elsewhere they are off and texts longer than
+    `MATH_VERIFY_MAX_CHARS` are compared as text only.
+    """
+    got_number, want_number = normalize_number(got), normalize_number(want)
+    if got_number is not None and want_number is not None:
+        return got_number == want_number
+    if "".join(got.split()) == "".join(want.split()):
+        return True
+    if not got.strip() or len(got) > MATH_VERIFY_MAX_CHARS or len(want) > MATH_VERIFY_MAX_CHARS:
+        return False
+    math_verify = _math_verify()
+    timeout = MATH_VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+    targets = [math_verify.LatexExtractionConfig(), math_verify.ExprExtractionConfig()]
+    gold = math_verify.parse(f"${want}$", extraction_config=targets, parsing_timeout=timeout)
+    pred = math_verify.parse(f"${got}$", extraction_config=targets, parsing_timeout=timeout)
+    return bool(gold and pred and math_verify.verify(gold, pred, timeout_seconds=timeout))
+
+
 def _numeric_answer(answer: str) -> str:
     normalized = normalize_number(answer)
     if normalized is None and _GSM8K in answer:  # a GSM8K solution: "... #### 72"
@@ -113,39 +171,37 @@ def _numeric_answer(answer: str) -> str:
 
 
 def exact_match_reward(response: str, answer: str) -> float:
-    """1.0 if the response's final number equals the numeric ``answer`` (both normalised).
+    """1.0 if the response's answer equals the numeric ``answer`` (both normalised).
 
-    A response containing ``\\boxed{`` is judged by the final number inside its last box (an
-    unbalanced box scores 0.0); otherwise one containing ``####`` by the number right after the
-    last ``####`` (none there scores 0.0). A GSM8K reference (a solution ending with
-    ``#### 72``) counts as its number. Raises ValueError only if ``answer`` itself is not a number.
+    A response containing ``\\boxed{`` is judged by its last box (an unbalanced box scores 0.0),
+    one containing ``####`` by the answer after the last ``####`` (`gsm8k_answer`; nothing there
+    scores 0.0), both through `answers_match`; any other by its final number. A GSM8K reference
+    (a solution ending with ``#### 72``) counts as its number. Raises ValueError only if
+    ``answer`` itself is not a number.
     """
     expected = _numeric_answer(answer)
     if _BOXED in response:
         boxed = extract_boxed(response)
-        if boxed is None:
-            return 0.0
-        return 1.0 if extract_final_number(boxed.strip()) == expected else 0.0
+        return 1.0 if boxed is not None and answers_match(boxed, expected) else 0.0
     if _GSM8K in response:
-        return 1.0 if extract_gsm8k(response) == expected else 0.0
+        got = gsm8k_answer(response)
+        return 1.0 if got and answers_match(got, expected) else 0.0
     return 1.0 if extract_final_number(response.strip()) == expected else 0.0
 
 
 def boxed_reward(response: str, answer: str) -> float:
-    """1.0 if the last ``\\boxed{...}`` of the response matches ``answer``.
+    """1.0 if the last ``\\boxed{...}`` of the response matches ``answer`` (`answers_match`).
 
-    Both numeric: compared after `normalize_number`; otherwise compared as strings with all
-    whitespace removed. No (balanced) box scores 0.0.
+    A GSM8K reference (a solution ending with ``#### 72``) counts as its number. No (balanced)
+    box, or an empty one, scores 0.0.
     """
     boxed = extract_boxed(response)
-    if boxed is None:
+    if not boxed:
         return 0.0
-    got, want = normalize_number(boxed), normalize_number(answer)
-    if want is None and _GSM8K in answer:  # a GSM8K reference: its number
-        want = extract_gsm8k(answer)
-    if got is not None and want is not None:
-        return 1.0 if got == want else 0.0
-    return 1.0 if "".join(boxed.split()) == "".join(answer.split()) else 0.0
+    want = answer
+    if normalize_number(answer) is None and _GSM8K in answer:  # a GSM8K reference: its number
+        want = extract_gsm8k(answer) or answer
+    return 1.0 if answers_match(boxed, want) else 0.0
 
 
 def format_reward(response: str, pattern: str) -> float:
