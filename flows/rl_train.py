@@ -5,6 +5,8 @@
       evaluate                     (held-out accuracy of the base policy)
       rl-step step-1 .. step-N     rollout -> score -> train [-> evaluate] [-> checkpoint]
       summary artifact, curves PNG
+      (with `tracking:` every step's metrics, the configuration and the artifacts go to the
+      experiment trackers too, and the run's page links to their runs: infra.tracking)
 
 The flow holds no tensors: it opens an in-process `TrainingSession` and hands its key to the
 tasks. Steps are idempotent by number: a re-run of a crashed run resumes from the latest
@@ -19,7 +21,7 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_run_logger
+from prefect import flow, get_run_logger, runtime
 from prefect.artifacts import (
     create_markdown_artifact,
     create_progress_artifact,
@@ -44,6 +46,8 @@ from infra.run.session import close_session, get_session, open_session
 from infra.run.step_record import StepRecord
 from infra.run.summary import RunFacts, summarize
 from infra.services.prefect_api import current_api_url
+from infra.tracking.fanout import Trackers, open_trackers
+from rl.checkpoint import latest_checkpoint
 from tasks.pretraining import ensure_base_model
 from tasks.training import (
     account_task,
@@ -143,13 +147,17 @@ def rl_train(
     ensure_base_model(config)
     key = f"{config.run.name}-{uuid.uuid4().hex[:8]}"
     session = open_session(key, config)
+    trackers = Trackers()
     try:
         if extra_steps is not None:
             steps = session.step + extra_steps
             config = config.model_copy(update={"run": config.run.model_copy(update={"steps": steps})})
+        trackers = open_trackers(config.tracking, config.run.name, config.run.directory, str(runtime.flow_run.id))
+        trackers.log_params(config.model_dump(mode="json"))
         with step_settings():  # set once: entering Prefect's settings context takes ~0.07 s
-            return _train_loop(config, key, session, logger)
+            return _train_loop(config, key, session, logger, trackers)
     finally:
+        trackers.close()
         close_session(key)
 
 
@@ -166,13 +174,14 @@ def step_settings() -> AbstractContextManager:
     return nullcontext()
 
 
-def _train_loop(config: RunConfig, key: str, session, logger) -> dict:
+def _train_loop(config: RunConfig, key: str, session, logger, trackers: Trackers) -> dict:
     total, start = config.run.steps, session.step
     if session.resumed_from is not None:
         logger.info("resuming %s from its checkpoint at step %d", config.run.name, start)
     if not session.history.evals:
         base = evaluate_task(key)
         logger.info("base policy held-out accuracy (T=%.1f): %.3f", config.eval.temperature, base)
+        trackers.log_metrics(start, {"eval_accuracy": base}, prefix="")
     progress_id = create_progress_artifact(
         progress=100.0 * start / total,
         key=artifact_key(f"{config.run.name}-progress"),
@@ -191,17 +200,18 @@ def _train_loop(config: RunConfig, key: str, session, logger) -> dict:
                 last_step=total,
                 staleness=config.training.max_staleness,
             )
+            trackers.log_step(step, row.to_json())
             status = progress_status(session.history)
             progress.update(bar, advance=1, status=status)
             if row.eval_accuracy is not None and not console.is_terminal:
                 console.print(f"GRPO step {step}/{total}  {status}")
             update_progress_artifact(progress_id, 100.0 * step / total)
-    return _report(config, session, minutes=(time.perf_counter() - began) / 60)
+    return _report(config, session, trackers, minutes=(time.perf_counter() - began) / 60)
 
 
-def _report(config: RunConfig, session, minutes: float) -> dict:
-    """The end of the run: its curves, its summary (printed, returned, a markdown artifact) and the
-    table of every step."""
+def _report(config: RunConfig, session, trackers: Trackers, minutes: float) -> dict:
+    """The end of the run: its curves, its summary (printed, returned, a markdown artifact, to the
+    trackers with the curves and the final checkpoint) and the table of every step."""
     history, adapter, baseline = session.history, session.adapter, config.ledger.baseline_run_id
     costs = session.cost_report()  # one report for the plot and the summary: their totals agree
     plot = plot_curves(history.steps, history.evals, config.run.directory / "curves.png", costs)
@@ -217,6 +227,8 @@ def _report(config: RunConfig, session, minutes: float) -> dict:
         baseline=session.accounting.baseline_summary(baseline) if baseline else {},
     )
     summary = summarize(history, costs.summary(), facts)
+    trackers.log_artifacts(plot, latest_checkpoint(session.checkpoint_dir))
+    summary |= trackers.finish(config.run.steps, summary)  # what each tracker dropped, if any
     Console().print(summary_table(summary))
     create_table_artifact(
         key=artifact_key(f"{config.run.name}-steps"),

@@ -17,6 +17,7 @@ from pydantic_core import PydanticUndefined
 
 from infra.ledger.config import LedgerConfig
 from infra.run.fabric_config import FabricConfig
+from infra.tracking.config import TrackerConfig
 from rl.config import (
     DataConfig,
     EnvironmentConfig,
@@ -93,6 +94,9 @@ class RunConfig(Section):
     pretrain: PretrainConfig = PretrainConfig()
     fabric: FabricConfig = FabricConfig()
     ledger: LedgerConfig = LedgerConfig()
+    tracking: tuple[TrackerConfig, ...] = ()
+    """Experiment trackers (MLflow, TensorBoard, W&B) that get every step's metrics, the
+    configuration and the artifacts (docs/tracking.md); none by default."""
 
     def engine_spec(self) -> EngineSpec:
         """The run's engine: the in-process engine's and, with each pool's overrides, the instances'."""

@@ -11,8 +11,8 @@ one in the same process); local pools asking for more GPUs than the node has (`g
 `infra.providers.placement`); a pool's availability trace that is unknown, missing or corrupt; a run
 to resume whose `identity.json` or every checkpoint is damaged, or whose checkpoints are of the other
 kind (LoRA adapters against full fine-tuning); `model.lora.target_modules` naming a layer the model
-lacks; cloud pools that would reach the run in plain text or through an unauthenticated Prefect
-server, unless `fabric.allow_plaintext` (`check_cloud_transport`).
+lacks; a tool environment with a chat template that cannot render tool calls; cloud pools that would
+reach the run in plain text or through an unauthenticated Prefect server (`check_cloud_transport`).
 """
 
 from __future__ import annotations
@@ -29,12 +29,17 @@ from infra.providers.placement import PlacementError, plan_node
 from infra.providers.pool import PoolSpec, TraceAvailability
 from infra.run.config import RunConfig
 from infra.run.identity import stored_identity
+from infra.tracking.preflight import check_tracking
 from rl.checkpoint import CorruptCheckpoint, latest_checkpoint
 from rl.config import TrainerConfig, split_endpoint
 from rl.devices import DeviceError, resolve_device, resolve_dtype
 from rl.engine_factory import check_engine
 from rl.engine_spec import EngineSpec
+from rl.environments.registry import load_environment
+from rl.environments.tool_calls import ToolFormatError, make_tool_format
 from rl.lora import check_targets, read_settings
+from rl.models import load_tokenizer
+from rl.prompts import check_chat_template
 from rl.trainer import check_lora_matches, lora_record
 
 
@@ -60,11 +65,13 @@ def preflight(config: RunConfig) -> None:
             resolve_device(in_process.device, "rollout.device")
         _check_trainer(config, device)
         _check_lora(config)
+        _check_tool_format(config)
         if config.fabric.enabled:
             _check_pools(config)
             check_cloud_transport(config)
         stored_identity(config.run.directory)  # a damaged identity.json is refused now
         latest_checkpoint(config.run.directory / "checkpoints")  # a damaged only checkpoint is refused now
+        check_tracking(config.tracking)  # a tracker's library, its server
     except CorruptCheckpoint as exc:
         raise PreflightError(f"run.name: {exc}, or give the run another run.name") from None
     except (DeviceError, ValueError) as exc:
@@ -101,6 +108,23 @@ def _check_lora(config: RunConfig) -> None:
     checkpoint = latest_checkpoint(config.run.directory / "checkpoints")
     if checkpoint is not None:
         check_lora_matches(checkpoint, {"lora": lora_record(read_settings(checkpoint))}, lora)
+
+
+def _check_tool_format(config: RunConfig) -> None:
+    """A tool environment with `prompt.chat_template: true` needs a chat template that renders tool
+    calls and results (`rl.environments.tool_calls.ChatTemplateToolFormat`)."""
+    if config.environment is None or not config.prompt.chat_template:
+        return
+    if not load_environment(config.environment).uses_tools:
+        return
+    tokenizer = load_tokenizer(config.model.path, config.model.gguf_file)
+    check_chat_template(tokenizer, config.prompt, config.model.path)
+    try:
+        make_tool_format(True, tokenizer)
+    except ToolFormatError as error:
+        raise PreflightError(
+            f"prompt.chat_template: the model at {config.model.path} is asked to call tools, but {error}"
+        ) from None
 
 
 def _check_trainer(config: RunConfig, device) -> None:

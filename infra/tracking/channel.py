@@ -1,0 +1,152 @@
+"""One tracker's sender thread (`Channel`) and what it sends (`Op`s).
+
+The training thread only appends to a bounded buffer (`put`: never blocks, never raises); the
+channel's thread hands the buffered ops, oldest first and in batches, to the tracker's `send`. A
+`send` that raises (a server gone) logs one warning, keeps the ops and retries every `retry_s`
+until it succeeds (one line when it does) or the channel closes; an op that finds the buffer full,
+and any still buffered when the channel closes, is dropped and counted (`dropped`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("rlboost.tracking")
+
+
+@dataclass(frozen=True)
+class Metrics:
+    step: int
+    values: Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class Params:
+    values: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class Artifact:
+    path: Path
+    """A file to attach (the curves PNG)."""
+
+
+@dataclass(frozen=True)
+class Text:
+    name: str
+    """What the text is (`final_checkpoint`): a text artifact, a TensorBoard text, a W&B summary key."""
+    text: str
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The run is over: end the tracker's run (a resumed run reopens it)."""
+
+
+Op = Metrics | Params | Artifact | Text | Finish
+
+
+class Channel:
+    """The buffer and thread that feed one tracker's `send(ops)`; `put` from any thread."""
+
+    def __init__(
+        self, name: str, send: Callable[[Sequence[Op]], None], *, capacity: int = 10_000, retry_s: float = 5.0
+    ) -> None:
+        self.name, self._send, self.capacity, self.retry_s = name, send, capacity, retry_s
+        self._pending: deque[Op] = deque()
+        self._changed = threading.Condition()
+        self._closing = self._abandoned = False
+        self.sent = self.dropped = self.failures = 0
+        self.failing = False
+        self._thread = threading.Thread(target=self._run, name=f"tracker-{name}", daemon=True)
+        self._thread.start()
+
+    def put(self, op: Op) -> None:
+        """Buffer `op` for the thread; drop it (counted) when the buffer is full or the channel closed."""
+        with self._changed:
+            if self._closing or len(self._pending) >= self.capacity:
+                self.dropped += 1
+                return
+            self._pending.append(op)
+            self._changed.notify_all()
+
+    def idle(self) -> bool:
+        """Nothing buffered, or the tracker is failing (waiting would not empty the buffer soon)."""
+        with self._changed:
+            return not self._pending or self.failing
+
+    def flush(self, timeout_s: float) -> None:
+        """Wait up to `timeout_s` for the buffer to empty; return at once while the tracker fails."""
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while self._pending and not self.failing and time.monotonic() < deadline:
+                self._changed.wait(min(0.05, max(0.0, deadline - time.monotonic())))
+
+    def close(self, timeout_s: float) -> None:
+        """Send what is buffered within `timeout_s` (one more try if failing), then stop; what is
+        left is dropped and counted."""
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            self._closing = True
+            self._changed.notify_all()
+            while self._pending and time.monotonic() < deadline:
+                self._changed.wait(min(0.05, max(0.0, deadline - time.monotonic())))
+            self._abandoned = True
+            self.dropped += len(self._pending)
+            self._pending.clear()
+            self._changed.notify_all()
+        self._thread.join(max(0.0, deadline - time.monotonic()) + 1.0)
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                while not self._pending and not self._abandoned and not self._closing:
+                    self._changed.wait()
+                if self._abandoned or not self._pending:
+                    return
+                batch = list(self._pending)
+            try:
+                self._send(batch)
+            except Exception as error:  # any failure of the tracker's library: never the run's
+                self._failed(error)
+                continue
+            with self._changed:
+                for _ in range(min(len(batch), len(self._pending))):
+                    self._pending.popleft()
+                self.sent += len(batch)
+                if self.failing:
+                    log.warning("tracker %s: reachable again, sent %d buffered entries", self.name, len(batch))
+                self.failing = False
+                self._changed.notify_all()
+
+    def note_failure(self, error: Exception) -> None:
+        """Count a failure of the tracker; the first of a series logs the one warning."""
+        with self._changed:
+            self.failures += 1
+            if not self.failing:
+                log.warning(
+                    "tracker %s failed (%s: %s); training goes on, its entries are buffered (up to %d) and "
+                    "retried every %g s",
+                    self.name,
+                    type(error).__name__,
+                    str(error).splitlines()[0][:300] if str(error) else "",
+                    self.capacity,
+                    self.retry_s,
+                )
+            self.failing = True
+            self._changed.notify_all()
+
+    def _failed(self, error: Exception) -> None:
+        self.note_failure(error)
+        with self._changed:
+            retry_at = time.monotonic() + self.retry_s
+            while not self._closing and time.monotonic() < retry_at:  # a put does not hasten the retry
+                self._changed.wait(max(0.0, retry_at - time.monotonic()))
+            if self._closing and not self._abandoned:
+                self._changed.wait(0.05)  # closing: try again soon, until `close` gives up
