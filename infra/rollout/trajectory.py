@@ -118,10 +118,13 @@ class Trajectories:
         episode.job = self._pool.submit(self._step, episode, replay, text, key)
 
     def _step(self, episode: Episode, replay: list[tuple[str, str | None]], text: str, key: StepKey) -> StepResult:
+        # Importing the environment's module (once per process: a library such as verifiers takes
+        # seconds) and probing a chat template are not the step's: its timeout starts after them.
+        tool_format = self.format(episode.spec) if episode.factory.uses_tools else None
         started = time.monotonic()
         episode.started.append(started)
         if episode.env is None:
-            env = episode.factory.create(self.format(episode.spec) if episode.factory.uses_tools else None)
+            env = episode.factory.create(tool_format)
             env.reset(episode.spec.prompt, episode.spec.answer, None)
             for turn, (turn_text, observation) in enumerate(replay):
                 env.replay(turn_text, observation, StepKey(episode.sample_id, turn))

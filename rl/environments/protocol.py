@@ -138,6 +138,12 @@ class Environment(abc.ABC):
     def step(self, turn_text: str, key: StepKey) -> StepResult:
         """Answer the model's turn `turn_text` (turn `key.turn`, 0-based)."""
 
+    @classmethod
+    def check_args(cls, args: Mapping[str, Any]) -> None:
+        """Refuse `environment.args` when the configuration loads, after the constructor's signature
+        took them (default: nothing more to check): raise `rl.environments.registry.
+        EnvironmentConfigError` for the key `environment.args`, saying what was found and the fix."""
+
     def replay(self, turn_text: str, observation: str | None, key: StepKey) -> None:
         """Restore the state after a logged turn and its logged observation, without acting twice.
         The default (a pure environment) steps again and ignores the result."""

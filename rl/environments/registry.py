@@ -32,7 +32,10 @@ if TYPE_CHECKING:
 REWARDS: Mapping[str, str] = {"exact_match": "rl.rewards:exact_match_reward", "boxed": "rl.rewards:boxed_reward"}
 """Built-in rewards (`reward.kind`) by name: their import paths."""
 REWARD_KINDS = tuple(REWARDS)
-ENVIRONMENTS: Mapping[str, str] = {"calculator": "rl.environments.calculator:Calculator"}
+ENVIRONMENTS: Mapping[str, str] = {
+    "calculator": "rl.environments.calculator:Calculator",
+    "verifiers": "rl.environments.verifiers_env:VerifiersEnvironment",
+}
 """Built-in environments (`environment.name`) by name: their import paths."""
 
 
@@ -136,7 +139,8 @@ def environment_class(path: str, key: str = "environment.class") -> type[Environ
 
 
 def environment_args(cls: type[Environment], args: Mapping[str, Any], key: str = "environment.args") -> None:
-    """Check that the constructor of `cls` takes the keyword arguments `args`."""
+    """Check that the constructor of `cls` takes the keyword arguments `args`, then the class's own
+    `check_args`."""
     signature = _signature(cls, cls.__qualname__, key)
     try:
         signature.bind(**args)
@@ -146,6 +150,7 @@ def environment_args(cls: type[Environment], args: Mapping[str, Any], key: str =
             f"{cls.__qualname__}{signature} does not take {dict(args)} ({error})",
             "give the arguments its constructor takes",
         ) from None
+    cls.check_args(args)
 
 
 def environment_path(name: str | None, class_path: str | None) -> str:

@@ -26,7 +26,7 @@ def user_rewards(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         (
             ["environment.name=calculater"],
             "override environment.name: environment.name: Value error, unknown environment 'calculater'; "
-            "choose one of calculator, or give class: 'package.module:Class'",
+            "choose one of calculator, verifiers, or give class: 'package.module:Class'",
         ),
         (
             ["environment.class=no_such_pkg_37.envs:Shell"],
