@@ -249,7 +249,8 @@ class EnvironmentConfig(Section):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True, populate_by_name=True)
 
     name: str | None = None
-    """A built-in environment: `calculator` (a `calc` tool for multi-digit arithmetic, docs/environments.md)."""
+    """A built-in environment: `calculator` (a `calc` tool for multi-digit arithmetic) or `verifiers`
+    (a verifiers 0.4.0 taskset: `args: {taskset: ..., config: {...}}`); docs/environments.md."""
     class_: str | None = Field(default=None, alias="class")
     """Your own environment instead of `name`, by import path `my_pkg.envs:Shell`: a subclass of
     `rl.environments.protocol.Environment` (or `ToolEnvironment`), checked when the configuration
