@@ -40,6 +40,7 @@ from infra.rollout.policies import (
 )
 from infra.rollout.protocol import set_current_step
 from infra.rollout.registry import InstanceRegistry
+from infra.rollout.served import served_weights
 from infra.rollout.tokenlog import INFRA_FAILED, GroupSpec, SampleRecord, StepStatus, TokenLog, TokenLogStats
 from rl.rollout import Sample
 
@@ -82,6 +83,12 @@ class StepReport:
     between two polls credits its last flushes to the next owner)."""
     infra_failed: dict[str, int] = field(default_factory=dict)
     """Trajectories failed by the infrastructure (their environment), by kind: never scored."""
+    served_versions: dict[str, int] = field(default_factory=dict)
+    """Alive instances per policy version they served at the step's end (`served_weights`)."""
+    wrong_weight_instances: int = 0
+    """Alive instances at the step's end whose weights sha differs from the publisher's."""
+    wrong_weights: int = 0
+    """Claims and flushes the token log refused for a wrong weights sha during the step."""
 
     @classmethod
     def from_json(cls, text: bytes | str) -> StepReport:
@@ -502,7 +509,7 @@ class RolloutController:
             dropped_tokens += sum(len(r.token_ids) for r in records)
         state = {_str(k): _str(v) for k, v in self.redis.hgetall(step_key).items()}
         stats = asdict(log.stats())
-        delta = {f.name: stats[f.name] - int(state[f"base_{f.name}"]) for f in fields(TokenLogStats)}
+        delta = {f.name: stats[f.name] - int(state.get(f"base_{f.name}", 0)) for f in fields(TokenLogStats)}
         started_at, all_done_at = float(state["started_at"]), float(state["all_done_at"])
         intervals = self.redis.lrange(self._key("busy", step), 0, -1)
         busy = [(float(a), float(b)) for a, b in (_str(i).split() for i in intervals)]
@@ -524,6 +531,7 @@ class RolloutController:
             )
         if len(spot_counts) == 1:
             offload.observe(next(iter(spot_counts)), throughput)
+        served = served_weights(self.registry.alive(), log.expected_weights())
         report = StepReport(
             step=step,
             policy_version=status.policy_version,
@@ -543,6 +551,9 @@ class RolloutController:
             groups_dropped=status.dropped_group_ids,
             infra_failed=status.infra_failed,
             instance_tokens={_str(k): int(v) for k, v in sorted(self.redis.hgetall(self._key("itok", step)).items())},
+            served_versions=served.versions,
+            wrong_weight_instances=len(served.wrong),
+            wrong_weights=delta["wrong_weights"],
         )
         pipe = self.redis.pipeline(transaction=True)
         pipe.set(self._key("offload"), json.dumps(offload.to_dict()))

@@ -119,9 +119,10 @@ def due(held: Iterable[Held], now: float, flush_tokens: int, flush_s: float, for
     ]
 
 
-def flushes(batch: Sequence[Pending], instance_id: str, version: int | None) -> list[Flush]:
+def flushes(batch: Sequence[Pending], instance_id: str, version: int | None, weights_sha: str | None) -> list[Flush]:
     """The fenced flushes of a batch, each from where the sample's logged tokens end (an
-    environment segment's: logprobs 0.0, no version)."""
+    environment segment's: logprobs 0.0, no version; a model one's: the sha of the weights that
+    generated it)."""
     return [
         Flush(
             h.sample_id,
@@ -149,6 +150,7 @@ def flushes(batch: Sequence[Pending], instance_id: str, version: int | None) -> 
             outcome=h.outcome if finish is not None else None,
             env_s=h.env_s if finish is not None else 0.0,
             wait_s=h.wait_s if finish is not None else 0.0,
+            weights_sha=weights_sha,
         )
         for h, count, finish, segment in batch
     ]

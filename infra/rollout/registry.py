@@ -3,8 +3,8 @@ control messages the controller sends them (docs/internals.md §3).
 
 This module owns the registry's Redis state. An instance `register`s, then `heartbeat`s well
 within its `ttl_s` (`fabric.worker.ttl_s`); each heartbeat refreshes a liveness key that expires
-after `ttl_s` (what `alive` reads) and records, on the server's clock, its policy version, free
-slots and running samples.
+after `ttl_s` (what `alive` reads) and records, on the server's clock, its policy version, the
+sha of the weights it decodes with, free slots and running samples.
 Reaping reads heartbeat age, not the liveness key (`policies.reaper`); a deregistered instance's
 heartbeat returns False, which tells it to stop. Control messages (`infra.rollout.control`) go
 through a FIFO list per instance (`request`; taken by `poll_requests` or `wait_request`).
@@ -41,6 +41,9 @@ class InstanceSnapshot:
     policy_version: int | None
     free_slots: int
     running: int
+    weights_sha: str | None = None
+    """The sha of the weights it decodes with (`infra.weights.manifest.fingerprint` of the state
+    it loaded; None: the base model it started on, or not reported)."""
 
 
 # KEYS[1] = members set; ARGV: P, id, ttl_ms, then field/value pairs to set
@@ -55,14 +58,14 @@ redis.call('SET', P .. 'alive:' .. id, 1, 'PX', ARGV[3])
 return 1
 """
 
-# KEYS[1] = members set; ARGV: P, id, ttl_ms, version ('' = none), free slots, running
+# KEYS[1] = members set; ARGV: P, id, ttl_ms, version ('' = none), free slots, running, sha ('' = none)
 _HEARTBEAT = """
 local P, id = ARGV[1], ARGV[2]
 if redis.call('SISMEMBER', KEYS[1], id) == 0 then return 0 end
 local t = redis.call('TIME')
 redis.call('SET', P .. 'alive:' .. id, 1, 'PX', ARGV[3])
 redis.call('HSET', P .. 'i:' .. id, 'heartbeat_at', t[1] .. '.' .. string.format('%06d', t[2]),
-  'version', ARGV[4], 'free_slots', ARGV[5], 'running', ARGV[6])
+  'version', ARGV[4], 'free_slots', ARGV[5], 'running', ARGV[6], 'sha', ARGV[7])
 return 1
 """
 
@@ -120,12 +123,18 @@ class InstanceRegistry:
         self._register(keys=[self._members], args=[self.prefix, spec.instance_id, _ttl_ms(ttl_s), *fields])
 
     def heartbeat(
-        self, instance_id: str, policy_version: int | None, free_slots: int, running: int, ttl_s: float
+        self,
+        instance_id: str,
+        policy_version: int | None,
+        free_slots: int,
+        running: int,
+        ttl_s: float,
+        weights_sha: str | None = None,
     ) -> bool:
-        """Refresh liveness (for `ttl_s`) and load; False if the instance is not registered (it was
-        evicted and must stop)."""
+        """Refresh liveness (for `ttl_s`), load and the weights served; False if the instance is not
+        registered (it was evicted and must stop)."""
         version = "" if policy_version is None else policy_version
-        args = [self.prefix, instance_id, _ttl_ms(ttl_s), version, free_slots, running]
+        args = [self.prefix, instance_id, _ttl_ms(ttl_s), version, free_slots, running, weights_sha or ""]
         return bool(self._heartbeat(keys=[self._members], args=args))
 
     def deregister(self, instance_id: str) -> bool:
@@ -164,6 +173,7 @@ class InstanceRegistry:
                     policy_version=int(field["version"]) if field.get("version") else None,
                     free_slots=int(field["free_slots"]),
                     running=int(field["running"]),
+                    weights_sha=field.get("sha") or None,
                 )
             )
         return snapshots

@@ -66,6 +66,11 @@ def _stats_key(prefix: str) -> str:
     return prefix + "stats"
 
 
+def _weights_sha_key(prefix: str) -> str:
+    """``P wsha``: hash of the publisher's weights sha per version (`TokenLog.expect_weights`)."""
+    return prefix + "wsha"
+
+
 _CLUSTER_WAIT_S = 0.05
 """On a cluster, how long `TokenLog.next_completed_groups` blocks on one shard's stream before it
 looks at the others again (the most a completed group waits to be seen)."""
@@ -307,6 +312,9 @@ class Flush(NamedTuple):
     wait_s: float = 0.0
     """Likewise: seconds from the end of the model's turn to the environment's answer (the
     trajectory waiting for its tool)."""
+    weights_sha: str | None = None
+    """The sha of the weights the instance decodes with (`infra.weights.manifest.fingerprint`);
+    a model flush whose sha differs from the publisher's for its version is refused."""
 
 
 @dataclass(frozen=True)
@@ -399,6 +407,9 @@ class TokenLogStats:
     migrations: int
     failed_samples: int
     reaped_samples: int
+    wrong_weights: int = 0
+    """Claims and flushes refused because the instance's weights sha differs from the publisher's
+    for its version (`TokenLog.expect_weights`)."""
 
 
 class RunningLease(NamedTuple):
@@ -584,13 +595,22 @@ class TokenLog:
 
     # --- the owner's side ----------------------------------------------------------------------
 
-    def claim(self, step: int | Sequence[int], instance_id: str, policy_version: int, max_samples: int) -> list[Claim]:
+    def claim(
+        self,
+        step: int | Sequence[int],
+        instance_id: str,
+        policy_version: int,
+        max_samples: int,
+        weights_sha: str | None = None,
+    ) -> list[Claim]:
         """Lease up to `max_samples` queued samples of `step` (or of several steps, oldest first
         within a shard), partially generated ones first within a step; from the instance's first
         shard, then the next ones while it wants more.
 
         A step gives nothing to a `policy_version` outside its window (exactly its version when
-        strict; [min_version, version] with bounded staleness).
+        strict; [min_version, version] with bounded staleness), and nothing is given to an instance
+        whose `weights_sha` differs from the publisher's for `policy_version` (counted in
+        `TokenLogStats.wrong_weights`; None: not checked).
         """
         if max_samples < 1:
             return []
@@ -598,7 +618,9 @@ class TokenLog:
         nonce = secrets.token_hex(8)  # a shard's retried call returns what it leased, once
         rows: list = []
         for shard in self._shard_order(instance_id):
-            rows += self._run("claim", shard, steps, instance_id, policy_version, max_samples - len(rows), nonce)
+            rows += self._run(
+                "claim", shard, steps, instance_id, policy_version, max_samples - len(rows), nonce, weights_sha or ""
+            )
             if len(rows) >= max_samples:
                 break
         return [
@@ -658,6 +680,7 @@ class TokenLog:
                     "" if f.outcome is None else f.outcome.to_json(),
                     f.env_s,
                     f.wait_s,
+                    f.weights_sha or "",
                 )
             )
             tokens.extend(f.token_ids)
@@ -942,6 +965,19 @@ class TokenLog:
             min_version=int(min_version),
             infra_failed=dict(sorted(infra_failed.items())),
         )
+
+    def expect_weights(self, version: int, sha: str) -> None:
+        """Record the publisher's weights sha of `version` in every shard: from then on a claim or
+        a model flush of that version carrying another sha is refused."""
+        pipe = self.client.pipeline(transaction=False)
+        for prefix in self.prefixes:
+            pipe.hset(_weights_sha_key(prefix), str(version), sha)
+        pipe.execute()
+
+    def expected_weights(self) -> dict[int, str]:
+        """The publisher's weights sha per version, as `expect_weights` recorded them."""
+        stored = self.client.hgetall(_weights_sha_key(self.prefix))
+        return {int(v): _str(sha) for v, sha in stored.items()}
 
     def stats(self) -> TokenLogStats:
         """The counters, summed over the shards."""

@@ -46,6 +46,7 @@ from infra.rollout.trajectory import InfraFailure, Trajectories
 from infra.rollout.weight_source import HandedOverWeights, PulledWeights, WeightSource
 from infra.rollout.worker_config import TORCH_THREADS, WorkerConfig, parse_config
 from infra.services.redis_embedded import RedisSettings
+from infra.weights.manifest import fingerprint
 from infra.weights.puller import AdapterBaseMismatch
 from rl.driver_watch import watch_driver
 from rl.environments.protocol import StepResult
@@ -160,6 +161,9 @@ class RolloutWorker:
         self._next_reconcile = time.monotonic() + RECONCILE_S
         self._next_poll = 0.0
         self._claims = 0
+        self.weights_sha: str | None = None
+        """The sha of the weights the engine decodes with (`fingerprint` of the state it loaded last,
+        after loading; None on the base model it started with): heartbeats, claims and flushes carry it."""
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -416,6 +420,7 @@ class RolloutWorker:
                 self._engine_release(held.sample_id)
         self._wake()
         engine.load_weights(state, version)
+        self.weights_sha = fingerprint(state)
         for held in running:
             if self.held.get(held.sample_id) is held:
                 engine.add(held.request())
@@ -436,7 +441,9 @@ class RolloutWorker:
         self._wake()
         free = self.config.slots - len(self.held)
         version = self.engine.policy_version
-        claims = self.tokenlog.claim(self._step.steps, self.config.instance.instance_id, version, free)
+        claims = self.tokenlog.claim(
+            self._step.steps, self.config.instance.instance_id, version, free, weights_sha=self.weights_sha
+        )
         if len(claims) < free:  # the queue ran dry: look again at the next poll
             self._claim_after = time.monotonic() + self._poll_s
         for claim in claims:
@@ -504,7 +511,7 @@ class RolloutWorker:
             # tokens: a new version is loaded only after a forced flush); strictly on-policy the
             # claim's fence already made it the step's version.
             version = self.engine.policy_version if self._step is not None and not self._step.strict else None
-            flushes = held_samples.flushes(batch, self.config.instance.instance_id, version)
+            flushes = held_samples.flushes(batch, self.config.instance.instance_id, version, self.weights_sha)
             self._flusher.submit(flushes, functools.partial(self._flushed, batch, time.monotonic()))
             self.stats.flushes += 1
         if wait:
@@ -716,6 +723,7 @@ class RolloutWorker:
                 free,
                 running,
                 self.config.ttl_s,
+                self.weights_sha,
             )
         except redis.RedisError as exc:
             log.warning("heartbeat failed: %s", exc)

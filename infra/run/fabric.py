@@ -49,6 +49,7 @@ from infra.rollout.tokenlog import EnvironmentSpec, GroupSpec, TokenLog
 from infra.rollout.worker_config import instance_flags
 from infra.run.colocated import ColocatedInstance, WithColocated
 from infra.run.fabric_config import CloudSettings, FabricConfig
+from infra.run.fleet_events import FleetEvents
 from infra.run.redis_outage import REDIS_ERRORS, lost_redis, public_url, wait_for_redis
 from infra.services.redis_embedded import REDIS_CA_FILE_ENV, REDIS_URL_ENV, EmbeddedRedis, RedisSettings
 from infra.weights.config import WeightsConfig
@@ -125,12 +126,14 @@ class RolloutFabric:
         trainer_device: str,
         instance_prefix: str = "",
         take_over_step: int | None = None,
+        run_name: str | None = None,
     ) -> None:
         """`engine` is the run's engine (each pool's overrides apply); weights travel in its dtype.
         `trainer_device` is where a colocated pool's engine runs when its device is `auto`.
         A re-run of a crashed run gives its attempt's `instance_prefix` (`infra.run.identity`) and
         the step it resumes, `take_over_step`: the controller takes the run's Redis state over
-        (`RolloutController.take_over`, in `self.take_over`) before any instance starts."""
+        (`RolloutController.take_over`, in `self.take_over`) before any instance starts.
+        `run_name` (`run.name`; default: `run_id`) names the run in its Prefect events."""
         if not config.pools:
             raise ValueError("fabric.pools is empty: configure at least one pool of rollout instances")
         self.config = config
@@ -141,6 +144,8 @@ class RolloutFabric:
         self.run_dir = Path(run_dir)
         self.engine = engine
         self.instance_prefix = instance_prefix
+        self.events = FleetEvents(run_name or run_id, run_id)
+        """The run's Prefect events: preemptions, replacements, published versions."""
         self._redis_server: EmbeddedRedis | None = None
         with ExitStack() as stack:  # what is made is closed again, in reverse, if a later part fails
             self._open(stack, config, run_id, run_dir, trainer_device, take_over_step)
@@ -194,6 +199,7 @@ class RolloutFabric:
             dtype=TORCH_DTYPES[self.engine.dtype],
             adapter_base=None if self.engine.lora is None else base_digest(self.model_path),
             environ=self.peer_environment,
+            on_published=self._version_published,
         )
         stack.callback(self._close_weights)
         self._step = 0
@@ -430,6 +436,12 @@ class RolloutFabric:
             instance.offer(version, state_dict)
         self.weights.publish(version, state_dict)
 
+    def _version_published(self, version: int, weights_sha: str) -> None:
+        """The publisher encoded `version`, before announcing it: the token log refuses its tokens
+        from an instance whose weights sha is another (`TokenLog.expect_weights`)."""
+        self.log.expect_weights(version, weights_sha)
+        self.events.published(version, weights_sha)
+
     def _check_health(self, watch_now: bool = False) -> None:
         """Replace failed instances (`InstanceWatch`, now if `watch_now`; the cloud fleet
         reconciles at once); fail the step when the cloud pools are no longer kept (a
@@ -444,6 +456,7 @@ class RolloutFabric:
         finally:
             if self.fleet is not None and self.watch.replaced != replaced:
                 self.fleet.wake()
+            self.events.observe(self.provider.instances(), self.watch.replaced)
         for instance in self.colocated:
             instance.check()
 

@@ -166,6 +166,7 @@ class TrainingSession:
                 trainer_device=str(self.device),
                 instance_prefix=self.identity.instance_prefix,
                 take_over_step=self.step + 1 if self.identity.resumed else None,
+                run_name=config.run.name,
             )
             stack.callback(self._close_fabric)
             self._taken_over = self.fabric.take_over
@@ -343,6 +344,9 @@ class TrainingSession:
                 "preemptions": self.fabric.preemptions(),
                 "replaced": self.fabric.replaced() - replaced,
                 "infra_failed": dict(report.infra_failed),
+                "served_versions": dict(report.served_versions),
+                "wrong_weight_instances": report.wrong_weight_instances,
+                "wrong_weights": report.wrong_weights,
             }
             if self.environment is not None:
                 fabric_stats.update(asdict(trajectory_figures(samples)))

@@ -88,6 +88,14 @@ class StepRecord(BaseModel):
     migrated_mid_turn: Annotated[int | None, Column("migrated mid-turn", "{:d}")] = None
     """Trajectories' continuations on another instance from inside a model turn (mid-generation,
     or a tool call awaiting its result)."""
+    served_versions: Annotated[dict[str, int] | None, Column("served", "{}", adapter_header="served adapters")] = None
+    """Alive rollout instances per policy version they held at the rollout's end, ``version:count``
+    (None: no fabric)."""
+    wrong_weight_instances: Annotated[int | None, Column("wrong weights", "{:d}")] = None
+    """Of those, the instances whose weights sha differed from the publisher's for their version."""
+    wrong_weights: int | None = None
+    """Claims and flushes the token log refused during the rollout for a wrong weights sha: none of
+    their tokens is trained."""
     t_local_s: float | None = None
     resumed_samples_done: int | None = None
     """Samples a dead attempt of this step had finished (a run resumed after a crash)."""

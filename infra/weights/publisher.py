@@ -7,7 +7,7 @@
 `publish` copies the tensors to host memory (the trainer may update them right after) for a thread
 that encodes them, whole (the first, every `full_every`-th, any delta no smaller) or as a delta on
 the version before (`infra.weights.delta`; it keeps that copy), records the manifest's sha256 in
-Redis and, with `serve_from_trainer`, serves it from memory (`PeerServer`, the first seed: the
+Redis, hands the version's weights sha (`fingerprint` of the whole state) to `on_published` and, with `serve_from_trainer`, serves it from memory (`PeerServer`, the first seed: the
 newest `keep_in_memory` and what they are rebuilt from), announces `latest` (only forward) and
 queues it for the store. A second thread uploads the queue in order (a whole version drops what
 waits before it) and applies retention; without `serve_from_trainer`, `latest` is announced once
@@ -21,7 +21,7 @@ import logging
 import os
 import queue
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import redis
@@ -30,7 +30,7 @@ import torch
 from infra.weights.config import WeightsConfig
 from infra.weights.delta import delta_layout_matches, encode_delta
 from infra.weights.holders import HolderRegistry
-from infra.weights.manifest import EncodedVersion, encode
+from infra.weights.manifest import EncodedVersion, encode, fingerprint
 from infra.weights.peer_server import PeerServer
 from infra.weights.retention import versions_to_delete, with_bases
 from infra.weights.store import WeightStore
@@ -53,12 +53,16 @@ class WeightPublisher:
         dtype: torch.dtype | None = None,
         adapter_base: str | None = None,
         environ: Mapping[str, str] = os.environ,
+        on_published: Callable[[int, str], None] | None = None,
     ) -> None:
         """`dtype`: floating-point tensors are published in it (the engines' dtype; None: as given).
         `adapter_base`: the versions are LoRA adapters of the base model with that digest
         (`rl.lora.base_digest`), recorded in every manifest so an instance can check its base.
-        `environ` holds the peer secret (and certificate) the trainer's server uses."""
+        `environ` holds the peer secret (and certificate) the trainer's server uses.
+        `on_published(version, weights_sha)`: called from the encoding thread once per version, before
+        it is announced (the sha an instance that loaded it must report: `fingerprint`)."""
         self.config = config
+        self.on_published = on_published
         self.dtype = dtype
         self.adapter_base = adapter_base
         self.store = WeightStore(config.resolve_store_url(run_dir), config.store_options)
@@ -187,11 +191,14 @@ class WeightPublisher:
                     )
                     deltas = 0
                 previous = (version, snapshot) if self.config.full_every > 1 else None
+                sha = encoded.manifest.full_sha256 or (fingerprint(snapshot) if self.on_published else None)
                 del snapshot
                 with self._state:
                     self._bases[version] = encoded.manifest.base
                 self._meter.encoded(encoded.manifest.total_bytes)
                 self.registry.record_manifest(version, encoded.manifest_sha256)
+                if self.on_published is not None and sha is not None:
+                    self.on_published(version, sha)
                 if self.server is not None:
                     self._serve(encoded)
                     self.registry.announce(version)

@@ -1,9 +1,18 @@
--- ARGV: P, steps (comma-separated, oldest first), instance, version, max_samples, nonce. A step
+-- ARGV: P, steps (comma-separated, oldest first), instance, version, max_samples, nonce, weights
+-- sha ('' = none). An instance whose weights sha differs from the one the publisher recorded for its
+-- version (`wsha`) gets nothing and counts in `wrong_weights`. A step
 -- whose version window [minv, version] holds the instance's version gives its samples routed to the
 -- instance (and routed ones whose wait is over) first, then its shared queue's; then the next step.
 -- A sample's first lease stamps `first_ms`; a trajectory leased again while its logged tokens end in
 -- a model segment (inside a turn, or a tool call awaiting its result) counts a mid-turn migration.
 local inst = ARGV[3]
+if ARGV[7] ~= '' then
+  local want = redis.call('HGET', P .. 'wsha', ARGV[4])
+  if want and want ~= ARGV[7] then
+    redis.call('HINCRBY', STATS, 'wrong_weights', 1)
+    return {}
+  end
+end
 local ck = P .. 'claimreq:' .. inst
 local last = redis.call('HMGET', ck, 'nonce', 'sids')
 local sids

@@ -1,7 +1,9 @@
 -- ARGV: P, JSON [[sample, instance, epoch, offset (-1 = none), token count, finish reason
 -- ('' = none), policy version (-1 = none), source ('model' | 'env'), observation (JSON, env only),
--- turn (env only), outcome (JSON, '' = none), environment seconds, tool-wait seconds], ...], every
--- flush's records (8 bytes each) concatenated.
+-- turn (env only), outcome (JSON, '' = none), environment seconds, tool-wait seconds, weights sha
+-- ('' = none)], ...], every flush's records (8 bytes each) concatenated.
+-- A model flush whose weights sha differs from the one the publisher recorded for its version
+-- (`wsha`; a flush without a version: the step's) is rejected and counts in `wrong_weights`.
 -- A model flush whose version is below the sample's window (`minv`) is rejected; an env flush (an
 -- environment segment) is not checked: its tokens get version ENV_VERSION. An accepted flush whose
 -- version differs from the sample's last opens a version span (u32 offset, u32 version) in :v (a
@@ -13,8 +15,14 @@ local function add_env_seconds(sk, env_s, wait_s)
   if env_s > 0 then redis.call('HINCRBYFLOAT', sk, 'env_s', env_s) end
   if wait_s > 0 then redis.call('HINCRBYFLOAT', sk, 'wait_s', wait_s) end
 end
+local function wrong_weights(sha, ver, step)
+  if sha == '' or sha == nil then return false end
+  if ver < 0 then ver = tonumber(redis.call('HGET', P .. 'step:' .. step, 'version') or -1) end
+  local want = redis.call('HGET', P .. 'wsha', ver)
+  return want ~= false and want ~= sha
+end
 local recs = ARGV[3]
-local out, rejected, pos = {}, 0, 1
+local out, rejected, wrong, pos = {}, 0, 0, 1
 for _, m in ipairs(cjson.decode(ARGV[2])) do
   local sid, inst, epoch, offset, k, fin, ver = m[1], m[2], m[3], m[4], m[5], m[6], m[7]
   local env = m[8] == 'env'
@@ -25,7 +33,9 @@ for _, m in ipairs(cjson.decode(ARGV[2])) do
   local h = redis.call('HMGET', sk, 'state', 'owner', 'epoch', 'max_new', 'minv', 'lastv', 'step')
   if env then ver = ENV_VERSION end
   local ok = 0
-  if h[2] == inst and tonumber(h[3]) == epoch and (env or ver < 0 or ver >= tonumber(h[5] or 0)) then
+  local bad = not env and h[7] and wrong_weights(m[14], ver, h[7])
+  if bad then wrong = wrong + 1 end
+  if not bad and h[2] == inst and tonumber(h[3]) == epoch and (env or ver < 0 or ver >= tonumber(h[5] or 0)) then
     if h[1] == 'running' then
       -- Append first (APPEND returns the new length), then check; undo what does not fit.
       local len = redis.call('APPEND', rk, rec)
@@ -70,4 +80,5 @@ for _, m in ipairs(cjson.decode(ARGV[2])) do
   out[#out + 1] = ok
 end
 if rejected > 0 then redis.call('HINCRBY', STATS, 'rejected_appends', rejected) end
+if wrong > 0 then redis.call('HINCRBY', STATS, 'wrong_weights', wrong) end
 return out

@@ -1,0 +1,95 @@
+"""`rlboost status --run ID`: the fleet of a running run, read from its Redis, as a rich table.
+
+One row per registered instance: its id, pool, the policy version it serves with the first
+characters of the sha of the weights it decodes with (`!` after it: not the publisher's sha for
+that version, so the token log refuses its tokens; `base`: the model it started on), the samples
+it holds and its last heartbeat's age. Readable at 80 columns. The Redis is `--redis-url`, else
+`$RLBOOST_REDIS_URL`; none, or one that cannot be reached, is one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from infra.rollout.registry import InstanceRegistry, InstanceSnapshot
+from infra.rollout.served import is_wrong, served_weights
+from infra.rollout.tokenlog import TokenLog
+from infra.services.redis_embedded import RedisSettings, RedisUnavailable
+from rl import env_vars
+
+commands = typer.Typer()
+
+SHA_CHARS = 10
+"""Characters of a weights sha the table shows."""
+
+RunOption = Annotated[
+    str, typer.Option("--run", help="The run's id (the rollout fabric's run id, as in `rlboost cost`).")
+]
+RedisOption = Annotated[
+    Optional[str], typer.Option("--redis-url", help=f"The run's Redis (default: ${env_vars.REDIS_URL}).")
+]
+
+
+def _age(snapshot: InstanceSnapshot, now: float) -> str:
+    if snapshot.last_heartbeat is None:
+        return "never"
+    return f"{max(0.0, now - snapshot.last_heartbeat):.1f} s"
+
+
+def _served(snapshot: InstanceSnapshot, expected: dict[int, str]) -> str:
+    if snapshot.policy_version is None:
+        return "-"
+    sha = "base" if snapshot.weights_sha is None else snapshot.weights_sha[:SHA_CHARS]
+    return f"v{snapshot.policy_version} {sha}{' !' if is_wrong(snapshot, expected) else ''}"
+
+
+def fleet_table(snapshots: list[InstanceSnapshot], expected: dict[int, str], now: float) -> Table:
+    """The fleet as a table (`now`: the registry's clock, Unix seconds)."""
+    served = served_weights(snapshots, expected)
+    versions = ", ".join(f"v{v}: {n}" for v, n in served.versions.items())
+    caption = f"{len(snapshots)} instances ({versions or 'none'}); {len(served.wrong)} serving wrong weights"
+    table = Table(title="rollout fleet", caption=caption)
+    table.add_column("instance", overflow="fold")
+    table.add_column("pool", overflow="fold")
+    table.add_column("served", no_wrap=True)
+    table.add_column("held", justify="right")
+    table.add_column("heartbeat", justify="right", no_wrap=True)
+    for s in snapshots:
+        table.add_row(
+            s.spec.instance_id if s.alive else f"{s.spec.instance_id} (silent)",
+            s.spec.pool,
+            _served(s, expected),
+            str(s.running),
+            _age(s, now),
+        )
+    return table
+
+
+@commands.command()
+def status(run: RunOption, redis_url: RedisOption = None) -> None:
+    """The fleet of a running run: instance, pool, served version and weights sha, samples held, last heartbeat."""
+    console = Console()
+    url = redis_url or os.environ.get(env_vars.REDIS_URL)
+    if not url:
+        console.print(
+            f"no Redis to read: pass --redis-url or set ${env_vars.REDIS_URL} to the run's Redis", markup=False
+        )
+        raise typer.Exit(2)
+    try:
+        client = RedisSettings(url=url).client("--redis-url")
+    except RedisUnavailable as error:
+        console.print(str(error), markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    with client:
+        snapshots = InstanceRegistry(client, run).all()
+        expected = TokenLog(client, run).expected_weights()
+        seconds, micros = client.time()
+    if not snapshots:
+        console.print(f"run {run!r} has no registered instance in that Redis (check --run)", markup=False)
+        raise typer.Exit(2)
+    console.print(fleet_table(snapshots, expected, seconds + micros / 1e6))
