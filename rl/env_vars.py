@@ -99,6 +99,12 @@ WHEELHOUSE = _variable(
     "A cloud VM's downloaded wheelhouse archive (its local path; deleted once unpacked into "
     "`<install_dir>/wheelhouse/<sha256>/`).",
 )
+USER_CODE = _variable(
+    "RLBOOST_USER_CODE",
+    "rlboost",
+    "A cloud VM's downloaded archive of the run's own modules outside the project (a reward or "
+    "environment package; unpacked into `<install_dir>/user-code/<sha256>/`, which goes on `PYTHONPATH`).",
+)
 REDIS_CA_FILE = _variable(
     "RLBOOST_REDIS_CA_FILE",
     "rlboost",

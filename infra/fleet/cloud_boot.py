@@ -3,8 +3,9 @@
 `CloudBoot` is the `BootHooks` of a run's cloud providers. At start (`ship`) it builds the run's
 wheel once (`infra.fleet.code_bundle`), writes a dependency lock for each set of extras its pools
 need (the pool's cloud, the store's fsspec backend, vLLM for vLLM pools: `vllm-cuda` on a GPU)
-with its wheelhouse (`infra.fleet.wheelhouse`), and uploads them to `<store>/code/` with their
-sha256. Before each VM is created (`before_boot`) it creates the VM's `rollout-instance` flow run
+with its wheelhouse (`infra.fleet.wheelhouse`), and the run's own modules outside the project
+(`user_code`: a user's reward or environment package), and uploads them to `<store>/code/` with
+their sha256. Before each VM is created (`before_boot`) it creates the VM's `rollout-instance` flow run
 (`InstanceRuns`) and returns the VM's `BootPlan`: the files to fetch and verify, the flow run's id
 (boot failures are reported there), and a GPU check when the pool's engine runs on CUDA (a
 machine type with GPUs and device `auto`, or an explicit `cuda`: `PoolSpec.engine_spec`).
@@ -28,7 +29,7 @@ from infra.fleet.instance_runs import InstanceRuns
 from infra.providers.bootstrap import WorkerBootstrap
 from infra.providers.interface import BootFile, BootPlan
 from infra.providers.pool import PoolSpec
-from infra.providers.startup import FLOW_RUN_ENV, LOCK_ENV, WHEEL_ENV, WHEELHOUSE_ENV, fetch_command
+from infra.providers.startup import FLOW_RUN_ENV, LOCK_ENV, USER_CODE_ENV, WHEEL_ENV, WHEELHOUSE_ENV, fetch_command
 from rl.engine_spec import EngineSpec
 
 log = logging.getLogger(__name__)
@@ -65,8 +66,16 @@ class CloudBoot:
         store_url: str,
         options: Mapping[str, Any] | None,
         scratch: Path,
+        user_code: Mapping[str, Path] | None = None,
     ) -> None:
-        """Build (or reuse) the wheel, lock it for each pool's extras with its wheelhouse, upload them (`install: wheel`)."""
+        """Build (or reuse) the wheel, lock it for each pool's extras with its wheelhouse, upload them
+        (`install: wheel`); pack and upload `user_code` (top-level module -> its source) for every pool."""
+        extra: tuple[BootFile, ...] = ()
+        if user_code:
+            archive = code_bundle.pack_user_code(user_code, scratch)
+            extra = (code_bundle.upload(archive, store_url, options, env=USER_CODE_ENV),)
+            log.info("cloud VMs fetch the run's modules %s from %s", ", ".join(user_code), extra[0].url)
+        self.files = {pool.name: extra for pool in pools}
         if bootstrap.install != "wheel":
             return
         wheel = Path(bootstrap.wheel) if bootstrap.wheel else code_bundle.build_wheel()
@@ -88,7 +97,7 @@ class CloudBoot:
                 locks[extras] = (shipped_lock, *self._wheelhouse(lock, bootstrap, store_url, options))
                 for file in locks[extras]:
                     log.info("cloud VMs of extras [%s] fetch %s", ",".join(sorted(extras)), file.url)
-            self.files[pool.name] = (shipped_wheel, *locks[extras])
+            self.files[pool.name] = (shipped_wheel, *locks[extras], *extra)
 
     @staticmethod
     def _wheelhouse(

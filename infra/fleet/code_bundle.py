@@ -1,15 +1,14 @@
 """The run's own code for its cloud VMs: one wheel, a lock of its dependencies, both in the store.
 
-- `build_wheel` builds the project's wheel from the source checkout this code runs from (`pip wheel
-  --no-deps --no-build-isolation`: offline, with this environment's setuptools), in a copy of the
-  files that go into it, cached by their content under `~/.cache/rlboost/wheels/<digest>/`
-  (`RLBOOST_WHEEL_CACHE`), so a re-run or a second pool of the same code reuses it.
+- `build_wheel` builds the project's wheel from its source checkout (`pip wheel --no-deps
+  --no-build-isolation`: offline), in a copy of the files that go into it, cached by their
+  content under `~/.cache/rlboost/wheels/<digest>/` (`RLBOOST_WHEEL_CACHE`).
 - `lock_requirements` pins the wheel's requirements (with a pool's extras), and theirs, to the
-  versions installed here: the VM runs what the training run runs. It reads this environment's
-  metadata, not a resolver (`uv pip compile` would need the index and could pick versions the run
-  never ran with); local labels are dropped (`torch==2.13.0`, not `+cpu`: a GPU VM gets its
-  platform's build), and a requirement not installed here (a GPU pool's `vllm` on a CPU trainer)
-  stays as the wheel declares it, the lock saying so.
+  versions installed here, from this environment's metadata (no resolver, no index); local labels
+  are dropped (`torch==2.13.0`, not `+cpu`), and a requirement not installed here (a GPU pool's
+  `vllm` on a CPU trainer) stays as the wheel declares it, the lock saying so.
+- `pack_user_code` packs the run's own modules outside the project (a user's reward or
+  environment package, `infra.run.user_code`) into one archive the VMs unpack onto `PYTHONPATH`.
 - `upload` puts a file under `<store>/code/<sha256>/<name>` (content-addressed: an existing copy
   of the same size is kept) and returns the `BootFile` a VM fetches and verifies.
 How a VM uses them: docs/cloud-pools.md ("What happens during a run"), docs/internals.md §3.
@@ -17,11 +16,13 @@ How a VM uses them: docs/cloud-pools.md ("What happens during a run"), docs/inte
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import zipfile
 from collections.abc import Iterable, Mapping
@@ -203,6 +204,32 @@ def _applies(requirement: Requirement, extras: set[str]) -> bool:
     if any(requirement.marker.evaluate({"extra": extra}) for extra in extras):
         return True
     return requirement.marker.evaluate({"extra": ""})
+
+
+def pack_user_code(modules: Mapping[str, Path], scratch: Path) -> Path:
+    """`modules` (top-level name -> package directory or `.py` file) in `<scratch>/user-code.tar.gz`,
+    each under its own name at the archive's root, byte for byte the same for the same files
+    (sorted, no times or owners: the same code uploads once)."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    target = scratch / "user-code.tar.gz"
+    members: list[tuple[str, Path]] = []
+    for name, source in sorted(modules.items()):
+        if source.is_dir():
+            files = (p for p in source.rglob("*") if p.is_file() and not SKIPPED_PARTS & set(p.parts))
+            members += [(f"{name}/{p.relative_to(source).as_posix()}", p) for p in files if p.suffix != ".pyc"]
+        else:
+            members.append((f"{name}{source.suffix}", source))
+    with (
+        open(target, "wb") as raw,
+        gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as packed,
+        tarfile.open(fileobj=packed, mode="w", format=tarfile.PAX_FORMAT) as archive,
+    ):
+        for arcname, path in sorted(members):
+            info = tarfile.TarInfo(arcname)
+            info.size, info.mode = path.stat().st_size, 0o644
+            with path.open("rb") as content:
+                archive.addfile(info, content)
+    return target
 
 
 def vm_url(url: str, options: Mapping[str, Any] | None = None) -> str:

@@ -8,9 +8,10 @@ wheel`, installs into `<install_dir>/venv` (`--system-site-packages`, reused) th
 venv holds it: from the run's wheelhouse with `--no-index` (an image's unpacked copy, else fetched;
 every wheel checked against its manifest; a failure logs one line and falls back to the index),
 then exactly the run's wheel `--no-deps` (`install: image` runs the baked-in venv as it is); (4)
-runs, under its cloud's preemption watcher, a Prefect worker that polls only the instance's work
-queue and exits when its one run ends. A failing step writes `rlboost boot failed on <instance>:
-<why>` to the boot log and sets the instance's flow run Failed through the Prefect API. Values are
+unpacks the run's own modules (a user's reward or environment package) onto `PYTHONPATH`; (5) runs,
+under its cloud's preemption watcher, a Prefect worker that polls only the instance's work queue
+and exits when its one run ends. A failing step writes `rlboost boot failed on <instance>: <why>`
+to the boot log and sets the instance's flow run Failed through the Prefect API. Values are
 shell-quoted; the script carries no credentials. Detail: docs/cloud-pools.md, docs/internals.md §3.
 """
 
@@ -33,6 +34,8 @@ WHEEL_ENV = env_vars.WHEEL
 """A `BootFile.env`: the local path of the run's wheel on the VM."""
 LOCK_ENV = env_vars.LOCK
 WHEELHOUSE_ENV = env_vars.WHEELHOUSE
+USER_CODE_ENV = env_vars.USER_CODE
+"""A `BootFile.env`: the run's own modules outside the project (`infra.fleet.code_bundle.pack_user_code`)."""
 """A `BootFile.env`: the run's wheelhouse archive (`infra.fleet.wheelhouse`), fetched only when needed."""
 MANIFEST = "SHA256SUMS"
 """A wheelhouse's manifest (`infra.fleet.wheelhouse`): one `<sha256>  <wheel file name>` line per
@@ -190,6 +193,7 @@ def render_startup_script(
         "1",
         "--run-once",
     ]
+    lines += _user_code_lines(plan, root)
     lines += [f"rlboost_log {q(f'starting the Prefect worker of {instance_id}')}", "trap - ERR"]
     lines.append("exec " + " ".join(q(part) for part in watch))
     return "\n".join(lines) + "\n"
@@ -310,6 +314,25 @@ def _wheelhouse_function(file: BootFile, root: str, instance_id: str, pip: str) 
         '  rlboost_log "installing the locked dependencies from the wheelhouse $home, with no index"',
         f'  {pip} --no-index --find-links "$home" -r "${LOCK_ENV}" || {{ rlboost_log {q(lacks)}; return 1; }}',
         "}",
+    ]
+
+
+def _user_code_lines(plan: BootPlan, root: str) -> list[str]:
+    """Unpack the run's own modules (once per archive) and put them on `PYTHONPATH`, which the
+    Prefect worker's flow runs inherit."""
+    file = next((f for f in plan.files if f.env == USER_CODE_ENV), None)
+    if file is None:
+        return []
+    q = shlex.quote
+    home = f"{root}/user-code/{file.sha256}"
+    return [
+        f"if [ ! -d {q(home)} ]; then",
+        f"  rm -rf {q(home + '.part')} && mkdir -p {q(home + '.part')}",
+        f'  tar -xzf "${USER_CODE_ENV}" -C {q(home + ".part")} || rlboost_fail '
+        + q(f"could not unpack the run's own modules ({file.name})"),
+        f"  mv {q(home + '.part')} {q(home)}",
+        "fi",
+        f'export PYTHONPATH={q(home)}"${{PYTHONPATH:+:$PYTHONPATH}}"',
     ]
 
 

@@ -24,7 +24,7 @@ import secrets
 import sys
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
@@ -51,6 +51,7 @@ from infra.run.colocated import ColocatedInstance, WithColocated
 from infra.run.fabric_config import CloudSettings, FabricConfig
 from infra.run.fleet_events import FleetEvents
 from infra.run.redis_outage import REDIS_ERRORS, lost_redis, public_url, wait_for_redis
+from infra.run.user_code import python_path
 from infra.services.redis_embedded import REDIS_CA_FILE_ENV, REDIS_URL_ENV, EmbeddedRedis, RedisSettings
 from infra.weights.config import WeightsConfig
 from infra.weights.model_source import upload_model
@@ -126,9 +127,12 @@ class RolloutFabric:
         trainer_device: str,
         instance_prefix: str = "",
         take_over_step: int | None = None,
+        user_code: Mapping[str, Path] | None = None,
         run_name: str | None = None,
     ) -> None:
         """`engine` is the run's engine (each pool's overrides apply); weights travel in its dtype.
+        `user_code` (top-level module -> its source, `infra.run.user_code`) reaches every instance:
+        local ones on `PYTHONPATH`, cloud VMs in the run's code bundle.
         `trainer_device` is where a colocated pool's engine runs when its device is `auto`.
         A re-run of a crashed run gives its attempt's `instance_prefix` (`infra.run.identity`) and
         the step it resumes, `take_over_step`: the controller takes the run's Redis state over
@@ -144,6 +148,7 @@ class RolloutFabric:
         self.run_dir = Path(run_dir)
         self.engine = engine
         self.instance_prefix = instance_prefix
+        self.user_code = dict(user_code or {})
         self.events = FleetEvents(run_name or run_id, run_id)
         """The run's Prefect events: preemptions, replacements, published versions."""
         self._redis_server: EmbeddedRedis | None = None
@@ -323,7 +328,7 @@ class RolloutFabric:
         boot = CloudBoot(runs, self.engine)
         cloud_pools = [pool for pool in self.config.pools if pool.provider != "local"]
         # The run's code before its secrets: a run that cannot ship its wheel leaves no Secret block.
-        boot.ship(cloud_pools, bootstrap, store, weights.store_options, self.run_dir / "code")
+        boot.ship(cloud_pools, bootstrap, store, weights.store_options, self.run_dir / "code", self.user_code)
         runs.publish_environment({REDIS_URL_ENV: self.redis_url, **self.peer_environment})
         return CloudFleet(
             self.config.pools,
@@ -390,7 +395,7 @@ class RolloutFabric:
                 log_dir=log_dir,
                 instance_prefix=self.instance_prefix,
                 placement=self.placement,
-                environment=self.peer_environment,
+                environment={**self.peer_environment, **self._user_code_path()},
             )
         return LocalProvider(
             self._worker_command,
@@ -402,11 +407,17 @@ class RolloutFabric:
 
     def worker_environment(self) -> dict[str, str]:
         """What a local instance's environment adds: the run's Redis (the URL carries its password,
-        so it stays off the command line), the CA of a rediss:// Redis, the weights secret."""
-        environment = {REDIS_URL_ENV: self.redis_url, **self.peer_environment}
+        so it stays off the command line), the CA of a rediss:// Redis, the weights secret, the
+        directories of the run's own modules on `PYTHONPATH`."""
+        environment = {REDIS_URL_ENV: self.redis_url, **self.peer_environment, **self._user_code_path()}
         if self.redis_ca_file is not None:
             environment[REDIS_CA_FILE_ENV] = str(self.redis_ca_file)
         return environment
+
+    def _user_code_path(self) -> dict[str, str]:
+        """`PYTHONPATH` with the directories of the run's own modules (none: nothing to add)."""
+        path = python_path(self.user_code, os.environ.get("PYTHONPATH"))
+        return {} if path is None else {"PYTHONPATH": path}
 
     def _ca_path(self) -> str | None:
         return None if self.redis_ca_file is None else str(self.redis_ca_file)

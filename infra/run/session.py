@@ -39,6 +39,7 @@ from infra.run.model_record import record_model
 from infra.run.preflight import in_process_engine_device, preflight
 from infra.run.redis_outage import RedisUnreachable, RunStopped
 from infra.run.step_record import History, StepRecord
+from infra.run.user_code import user_code
 from infra.run.sweep import SweepSchedule, start_sweeps
 from infra.run.workload import adapter_size, run_workload
 from rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -166,7 +167,7 @@ class TrainingSession:
                 trainer_device=str(self.device),
                 instance_prefix=self.identity.instance_prefix,
                 take_over_step=self.step + 1 if self.identity.resumed else None,
-                run_name=config.run.name,
+                user_code=user_code(config),
             )
             stack.callback(self._close_fabric)
             self._taken_over = self.fabric.take_over
@@ -344,9 +345,6 @@ class TrainingSession:
                 "preemptions": self.fabric.preemptions(),
                 "replaced": self.fabric.replaced() - replaced,
                 "infra_failed": dict(report.infra_failed),
-                "served_versions": dict(report.served_versions),
-                "wrong_weight_instances": report.wrong_weight_instances,
-                "wrong_weights": report.wrong_weights,
             }
             if self.environment is not None:
                 fabric_stats.update(asdict(trajectory_figures(samples)))

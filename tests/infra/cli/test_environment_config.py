@@ -1,5 +1,7 @@
 """`rlboost train` refuses a bad reward or environment before any work: one line naming the key,
-what was found and the fix, exit status 2, nothing written."""
+what was found and the fix, exit status 2, nothing written; a model asked to call tools through a
+chat template that cannot render them is refused the same way. The configuration's import paths
+find modules in the current directory, as `python -m` would."""
 
 from __future__ import annotations
 
@@ -10,6 +12,9 @@ from typer.testing import CliRunner
 
 from infra.cli.app import app
 from infra.run.config import parse_config
+from rl.models import build_tiny_llama, save_model
+from tests.helpers import tiny_shape
+from tests.rl.test_tool_calls import STRICT
 
 runner = CliRunner()
 
@@ -81,3 +86,32 @@ def test_an_environment_class_is_given_under_the_key_class() -> None:
         parse_config("environment:\n  args: {digits: 3}\n  name: calculator\n", "x.yaml")
     with pytest.raises(ValueError, match="not both or neither"):
         parse_config("environment:\n  name: calculator\n  class: rl.environments.calculator:Calculator\n")
+
+
+@pytest.mark.integration  # 15 s: imports the flow and Prefect, as `rlboost train` does before its preflight
+def test_train_refuses_a_chat_template_that_cannot_render_the_tool_calls_it_is_asked_for(tmp_path: Path) -> None:
+    model, tokenizer = build_tiny_llama(tiny_shape(smallest=True))
+    tokenizer.chat_template = STRICT  # raises on a `tool` message
+    save_model(model, tokenizer, tmp_path / "model")
+    output_dir = tmp_path / "runs"
+    sets = [f"model.path={tmp_path / 'model'}", f"run.output_dir={output_dir}", "environment.name=calculator"]
+    sets += ["prompt.chat_template=true", "fabric.enabled=true"]
+    result = runner.invoke(app, ["train", *(arg for value in sets for arg in ("--set", value))])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert lines[0] == "cannot start the run" and len(lines) == 2, result.output
+    assert lines[1].startswith(
+        f"prompt.chat_template: the model at {tmp_path / 'model'} is asked to call tools, but the chat template "
+        "cannot render a tool message (Conversation roles must alternate"
+    ), result.output
+    assert "prompt.chat_template: false for the text format" in lines[1]
+    assert not output_dir.exists()  # before any work
+
+
+def test_train_finds_a_reward_in_the_current_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "here_rewards_37.py").write_text("def one(response):\n    return 1.0\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", [p for p in __import__("sys").path if p not in ("", str(tmp_path))])
+    result = runner.invoke(app, ["train", "--set", "reward.function=here_rewards_37:one"])
+    assert result.exit_code == 2, result.output
+    assert "here_rewards_37:one takes (response) but a reward is called as fn(response, answer)" in result.output
