@@ -29,6 +29,7 @@ class MlflowTracking(_Tracker):
     """An MLflow run per rl-train run: every step's metrics, the configuration as parameters, the curves and final checkpoint path as artifacts."""
 
     kind: Literal["mlflow"]
+    """`mlflow`: which tracker the entry is."""
     uri: str | None = None
     """MLflow tracking URI: `http(s)://` a server, `sqlite:///...`, ... (default: a local store,
     `sqlite:///<run directory>/mlflow.db`, with artifacts in `<run directory>/mlflow-artifacts`)."""
@@ -40,6 +41,7 @@ class TensorboardTracking(_Tracker):
     """TensorBoard event files: every step's metrics as scalars, the configuration and final checkpoint as text, the curves as an image."""
 
     kind: Literal["tensorboard"]
+    """`tensorboard`: which tracker the entry is."""
     dir: Path | None = None
     """The log directory (`tensorboard --logdir` it; default: `<run directory>/tensorboard`); the
     run writes in a subdirectory named after its Prefect flow run."""
@@ -49,10 +51,12 @@ class WandbTracking(_Tracker):
     """A Weights & Biases run: every step's metrics, the configuration as its config, the curves as an image, the final checkpoint in its summary."""
 
     kind: Literal["wandb"]
+    """`wandb`: which tracker the entry is."""
     mode: Literal["online", "offline"] = "online"
     """`online` sends to W&B (`WANDB_BASE_URL`, `WANDB_API_KEY`); `offline` writes the run's files
     under `<run directory>/wandb`, for `wandb sync` later."""
     project: str = "rlboost"
+    """The W&B project the run goes in."""
     entity: str | None = None
     """W&B entity (user or team; default: the API key's)."""
 

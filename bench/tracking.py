@@ -1,0 +1,140 @@
+"""Tracking benchmark: the demo configuration with all three trackers on (MLflow on a real local
+`mlflow server`, TensorBoard, W&B offline) against the same run with none, alternating, through
+the real `rl-train` flow (pretraining the base model first if it is missing). In each tracked run
+the MLflow server is killed (SIGKILL) after a third of the steps and restarted after two thirds.
+
+    .venv/bin/python bench/tracking.py [--steps 20] [--pairs 2] [--set key=value ...]
+
+It prints one JSON line per run, then the summary line:
+{"overhead_s_per_step", "overhead_fraction", "metrics_logged", "mlflow_server_restart_survived"}
+(`overhead_s_per_step`: the tracked runs' mean step seconds (`step_s` of the step records) minus
+the untracked runs'; `overhead_fraction`: that over the untracked mean; `metrics_logged`: metric
+values the MLflow server holds for the last tracked run; `mlflow_server_restart_survived`: every
+tracked run completed and MLflow holds every one of its steps, those after the restart included).
+Goal: overhead <= 2% of step time (docs/tracking.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
+
+import yaml  # noqa: E402
+
+import flows  # noqa: E402,F401  (Prefect defaults before Prefect is imported)
+from infra.run.config import load_config  # noqa: E402
+from infra.tracking.local_server import MlflowServer  # noqa: E402
+
+
+def steps_done(run_dir: Path) -> int:
+    return len(list((run_dir / "steps").glob("*/metrics.json")))
+
+
+def step_seconds(run_dir: Path) -> list[float]:
+    rows = [json.loads(p.read_text()) for p in sorted((run_dir / "steps").glob("*/metrics.json"))]
+    return [row["step_s"] for row in rows if isinstance(row.get("step_s"), (int, float))]
+
+
+def kill_and_restart(server: MlflowServer, run_dir: Path, steps: int, done: threading.Event, log: dict) -> None:
+    """Kill the server once a third of the steps are done, restart it at two thirds."""
+    for fraction, action in ((1 / 3, server.stop), (2 / 3, server.start)):
+        while steps_done(run_dir) < max(1, round(steps * fraction)):
+            if done.wait(0.1):
+                return
+        action()
+        log[action.__name__] = steps_done(run_dir)
+
+
+def mlflow_steps(server: MlflowServer, run_dir: Path) -> tuple[list[int], int]:
+    """(the steps MLflow holds `reward` for, all metric values it holds) of the run."""
+    from mlflow.tracking import MlflowClient
+
+    saved = json.loads((run_dir / "tracking.json").read_text())["mlflow"]
+    client = MlflowClient(tracking_uri=server.url)
+    run = client.get_run(saved["run_id"])
+    values = sum(len(client.get_metric_history(run.info.run_id, key)) for key in run.data.metrics)
+    return sorted({m.step for m in client.get_metric_history(run.info.run_id, "reward")}), values
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=None, help="run configuration (default: the demo's)")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--pairs", type=int, default=2, help="tracked/untracked pairs, alternating")
+    parser.add_argument("--set", action="append", default=[], dest="sets", help="a config override, key=value")
+    args = parser.parse_args()
+    overrides = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.sets)}
+    overrides["run.steps"] = args.steps
+    config = load_config(args.config, overrides)
+    if not (config.model.path / "config.json").exists():
+        from rl.pretrain import pretrain
+
+        pretrain(config.pretrain, config.model, threads=config.run.torch_threads)
+
+    from infra.services.prefect_api import current_api_url, start_guarded_ephemeral_server
+
+    if current_api_url() is None:
+        start_guarded_ephemeral_server()
+    from flows.rl_train import run_training
+
+    stamp, results, survived, logged = int(time.time()), {True: [], False: []}, True, 0
+    with tempfile.TemporaryDirectory() as scratch, MlflowServer(Path(scratch) / "mlflow") as server:
+        for pair in range(args.pairs):
+            for tracked in (True, False) if pair % 2 == 0 else (False, True):
+                name = f"bench-tracking-{stamp}-{pair}-{'on' if tracked else 'off'}"
+                run = {**overrides, "run.name": name}
+                if tracked:
+                    run["tracking"] = [
+                        {"kind": "mlflow", "uri": server.url},
+                        {"kind": "tensorboard"},
+                        {"kind": "wandb", "mode": "offline"},
+                    ]
+                run_dir = load_config(args.config, run).run.directory
+                done, restarts = threading.Event(), {}
+                chaos = threading.Thread(target=kill_and_restart, args=(server, run_dir, args.steps, done, restarts))
+                if tracked:
+                    chaos.start()
+                started = time.perf_counter()
+                try:
+                    summary = run_training(args.config, run)
+                finally:
+                    done.set()
+                    if tracked:
+                        chaos.join()
+                seconds = step_seconds(run_dir)
+                results[tracked].append(statistics.fmean(seconds))
+                line = {"tracked": tracked, "run_s": round(time.perf_counter() - started, 2)}
+                line["step_s_mean"] = round(statistics.fmean(seconds), 4)
+                if tracked:
+                    if server.process is None:  # the run ended before the restart point
+                        server.start()
+                    held, logged = mlflow_steps(server, run_dir)
+                    survived &= held == list(range(1, args.steps + 1)) and "start" in restarts
+                    line |= {"mlflow_steps": len(held), "metrics_logged": logged, "server": restarts}
+                    line |= {k: v for k, v in summary.items() if k.startswith("tracking_")}
+                print(json.dumps(line), flush=True)
+    on, off = statistics.fmean(results[True]), statistics.fmean(results[False])
+    print(
+        json.dumps(
+            {
+                "overhead_s_per_step": round(on - off, 4),
+                "overhead_fraction": round((on - off) / off, 4),
+                "metrics_logged": logged,
+                "mlflow_server_restart_survived": survived,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
