@@ -196,6 +196,8 @@ class RolloutController:
         self.registry = InstanceRegistry(client, run_id)
         self._prefix = controller_prefix(run_id)
         self._steal_at: dict[str, float] = {}
+        self._max_turns: dict[str, int] = {}
+        """``<step>/<group>/`` -> the environment's `max_turns`, for the admitted trajectory groups."""
         self._orphan_scan_at = float("-inf")
         self._orphan_seen: dict[str, float] = {}
         """Unregistered owners of running samples, and when each was first seen so."""
@@ -236,10 +238,14 @@ class RolloutController:
         if finished is not None:
             return StepReport.from_json(finished)
         log = TokenLog(self.redis, self.run_id)
+        self._max_turns = {k: v for k, v in self._max_turns.items() if int(k.split("/")[0]) >= step}
         for admitted in (
             AdmittedStep(step, policy_version, policy_version if min_version is None else min_version, groups),
             *ahead,
         ):
+            for group in admitted.groups:
+                if group.environment is not None:
+                    self._max_turns[f"{admitted.step}/{group.group_id}/"] = group.environment.max_turns
             if not log.enqueue_step(admitted.step, admitted.policy_version, admitted.groups, admitted.min_version):
                 stored = log.step_status(admitted.step).policy_version
                 if stored != admitted.policy_version:
@@ -347,8 +353,9 @@ class RolloutController:
         }
 
     def _snapshot(self, log: TokenLog, status: StepStatus, started_at: float) -> ClusterSnapshot:
-        """The registry and the step's leases, on the controller's clock; credits the logged
-        tokens of running samples to their owners."""
+        """The registry and the step's leases (a trajectory's turns and whether it waits for its
+        environment), on the controller's clock; credits the logged tokens of running samples to
+        their owners."""
         now = self.clock()
         seconds, micros = self.redis.time()
         server_now = seconds + micros / 1e6
@@ -358,7 +365,17 @@ class RolloutController:
         for instance in instances:
             samples = []
             for lease in leases.running[instance.spec.instance_id]:
-                samples.append(RunningSample(lease.sample_id, lease.logged, lease.budget))
+                group = lease.sample_id[: lease.sample_id.rfind("/") + 1]
+                samples.append(
+                    RunningSample(
+                        lease.sample_id,
+                        lease.logged,
+                        lease.budget,
+                        turns=lease.turns,
+                        max_turns=self._max_turns.get(group, 1),
+                        awaiting_env=lease.sample_id in instance.awaiting,
+                    )
+                )
                 observed[lease.sample_id] = (instance.spec.instance_id, lease.logged)
             heard = instance.last_heartbeat or instance.registered_at
             views.append(

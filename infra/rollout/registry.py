@@ -16,6 +16,7 @@ Key layout (``P = "rlb:{<run_id>}:reg:"``): ``P members`` (set of instance ids),
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import cast
 
@@ -44,6 +45,8 @@ class InstanceSnapshot:
     weights_sha: str | None = None
     """The sha of the weights it decodes with (`infra.weights.manifest.fingerprint` of the state
     it loaded; None: the base model it started on, or not reported)."""
+    awaiting: frozenset[str] = frozenset()
+    """Its trajectories whose turn ended and that wait for their environment's answer."""
 
 
 # KEYS[1] = members set; ARGV: P, id, ttl_ms, then field/value pairs to set
@@ -58,14 +61,15 @@ redis.call('SET', P .. 'alive:' .. id, 1, 'PX', ARGV[3])
 return 1
 """
 
-# KEYS[1] = members set; ARGV: P, id, ttl_ms, version ('' = none), free slots, running, sha ('' = none)
+# KEYS[1] = members set; ARGV: P, id, ttl_ms, version ('' = none), free slots, running, sha ('' = none),
+# awaiting (sample ids, space-separated)
 _HEARTBEAT = """
 local P, id = ARGV[1], ARGV[2]
 if redis.call('SISMEMBER', KEYS[1], id) == 0 then return 0 end
 local t = redis.call('TIME')
 redis.call('SET', P .. 'alive:' .. id, 1, 'PX', ARGV[3])
 redis.call('HSET', P .. 'i:' .. id, 'heartbeat_at', t[1] .. '.' .. string.format('%06d', t[2]),
-  'version', ARGV[4], 'free_slots', ARGV[5], 'running', ARGV[6], 'sha', ARGV[7])
+  'version', ARGV[4], 'free_slots', ARGV[5], 'running', ARGV[6], 'sha', ARGV[7], 'awaiting', ARGV[8])
 return 1
 """
 
@@ -130,11 +134,13 @@ class InstanceRegistry:
         running: int,
         ttl_s: float,
         weights_sha: str | None = None,
+        awaiting: Collection[str] = (),
     ) -> bool:
-        """Refresh liveness (for `ttl_s`), load and the weights served; False if the instance is not
-        registered (it was evicted and must stop)."""
+        """Refresh liveness (for `ttl_s`), load, the weights served and the trajectories `awaiting`
+        their environment; False if the instance is not registered (it was evicted and must stop)."""
         version = "" if policy_version is None else policy_version
         args = [self.prefix, instance_id, _ttl_ms(ttl_s), version, free_slots, running, weights_sha or ""]
+        args.append(" ".join(sorted(awaiting)))
         return bool(self._heartbeat(keys=[self._members], args=args))
 
     def deregister(self, instance_id: str) -> bool:
@@ -174,6 +180,7 @@ class InstanceRegistry:
                     free_slots=int(field["free_slots"]),
                     running=int(field["running"]),
                     weights_sha=field.get("sha") or None,
+                    awaiting=frozenset(field.get("awaiting", "").split()),
                 )
             )
         return snapshots

@@ -46,6 +46,11 @@ def _records_key(prefix: str, sample_id: str) -> str:
     return f"{prefix}s:{sample_id}:r"
 
 
+def _turns_key(prefix: str, sample_id: str) -> str:
+    """``P s:<sample>:t``: a trajectory's completed turns (`LoggedTurn` entries)."""
+    return f"{prefix}s:{sample_id}:t"
+
+
 def _queue_key(prefix: str, step: int) -> str:
     """``P q:<step>``: zset of the step's queued samples (score < 0: with logged tokens)."""
     return f"{prefix}q:{step}"
@@ -420,6 +425,8 @@ class RunningLease(NamedTuple):
     """Response tokens logged."""
     budget: int
     """Its response budget (max_new_tokens); 0 if the sample is gone."""
+    turns: int = 0
+    """A trajectory's model turns completed (answered by its environment and logged)."""
 
 
 @dataclass(frozen=True)
@@ -802,7 +809,7 @@ class TokenLog:
             pipe.zcount(_queue_key(prefix, step), "-inf", "(0")  # scores < 0: logged tokens
 
     def step_leases(self, step: int, instance_ids: Sequence[str]) -> StepLeases:
-        """Each instance's running samples of `step` (logged tokens, budget) and how many of the
+        """Each instance's running samples of `step` (logged tokens, budget, turns) and how many of the
         step's queued samples have logged tokens: two round trips (pipelines), however many
         instances."""
         pipe = self.client.pipeline(transaction=False)
@@ -820,13 +827,14 @@ class TokenLog:
             shard_prefix = self.prefixes[self.shard_of(sid)]
             pipe.hget(_sample_key(shard_prefix, sid), "max_new")
             pipe.strlen(_records_key(shard_prefix, sid))
+            pipe.llen(_turns_key(shard_prefix, sid))
         replies = iter(pipe.execute())
         leases: dict[str, list[RunningLease]] = {}
         for instance_id, sids in zip(instance_ids, running):
             leases[instance_id] = []
             for sid in sids:
-                budget, nbytes = next(replies), next(replies)
-                leases[instance_id].append(RunningLease(sid, nbytes // RECORD.itemsize, int(budget or 0)))
+                budget, nbytes, turns = next(replies), next(replies), next(replies)
+                leases[instance_id].append(RunningLease(sid, nbytes // RECORD.itemsize, int(budget or 0), int(turns)))
         return StepLeases(leases, queued_partial)
 
     def queued_partial(self, step: int) -> int:

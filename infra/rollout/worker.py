@@ -149,6 +149,9 @@ class RolloutWorker:
         """The exception that ended `run()` with exit code 1, if one did."""
         self.stats = WorkerStats()
         self.held: dict[str, Held] = {}
+        self.awaiting: frozenset[str] = frozenset()
+        """Trajectories whose turn ended, waiting for their environment's answer (the heartbeat
+        reports them: the steal policy leaves them where they are); set by the main loop only."""
         self._poll_s = config.poll_ms / 1000
         self._flush_s = config.flush_ms / 1000
         self._stop = threading.Event()
@@ -293,6 +296,11 @@ class RolloutWorker:
                     self._sleep_if_released()
                     self._idle()
                 self._advance_trajectories()
+                self.awaiting = frozenset(
+                    h.sample_id
+                    for h in self.held.values()
+                    if h.episode is not None and h.turn_end is not None and h.finish is None
+                )
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 # Buffers are kept; flushes carry offsets, so retrying them later is exactly-once.
                 log.warning("Redis unavailable (%s); retrying in %.0f ms", exc, self.config.poll_ms)
@@ -724,6 +732,7 @@ class RolloutWorker:
                 running,
                 self.config.ttl_s,
                 self.weights_sha,
+                self.awaiting,
             )
         except redis.RedisError as exc:
             log.warning("heartbeat failed: %s", exc)

@@ -23,11 +23,24 @@ class RunningSample:
     """Tokens generated so far, logged prefix included."""
     budget: int
     """Maximum response length in tokens."""
+    turns: int = 0
+    """Model turns of a trajectory completed so far, each answered by its environment (0: a
+    single-turn sample, or a trajectory in its first turn)."""
+    max_turns: int = 1
+    """Its environment's `max_turns` (1: a single-turn sample)."""
+    awaiting_env: bool = False
+    """A trajectory whose turn ended and waits for its environment's answer (a tool call): it
+    decodes nothing now, however much budget it has left."""
 
     @property
     def remaining(self) -> int:
         """Tokens still allowed: an upper bound on what is left to generate."""
         return max(0, self.budget - self.tokens_generated)
+
+    @property
+    def turns_left(self) -> int:
+        """Model turns it may still run, the current one included (at least 1)."""
+        return max(1, self.max_turns - self.turns)
 
 
 @dataclass(frozen=True)
@@ -55,6 +68,11 @@ class InstanceView:
     @property
     def free_slots(self) -> int:
         return max(0, self.slots - len(self.running))
+
+    @property
+    def decoding(self) -> int:
+        """Running samples it decodes now (not waiting for their environment)."""
+        return sum(1 for s in self.running if not s.awaiting_env)
 
     @property
     def rollout_only(self) -> bool:

@@ -1,5 +1,6 @@
 """Token-level load balancing: when the queue is empty, ask heavily loaded instances to release
-some running samples so that idle slots elsewhere pick them up from their logged prefix.
+some running samples so that idle slots elsewhere pick them up from their logged prefix. A
+trajectory counts by its turns left and is never taken while it waits for its environment.
 
 Each decision names its receiver: the token log routes the released samples to it
 (`TokenLog.release(..., to=...)`), so the instance the balance was computed for is the one that
@@ -52,30 +53,33 @@ class StealDecision:
 
 
 def _stealable(instance: InstanceView, config: StealConfig) -> list[RunningSample]:
-    """Candidates, most remaining budget first (with equal budgets also the shortest prefix to
-    re-prefill), never cutting into the `min_keep` samples it keeps."""
+    """Candidates, most turns left first (a trajectory's later turns are work its budget alone
+    does not show), then most remaining budget, never cutting into the `min_keep` decoding samples
+    it keeps. A trajectory waiting for its environment is never one: it decodes nothing there, and
+    moving it would move its pending tool call."""
     candidates = sorted(
-        (s for s in instance.running if s.remaining >= config.min_remaining_tokens),
-        key=lambda s: (-s.remaining, s.sample_id),
+        (s for s in instance.running if s.remaining >= config.min_remaining_tokens and not s.awaiting_env),
+        key=lambda s: (-s.turns_left, -s.remaining, s.sample_id),
     )
-    return candidates[: max(0, len(instance.running) - config.min_keep)]
+    return candidates[: max(0, instance.decoding - config.min_keep)]
 
 
 def steal(snapshot: ClusterSnapshot, config: StealConfig, *, reserved_released: bool) -> tuple[StealDecision, ...]:
     """Steal decisions for this snapshot; none while any sample is queued.
 
     Receivers are the instances that may claim (`claims.eligible`: free slots, alive, not
-    draining, on the step's version). Victims are active instances outside their cooldown. One sample at a time
-    moves from the most loaded victim to the least loaded receiver (ties by `instance_id`) while
-    their running counts differ by at least `min_gap`; an instance is never both victim and
-    receiver. The total stolen never exceeds the receivers' free slots. One decision per
+    draining, on the step's version). Victims are active instances outside their cooldown. One
+    sample at a time moves from the most loaded victim to the least loaded receiver (ties by
+    `instance_id`) while their decoding counts (running samples not waiting for their environment)
+    differ by at least `min_gap`; an instance is never both victim and receiver. The total stolen
+    never exceeds the receivers' free slots. One decision per
     (victim, receiver) pair, sorted by both.
     """
     if snapshot.queue.queued > 0:
         return ()
     now = snapshot.now
     live = [i for i in snapshot.instances if active(snapshot, i, reserved_released=reserved_released)]
-    load = {i.instance_id: len(i.running) for i in live}
+    load = {i.instance_id: i.decoding for i in live}
     room = {i.instance_id: i.free_slots for i in live if i.free_slots > 0}
     pool = {
         i.instance_id: _stealable(i, config)

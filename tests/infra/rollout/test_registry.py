@@ -45,6 +45,10 @@ def test_register_heartbeat_snapshot(registry):
     assert (b.policy_version, b.free_slots, b.running) == (3, 5, 3)
     assert b.last_heartbeat is not None and abs(b.last_heartbeat - time.time()) < 5
     assert not registry.heartbeat("nobody", 0, 1, 0, TTL_S)
+    assert b.awaiting == frozenset()
+    assert registry.heartbeat("b", 3, 5, 3, TTL_S, awaiting=["3/1/0", "3/0/2"])  # trajectories at a tool
+    (b,) = [s for s in registry.alive() if s.spec.instance_id == "b"]
+    assert b.awaiting == {"3/0/2", "3/1/0"}
 
 
 def test_the_hash_of_an_instance_keeps_its_encoding(registry):

@@ -189,3 +189,13 @@ def test_env_seconds_waits_and_mid_turn_migrations_are_recorded_once(log):
     assert all(0 <= r.life_s < 60 for r in (first, second, third))
     samples = samples_of_group([first, second])
     assert [s.migrated_mid_turn for s in samples] == [1, 0] and samples[0].wait_s == 0.75
+
+
+def test_a_running_trajectorys_lease_shows_its_completed_turns(log):
+    """What the controller's snapshot reads for the steal policy (`RunningSample.turns`)."""
+    assert log.enqueue_step(0, 4, [group()])
+    (claim,) = log.claim(0, "a", 4, 1)
+    assert log.step_leases(0, ["a"]).running["a"][0].turns == 0
+    assert log.log([model(claim, [10, 11, 12], 0), env(claim, [20, 21], 3, 0, "15012")]) == [True, True]
+    (lease,) = log.step_leases(0, ["a"]).running["a"]
+    assert (lease.logged, lease.budget, lease.turns) == (5, 32, 1)
