@@ -40,9 +40,29 @@ class Problem:
     family: str
 
 
-def _is_held_out(operands: tuple[int, ...]) -> bool:
-    digest = hashlib.blake2b(repr(operands).encode(), digest_size=4).digest()
+def held_out(key: object) -> bool:
+    """Whether a problem of `key` (its operands; with its family where families draw the same
+    operands) is in the held-out split: one of `HELD_OUT_BUCKETS` buckets of its hash."""
+    digest = hashlib.blake2b(repr(key).encode(), digest_size=4).digest()
     return int.from_bytes(digest, "little") % HELD_OUT_BUCKETS == 0
+
+
+def check_split(split: str) -> None:
+    if split not in ("train", "eval"):
+        raise ValueError(f"unknown split {split!r}; expected 'train' or 'eval'")
+
+
+def distinct(stream: Iterator[Problem], size: int) -> list[Problem]:
+    """The first `size` problems of `stream` with distinct prompts (an evaluation set)."""
+    seen: set[str] = set()
+    problems: list[Problem] = []
+    for problem in stream:
+        if problem.prompt not in seen:
+            seen.add(problem.prompt)
+            problems.append(problem)
+        if len(problems) == size:
+            return problems
+    raise ValueError(f"the stream ended before {size} distinct problems")
 
 
 WORDS_NAMES = ("Sam", "Mia", "Leo", "Ava", "Ben", "Zoe", "Max", "Lily")
@@ -106,13 +126,12 @@ def problem_stream(family: str, seed: int, split: str = "train") -> Iterator[Pro
     """Endless stream of problems of one family from one split (`train` or `eval`)."""
     if family not in FAMILIES:
         raise ValueError(f"unknown problem family {family!r}; expected one of {FAMILIES}")
-    if split not in ("train", "eval"):
-        raise ValueError(f"unknown split {split!r}; expected 'train' or 'eval'")
+    check_split(split)
     want_held_out = split == "eval"
     rng = random.Random(f"{family}:{split}:{seed}")
     while True:
         operands = _operands(rng, family)
-        if _is_held_out(operands) == want_held_out:
+        if held_out(operands) == want_held_out:
             yield make_problem(operands, family)
 
 
@@ -122,12 +141,4 @@ def take(stream: Iterator[Problem], n: int) -> list[Problem]:
 
 def eval_set(family: str, size: int, seed: int = 12345) -> list[Problem]:
     """A fixed held-out evaluation set of distinct problems."""
-    seen: set[str] = set()
-    problems: list[Problem] = []
-    for problem in problem_stream(family, seed, split="eval"):
-        if problem.prompt not in seen:
-            seen.add(problem.prompt)
-            problems.append(problem)
-        if len(problems) == size:
-            return problems
-    raise AssertionError("unreachable")
+    return distinct(problem_stream(family, seed, split="eval"), size)

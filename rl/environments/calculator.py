@@ -15,7 +15,6 @@ or out of the result) as `rl.problems`' corpus has noisy answers.
 from __future__ import annotations
 
 import ast
-import hashlib
 import operator
 import random
 import re
@@ -24,7 +23,7 @@ from typing import Any
 
 from rl.environments.protocol import StepKey, StepResult, ToolCall, ToolEnvironment, ToolError, Turn
 from rl.environments.tool_calls import TextToolFormat
-from rl.problems import HELD_OUT_BUCKETS, Problem
+from rl.problems import Problem, check_split, distinct, held_out
 from rl.rewards import extract_final_number, normalize_number
 
 FAMILY = "calculator"
@@ -107,11 +106,6 @@ class Calculator(ToolEnvironment):
         return StepResult(observation=None, done=True, reward=1.0 if correct else 0.0)
 
 
-def _is_held_out(operands: tuple[int, ...]) -> bool:
-    digest = hashlib.blake2b(repr((FAMILY, operands)).encode(), digest_size=4).digest()
-    return int.from_bytes(digest, "little") % HELD_OUT_BUCKETS == 0
-
-
 def _operands(rng: random.Random, kinds: tuple[str, ...] = KINDS) -> tuple[int, ...]:
     kind = KINDS.index(kinds[rng.randrange(len(kinds))])
     if KINDS[kind] == "mul":
@@ -137,28 +131,19 @@ def problem_stream(
     seed: int, split: str = "train", chat: bool = False, kinds: tuple[str, ...] = KINDS
 ) -> Iterator[Problem]:
     """Endless stream of calculator problems from one split (`train` or `eval`), of `kinds` only."""
-    if split not in ("train", "eval"):
-        raise ValueError(f"unknown split {split!r}; expected 'train' or 'eval'")
+    check_split(split)
     if not kinds or not set(kinds) <= set(KINDS):
         raise ValueError(f"kinds must be a non-empty subset of {KINDS}, got {kinds}")
     rng = random.Random(f"{FAMILY}:{split}:{seed}")
     while True:
         operands = _operands(rng, kinds)
-        if _is_held_out(operands) == (split == "eval"):
+        if held_out((FAMILY, operands)) == (split == "eval"):
             yield make_problem(operands, chat)
 
 
 def eval_set(size: int, seed: int = 12345, chat: bool = False, kinds: tuple[str, ...] = KINDS) -> list[Problem]:
     """A fixed held-out evaluation set of distinct problems (of `kinds` only)."""
-    seen: set[str] = set()
-    problems: list[Problem] = []
-    for problem in problem_stream(seed, "eval", chat, kinds):
-        if problem.prompt not in seen:
-            seen.add(problem.prompt)
-            problems.append(problem)
-        if len(problems) == size:
-            return problems
-    raise AssertionError("unreachable")
+    return distinct(problem_stream(seed, "eval", chat, kinds), size)
 
 
 def _turns(expr: str, answer: str) -> tuple[Turn, ...]:

@@ -93,14 +93,14 @@ def test_unknown_family_and_split_error():
 
 
 def test_held_out_fraction_is_about_one_in_ten():
-    from rl.problems import HELD_OUT_BUCKETS, _is_held_out
+    from rl.problems import HELD_OUT_BUCKETS, held_out
 
     pairs = [(a, b) for a in range(10, 110) for b in range(100, 150)]
-    fraction = sum(map(_is_held_out, pairs)) / len(pairs)
+    fraction = sum(map(held_out, pairs)) / len(pairs)
     assert abs(fraction - 1 / HELD_OUT_BUCKETS) < 0.02
     # Every eval problem is held out, no train problem is.
-    assert all(_is_held_out(tuple(_operands(p.prompt))) for p in eval_set("add", 200))
-    assert not any(_is_held_out(tuple(_operands(p.prompt))) for p in take(problem_stream("add", 0), 500))
+    assert all(held_out(tuple(_operands(p.prompt))) for p in eval_set("add", 200))
+    assert not any(held_out(tuple(_operands(p.prompt))) for p in take(problem_stream("add", 0), 500))
 
 
 def test_words_problems_are_right_and_ask_for_the_gsm8k_answer():
