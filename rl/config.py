@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from rl.environments.registry import (
     ENVIRONMENTS,
@@ -518,7 +518,27 @@ class EvalConfig(Section):
     """Evaluate every this many RL steps (and before the first and after the last)."""
     size: int = Field(default=256, ge=1)
     """Held-out problems per evaluation."""
-    samples_per_problem: int = Field(default=1, ge=1)
-    """Sampled responses per problem (accuracy is their mean)."""
+    samples: int = Field(default=1, ge=1, validation_alias=AliasChoices("samples", "samples_per_problem"))
+    """Sampled responses per problem, n (`samples_per_problem` is read as this too): accuracy
+    (avg@k) is their mean, and pass@k is estimated from them without bias for every k <= n."""
+    k: tuple[int, ...] = (1,)
+    """The k of pass@k: the chance that one of k responses to a problem is correct, estimated from
+    the `samples` responses (Chen et al. 2021); each k between 1 and `samples`."""
     temperature: float = Field(default=1.0, gt=0)
     """Sampling temperature of the evaluation (1.0: the policy's own distribution)."""
+    on_checkpoint: bool = False
+    """Emit the Prefect event `rlboost.checkpoint.saved` (resource `rlboost.run.<run.name>`) for
+    every checkpoint saved, on which the automation `rlboost up` creates runs the `rl-eval/checkpoint`
+    deployment: pass@k of that checkpoint on the run's rollout fabric (docs/evaluation.md)."""
+
+    @model_validator(mode="after")
+    def _k_within_samples(self) -> EvalConfig:
+        if not self.k:
+            raise ValueError(
+                f"eval.k is empty: give at least one k, e.g. eval.k: [1] (each k <= eval.samples={self.samples})"
+            )
+        for k in self.k:
+            if not 1 <= k <= self.samples:
+                fix = "k must be at least 1" if k < 1 else f"raise eval.samples to {k} or more, or drop k={k}"
+                raise ValueError(f"eval.k={list(self.k)} has k={k} outside 1..eval.samples={self.samples}: {fix}")
+        return self

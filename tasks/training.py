@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextvars
 import threading
+from pathlib import Path
 
 from prefect import task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
@@ -15,6 +16,7 @@ from prefect.cache_policies import NO_CACHE
 
 from infra.run.reporting import artifact_key
 from infra.run.session import get_session
+from tasks.checkpoint_event import emit_checkpoint_saved
 
 TASK_OPTIONS = {"cache_policy": NO_CACHE, "persist_result": False}
 
@@ -102,8 +104,13 @@ def evaluate_task(session_key: str) -> float:
 
 @task(name="checkpoint", **TASK_OPTIONS)
 def checkpoint_task(session_key: str) -> str:
-    """Write an atomic checkpoint (policy, optimizer, RNG, data cursor, history); returns its path."""
-    return get_session(session_key).checkpoint()
+    """Write an atomic checkpoint (policy, optimizer, RNG, data cursor, history); returns its path.
+    With `eval.on_checkpoint` it emits `rlboost.checkpoint.saved` (`tasks.checkpoint_event`)."""
+    session = get_session(session_key)
+    path = session.checkpoint()
+    if session.config.eval.on_checkpoint:
+        emit_checkpoint_saved(session.config.run.name, session.run_id, session.step, Path(path))
+    return path
 
 
 @task(name="account", **TASK_OPTIONS)

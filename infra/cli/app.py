@@ -1,10 +1,10 @@
-"""The `rlboost` command line: `demo`, `train --config FILE`, `pretrain`, `import-model`, `worker`, `simulate`, `cost`, `status`, `export`, `up`, `down`, `trainer-node`, `cloud sweep`.
+"""The `rlboost` command line: `demo`, `train --config FILE`, `pretrain`, `import-model`, `worker`, `simulate`, `cost`, `status`, `eval`, `export`, `up`, `down`, `trainer-node`, `cloud sweep`.
 
 The CLI is the top layer, above the flows it starts: `rlboost train` runs the `rl-train` flow in
 this process. It imports torch, transformers and the flows only inside the commands that need
 them, so `rlboost --help` and configuration errors come back at once. Every command is declared
 the same way, with a Typer decorator: here on `app`, or on the `commands` Typer of its own module
-(`cost`, `status`, `export`, `stack`, `trainer_node`; `cloud` is a group), which `app.add_typer` adds."""
+(`cost`, `status`, `evaluate`, `export`, `stack`, `trainer_node`; `cloud` is a group), which `app.add_typer` adds."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from infra.cli import cloud, cost, export, stack, status, trainer_node
+from infra.cli import cloud, cost, evaluate, export, stack, status, trainer_node
 from infra.cli.failures import NamedFailure, ending
 from infra.cli.run_config import load_run_config, parse_overrides
 from infra.run.config import DEFAULT_CONFIG, ConfigError
@@ -346,7 +346,7 @@ def simulate(
 
 
 # The commands that live in their own modules, each on its module's Typer; `cloud` is a group.
-for module in (cost, export, stack, status, trainer_node):
+for module in (cost, evaluate, export, stack, status, trainer_node):
     app.add_typer(module.commands)
 app.add_typer(cloud.cloud, name="cloud")
 

@@ -32,6 +32,7 @@ from infra.rollout.tokenlog import EnvironmentSpec
 from infra.run.accounting import RunAccounting
 from infra.run.config import RunConfig
 from infra.run.driver_lock import session_lock
+from infra.run.eval_result import EvalResult
 from infra.run.fabric import RolloutFabric
 from infra.run.group_progress import GroupProgress
 from infra.run.identity import claim_identity
@@ -39,8 +40,8 @@ from infra.run.model_record import record_model
 from infra.run.preflight import in_process_engine_device, preflight
 from infra.run.redis_outage import RedisUnreachable, RunStopped
 from infra.run.step_record import History, StepRecord
-from infra.run.user_code import user_code
 from infra.run.sweep import SweepSchedule, start_sweeps
+from infra.run.user_code import user_code
 from infra.run.workload import adapter_size, run_workload
 from rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rl.config import PromptConfig
@@ -50,8 +51,8 @@ from rl.distributed.trainer import DistributedTrainer
 from rl.engine_factory import build_engine
 from rl.environments.registry import EnvironmentFactory, load_environment, load_reward
 from rl.environments.tool_calls import ToolFormatError, make_tool_format
-from rl.evaluation import evaluate_accuracy
-from rl.generation import GenerationEngine, SamplingParams
+from rl.evaluation import evaluate_pass_at_k
+from rl.generation import GenerationEngine
 from rl.models import load_policy, load_tokenizer
 from rl.prompt_source import PromptSource
 from rl.prompts import check_chat_template, encode_prompt
@@ -104,7 +105,7 @@ class TrainingSession:
         self.device = resolve_device(config.model.device, "model.device")
         self.tokenizer = load_tokenizer(config.model.path, config.model.gguf_file)
         check_chat_template(self.tokenizer, config.prompt, config.model.path)  # before any work
-        self.environment, self.rollout_prompt = _trajectories(config, self.tokenizer)
+        self.environment, self.rollout_prompt = trajectory_spec(config, self.tokenizer)
         self.model, self.trainer = _make_trainer(config, self.device, self.tokenizer.pad_token_id)
         stack.callback(self.trainer.close)
         self.adapter = adapter_size(self.trainer.policy_state()) if config.model.lora is not None else None
@@ -143,6 +144,8 @@ class TrainingSession:
         """Per step in progress: tokens each instance generated, tokens wasted (for the ledger)."""
         self._taken_over = None
         """What the dead attempt left of the first step (reported in that step's metrics)."""
+        self.last_eval: EvalResult | None = None
+        """The latest evaluation's pass@k and avg@k (`evaluate`)."""
         self._open_fabric(config, stack, offload_state)
 
     def _open_fabric(self, config: RunConfig, stack: ExitStack, offload_state: Any) -> None:
@@ -462,21 +465,24 @@ class TrainingSession:
             self._stream = None
 
     def evaluate(self) -> float:
-        """Held-out accuracy of the current policy on the in-process engine (with an environment: of
-        trajectories, each turn answered in process). With the fabric that engine does nothing
-        else, so one that holds its own weights (vLLM, or an HF copy in another dtype) is closed
-        afterwards: between evaluations its memory is the trainer's (SmolLM2 on vLLM: 1.5 GB, 0.9
-        GB of it returned), and the next evaluation builds it again."""
-        eval_config = self.config.eval
-        accuracy = evaluate_accuracy(
+        """Held-out pass@k and avg@k of the current policy on the in-process engine (with an
+        environment: of trajectories, each turn answered in process), drawn as the fabric draws an
+        evaluation of this version (`rl.evaluation.evaluation_requests`: `rlboost eval` of the
+        checkpoint gives the same figures); the record goes to `<run>/evals/` and
+        `self.last_eval`, and avg@k (the mean accuracy) is returned. With the fabric that engine
+        does nothing else, so one that holds its own weights (vLLM, or an HF copy in another dtype)
+        is closed afterwards: between evaluations its memory is the trainer's (SmolLM2 on vLLM: 1.5
+        GB, 0.9 GB of it returned), and the next evaluation builds it again."""
+        started = time.perf_counter()
+        estimates = evaluate_pass_at_k(
             self.engine,
             self.tokenizer,
             self.eval_records,
+            self.config.eval,
+            step=self.step,
             max_new_tokens=self.config.rollout.max_new_tokens,
-            sampling=SamplingParams(temperature=eval_config.temperature),
-            samples_per_problem=eval_config.samples_per_problem,
-            seed=self.config.run.seed + 7919,
-            prompt=self.config.prompt,
+            run_seed=self.config.run.seed,
+            prompt=self.rollout_prompt,
             environment=EnvironmentFactory(self.environment.path, dict(self.environment.args))
             if self.environment
             else None,
@@ -485,8 +491,20 @@ class TrainingSession:
         if self.fabric is not None and self._engine is not None and not self._engine_shares_model:
             self._engine.close()
             self._engine = None
-        self.history.evals.append((self.step, accuracy))
-        return accuracy
+        self.last_eval = EvalResult(
+            run=self.config.run.name,
+            step=self.step,
+            where="in_process",
+            pass_at_k=estimates.pass_at_k,
+            avg_at_k=estimates.avg_at_k,
+            problems=estimates.problems,
+            samples=estimates.samples,
+            temperature=self.config.eval.temperature,
+            seconds=time.perf_counter() - started,
+        )
+        self.last_eval.write(self.directory)
+        self.history.evals.append((self.step, estimates.avg_at_k))
+        return estimates.avg_at_k
 
     def record(self, row: StepRecord) -> None:
         """Finish a step: its record becomes part of the run's history (and its metrics file)."""
@@ -509,7 +527,7 @@ class TrainingSession:
         self._resources.close()
 
 
-def _trajectories(config: RunConfig, tokenizer: Any) -> tuple[EnvironmentSpec | None, PromptConfig]:
+def trajectory_spec(config: RunConfig, tokenizer: Any) -> tuple[EnvironmentSpec | None, PromptConfig]:
     """The run's environment as the fabric enqueues it (each group fills in its problem) and the
     prompt configuration its rollout uses (the tool format's stop strings added); the tool format
     is made here, so a chat template that cannot carry tool calls is refused before any work."""

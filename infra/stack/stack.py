@@ -7,7 +7,8 @@
 2. a Redis for the runs' token logs (random password; an append-only file fsynced once a second
    unless `redis_appendfsync` says otherwise, so a restarted Redis keeps the token logs);
 3. the work pools (base job template `deployments/work-pools/local-process.json`), the zombie-run
-   automation (`deployments/automations/`) and the deployments of `prefect.yaml`;
+   automation (`deployments/automations/`) and the deployments of `prefect.yaml`, then the
+   automation that runs `rl-eval/checkpoint` on each `rlboost.checkpoint.saved` event;
 4. a Prefect worker (`infra.services.prefect_worker`) per queue training deployments use (the
    `reserved` pool's `default`: the training machine), the Redis URL in its environment.
 `stack.json` (private: it holds the Redis password) records what started (pids with start times,
@@ -46,6 +47,9 @@ ROOT = Path(__file__).resolve().parents[2]
 PROJECT_FILE = ROOT / "prefect.yaml"
 WORK_POOL_TEMPLATE = ROOT / "deployments" / "work-pools" / "local-process.json"
 ZOMBIE_AUTOMATION = ROOT / "deployments" / "automations" / "crash-zombie-flow-runs.yaml"
+EVAL_AUTOMATION = ROOT / "deployments" / "automations" / "eval-on-checkpoint.yaml"
+EVAL_DEPLOYMENT = "rl-eval/checkpoint"
+"""The deployment `EVAL_AUTOMATION` runs on each `rlboost.checkpoint.saved` event."""
 DEFAULT_STATE_DIR = ROOT / ".rlboost" / "stack"
 ROLLOUT_ENTRYPOINT = "flows/rollout_instance.py:rollout_instance"
 ROLLOUT_MODULE_ENTRYPOINT = "flows.rollout_instance.rollout_instance"
@@ -381,6 +385,16 @@ class _Starter:
         self.state.save()
         self.echo(f"deployments: {', '.join(self.state.deployments)}")
 
+    def eval_automation(self) -> None:
+        """Create (or replace) the automation that evaluates each saved checkpoint (`EVAL_AUTOMATION`)."""
+        with self.client() as client:
+            deployment = client.read_deployment_by_name(EVAL_DEPLOYMENT)
+            automation = eval_automation(deployment.id)
+            for old in client.read_automations_by_name(automation.name):
+                client.delete_automation(old.id)
+            client.create_automation(automation)
+        self.echo(f"automation {automation.name!r} (runs {EVAL_DEPLOYMENT} on each rlboost.checkpoint.saved)")
+
     def worker(self, pool: str, queue: str) -> None:
         name = f"rlboost-{pool}-{queue}"
         env = {
@@ -423,6 +437,15 @@ class _Starter:
             f"the worker for pool {pool} did not come online within {self.timeout_s:.0f} s; "
             f"its log ({process.log}):\n{log_tail(process.log)}"
         )
+
+
+def eval_automation(deployment_id):
+    """`EVAL_AUTOMATION` with the `rl-eval/checkpoint` deployment's id filled in (an `AutomationCore`)."""
+    from prefect.events.schemas.automations import AutomationCore
+
+    definition = yaml.safe_load(EVAL_AUTOMATION.read_text())
+    definition["actions"][0]["deployment_id"] = str(deployment_id)
+    return AutomationCore.model_validate(definition)
 
 
 def up(
@@ -475,6 +498,7 @@ def up(
         starter.redis(redis_appendfsync)
         starter.work_pools_and_automation(sorted({d.work_pool for d in deployments}), zombie_after_s)
         starter.deploy()
+        starter.eval_automation()
         for pool, queue in sorted({(d.work_pool, d.work_queue) for d in deployments if not d.is_rollout_instance}):
             starter.worker(pool, queue)
     except BaseException:

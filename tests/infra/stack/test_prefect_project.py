@@ -14,12 +14,14 @@ from prefect.flows import load_flow_from_entrypoint
 from infra.fleet.instance_runs import UnknownPool
 from infra.run.config import load_config
 from infra.stack.stack import (
+    EVAL_DEPLOYMENT,
     ROLLOUT_ENTRYPOINT,
     ROLLOUT_MODULE_ENTRYPOINT,
     WORK_POOL_TEMPLATE,
     ZOMBIE_AUTOMATION,
     ProjectDeployment,
     check_pools,
+    eval_automation,
     read_project,
 )
 from tests.helpers import REPO_ROOT
@@ -36,13 +38,15 @@ def test_deployment_entrypoints_load_and_training_parameters_match():
     for name, deployment in _deployments().items():
         flow = load_flow_from_entrypoint(str(ROOT / deployment["entrypoint"]))
         flows[name] = flow.name
-        if flow.name == "rl-train":
-            flow.validate_parameters(deployment.get("parameters", {}))
+        if flow.name in ("rl-train", "rl-eval"):
+            parameters = deployment.get("parameters", {})
+            flow.validate_parameters(parameters | ({"run_name": "a-run"} if flow.name == "rl-eval" else {}))
             assert (ROOT / deployment["parameters"]["config_path"]).exists()
             load_config(ROOT / deployment["parameters"]["config_path"], deployment["parameters"].get("overrides"))
     assert flows == {
         "grpo": "rl-train",
         "grpo-nightly": "rl-train",
+        "checkpoint": "rl-eval",
         "reserved": "rollout-instance",
         "spot": "rollout-instance",
     }
@@ -124,3 +128,13 @@ def test_zombie_automation_is_the_documented_heartbeat_pattern():
     assert trigger.within == timedelta(seconds=90)
     assert [a.type for a in automation.actions] == ["change-flow-run-state"]
     assert automation.actions[0].state.value == "CRASHED"
+
+
+def test_the_eval_automation_runs_the_eval_deployment_on_each_checkpoint_event():
+    automation = eval_automation("00000000-0000-0000-0000-000000000001")
+    assert automation.trigger.posture == Posture.Reactive
+    assert automation.trigger.expect == {"rlboost.checkpoint.saved"}
+    (action,) = automation.actions
+    assert action.type == "run-deployment" and str(action.deployment_id).endswith("1")
+    assert action.parameters == {"run_name": "{{ event.payload.run }}", "checkpoint": "{{ event.payload.step }}"}
+    assert _deployments()[EVAL_DEPLOYMENT.split("/")[1]]["entrypoint"] == "flows/rl_eval.py:rl_eval"
