@@ -17,14 +17,8 @@ from infra.tracking.local_server import free_port
 from infra.tracking.preflight import check_tracking
 from tests.helpers import REPO_ROOT, as_set_flags, save_tiny_model, tiny_run
 
-HIDE_MLFLOW = """import sys
-class _Hide:
-    def find_spec(self, name, path=None, target=None):
-        if name == "mlflow" or name.startswith("mlflow."):
-            raise ModuleNotFoundError(name)
-sys.meta_path.insert(0, _Hide())
-"""
-"""A `sitecustomize` that makes `mlflow` uninstalled for the process."""
+HIDE_MLFLOW = 'import sys\n\nsys.modules["mlflow"] = None  # find_spec("mlflow") is None, import mlflow fails\n'
+"""A `sitecustomize` that makes `mlflow` look uninstalled to the process."""
 
 
 @pytest.fixture(scope="module")
