@@ -117,3 +117,16 @@ def score_samples(
         total.correct += scores.correct
         start = end
     return total
+
+
+class NothingToTrain(RuntimeError):
+    """Every sample of a step failed for an infrastructure reason (counted, never scored 0): the
+    run stops at the step before it, which a rerun resumes from."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        super().__init__(
+            f"every sample of step {step} failed for an infrastructure reason (the step's infra_failed "
+            "counts them by kind; the run log has each failure): nothing to train. Fix the cause (an "
+            "environment or its server down?)"
+        )

@@ -71,11 +71,13 @@ def _named_classes() -> dict[type[BaseException], tuple[int, str]]:
     from rl.checkpoint import CorruptCheckpoint, OutOfSpace
     from rl.datasets import DatasetError
     from rl.distributed.group import RankFailure
+    from rl.scoring import NothingToTrain
     from rl.trainer import CheckpointMismatch
 
     return {
         RunStopped: (3, "the run stopped: {}; resume with: "),  # its Redis is gone: what was kept, how to go on
         PoolFailure: (3, "the run stopped: {}; fix that, then resume with: "),  # its instances keep failing
+        NothingToTrain: (3, "the run stopped: {}, then resume with: "),  # a whole step failed
         RedisUnavailable: (3, "cannot run: {}"),
         PrefectApiUnreachable: (3, "{}"),
         PrefectServerCannotStart: (3, "{}"),  # 2 when its database is the cause
@@ -95,6 +97,7 @@ def ending(error: BaseException, resume: str) -> NamedFailure | None:
     from infra.fleet.instance_watch import PoolFailure
     from infra.run.redis_outage import RunStopped
     from infra.services.prefect_api import PrefectServerCannotStart
+    from rl.scoring import NothingToTrain
 
     if isinstance(error, NamedFailure):
         return error
@@ -102,7 +105,7 @@ def ending(error: BaseException, resume: str) -> NamedFailure | None:
         if isinstance(error, kind):
             if isinstance(error, PrefectServerCannotStart) and error.bad_database:
                 code = 2
-            resumable = isinstance(error, (RunStopped, PoolFailure))
+            resumable = isinstance(error, (RunStopped, PoolFailure, NothingToTrain))
             return NamedFailure(code, line.format(error) + (resume if resumable else ""))
     if isinstance(error, OSError) and out_of_space(error):
         return _full_disk(full_path(error) or "the run directory")

@@ -57,7 +57,7 @@ from rl.models import load_policy, load_tokenizer
 from rl.prompt_source import PromptSource
 from rl.prompts import check_chat_template, encode_prompt
 from rl.rollout import Sample, build_requests, read_samples, samples_from_results, trajectory_figures, write_samples
-from rl.scoring import score_samples
+from rl.scoring import NothingToTrain, score_samples
 from rl.stops import StopStrings
 from rl.streaming import StreamedStep, train_batch
 from rl.trainer import PolicyTrainer, Trainer
@@ -377,6 +377,8 @@ class TrainingSession:
 
     def score(self, step: int, rollout_path: str) -> dict:
         samples = read_samples(Path(rollout_path))
+        if not samples:  # every trajectory failed for an infrastructure reason: none is scored 0
+            raise NothingToTrain(step)
         scores = score_samples(
             samples,
             self._records(),

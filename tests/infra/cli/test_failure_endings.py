@@ -8,6 +8,7 @@ import errno
 from infra.cli.failures import ending
 from infra.fleet.instance_watch import PoolFailure
 from rl.distributed.group import RankFailure
+from rl.scoring import NothingToTrain
 
 RESUME = "rlboost train --config c.yaml"
 
@@ -31,3 +32,10 @@ def test_a_full_disk_is_the_users_to_fix_and_a_bug_is_not_named(tmp_path):
     named = ending(full, RESUME)
     assert named is not None and named.code == 2 and str(tmp_path / "trainer.pt") in named.line
     assert ending(ValueError("a bug"), RESUME) is None
+
+
+def test_a_step_whose_every_sample_failed_stops_the_run_with_the_resume_command():
+    named = ending(NothingToTrain(4), RESUME)
+    assert named is not None and named.code == 3
+    assert named.line.startswith("the run stopped: every sample of step 4 failed for an infrastructure reason")
+    assert named.line.endswith(f"then resume with: {RESUME}") and "\n" not in named.line
