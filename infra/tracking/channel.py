@@ -4,7 +4,8 @@ The training thread only appends to a bounded buffer (`put`: never blocks, never
 channel's thread hands the buffered ops, oldest first and in batches, to the tracker's `send`. A
 `send` that raises (a server gone) logs one warning, keeps the ops and retries every `retry_s`
 until it succeeds (one line when it does) or the channel closes; an op that finds the buffer full,
-and any still buffered when the channel closes, is dropped and counted (`dropped`).
+and any still buffered when the channel closes, is dropped and counted (`dropped`). `flush` (the
+run's end) waits for the buffer to empty, retrying a failing tracker every `HURRY_S`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger("rlboost.tracking")
+
+HURRY_S = 0.5
+"""The retry interval of a failing tracker while the run's end waits for it."""
 
 
 @dataclass(frozen=True)
@@ -61,7 +65,7 @@ class Channel:
         self.name, self._send, self.capacity, self.retry_s = name, send, capacity, retry_s
         self._pending: deque[Op] = deque()
         self._changed = threading.Condition()
-        self._closing = self._abandoned = False
+        self._closing = self._abandoned = self._hurry = False
         self.sent = self.dropped = self.failures = 0
         self.failing = False
         self._thread = threading.Thread(target=self._run, name=f"tracker-{name}", daemon=True)
@@ -76,17 +80,16 @@ class Channel:
             self._pending.append(op)
             self._changed.notify_all()
 
-    def idle(self) -> bool:
-        """Nothing buffered, or the tracker is failing (waiting would not empty the buffer soon)."""
-        with self._changed:
-            return not self._pending or self.failing
-
     def flush(self, timeout_s: float) -> None:
-        """Wait up to `timeout_s` for the buffer to empty; return at once while the tracker fails."""
+        """Wait up to `timeout_s` for the buffer to empty, a failing tracker retried every
+        `HURRY_S` meanwhile (the run's end: its server may be coming back)."""
         deadline = time.monotonic() + timeout_s
         with self._changed:
-            while self._pending and not self.failing and time.monotonic() < deadline:
+            self._hurry = True
+            self._changed.notify_all()
+            while self._pending and time.monotonic() < deadline:
                 self._changed.wait(min(0.05, max(0.0, deadline - time.monotonic())))
+            self._hurry = False
 
     def close(self, timeout_s: float) -> None:
         """Send what is buffered within `timeout_s` (one more try if failing), then stop; what is
@@ -146,7 +149,7 @@ class Channel:
         self.note_failure(error)
         with self._changed:
             retry_at = time.monotonic() + self.retry_s
-            while not self._closing and time.monotonic() < retry_at:  # a put does not hasten the retry
+            while not (self._closing or self._hurry) and time.monotonic() < retry_at:  # a put does not hasten it
                 self._changed.wait(max(0.0, retry_at - time.monotonic()))
-            if self._closing and not self._abandoned:
-                self._changed.wait(0.05)  # closing: try again soon, until `close` gives up
+            if (self._closing or self._hurry) and not self._abandoned:
+                self._changed.wait(HURRY_S)  # flushing or closing: try again soon, until they give up

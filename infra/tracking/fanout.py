@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,8 @@ log = logging.getLogger("rlboost.tracking")
 STATE_FILE = "tracking.json"
 """In the run's directory: each tracker's run id, for a resumed run."""
 FINISH_TIMEOUT_S = 30.0
-"""The longest the end of a run waits for healthy trackers to send what they buffered."""
+"""The longest the end of a run waits for the trackers to send what they buffered (a failing one
+retried meanwhile: its server may be coming back)."""
 CLOSE_TIMEOUT_S = 5.0
 
 
@@ -94,13 +96,14 @@ class Trackers:
 
     def finish(self, step: int, summary: Mapping[str, Any]) -> dict[str, int]:
         """Log the run summary's numbers (`summary/<key>` at `step`), end the trackers' runs, wait
-        (up to `FINISH_TIMEOUT_S`, not for a failing tracker) and close; what each sent and dropped."""
+        (up to `FINISH_TIMEOUT_S` in all) and close; what each dropped."""
         if not self.opened:
             return {}
         self.log_metrics(step, summary, prefix="summary/")
         self._put(Finish())
+        deadline = time.monotonic() + FINISH_TIMEOUT_S
         for opened in self.opened:
-            opened.channel.flush(FINISH_TIMEOUT_S)
+            opened.channel.flush(max(0.0, deadline - time.monotonic()))
         self.publish_links()
         self.close()
         counts = {f"tracking_{o.name}_dropped": o.channel.dropped for o in self.opened}

@@ -18,6 +18,8 @@ class WandbTracker:
         self.settings, self.run = settings, run
         self.id = (run.saved or {}).get("id") or run.flow_run_id
         self.wandb_run = None
+        self.step: int | None = None
+        """The last step logged: an image or a summary goes in its row (W&B's steps only increase)."""
 
     def start(self) -> None:
         import wandb
@@ -47,11 +49,12 @@ class WandbTracker:
         assert run is not None
         for op in ops:
             if isinstance(op, Metrics):
-                run.log(dict(op.values), step=op.step)
+                self.step = max(op.step, self.step or 0)
+                run.log(dict(op.values), step=self.step)
             elif isinstance(op, Params):
                 run.config.update(dict(op.values), allow_val_change=True)
             elif isinstance(op, Artifact):
-                run.log({op.path.stem: wandb.Image(str(op.path))})
+                run.log({op.path.stem: wandb.Image(str(op.path))}, step=self.step)
             elif isinstance(op, Text):
                 run.summary[op.name] = op.text
             elif isinstance(op, Finish):

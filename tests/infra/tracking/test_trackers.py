@@ -144,29 +144,25 @@ def test_wandb_offline_files_read_back(tmp_path):
     assert summary["config"]["run.name"] == "wb" and summary["state"] == "finished"
 
 
-def test_mlflow_server_killed_and_restarted_mid_run(tmp_path_factory, tmp_path):
+def test_mlflow_server_killed_and_restarted_mid_run(mlflow_server, tmp_path):
     """Steps logged while the server is down are buffered and sent after its restart; logging a
-    step never waits for the server (the training thread only appends to a buffer)."""
+    step never waits for the server (the training thread only appends to a buffer). The module's
+    server is killed and restarted on its port and store (this test runs last in the module)."""
     from mlflow.tracking import MlflowClient
 
-    server = MlflowServer(tmp_path_factory.mktemp("mlflow-restart")).start()
-    try:
-        trackers = open_trackers(
-            [MlflowTracking(kind="mlflow", uri=server.url)], "restart", tmp_path, str(uuid.uuid4())
-        )
-        _steps(trackers, range(1, 4))
-        trackers.opened[0].channel.flush(30)
-        server.stop()
-        started = time.perf_counter()
-        _steps(trackers, range(4, 8))  # the server is gone
-        assert time.perf_counter() - started < 0.1
-        server.start()
-        _steps(trackers, range(8, 11))
-        counts = trackers.finish(10, {})
-        client = MlflowClient(tracking_uri=server.url)
-        run_id = json.loads((tmp_path / "tracking.json").read_text())["mlflow"]["run_id"]
-        assert [m.step for m in client.get_metric_history(run_id, "reward")] == list(range(1, 11))
-        assert counts["tracking_mlflow_dropped"] == 0
-        assert trackers.opened[0].channel.failures >= 1
-    finally:
-        server.stop()
+    server = mlflow_server
+    trackers = open_trackers([MlflowTracking(kind="mlflow", uri=server.url)], "restart", tmp_path, str(uuid.uuid4()))
+    _steps(trackers, range(1, 4))
+    trackers.opened[0].channel.flush(30)
+    server.stop()
+    started = time.perf_counter()
+    _steps(trackers, range(4, 8))  # the server is gone
+    assert time.perf_counter() - started < 0.1
+    server.start()
+    _steps(trackers, range(8, 11))
+    counts = trackers.finish(10, {})
+    client = MlflowClient(tracking_uri=server.url)
+    run_id = json.loads((tmp_path / "tracking.json").read_text())["mlflow"]["run_id"]
+    assert [m.step for m in client.get_metric_history(run_id, "reward")] == list(range(1, 11))
+    assert counts["tracking_mlflow_dropped"] == 0
+    assert trackers.opened[0].channel.failures >= 1
