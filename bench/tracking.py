@@ -11,8 +11,10 @@ It prints one JSON line per run, then the summary line:
 (`overhead_s_per_step`: the tracked runs' mean step seconds (`step_s` of the step records, but
 those of the steps while the server restarted beside them, and the one after) minus the untracked runs'; `overhead_fraction`: that over the untracked mean; `metrics_logged`: metric
 values the MLflow server holds for the last tracked run; `mlflow_server_restart_survived`: every
-tracked run completed, the server was back before its last step, and MLflow holds every one of its
-steps, those logged while it was down included).
+tracked run completed, its server was killed and started again, and MLflow holds every one of its
+steps, those logged while it was down included; each run's line says after which step the server
+was back: one that starts slower than the remaining steps is back during the run's end, which waits
+up to 30 s for it).
 Goal: overhead <= 2% of step time (docs/tracking.md).
 """
 
@@ -126,10 +128,7 @@ def main() -> None:
                     if server.process is None:  # the run ended before the restart point
                         server.start()
                     held, logged = mlflow_steps(server, run_dir)
-                    survived &= (
-                        held == list(range(1, args.steps + 1))
-                        and restarts.get("back_after_step", args.steps) < args.steps
-                    )
+                    survived &= held == list(range(1, args.steps + 1)) and "back_after_step" in restarts
                     line |= {"mlflow_steps": len(held), "metrics_logged": logged, "server": restarts}
                     line |= {k: v for k, v in summary.items() if k.startswith("tracking_")}
                 print(json.dumps(line), flush=True)
