@@ -12,7 +12,8 @@ one in the same process); local pools asking for more GPUs than the node has (`g
 to resume whose `identity.json` or every checkpoint is damaged, or whose checkpoints are of the other
 kind (LoRA adapters against full fine-tuning); `model.lora.target_modules` naming a layer the model
 lacks; a tool environment with a chat template that cannot render tool calls; cloud pools that would
-reach the run in plain text or through an unauthenticated Prefect server (`check_cloud_transport`).
+reach the run in plain text or through an unauthenticated Prefect server (`check_cloud_transport`);
+a required experiment tracker without its library or its server (`infra.tracking.preflight`).
 """
 
 from __future__ import annotations
