@@ -1,5 +1,4 @@
-"""Checks of a run's configuration against this machine, before the run starts any work.
-
+"""Checks of a run's configuration against this machine, before the run starts any work:
 `preflight(config)` runs in `rlboost train` / `rlboost demo` before Prefect starts, and again when a
 training session opens (a run started from a deployment has no CLI in front of it). It fails with a
 `PreflightError` whose message names the configuration field and the fix, for: a base model that is
