@@ -1,21 +1,15 @@
-"""Tracking benchmark: the demo configuration with all three trackers on (MLflow on a real local
-`mlflow server`, TensorBoard, W&B offline) against the same run with none, alternating, through
-the real `rl-train` flow (pretraining the base model first if it is missing). In each tracked run
-the MLflow server is killed (SIGKILL) after a quarter of the steps and started again at once (it is
-down while it starts: several steps).
+"""Tracking benchmark: the demo configuration with all three trackers (MLflow on a real local
+`mlflow server`, TensorBoard, W&B offline) against none, alternating, through the real `rl-train`
+flow (pretraining the base model if missing); in each tracked run the MLflow server is killed
+(SIGKILL) after a quarter of the steps and started again at once.
 
     .venv/bin/python bench/tracking.py [--steps 20] [--pairs 2] [--set key=value ...]
 
-It prints one JSON line per run, then the summary line:
-{"overhead_s_per_step", "overhead_fraction", "metrics_logged", "mlflow_server_restart_survived"}
-(`overhead_s_per_step`: the tracked runs' mean step seconds (`step_s` of the step records, but
-those of the steps while the server restarted beside them, and the one after) minus the untracked runs'; `overhead_fraction`: that over the untracked mean; `metrics_logged`: metric
-values the MLflow server holds for the last tracked run; `mlflow_server_restart_survived`: every
-tracked run completed, its server was killed and started again, and MLflow holds every one of its
-steps, those logged while it was down included; each run's line says after which step the server
-was back: one that starts slower than the remaining steps is back during the run's end, which waits
-up to 30 s for it).
-Goal: overhead <= 2% of step time (docs/tracking.md).
+One JSON line per run, then {"overhead_s_per_step", "overhead_fraction", "metrics_logged",
+"mlflow_server_restart_survived"}: the tracked runs' mean `step_s` (but the steps while the server
+restarted beside them, and the one after) minus the untracked runs', that over the untracked mean,
+the metric values MLflow holds for the last tracked run, and whether every tracked run completed
+with every step in MLflow after the restart. Goal: overhead <= 2% of step time (docs/tracking.md).
 """
 
 from __future__ import annotations
