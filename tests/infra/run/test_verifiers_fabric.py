@@ -1,122 +1,188 @@
-"""A verifiers taskset (tests.rl.verifiers_calc, verifiers' own classes) through real rollout
-worker processes on the token log: its trajectories complete with the rubric's reward, the tool
-results logged as masked environment segments, and one preempted mid-tool-call (SIGKILL, the
-verifiers tool waiting at a gate) ends token for token identical to an undisturbed one: the new
-owner rebuilds the verifiers trace from the logged turns and runs the unanswered call again."""
+"""A verifiers taskset (tests.rl.verifiers_calc, verifiers' own classes) through a fabric step of the
+training session, on the tiny model that memorised its trajectories: undisturbed on a co-located
+reserved instance, and on two spot instances of one trajectory each, the provider preempting one
+(SIGKILL) while its trajectory waits inside the verifiers tool (at a gate). The trajectory continues
+on another instance, which rebuilds its verifiers trace from the logged turns and runs the
+unanswered call again; both end token for token as undisturbed: the tool results logged as masked
+environment segments, the reward of the taskset's rubric. One preemption, one mid-turn migration,
+one replacement instance."""
 
 from __future__ import annotations
 
 import json
-import signal
-import uuid
+import threading
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
-import redis
 
-from infra.rollout.control import ReleaseAll, Resume
-from infra.rollout.protocol import set_current_step
-from infra.rollout.registry import InstanceRegistry
-from infra.rollout.tokenlog import EnvironmentSpec, TokenLog
-from rl.environments.registry import ENVIRONMENTS
-from rl.environments.verifiers_env import write_tasks
-from rl.models import load_model
-from tests.helpers import wait_for
+from infra.run.config import load_config
+from infra.run.session import TrainingSession
+from rl.models import load_tokenizer
+from rl.rollout import Sample, read_samples
+from tests.helpers import RESERVED_POOL, spot_pool, tiny_run, wait_for
 from tests.infra.rollout import agentic
 from tests.infra.rollout.agentic import TWO_CALLS
-from tests.infra.rollout.test_trajectory_preemption import Workers
 
 pytestmark = pytest.mark.integration
 
-STEP = 1
 TASKSET = "tests.rl.verifiers_calc:CalcTaskset"
+REWARD = 1.0 + 0.25 * 2
+"""The rubric's reward of the memorised trajectory: correct, and 0.25 per tool call."""
+PREEMPTED = "1/0/0"
+"""The trajectory whose spot instance is preempted (each instance holds one)."""
+
+
+@dataclass(frozen=True)
+class Run:
+    samples: list[Sample]
+    rollout: dict
+    """`TrainingSession.rollout`'s figures of the step."""
+    instances: list[tuple[str, str | None]]
+    """(pool, why it ended; None: running at the step's end) of each instance the fabric started."""
+
+
+class GatePreempter(threading.Thread):
+    """Preempts the spot instance of the session's fabric that holds `sample` (the provider's silent
+    preemption, SIGKILL; a replacement starts) once every trajectory of the step waits inside its
+    first verifiers tool call, its first turn logged; then opens the tool's gate."""
+
+    def __init__(self, session: TrainingSession, sample: str, gate: Path, calls: Path) -> None:
+        super().__init__(daemon=True)
+        assert session.fabric is not None
+        self.fabric, self.tokenizer, self.sample = session.fabric, session.tokenizer, sample
+        self.gate, self.calls = gate, calls
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            wait_for(self._calling, "every trajectory inside the verifiers tool", timeout_s=240)
+            live = [r.instance_id for r in self.fabric.provider.instances(live_only=True)]
+            running = self.fabric.log.step_leases(1, live).running
+            (holder,) = [i for i in live if any(lease.sample_id == self.sample for lease in running[i])]
+            self.fabric.provider.terminate(holder, "preempted_silent")
+            wait_for(lambda: self.fabric.provider.describe(holder).state == "terminated", "the preempted instance gone")
+        except BaseException as error:  # the main thread raises it, after the step
+            self.error = error
+        finally:
+            self.gate.touch()
+
+    def _calling(self) -> bool:
+        try:
+            records = self.fabric.log.read_group(1, 0)
+        except KeyError:  # the step is not enqueued yet
+            return False
+        first_turn = agentic.model_turns(TWO_CALLS)[0]
+        logged = all(r.turns == () and self.tokenizer.decode(r.token_ids) == first_turn for r in records)
+        return logged and self.calls.exists() and self.calls.read_text().count("waiting 12+345") == len(records)
 
 
 @pytest.fixture(scope="module")
-def memorised(tmp_path_factory):
-    return agentic.memorised_model(tmp_path_factory.mktemp("verifiers") / "model")
+def memorised(tmp_path_factory) -> Path:
+    return agentic.memorised_model(tmp_path_factory.mktemp("verifiers-model") / "model")
 
 
-def _spec(key: str, config: dict) -> EnvironmentSpec:
-    args = {"taskset": TASKSET, "config": config}
-    return EnvironmentSpec(ENVIRONMENTS["verifiers"], prompt=TWO_CALLS[0], answer=key, args=args, max_turns=4)
+@pytest.fixture(scope="module")
+def runs(memorised, tmp_path_factory) -> dict[str, Run]:
+    """Step 1 of two sessions of the same run configuration: undisturbed on a co-located reserved
+    instance, and on two spot instances of one trajectory each (they start while the undisturbed step
+    runs), the one holding trajectory 1/0/0 preempted inside its tool call."""
+    from rl.environments.verifiers_env import write_tasks  # verifiers' import takes seconds
 
+    root = tmp_path_factory.mktemp("verifiers-fabric")
+    write_tasks(TASKSET, root / "all.jsonl")
+    rows = [json.loads(line) for line in (root / "all.jsonl").read_text().splitlines()]
+    (root / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows if r["prompt"] == TWO_CALLS[0]))
+    gate, calls = root / "gate", root / "calls.txt"
 
-def test_a_verifiers_trajectory_preempted_mid_tool_call_ends_as_an_undisturbed_one(redis_url, memorised, tmp_path):
-    client = redis.Redis.from_url(redis_url)
-    _, tokenizer = load_model(memorised)
-    write_tasks(TASKSET, tmp_path / "tasks.jsonl")
-    rows = [json.loads(line) for line in (tmp_path / "tasks.jsonl").read_text().splitlines()]
-    (key,) = [row["answer"] for row in rows if row["prompt"] == TWO_CALLS[0]]
-    runs = {"undisturbed": f"vref-{uuid.uuid4().hex[:6]}", "preempted": f"vpre-{uuid.uuid4().hex[:6]}"}
-    logs = {name: TokenLog(client, run_id) for name, run_id in runs.items()}
-    registry = InstanceRegistry(client, runs["preempted"])
-    workers = Workers(redis_url, tmp_path, memorised)
-    gate, calls = tmp_path / "gate", tmp_path / "calls.txt"
-    first_turn = agentic.model_turns(TWO_CALLS)[0]
-    results = [tokenizer.encode(agentic.FORMAT.render(r), add_special_tokens=False) for r in TWO_CALLS[3]]
+    def session(name: str, pool: dict, config: dict, slots: int = 64) -> TrainingSession:
+        overrides = {
+            "data.source": "file",
+            "data.path": str(root / "tasks.jsonl"),
+            "data.eval_path": str(root / "tasks.jsonl"),
+            "environment": {"name": "verifiers", "args": {"taskset": TASKSET, "config": config}, "max_turns": 4},
+            "fabric.pools": [pool],
+            "fabric.worker.slots": slots,
+            "rollout.max_new_tokens": 400,
+            "rollout.prompts_per_step": 1,
+            "rollout.group_size": 2,
+            "eval.size": 1,
+            "ledger.url": f"sqlite:///{root / f'{name}.sqlite'}",
+        }
+        return TrainingSession(load_config(None, tiny_run(memorised, root, name, None, overrides)))
+
+    def step(session: TrainingSession) -> Run:
+        assert session.fabric is not None
+        rollout = session.rollout(1)
+        instances = [(r.pool, r.reason) for r in session.fabric.provider.instances()]
+        return Run(read_samples(Path(rollout["path"])), rollout, instances)
+
+    preempted = session("preempted", spot_pool(2), {"task": {"gate": str(gate), "calls": str(calls)}}, slots=1)
     try:
-        workers.spawn("ref", runs["undisturbed"])
-        for name in ("a", "b"):
-            workers.spawn(name, runs["preempted"])
-        wait_for(
-            lambda: (
-                workers.running()
-                and len(InstanceRegistry(client, runs["undisturbed"]).alive()) == 1
-                and len(registry.alive()) == 2
-            ),
-            "three workers registered",
-            timeout_s=240,
-        )
-        ref = logs["undisturbed"]
-        assert ref.enqueue_step(STEP, 0, [agentic.group(0, TWO_CALLS, 2, tokenizer, _spec(key, {}))])
-        assert set_current_step(client, runs["undisturbed"], STEP, 0)
-        wait_for(lambda: ref.step_status(STEP).complete, "the undisturbed step", timeout_s=120)
-
-        log = logs["preempted"]
-        registry.request("b", ReleaseAll(STEP))
-        gated = _spec(key, {"task": {"gate": str(gate), "calls": str(calls)}})
-        assert log.enqueue_step(STEP, 0, [agentic.group(0, TWO_CALLS, 2, tokenizer, gated)])
-        assert set_current_step(client, runs["preempted"], STEP, 0)
-
-        def calling() -> bool:  # both turns 0 logged with their call, the verifiers tool at the gate
-            records = log.read_group(STEP, 0)
-            logged = all(r.turns == () and tokenizer.decode(r.token_ids) == first_turn for r in records)
-            return logged and calls.exists() and calls.read_text().count("waiting 12+345") == 2
-
-        wait_for(calling, "worker a's tool calls", timeout_s=120)
-        assert workers.signal("a", signal.SIGKILL) == -signal.SIGKILL
-        assert log.reap("a", max_reaps=5) == 2
-        gate.touch()
-        registry.request("b", Resume())
-        wait_for(lambda: log.step_status(STEP).complete, "worker b finishing", timeout_s=120)
-
-        for want, got in zip(ref.read_group(STEP, 0), log.read_group(STEP, 0)):
-            assert tokenizer.decode(want.token_ids, skip_special_tokens=True) == agentic.transcript(TWO_CALLS)
-            assert got.token_ids == want.token_ids and got.turns == want.turns  # token for token
-            assert got.loss_mask() == want.loss_mask()
-            assert got.loss_mask().count(0) == sum(map(len, results))  # the tool results, masked
-            for (start, end), result in zip(_segments(got), results):
-                assert got.token_ids[start:end] == result
-            assert got.outcome is not None and got.outcome.reward == 1.0 + 0.25 * 2  # the verifiers rubric
-            assert got.migrations == 1
+        undisturbed = session("undisturbed", {**RESERVED_POOL, "colocated": True}, {})
+        try:
+            reference = step(undisturbed)
+        finally:
+            undisturbed.close()
+        preempter = GatePreempter(preempted, PREEMPTED, gate, calls)
+        preempter.start()
+        run = step(preempted)
+        preempter.join()
+        if preempter.error is not None:
+            raise preempter.error
         lines = calls.read_text().splitlines()
-        assert lines.count("called 12+345") == 2 and lines.count("called 357+67+89") == 2
+        assert lines.count("called 12+345") == lines.count("called 357+67+89") == 2
+        assert lines.count("waiting 12+345") == 3  # the preempted call, run again once on another instance
     except BaseException:
-        for name in workers.procs:
-            print(f"--- worker {name} ---\n{workers.log(name)}")
+        for log in sorted((root / "runs" / "preempted" / "instances").glob("*.log")):
+            print(f"--- {log.name} ---\n{log.read_text(errors='replace')[-3000:]}")
         raise
     finally:
-        workers.stop()
-        client.close()
+        preempted.close()
+    return {"undisturbed": reference, "preempted": run}
 
 
-def _segments(record) -> list[tuple[int, int]]:
-    """(start, end) of each run of masked tokens."""
-    mask, spans, start = record.loss_mask(), [], None
-    for i, bit in enumerate([*mask, 1]):
+def _masked_spans(sample: Sample) -> list[tuple[int, int]]:
+    """(start, end) of each run of masked (environment) tokens."""
+    spans, start = [], None
+    for i, bit in enumerate([*sample.trained(), 1]):
         if bit == 0 and start is None:
             start = i
         elif bit and start is not None:
             spans.append((start, i))
             start = None
     return spans
+
+
+@pytest.mark.parametrize("name", ["undisturbed", "preempted"])
+def test_verifiers_trajectories_end_with_the_rubrics_reward_and_only_the_tool_results_masked(memorised, runs, name):
+    tokenizer = load_tokenizer(memorised)
+    results = [tokenizer.encode(agentic.FORMAT.render(r), add_special_tokens=False) for r in TWO_CALLS[3]]
+    samples = runs[name].samples
+    assert [s.sample_id for s in samples] == ["1/0/0", "1/0/1"]
+    for sample in samples:
+        assert tokenizer.decode(sample.response_ids, skip_special_tokens=True) == agentic.transcript(TWO_CALLS)
+        assert [observation for _, observation in sample.turns] == list(TWO_CALLS[3])
+        assert [sample.response_ids[start:end] for start, end in _masked_spans(sample)] == results
+        assert sample.env_reward == REWARD and not sample.truncated
+
+
+def test_the_preempted_trajectories_end_token_for_token_as_the_undisturbed_ones(runs):
+    undisturbed, preempted = runs["undisturbed"], runs["preempted"]
+    for want, got in zip(undisturbed.samples, preempted.samples, strict=True):
+        assert got.response_ids == want.response_ids and got.turns == want.turns
+        assert got.trained() == want.trained() and got.versions() == want.versions()
+        assert want.migrated_mid_turn == 0  # claimed again inside its tool call:
+        assert got.migrated_mid_turn == (1 if got.sample_id == PREEMPTED else 0)
+    counts = ("preemptions", "reaped_instances", "migrations", "migrated_mid_turn", "infra_failed")
+    assert {k: undisturbed.rollout[k] for k in counts} == dict.fromkeys(counts[:-1], 0) | {"infra_failed": {}}
+    assert {k: preempted.rollout[k] for k in counts} == {
+        "preemptions": 1,
+        "reaped_instances": 1,
+        "migrations": 1,
+        "migrated_mid_turn": 1,
+        "infra_failed": {},
+    }
+    assert undisturbed.instances == [("reserved", None)]
+    assert Counter(preempted.instances) == {("spot", "preempted_silent"): 1, ("spot", None): 2}  # its replacement
