@@ -5,7 +5,7 @@ spot preemptions (issue 37). Pretrains the calculator demo's base model if it is
    environment a calculator whose tool fails as the infrastructure does for a few (sample, turn)
    keys (`FlakyCalculator`: once, then retried; or on every try, the trajectory masked out);
 2. a side run: one rollout of the same seeds on the base model, undisturbed (one reserved instance)
-   and preempted (spot instances only, preempted every few seconds), compared token by token.
+   and preempted (two spot instances, each preempted while it holds trajectories), token by token.
 
     .venv/bin/python bench/agentic.py [--steps 60] [--side-prompts 32] [--set key=value ...]
 
@@ -22,6 +22,7 @@ import json
 import os
 import platform
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -138,10 +139,14 @@ SPOT = {
     "machine_type": "a2-highgpu-1g",
     "price_per_hour": 1.10,
     "notice_s": 0.5,
-    "silent_kill_fraction": 0.5,
-    "availability": {"poisson": {"mean_life_s": 8.0, "mean_gap_s": 1.0, "seed": 3}},
 }
-"""The preempted side run's pool: two spot worker processes, each living 8 s on average."""
+"""The preempted side run's pool: two spot worker processes (`Preempter` preempts them)."""
+SPOT_SLOTS = 4
+"""Trajectories a spot instance of the side run holds at once."""
+PREEMPTIONS = 6
+"""Preemptions of the side run, alternately with notice (SIGTERM, 0.5 s) and silent (SIGKILL)."""
+GAP_S = 1.0
+"""Seconds between two preemptions of the side run."""
 RESERVED = {
     "name": "reserved",
     "capacity_class": "reserved",
@@ -152,9 +157,32 @@ RESERVED = {
 """The undisturbed side run's pool: one reserved worker process."""
 
 
-def side_rollout(base: Path, workdir: Path, name: str, pool: dict[str, Any], prompts: int) -> tuple[list, int]:
-    """One rollout (step 1, the run's seeds) of the base model on `pool` alone: its samples and
-    the preemptions."""
+class Preempter(threading.Thread):
+    """Preempts a spot instance of the session's fabric as soon as it holds a trajectory with logged
+    tokens (the provider's own preemption: the replacement starts at once), `count` times: on any
+    machine, however fast its rollout, the preemptions land inside trajectories."""
+
+    def __init__(self, session: Any, count: int) -> None:
+        super().__init__(daemon=True)
+        self.fabric, self.count, self.done = session.fabric, count, 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set() and self.done < self.count:
+            live = [r.instance_id for r in self.fabric.provider.instances(live_only=True) if r.pool == "spot"]
+            running = self.fabric.log.step_leases(1, live).running if live else {}
+            for instance in live:
+                if any(lease.logged > 0 for lease in running.get(instance, [])):
+                    self.fabric.provider.terminate(instance, "preempted_silent" if self.done % 2 else "preempted")
+                    self.done += 1
+                    self.stop.wait(GAP_S)  # the trajectories it held finish elsewhere before the next
+                    break
+            self.stop.wait(0.05)
+
+
+def side_rollout(base: Path, workdir: Path, name: str, pool: dict[str, Any], prompts: int, preempt: int = 0) -> list:
+    """One rollout (step 1, the run's seeds) of the base model on `pool` alone; its samples.
+    `preempt`: preemptions of its spot instances while they hold trajectories."""
     from infra.run.config import load_config
     from infra.run.session import TrainingSession
     from rl.rollout import read_samples
@@ -165,20 +193,24 @@ def side_rollout(base: Path, workdir: Path, name: str, pool: dict[str, Any], pro
         "run.name": name,
         "rollout.prompts_per_step": prompts,
         "fabric.pools": [pool],
+        "fabric.worker.slots": SPOT_SLOTS if preempt else 64,
         "ledger.url": f"sqlite:///{workdir / f'{name}.sqlite'}",
     }
     session = TrainingSession(load_config(CONFIG, overrides))
+    preempter = Preempter(session, preempt)
     try:
-        rollout = session.rollout(1)
-        return read_samples(Path(rollout["path"])), rollout["preemptions"]
+        preempter.start()
+        return read_samples(Path(session.rollout(1)["path"]))
     finally:
+        preempter.stop.set()
+        preempter.join()
         session.close()
 
 
 def side_run(base: Path, workdir: Path, prompts: int) -> dict[str, Any]:
     """The same trajectories undisturbed and preempted: the fraction identical token for token."""
-    undisturbed = {s.sample_id: s for s in side_rollout(base, workdir, "undisturbed", RESERVED, prompts)[0]}
-    preempted, preemptions = side_rollout(base, workdir, "preempted", SPOT, prompts)
+    undisturbed = {s.sample_id: s for s in side_rollout(base, workdir, "undisturbed", RESERVED, prompts)}
+    preempted = side_rollout(base, workdir, "preempted", SPOT, prompts, PREEMPTIONS)
     same = [
         s.response_ids == undisturbed[s.sample_id].response_ids and s.turns == undisturbed[s.sample_id].turns
         for s in preempted
@@ -186,7 +218,6 @@ def side_run(base: Path, workdir: Path, prompts: int) -> dict[str, Any]:
     return {
         "identical_to_undisturbed": sum(same) / len(same),
         "side_trajectories": len(same),
-        "side_preemptions": preemptions,
         "side_migrated_mid_turn": sum(s.migrated_mid_turn for s in preempted),
         "side_migrated_trajectories": sum(s.migrated_mid_turn > 0 for s in preempted),
     }
