@@ -2,7 +2,7 @@
 
     rl-eval                         (deployment rl-eval/checkpoint; run by the automation
       evaluate-checkpoint            rlboost-eval-on-checkpoint on each rlboost.checkpoint.saved)
-      table artifact: pass@k, avg@k, preemptions, eval $
+      table artifact: pass@k, avg@k, preemptions, eval $; the run's trackers get them (eval/)
 
 The run's configuration is the deployment's (`config_path`, `overrides`), its `run.name` the
 `run_name` given; `checkpoint` None is the run's newest. With `fabric.enabled` the evaluation runs
@@ -17,16 +17,19 @@ from typing import Any
 from prefect import flow, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.runtime import flow_run
 
 from infra.run.config import load_config
-from infra.run.evaluation import evaluate_checkpoint, find_checkpoint
+from infra.run.evaluation import evaluate_checkpoint, find_checkpoint, track
 from infra.run.reporting import artifact_key
 
 
 @task(name="evaluate-checkpoint", cache_policy=NO_CACHE, persist_result=False)
 def evaluate_checkpoint_task(config, checkpoint_path: str, fabric: bool) -> dict:
-    """Evaluate one checkpoint; returns its `EvalResult` as JSON."""
-    return evaluate_checkpoint(config, Path(checkpoint_path), fabric=fabric).to_json()
+    """Evaluate one checkpoint and log it to the run's trackers; returns its `EvalResult` as JSON."""
+    result = evaluate_checkpoint(config, Path(checkpoint_path), fabric=fabric)
+    track(config, result, str(flow_run.id))
+    return result.to_json()
 
 
 @flow(name="rl-eval", flow_run_name="{run_name}-eval", persist_result=False)

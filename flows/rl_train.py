@@ -84,11 +84,14 @@ def rl_step(
     generated_ahead = ahead.result()["groups_done"] if ahead is not None else 0
     cost = account_task(session_key, step, int(metrics["response_tokens"]))
     eval_accuracy = evaluate_task(session_key) if evaluate else None
+    session = get_session(session_key)
+    evaluated = session.last_eval if evaluate else None
     record = StepRecord(
         step=step,
         reward=scores["reward"],
         accuracy=scores["accuracy"],
         eval_accuracy=eval_accuracy,
+        eval_pass_at_k=evaluated.pass_at_k if evaluated else None,
         tokens=rollout["tokens"],
         tokens_per_s=rollout["tokens"] / max(rollout["seconds"], 1e-9),
         rollout_s=rollout["seconds"],
@@ -116,7 +119,6 @@ def rl_step(
         **_fabric_counts(rollout),
         step_s=time.perf_counter() - started,
     )
-    session = get_session(session_key)
     session.record(record)
     if checkpoint:
         checkpoint_task(session_key)
@@ -183,6 +185,7 @@ def _train_loop(config: RunConfig, key: str, session, logger, trackers: Trackers
         base = evaluate_task(key)
         logger.info("base policy held-out accuracy (T=%.1f): %.3f", config.eval.temperature, base)
         trackers.log_metrics(start, {"eval_accuracy": base}, prefix="")
+        trackers.log_metrics(start, session.last_eval.metrics())  # eval/pass_at_<k>, eval/avg_at_k
     progress_id = create_progress_artifact(
         progress=100.0 * start / total,
         key=artifact_key(f"{config.run.name}-progress"),
@@ -202,6 +205,8 @@ def _train_loop(config: RunConfig, key: str, session, logger, trackers: Trackers
                 staleness=config.training.max_staleness,
             )
             trackers.log_step(step, row.to_json())
+            if row.eval_accuracy is not None:  # evaluated after this step: pass@k, avg@k under eval/
+                trackers.log_metrics(step, session.last_eval.metrics())
             status = progress_status(session.history)
             progress.update(bar, advance=1, status=status)
             if row.eval_accuracy is not None and not console.is_terminal:

@@ -26,7 +26,7 @@ from rl.pass_at_k import Estimates, estimate
 from rl.problems import Problem
 from rl.prompts import encode_prompt
 from rl.rewards import exact_match_reward
-from rl.rollout import step_seed
+from rl.rollout import Sample, step_seed
 
 EVAL_SEED_OFFSET = 7919
 """An evaluation's seed is `run.seed` + this (its noise is never a training step's)."""
@@ -70,6 +70,15 @@ def response_correct(text: str, answer: str, env_reward: float | None) -> bool:
     """Whether a response is correct: its environment's terminal reward is positive, or without one
     its (last turn's) answer matches exactly."""
     return env_reward > 0 if env_reward is not None else exact_match_reward(text, answer) > 0
+
+
+def sample_correct(sample: Sample, answer: str, tokenizer) -> bool:
+    """Whether a rollout's sample (the fabric's) is correct as `evaluate_pass_at_k` scores the same
+    sample in process: its environment's terminal reward, else its last model turn's text (a
+    trajectory's earlier turns and observations are not its answer, as in `rl.scoring`)."""
+    start, end, _ = sample.model_turns()[-1]
+    text = tokenizer.decode(sample.response_ids[start:end], skip_special_tokens=True)
+    return response_correct(text, answer, sample.env_reward)
 
 
 def evaluate_pass_at_k(

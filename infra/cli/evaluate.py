@@ -6,13 +6,14 @@ The run's configuration comes as for `rlboost train` (`--config`, `--set`; `eval
 newest. With `fabric.enabled` the evaluation runs on the run's rollout pools, spot instances
 included, its instances billed as eval $ (`infra.run.evaluation`); `--in-process` evaluates in
 this process. A bad configuration (a k above `eval.samples`), an unknown run or checkpoint exits 2
-with one line, before any model is loaded. The record goes to `<run>/evals/` and prints as JSON
-with `--json`.
+with one line, before any model is loaded. The record goes to `<run>/evals/` and the run's
+trackers (`tracking:`, under `eval/` at the checkpoint's step) and prints as JSON with `--json`.
 """
 
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -57,11 +58,12 @@ def evaluate(
     cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"name": directory.name})})
     from transformers.utils import logging as hf_logging
 
-    from infra.run.evaluation import evaluate_checkpoint
+    from infra.run.evaluation import evaluate_checkpoint, track
 
     hf_logging.disable_progress_bar()
     fabric = cfg.fabric.enabled and not in_process
     result = evaluate_checkpoint(cfg, path, fabric=fabric)
+    track(cfg, result, f"eval-{uuid.uuid4().hex[:8]}")  # no flow run: the tracker run's name, if new
     if json_out:
         print(json.dumps(result.to_json()))
         return

@@ -3,7 +3,8 @@
 An evaluation is `eval.samples` responses to each of `eval.size` held-out problems by one policy
 version (a step's, or a checkpoint's), scored as pass@k and avg@k (`rl.pass_at_k`), either in the
 training process (`in_process`) or on the run's rollout fabric (`fabric`). `to_json` is one flat
-JSON object; `write` puts it under the run's directory, `<run>/evals/step_NNNNNN.<where>.json`.
+JSON object; `write` puts it under the run's directory, `<run>/evals/step_NNNNNN.<where>.json`;
+`metrics` is what the experiment trackers get (under `eval/`).
 It loads no runtime (pydantic and the standard library), as the step record.
 """
 
@@ -61,6 +62,15 @@ class EvalResult(BaseModel):
         temporary.write_text(self.model_dump_json(indent=1) + "\n")
         os.replace(temporary, path)
         return path
+
+    def metrics(self) -> dict[str, float]:
+        """Its numbers as tracker metrics: `pass_at_<k>` for each k, `avg_at_k`, `samples`, and the
+        eval $ (`cost_usd`) of a fabric evaluation (names MLflow accepts: no `@`)."""
+        metrics = {f"pass_at_{k}": value for k, value in sorted(self.pass_at_k.items())}
+        metrics |= {"avg_at_k": self.avg_at_k, "samples": float(self.samples)}
+        if self.where == "fabric":
+            metrics["cost_usd"] = self.cost_usd
+        return metrics
 
     def line(self) -> str:
         """One human line: `step 3: pass@1 0.41, pass@4 0.72, avg@k 0.41 (64 samples, 8 problems)`."""

@@ -10,13 +10,16 @@ and the problems are enqueued as groups of `eval.samples` samples, which migrate
 logged tokens like any sample. Both draw each sample with the same id and seed
 (`rl.evaluation.evaluation_requests`), so the keyed sampler gives the same estimates either way.
 The fabric's instances are billed in the ledger as their own run (`<run name>-eval`), one step:
-the evaluation's eval $.
+its total is the evaluation's eval $; they get the run's own reward and environment modules as the training
+fabric's do (`infra.run.user_code`). `track` logs a result to the run's experiment trackers.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 from infra.ledger.recorder import Ledger
@@ -27,11 +30,13 @@ from infra.run.fabric import RolloutFabric
 from infra.run.identity import stored_identity
 from infra.run.preflight import in_process_engine_device
 from infra.run.session import trajectory_spec
+from infra.run.user_code import user_code
+from infra.tracking.fanout import open_trackers
 from rl.checkpoint import damage, latest_checkpoint
 from rl.devices import resolve_device
 from rl.engine_factory import build_engine
 from rl.environments.registry import EnvironmentFactory
-from rl.evaluation import eval_seed, evaluate_pass_at_k, response_correct
+from rl.evaluation import eval_seed, evaluate_pass_at_k, sample_correct
 from rl.export import checkpoint_step
 from rl.models import load_policy, load_tokenizer
 from rl.pass_at_k import Estimates, estimate
@@ -66,16 +71,23 @@ def find_checkpoint(run_dir: Path, step: int | None) -> Path:
     )
 
 
-def evaluate_checkpoint(config: RunConfig, checkpoint: Path, *, fabric: bool) -> EvalResult:
+FabricWatch = Callable[[RolloutFabric], AbstractContextManager[object]]
+"""A context the fabric's rollout runs inside, given the fabric (a bench's or test's preemptions)."""
+
+
+def evaluate_checkpoint(
+    config: RunConfig, checkpoint: Path, *, fabric: bool, during: FabricWatch | None = None
+) -> EvalResult:
     """pass@k and avg@k of `checkpoint` (a `step_NNNNNN` directory of the run `config` trained),
-    on the run's fabric (`fabric`) or in this process; written under the run's `evals/`."""
+    on the run's fabric (`fabric`; its rollout inside `during(fabric)`) or in this process;
+    written under the run's `evals/`."""
     step = checkpoint_step(checkpoint)
     tokenizer = load_tokenizer(config.model.path, config.model.gguf_file)
     records = PromptSource(config.data).eval_records(config.eval.size)
     state = read_policy(checkpoint, config.model.lora)
     started = time.perf_counter()
     if fabric:
-        result = _on_fabric(config, tokenizer, records, step, state)
+        result = _on_fabric(config, tokenizer, records, step, state, during or (lambda _: nullcontext()))
     else:
         estimates = _in_process(config, tokenizer, records, step, state)
         result = _result(config, step, "in_process", estimates, time.perf_counter() - started)
@@ -130,7 +142,19 @@ def _in_process(config: RunConfig, tokenizer, records, step: int, state) -> Esti
         engine.close()
 
 
-def _on_fabric(config: RunConfig, tokenizer, records, step: int, state) -> EvalResult:
+def track(config: RunConfig, result: EvalResult, invocation: str) -> dict[str, int]:
+    """Log `result` to the run's trackers (`tracking:`) at its step, under `eval/`, continuing the
+    tracker runs the training left (`tracking.json`; else new ones named `<run name>-<invocation>`:
+    the flow run's id); what each dropped (`Trackers.finish`)."""
+    trackers = open_trackers(config.tracking, config.run.name, config.run.directory, invocation)
+    try:
+        trackers.log_metrics(result.step, result.metrics())
+        return trackers.finish(result.step, {})
+    finally:
+        trackers.close()
+
+
+def _on_fabric(config: RunConfig, tokenizer, records, step: int, state, during: FabricWatch) -> EvalResult:
     """The evaluation of policy `state` (version `step`) as one step of its own fabric, billed in
     the ledger as its own run."""
     identity = stored_identity(config.run.directory)
@@ -149,6 +173,8 @@ def _on_fabric(config: RunConfig, tokenizer, records, step: int, state) -> EvalR
             config.model.path,
             engine=config.engine_spec(),
             trainer_device=str(resolve_device(config.model.device, "model.device")),
+            user_code=user_code(config),
+            run_name=f"{config.run.name}-eval",
         )
         accounting = None
         try:
@@ -164,28 +190,28 @@ def _on_fabric(config: RunConfig, tokenizer, records, step: int, state) -> EvalR
             )
             fabric.publish(step, state)
             accounting.begin_step(step)
-            samples, report = fabric.rollout(
-                tokenizer,
-                records,
-                step,
-                step,
-                rollout,
-                eval_seed(config.run.seed),
-                prompt=prompt,
-                environment=environment,
-                infra_failed="renormalize",  # a trajectory failed by the infrastructure is left out, never wrong
-            )
+            with during(fabric):
+                samples, report = fabric.rollout(
+                    tokenizer,
+                    records,
+                    step,
+                    step,
+                    rollout,
+                    eval_seed(config.run.seed),
+                    prompt=prompt,
+                    environment=environment,
+                    infra_failed="renormalize",  # a trajectory failed by the infrastructure is left out, never wrong
+                )
             accounting.end_step(step, 0, dict(report.instance_tokens), report.tokens_wasted)
-            cost = accounting.step_cost_usd(step) or 0.0
             preemptions = fabric.preemptions()
         finally:
             fabric.close()
             if accounting is not None:
                 accounting.finish()
+        cost = ledger.report(run_id).total_usd  # every instance-second of its fabric, start to close
     correct: list[list[bool | None]] = [[] for _ in records]
     for sample in samples:
-        text = tokenizer.decode(sample.response_ids, skip_special_tokens=True)
-        correct[sample.group].append(response_correct(text, records[sample.group].answer, sample.env_reward))
+        correct[sample.group].append(sample_correct(sample, records[sample.group].answer, tokenizer))
     return _result(
         config,
         step,

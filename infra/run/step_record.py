@@ -32,7 +32,7 @@ class Column:
         if value is None:
             return ""
         if isinstance(value, dict):
-            return " ".join(f"{k}:{v}" for k, v in value.items())
+            return " ".join(f"{k}:{self.format.format(v)}" for k, v in value.items())
         return self.format.format(int(value) if "d}" in self.format else value)
 
 
@@ -50,6 +50,9 @@ class StepRecord(BaseModel):
     """Fraction of the step's samples that are correct."""
     eval_accuracy: Annotated[float | None, Column("held-out acc", "{:.3f}")] = None
     """Held-out accuracy after the step (None: not evaluated at this step)."""
+    eval_pass_at_k: Annotated[dict[int, float] | None, Column("held-out pass@k", "{:.3f}")] = None
+    """Held-out pass@k for each `eval.k` after the step, `k:value` (None: not evaluated at this step;
+    `eval_accuracy` is its avg@k)."""
     tokens: Annotated[int, Column("tokens", "{:d}")]
     """Response tokens of the step's samples."""
     tokens_per_s: Annotated[float | None, Column("tokens/s", "{:.0f}")] = None
