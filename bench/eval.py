@@ -2,12 +2,13 @@
 
 Takes the demo's pretrained base model (`--model`, pretrained by the demo's recipe when missing)
 as a run's checkpoint, then evaluates it twice with the same `eval` settings: in this process (one
-engine), and on a fabric of one co-located reserved instance and `--spot` spot worker processes
-that a Poisson schedule preempts every few seconds (SIGTERM with notice, or SIGKILL), whose samples
-migrate with their logged tokens. The keyed sampler draws every sample by its id, so the goal is
-identical estimates.
+engine), and on a fabric of one co-located reserved instance and `--spot` spot worker processes.
+Once the spot instances have registered, the bench preempts one as soon as it holds a sample with
+logged tokens, `--preemptions` times (alternately SIGKILL and SIGTERM with a 1 s notice; the
+provider starts a replacement each time): those samples continue elsewhere from their logged
+tokens. The keyed sampler draws every sample by its id, so the goal is identical estimates.
 
-    .venv/bin/python bench/eval.py [--size 64] [--samples 8] [--k 1,4,8] [--smoke]
+    .venv/bin/python bench/eval.py [--size 64] [--samples 8] [--k 1,4,8] [--preemptions 3] [--smoke]
 
 Last line JSON: {"pass_at_k", "pass_at_k_fabric", "identical", "avg_at_k", "avg_at_k_fabric",
 "seconds_in_process", "seconds_fabric", "preemptions", "migrations", "eval_usd", ...}.
@@ -20,11 +21,54 @@ import json
 import platform
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+
+STEP = 1
+"""The checkpoint's step: the evaluation's step on the fabric."""
+
+
+class Preempter(threading.Thread):
+    """Preempts a spot instance of `fabric` as soon as it holds a sample of `STEP` with logged
+    tokens, `count` times, alternately silent (SIGKILL) and with notice (SIGTERM)."""
+
+    def __init__(self, fabric: Any, count: int) -> None:
+        super().__init__(daemon=True)
+        self.fabric, self.count, self.done = fabric, count, 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set() and self.done < self.count:
+            live = [r.instance_id for r in self.fabric.provider.instances(live_only=True) if r.pool == "spot"]
+            running = self.fabric.log.step_leases(STEP, live).running if live else {}
+            for instance in live:
+                if any(lease.logged > 0 for lease in running.get(instance, [])):
+                    self.fabric.provider.terminate(instance, "preempted" if self.done % 2 else "preempted_silent")
+                    self.done += 1
+                    break
+            self.stop.wait(0.01)
+
+
+@contextmanager
+def preempted(fabric: Any, spot: int, count: int) -> Iterator[None]:
+    """The fabric's rollout once its `spot` instances registered, `count` of them preempted in it."""
+    while len(fabric.registry.alive()) < spot + 1:  # the co-located one and the spot processes
+        time.sleep(0.1)
+    preempter = Preempter(fabric, count)
+    preempter.start()
+    try:
+        yield
+    finally:
+        preempter.stop.set()
+        preempter.join()
 
 
 def main() -> None:
@@ -34,6 +78,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=8, help="responses per problem (n)")
     parser.add_argument("--k", default="1,4,8")
     parser.add_argument("--spot", type=int, default=2, help="spot worker processes")
+    parser.add_argument("--preemptions", type=int, default=3, help="spot instances preempted inside samples")
     parser.add_argument("--smoke", action="store_true", help="8 problems, 4 samples, k 1,2,4")
     args = parser.parse_args()
     if args.smoke:
@@ -72,8 +117,6 @@ def main() -> None:
                 "machine_type": "a2-highgpu-1g",
                 "price_per_hour": 1.10,
                 "notice_s": 1.0,
-                "silent_kill_fraction": 0.5,
-                "availability": {"poisson": {"mean_life_s": 6.0, "mean_gap_s": 1.0, "seed": 3}},
             },
         ],
         "fabric.worker": {"slots": 4, "flush_tokens": 1, "flush_ms": 20, "heartbeat_s": 0.3, "ttl_s": 1.5},
@@ -86,11 +129,13 @@ def main() -> None:
     trainer = Trainer(
         model, tokenizer.pad_token_id, config.grpo, config.optim, temperature=1.0, gradient_checkpointing=False
     )
-    trainer.step = 1
+    trainer.step = STEP
     checkpoint = save_checkpoint(config.run.directory / "checkpoints", trainer, {"cursor": 0})
 
     local = evaluate_checkpoint(config, checkpoint, fabric=False)
-    remote = evaluate_checkpoint(config, checkpoint, fabric=True)
+    remote = evaluate_checkpoint(
+        config, checkpoint, fabric=True, during=lambda fabric: preempted(fabric, args.spot, args.preemptions)
+    )
     print(
         json.dumps(
             {
