@@ -30,6 +30,12 @@ pytestmark = pytest.mark.integration
 TASKSET = "tests.rl.verifiers_calc:CalcTaskset"
 REWARD = 1.0 + 0.25 * 2
 """The rubric's reward of the memorised trajectory: correct, and 0.25 per tool call."""
+REAP_TIMEOUT_S = 10.0
+"""Not the demo's 3 s: a worker importing verifiers on a loaded 2-core machine missed heartbeats for
+3 s, and the reap of a live instance would add a migration."""
+STEP_TIMEOUT_S = 300.0
+"""A tool call at the gate waits for the other instance's to get there (its verifiers import, on a
+loaded machine tens of seconds): not an environment timing out."""
 PREEMPTED = "1/0/0"
 """The trajectory whose spot instance is preempted (each instance holds one)."""
 
@@ -101,9 +107,15 @@ def runs(memorised, tmp_path_factory) -> dict[str, Run]:
             "data.source": "file",
             "data.path": str(root / "tasks.jsonl"),
             "data.eval_path": str(root / "tasks.jsonl"),
-            "environment": {"name": "verifiers", "args": {"taskset": TASKSET, "config": config}, "max_turns": 4},
+            "environment": {
+                "name": "verifiers",
+                "args": {"taskset": TASKSET, "config": config},
+                "max_turns": 4,
+                "step_timeout_s": STEP_TIMEOUT_S,
+            },
             "fabric.pools": [pool],
             "fabric.worker.slots": slots,
+            "fabric.controller.reap_timeout_s": REAP_TIMEOUT_S,
             "rollout.max_new_tokens": 400,
             "rollout.prompts_per_step": 1,
             "rollout.group_size": 2,
