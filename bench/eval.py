@@ -72,7 +72,7 @@ def preempted(fabric: Any, spot: int, count: int) -> Iterator[None]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--model", type=Path, default=REPO / ".rlboost" / "base-model")
     parser.add_argument("--size", type=int, default=64, help="held-out problems")
     parser.add_argument("--samples", type=int, default=8, help="responses per problem (n)")
