@@ -10,17 +10,16 @@ it holds and its last heartbeat's age. Readable at 80 columns. The Redis is `--r
 from __future__ import annotations
 
 import os
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from infra.rollout.registry import InstanceRegistry, InstanceSnapshot
-from infra.rollout.served import is_wrong, served_weights
-from infra.rollout.tokenlog import TokenLog
-from infra.services.redis_embedded import RedisSettings, RedisUnavailable
 from rl import env_vars
+
+if TYPE_CHECKING:  # the token log and Redis load when the command runs, not with `rlboost --help`
+    from infra.rollout.registry import InstanceSnapshot
 
 commands = typer.Typer()
 
@@ -42,6 +41,8 @@ def _age(snapshot: InstanceSnapshot, now: float) -> str:
 
 
 def _served(snapshot: InstanceSnapshot, expected: dict[int, str]) -> str:
+    from infra.rollout.served import is_wrong
+
     if snapshot.policy_version is None:
         return "-"
     sha = "base" if snapshot.weights_sha is None else snapshot.weights_sha[:SHA_CHARS]
@@ -49,6 +50,8 @@ def _served(snapshot: InstanceSnapshot, expected: dict[int, str]) -> str:
 
 
 def fleet_table(snapshots: list[InstanceSnapshot], expected: dict[int, str], now: float) -> Table:
+    from infra.rollout.served import served_weights
+
     """The fleet as a table (`now`: the registry's clock, Unix seconds)."""
     served = served_weights(snapshots, expected)
     versions = ", ".join(f"v{v}: {n}" for v, n in served.versions.items())
@@ -73,6 +76,10 @@ def fleet_table(snapshots: list[InstanceSnapshot], expected: dict[int, str], now
 @commands.command()
 def status(run: RunOption, redis_url: RedisOption = None) -> None:
     """The fleet of a running run: instance, pool, served version and weights sha, samples held, last heartbeat."""
+    from infra.rollout.registry import InstanceRegistry
+    from infra.rollout.tokenlog import TokenLog
+    from infra.services.redis_embedded import RedisSettings, RedisUnavailable
+
     console = Console()
     url = redis_url or os.environ.get(env_vars.REDIS_URL)
     if not url:

@@ -11,9 +11,8 @@
    automation that runs `rl-eval/checkpoint` on each `rlboost.checkpoint.saved` event;
 4. a Prefect worker (`infra.services.prefect_worker`) per queue training deployments use (the
    `reserved` pool's `default`: the training machine), the Redis URL in its environment.
-`stack.json` (private: it holds the Redis password) records what started (pids with start times,
-URLs), so `down()` stops exactly those: workers first (their runs stop their instances, Crashed),
-then Redis and the server, SIGTERM then SIGKILL; a second `up()` is refused. Detail: docs/prefect.md.
+`stack.json` (private: the Redis password) records what started, so `down()` stops exactly those
+(workers, then Redis and the server); a second `up()` is refused. Detail: docs/prefect.md.
 """
 
 from __future__ import annotations
