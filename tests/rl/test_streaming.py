@@ -84,7 +84,10 @@ def test_groups_streamed_out_of_order_give_the_whole_step_update(updates):
     stream.finish(samples, scores.advantages)
     assert streamed.step == whole.step == 1
     for (name, a), (_, b) in zip(whole.model.named_parameters(), streamed.model.named_parameters()):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=name)
+        # Adam's first step divides each gradient element by its own size, so summing the groups in
+        # another order moves a weight by up to ~lr * 1e-2 (3e-6 seen with lr 1e-3); a wrong update
+        # moves it by ~lr
+        assert (a - b).abs().max().item() <= 1e-5, f"{name}: {(a - b).abs().max().item():.3g}"
 
 
 def test_a_missing_group_or_a_different_advantage_is_refused():
