@@ -22,7 +22,6 @@ import json
 import os
 import platform
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
 
 import yaml  # noqa: E402
 
+from bench.preempt_in_flight import InFlightPreempter  # noqa: E402
 from rl.environments.calculator import Calculator  # noqa: E402
 from rl.environments.protocol import StepKey, StepResult, ToolCall  # noqa: E402
 
@@ -140,7 +140,7 @@ SPOT = {
     "price_per_hour": 1.10,
     "notice_s": 0.5,
 }
-"""The preempted side run's pool: two spot worker processes (`Preempter` preempts them)."""
+"""The preempted side run's pool: two spot worker processes (`InFlightPreempter` preempts them)."""
 SPOT_SLOTS = 4
 """Trajectories a spot instance of the side run holds at once."""
 PREEMPTIONS = 6
@@ -155,29 +155,6 @@ RESERVED = {
     "price_per_hour": 3.67,
 }
 """The undisturbed side run's pool: one reserved worker process."""
-
-
-class Preempter(threading.Thread):
-    """Preempts a spot instance of the session's fabric as soon as it holds a trajectory with logged
-    tokens (the provider's own preemption: the replacement starts at once), `count` times: on any
-    machine, however fast its rollout, the preemptions land inside trajectories."""
-
-    def __init__(self, session: Any, count: int) -> None:
-        super().__init__(daemon=True)
-        self.fabric, self.count, self.done = session.fabric, count, 0
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        while not self.stop.is_set() and self.done < self.count:
-            live = [r.instance_id for r in self.fabric.provider.instances(live_only=True) if r.pool == "spot"]
-            running = self.fabric.log.step_leases(1, live).running if live else {}
-            for instance in live:
-                if any(lease.logged > 0 for lease in running.get(instance, [])):
-                    self.fabric.provider.terminate(instance, "preempted_silent" if self.done % 2 else "preempted")
-                    self.done += 1
-                    self.stop.wait(GAP_S)  # the trajectories it held finish elsewhere before the next
-                    break
-            self.stop.wait(0.05)
 
 
 def side_rollout(base: Path, workdir: Path, name: str, pool: dict[str, Any], prompts: int, preempt: int = 0) -> list:
@@ -197,7 +174,7 @@ def side_rollout(base: Path, workdir: Path, name: str, pool: dict[str, Any], pro
         "ledger.url": f"sqlite:///{workdir / f'{name}.sqlite'}",
     }
     session = TrainingSession(load_config(CONFIG, overrides))
-    preempter = Preempter(session, preempt)
+    preempter = InFlightPreempter(session.fabric, 1, preempt, ("preempted", "preempted_silent"), GAP_S, 0.05)
     try:
         preempter.start()
         return read_samples(Path(session.rollout(1)["path"]))
@@ -248,7 +225,7 @@ def cpu_name() -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--side-prompts", type=int, default=32)
     parser.add_argument("--workdir", type=Path, default=REPO / "runs" / f"bench-agentic-{int(time.time())}")

@@ -21,7 +21,6 @@ import json
 import platform
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,30 +30,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.preempt_in_flight import InFlightPreempter  # noqa: E402
 
 STEP = 1
 """The checkpoint's step: the evaluation's step on the fabric."""
-
-
-class Preempter(threading.Thread):
-    """Preempts a spot instance of `fabric` as soon as it holds a sample of `STEP` with logged
-    tokens, `count` times, alternately silent (SIGKILL) and with notice (SIGTERM)."""
-
-    def __init__(self, fabric: Any, count: int) -> None:
-        super().__init__(daemon=True)
-        self.fabric, self.count, self.done = fabric, count, 0
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        while not self.stop.is_set() and self.done < self.count:
-            live = [r.instance_id for r in self.fabric.provider.instances(live_only=True) if r.pool == "spot"]
-            running = self.fabric.log.step_leases(STEP, live).running if live else {}
-            for instance in live:
-                if any(lease.logged > 0 for lease in running.get(instance, [])):
-                    self.fabric.provider.terminate(instance, "preempted" if self.done % 2 else "preempted_silent")
-                    self.done += 1
-                    break
-            self.stop.wait(0.01)
 
 
 @contextmanager
@@ -62,7 +41,7 @@ def preempted(fabric: Any, spot: int, count: int) -> Iterator[None]:
     """The fabric's rollout once its `spot` instances registered, `count` of them preempted in it."""
     while len(fabric.registry.alive()) < spot + 1:  # the co-located one and the spot processes
         time.sleep(0.1)
-    preempter = Preempter(fabric, count)
+    preempter = InFlightPreempter(fabric, STEP, count, ("preempted_silent", "preempted"))
     preempter.start()
     try:
         yield
