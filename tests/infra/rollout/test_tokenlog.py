@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from infra.rollout.controller_config import ControllerConfig
-from infra.rollout.tokenlog import Flush, GroupSpec, ShardCountMismatch, TokenLog
+from infra.rollout.tokenlog import Flush, GroupSpec, RunningLease, ShardCountMismatch, TokenLog
 from infra.services.redis_embedded import RedisSettings
 from tests.helpers import wait_for
 
@@ -310,7 +310,7 @@ def test_what_others_read_comes_from_methods_not_keys(log):
     assert log.append("0/0/1", "a", held["0/0/1"].epoch, [7], lp([7]))
     assert log.release("0/0/1", "a", held["0/0/1"].epoch)  # queued with one logged token
     leases = log.step_leases(0, ["a", "nobody"])
-    assert leases.running == {"a": [("0/0/0", 2, 6), ("0/0/2", 0, 6)], "nobody": []}
+    assert leases.running == {"a": [RunningLease("0/0/0", 2, 6, 0), RunningLease("0/0/2", 0, 6, 0)], "nobody": []}
     assert leases.queued_partial == 1 == log.queued_partial(0) and log.queued_partial(1) == 0
     assert log.sample_owners(["0/0/0", "0/0/1", "9/9/9"]) == ["a", "", ""]
     (again,) = log.claim(0, "b", 0, 1)

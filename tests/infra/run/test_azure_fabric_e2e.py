@@ -129,7 +129,7 @@ def test_training_keeps_an_azure_spot_pool_through_an_eviction(prefect_harness, 
             evicter.join(timeout=5)
             logs = {name: vm.log.read_text(errors="replace")[-3000:] for name, vm in host.booted.items()}
             assert state.is_completed(), f"{state}\n" + "\n".join(f"--- {n}\n{t}" for n, t in logs.items())
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + 120  # the VMs drain and are deleted after the run returns
             while set(host.booted) - host.gone and time.monotonic() < deadline:
                 time.sleep(0.2)
 
@@ -150,12 +150,18 @@ def test_training_keeps_an_azure_spot_pool_through_an_eviction(prefect_harness, 
         assert (venv / ".rlboost-wheel-sha256").exists(), "the VMs installed the run's wheel"
 
         with SyncPrefectClient(api_url) as client:
-            runs = {
-                r.name: r
-                for r in client.read_flow_runs(
-                    deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[POOL]))
-                )
-            }
+            # A drained VM's flow run reports its final state a moment after the VM is gone.
+            deadline = time.monotonic() + 120
+            while True:
+                runs = {
+                    r.name: r
+                    for r in client.read_flow_runs(
+                        deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[POOL]))
+                    )
+                }
+                if all(r.state.is_final() for r in runs.values()) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
             assert set(runs) == {f"{POOL}/{name}" for name in host.booted}, sorted(runs)
             states = {name.split("/", 1)[1]: run.state for name, run in runs.items()}
             assert all(

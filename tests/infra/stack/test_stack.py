@@ -76,6 +76,7 @@ def test_up_prints_the_api_url_and_refuses_a_second_stack(stack):
     state, output = stack
     assert output.strip().splitlines()[-1] == f"export PREFECT_API_URL={state.api_url}"
     assert state.deployments == [
+        "rl-eval/checkpoint",
         "rl-train/grpo",
         "rl-train/grpo-nightly",
         "rollout-instance/reserved",
@@ -94,6 +95,9 @@ def test_up_prints_the_api_url_and_refuses_a_second_stack(stack):
             client.read_automations_by_name("rlboost-crash-zombie-flow-runs")[0].trigger.within.total_seconds()
             == ZOMBIE_AFTER_S
         )
+        [evaluate] = client.read_automations_by_name("rlboost-eval-on-checkpoint")
+        assert evaluate.trigger.expect == {"rlboost.checkpoint.saved"}
+        assert evaluate.actions[0].deployment_id == client.read_deployment_by_name("rl-eval/checkpoint").id
 
     again = _cli("rlboost", "up", "--state-dir", str(state.state_dir))
     assert again.returncode == 1

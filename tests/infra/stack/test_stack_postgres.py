@@ -50,7 +50,7 @@ def test_stack_runs_its_prefect_server_on_postgresql(postgres_database, tmp_path
             assert client.read_deployment_by_name("rl-train/grpo").work_pool_name == "reserved"
         engine = create_engine(make_url(postgres_database).set(drivername="postgresql+psycopg"))
         with engine.connect() as connection:
-            assert connection.execute(text("SELECT count(*) FROM deployment")).scalar() == 4
+            assert connection.execute(text("SELECT count(*) FROM deployment")).scalar() == 5
         engine.dispose()
     finally:
         down(state.state_dir, echo=lambda _: None)
