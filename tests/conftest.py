@@ -100,14 +100,23 @@ def pretrained_tiny_model(tmp_path_factory):
     from rl.pretrain import pretrain
 
     # Under pytest-xdist every worker is its own session: the first one pretrains, in the run's
-    # shared temporary directory, and the others wait for it and read the same model.
+    # shared temporary directory, and the others wait for it and read the same model. A pretraining
+    # that failed (or hit the test timeout) is not tried again by each worker in turn: they fail at once.
     shared = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         shared = shared.parent
-    path = shared / "pretrained" / "base-model"
+    path, failed = shared / "pretrained" / "base-model", shared / "pretrained.failed"
     with FileLock(str(shared / "pretrained.lock")):
+        if failed.exists():
+            pytest.fail(f"the shared pretraining failed in another worker: {failed.read_text()}")
         if not (shared / "pretrained.done").exists():
             config = load_config(None, {"pretrain.output": str(path), "model.path": str(path)})
-            pretrain(config.pretrain, config.model)
+            failed.write_text("it stopped before it ended (killed or timed out)")
+            try:
+                pretrain(config.pretrain, config.model)
+            except Exception as error:
+                failed.write_text(f"{type(error).__name__}: {error}")
+                raise
+            failed.unlink()
             (shared / "pretrained.done").touch()
     return path

@@ -2,7 +2,9 @@
 of a few seconds; SIGTERM with a short notice or a silent SIGKILL), against real Redis and
 real worker processes, whose engines are HF or vLLM. Every sample must come back exactly once,
 with exactly the tokens an uninterrupted in-process HF engine generates for it, however often it
-migrated (the keyed sampler draws the same tokens in both backends)."""
+migrated (the keyed sampler draws the same tokens in both backends). Beside the random schedule,
+each step has one spot instance preempted while it holds a sample with logged tokens
+(`bench.preempt_in_flight`), so that a migration happens on a machine of any speed or load."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import time
 import pytest
 import torch
 
+from bench.preempt_in_flight import InFlightPreempter
 from infra.providers.pool import PoissonAvailability
 from infra.run.fabric_config import FabricConfig
 from rl.config import DataConfig, RolloutConfig, VLLMOptions
@@ -25,8 +28,10 @@ pytestmark = pytest.mark.integration
 STEPS = 2
 BUDGET_S = 300
 """Run at least STEPS steps, more (while BUDGET_S lasts) until a preemption has interrupted a
-sample: on a loaded machine spot instances may die while still starting, before they claim
-anything, so a fixed number of steps may see none (64 preemptions, 0 migrations in 6 steps once)."""
+sample: on a loaded machine the random schedule may kill spot instances while they still start
+(131 preemptions, 0 migrations in 300 s once, before the in-flight preemption was added)."""
+IN_FLIGHT_KINDS = ("preempted_silent", "preempted")
+"""The in-flight preemption of step n: a silent SIGKILL at odd steps, SIGTERM with notice at even."""
 CONFIG = FabricConfig.model_validate(
     {
         "enabled": True,
@@ -111,7 +116,14 @@ def test_random_preemptions_lose_nothing_and_change_no_token(tmp_path, engine_ki
             weights = _version_weights(base_state, version)
             fabric.publish(version, weights)
             records = prompts.take((step - 1) * rollout.prompts_per_step, rollout.prompts_per_step)
-            samples, report = fabric.rollout(tokenizer, records, step, version, rollout, run_seed=5)
+            kind = IN_FLIGHT_KINDS[(step - 1) % len(IN_FLIGHT_KINDS)]
+            preempter = InFlightPreempter(fabric, step, count=1, kinds=(kind,))
+            preempter.start()
+            try:
+                samples, report = fabric.rollout(tokenizer, records, step, version, rollout, run_seed=5)
+            finally:
+                preempter.stop.set()
+                preempter.join()
 
             ids = [s.sample_id for s in samples]
             assert len(ids) == len(set(ids)) == rollout.prompts_per_step * rollout.group_size, report

@@ -16,7 +16,7 @@ from infra.run.config import load_config
 from infra.run.fabric_config import FabricConfig
 from infra.run.preflight import PreflightError, preflight
 from rl.engine_spec import EngineSpec
-from tests.helpers import as_set_flags, rollout_fabric, save_tiny_model, spot_pool
+from tests.helpers import as_set_flags, rollout_fabric, save_tiny_model, spot_pool, wait_for
 
 RESERVED_TP2 = {
     "name": "reserved",
@@ -53,8 +53,14 @@ def test_four_tp2_engines_start_on_disjoint_gpus_of_an_8_gpu_node(tmp_path):
     config = FabricConfig.model_validate({"enabled": True, "node_gpus": 8, "pools": [RESERVED_TP2]})
     engine = EngineSpec(kind="vllm", device="auto", dtype="bf16")
     fabric = rollout_fabric(config, "placed", tmp_path / "run", model, engine)
+    started: dict[str, tuple[dict[str, str], list[str]]] = {}
+
+    def all_four_seen() -> bool:  # (a child's environment is readable from its exec until it exits)
+        started.update(instance_processes())
+        return len(started) == 4
+
     try:
-        started = instance_processes()  # each Popen returned after its exec: the environment is the instance's
+        wait_for(all_four_seen, "the four instances' processes", timeout_s=60)
     finally:
         fabric.close()
     assert sorted(started) == [f"reserved-{n}" for n in range(4)]

@@ -1,8 +1,8 @@
 """A real rl-train run (two tiny steps) with all three trackers: its steps reach a real MLflow
 server, TensorBoard and W&B offline, the MLflow run carries the Prefect flow run's id, and the
 flow run's page links to it. Then headless Chromium opens the run in MLflow's UI (its name, tags and
-step metrics) and saves `docs/mlflow-ui-run.png` (skipped without /usr/bin/chromium: `apt-get
-install -y chromium`). The UI's run page needs graphene 3 (graphene 2 fails on graphql-core 3)."""
+step metrics) and saves `artifacts/mlflow-ui-run.png` (ignored by git; docs/mlflow-ui-run.png is a
+copy of one; skipped without /usr/bin/chromium: `apt-get install -y chromium`). The UI's run page needs graphene 3 (graphene 2 fails on graphql-core 3)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from tests.helpers import REPO_ROOT, save_tiny_model, tiny_run
 pytestmark = pytest.mark.integration
 
 CHROMIUM = Path("/usr/bin/chromium")
-SCREENSHOT = REPO_ROOT / "docs" / "mlflow-ui-run.png"
+SCREENSHOT = REPO_ROOT / "artifacts" / "mlflow-ui-run.png"
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +92,7 @@ def test_mlflow_ui_shows_the_runs_steps(tracked_run):
     assert dom.returncode == 0, dom.stderr[-2000:]
     for shown in (f"track-{state.state_details.flow_run_id}", "prefect.flow_run_id", "reward", "tokens_per_s"):
         assert shown in dom.stdout, f"{shown!r} is not on the rendered page {page}"
+    SCREENSHOT.parent.mkdir(exist_ok=True)
     SCREENSHOT.unlink(missing_ok=True)
     shot = _chromium(page, f"--screenshot={SCREENSHOT}")
     assert shot.returncode == 0, shot.stderr[-2000:]
