@@ -50,9 +50,9 @@ def _served(snapshot: InstanceSnapshot, expected: dict[int, str]) -> str:
 
 
 def fleet_table(snapshots: list[InstanceSnapshot], expected: dict[int, str], now: float) -> Table:
+    """The fleet as a table (`now`: the registry's clock, Unix seconds)."""
     from infra.rollout.served import served_weights
 
-    """The fleet as a table (`now`: the registry's clock, Unix seconds)."""
     served = served_weights(snapshots, expected)
     versions = ", ".join(f"v{v}: {n}" for v, n in served.versions.items())
     caption = f"{len(snapshots)} instances ({versions or 'none'}); {len(served.wrong)} serving wrong weights"

@@ -476,9 +476,10 @@ def up(
     check_pools(config_path, deployments)
     if zombie_after_s is not None and zombie_after_s <= 30:
         raise StackInputError(f"zombie_after_s must exceed the 30 s flow-run heartbeat, got {zombie_after_s:g}")
-    if port is not None and not port_is_free(port):
-        raise StackInputError(f"port {port} on 127.0.0.1 is in use; pick another --port or omit it to use a free one")
-    port = port or free_port(preferred=DEFAULT_PORT)
+    # The port is looked at on the address the server binds (on every interface: 127.0.0.1's too).
+    if port is not None and not port_is_free(port, host):
+        raise StackInputError(f"port {port} on {host} is in use; pick another --port or omit it to use a free one")
+    port = port or free_port(host, preferred=DEFAULT_PORT)
     url = database_url(state_dir, database)
     local = "127.0.0.1" if host in WILDCARD_HOSTS or is_loopback(host) else host
     state = StackState(

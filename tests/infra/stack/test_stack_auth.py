@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from infra.services.ports import free_port
 from infra.stack.stack import StackState
 from tests.helpers import REPO_ROOT
 
@@ -29,7 +30,8 @@ def _rlboost(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_a_stack_on_every_interface_requires_the_generated_credential(tmp_path):
-    up = _rlboost("up", "--host", "0.0.0.0", "--state-dir", str(tmp_path), "--redis-appendfsync", "off")
+    port = str(free_port("0.0.0.0"))  # (not 4200: another test's stack may be starting there)
+    up = _rlboost("up", "--host", "0.0.0.0", "--port", port, "--state-dir", str(tmp_path), "--redis-appendfsync", "off")
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         state = StackState.load(tmp_path)

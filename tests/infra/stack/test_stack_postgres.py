@@ -16,6 +16,7 @@ from prefect.client.orchestration import SyncPrefectClient
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+from infra.services.ports import free_port
 from infra.stack.stack import StackError, down, up
 
 pytestmark = pytest.mark.integration
@@ -43,7 +44,7 @@ def postgres_database():
 
 def test_stack_runs_its_prefect_server_on_postgresql(postgres_database, tmp_path):
     password = make_url(postgres_database).password
-    state = up(state_dir=tmp_path, database=postgres_database, echo=lambda _: None)
+    state = up(state_dir=tmp_path, port=free_port(), database=postgres_database, echo=lambda _: None)
     try:
         assert state.database.startswith("postgresql+asyncpg://") and (not password or password not in state.database)
         with SyncPrefectClient(state.api_url) as client:

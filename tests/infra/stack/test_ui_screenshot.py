@@ -16,6 +16,7 @@ from prefect.logging.handlers import APILogWorker
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from flows.rl_train import rl_train
+from infra.services.ports import free_port
 from infra.stack.stack import down, up
 from tests.helpers import REPO_ROOT, save_tiny_model, tiny_run, tiny_shape
 
@@ -54,7 +55,7 @@ def _chromium(url: str, *output: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    state = up(state_dir=tmp_path_factory.mktemp("ui-stack"), echo=lambda _: None)
+    state = up(state_dir=tmp_path_factory.mktemp("ui-stack"), port=free_port(), echo=lambda _: None)
     yield state
     down(state.state_dir, echo=lambda _: None)
 
