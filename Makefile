@@ -67,21 +67,20 @@ demo: setup
 	$(BIN)/rlboost demo $(ARGS)
 
 # pytest-xdist: TEST_WORKERS processes, each its own session (its own Prefect server, Redis and
-# temporary directories); a file's tests stay on one worker (module fixtures are made once), the
-# longest files first (tests/conftest.py HEAVY_FIRST). Many integration tests wait on processes more
-# than they compute, so 3 workers beat 2 on 2 cores.
+# temporary directories); a file's tests stay on one worker (module fixtures are made once). Many
+# integration tests wait on processes more than they compute, so 3 workers beat 2 on 2 cores.
 TEST_WORKERS ?= 3
 test: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 	$(BIN)/pyright
-	$(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile
 
-# The edit loop: the unit tests alone (no Redis, Prefect or worker processes; about a minute on 2
-# cores). `make test` stays the whole suite.
+# The edit loop: the unit tests alone, on 2 xdist workers (no Redis, Prefect or worker processes;
+# about a minute on 2 cores). `make test` stays the whole suite.
 test-unit: $(TEST_STAMP)
-	$(BIN)/python -m pytest -q -m "not integration"
+	$(BIN)/python -m pytest -q -n 2 -m "not integration"
 
 # The PostgreSQL tests run against $(DATABASE_URL) when that server accepts a connection (trust auth,
 # or a password in the URL); the browser test needs Debian's chromium, installed here when missing

@@ -7,44 +7,6 @@ import os
 import pytest
 import torch
 
-HEAVY_FIRST = (
-    "tests/flows/test_learning.py",
-    "tests/rl/test_distributed_trainer.py",
-    "tests/infra/cli/test_error_classes.py",
-    "tests/infra/run/test_chaos.py",
-    "tests/flows/test_learning_flipped.py",
-    "tests/infra/stack/test_stack.py",
-    "tests/infra/run/test_cloud_fabric_e2e.py",
-    "tests/rl/test_vllm_engine.py",
-    "tests/flows/test_learning_stale.py",
-    "tests/infra/run/test_redis_outage.py",
-    "tests/infra/cli/test_prefect_home.py",
-    "tests/rl/test_trainer_nodes.py",
-    "tests/infra/run/test_no_orphans.py",
-    "tests/infra/run/test_session_deepspeed.py",
-    "tests/infra/run/test_azure_fabric_e2e.py",
-    "tests/flows/test_lora_e2e.py",
-    "tests/infra/stack/test_stack_postgres.py",
-    "tests/rl/test_rank_waits.py",
-    "tests/rl/test_model_import.py",
-)
-"""The files that take a minute or more of a full run (`--durations`, 2 cores), longest first, the
-ones that wait on the shared pretraining spread out. `make test` hands files to its workers in
-collection order (`--no-loadscope-reorder`): these first, then every other file with an
-integration test, then the unit files, so that short files fill the end of the run instead of
-one worker running three long files after the others are done."""
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    rank = {path: index for index, path in enumerate(HEAVY_FIRST)}
-    integration_files = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("integration")}
-
-    def order(item: pytest.Item) -> tuple[int, bool]:
-        path = item.nodeid.split("::")[0]
-        return rank.get(path, len(HEAVY_FIRST)), path not in integration_files
-
-    items.sort(key=order)  # stable: a file's tests stay together and in their order
-
 
 @pytest.fixture(scope="session", autouse=True)
 def _one_torch_thread():
