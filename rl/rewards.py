@@ -213,11 +213,3 @@ class RewardFn(Protocol):
     """A reward: ``(decoded response, reference answer) -> float``."""
 
     def __call__(self, response: str, answer: str) -> float: ...
-
-
-def make_reward_fn(kind: str, format_weight: float = 0.0, format_pattern: str | None = None) -> RewardFn:
-    """The built-in reward named ``kind`` (`rl.environments.registry.REWARD_KINDS`), plus an
-    optional weighted format term (`rl.environments.registry.builtin_reward`)."""
-    from rl.environments.registry import builtin_reward  # here: the registry imports this module
-
-    return builtin_reward(kind, format_weight, format_pattern)

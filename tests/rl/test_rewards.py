@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from rl.environments.registry import REWARD_KINDS
+from rl.environments.registry import REWARD_KINDS, builtin_reward
 from rl.problems import FAMILIES, eval_set
 from rl.rewards import (
     ADD_FORMAT,
@@ -22,7 +22,6 @@ from rl.rewards import (
     extract_final_number,
     extract_gsm8k,
     format_reward,
-    make_reward_fn,
     normalize_number,
 )
 
@@ -167,35 +166,35 @@ def test_format_reward(response: str, pattern: str, expected: float) -> None:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_reference_solutions_score_full_marks(family: str) -> None:
     pattern = FORMAT_PATTERNS[family]
-    reward = make_reward_fn("exact_match", format_weight=0.5, format_pattern=pattern)
+    reward = builtin_reward("exact_match", format_weight=0.5, format_pattern=pattern)
     for problem in eval_set(family, 50):
         assert reward(problem.solution, problem.answer) == 1.5
 
 
-def test_make_reward_fn_combines_correctness_and_format() -> None:
-    reward = make_reward_fn("exact_match", format_weight=0.25, format_pattern=ADD_FORMAT)
+def test_builtin_reward_combines_correctness_and_format() -> None:
+    reward = builtin_reward("exact_match", format_weight=0.25, format_pattern=ADD_FORMAT)
     assert reward("168", "168") == 1.25
     assert reward("168 is it", "168") == 1.0
     assert reward("167", "168") == 0.25
     assert reward("nonsense", "168") == 0.0
-    assert make_reward_fn("boxed")(r"\boxed{3}", "3") == 1.0
-    assert make_reward_fn("exact_match")("3", "3") == 1.0
+    assert builtin_reward("boxed")(r"\boxed{3}", "3") == 1.0
+    assert builtin_reward("exact_match")("3", "3") == 1.0
 
 
 def test_reward_fn_pickles() -> None:
-    reward = make_reward_fn("exact_match", format_weight=0.1, format_pattern=CHAIN_FORMAT)
+    reward = builtin_reward("exact_match", format_weight=0.1, format_pattern=CHAIN_FORMAT)
     assert pickle.loads(pickle.dumps(reward))("1+2=3", "3") == pytest.approx(1.1)
 
 
-def test_make_reward_fn_errors() -> None:
+def test_builtin_reward_errors() -> None:
     with pytest.raises(ValueError, match=re.escape(str(REWARD_KINDS))):
-        make_reward_fn("f1")
+        builtin_reward("f1")
     with pytest.raises(ValueError, match="format_pattern"):
-        make_reward_fn("exact_match", format_weight=0.5)
+        builtin_reward("exact_match", format_weight=0.5)
     with pytest.raises(ValueError, match="not a regex"):
-        make_reward_fn("exact_match", format_weight=0.5, format_pattern="(")
+        builtin_reward("exact_match", format_weight=0.5, format_pattern="(")
     with pytest.raises(ValueError, match="format_weight"):
-        make_reward_fn("exact_match", format_weight=-1.0, format_pattern=ADD_FORMAT)
+        builtin_reward("exact_match", format_weight=-1.0, format_pattern=ADD_FORMAT)
 
 
 # --- GSM8K-style references and responses, named formats --------------------------------------

@@ -8,8 +8,9 @@ import pytest
 
 from rl.config import GRPOConfig, RolloutConfig
 from rl.datasets import PromptRecord
+from rl.environments.registry import builtin_reward
 from rl.generation import GenerationRequest, GenerationResult
-from rl.rewards import ADD_FORMAT, make_reward_fn
+from rl.rewards import ADD_FORMAT
 from rl.rollout import (
     Sample,
     build_requests,
@@ -90,7 +91,7 @@ def sample(group: int, index: int, text: str) -> Sample:
 def test_score_samples_rewards_and_advantages():
     texts = [["46", "45", "46", "x"], ["105", "105", "105", "105"], ["1", "2", "3", "4"]]
     samples = [sample(g, i, t) for g, group in enumerate(texts) for i, t in enumerate(group)]
-    exact = make_reward_fn("exact_match")
+    exact = builtin_reward("exact_match")
     scores = score_samples(samples, RECORDS, TOKENIZER, exact, exact, 4, GRPOConfig())
     assert scores.rewards == [1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
     assert scores.correct == [r > 0 for r in scores.rewards]
@@ -105,8 +106,8 @@ def test_score_samples_rewards_and_advantages():
 def test_score_samples_with_a_format_reward():
     texts = [["46", "the answer is 46", "45", "45 "]]
     samples = [sample(0, i, t) for i, t in enumerate(texts[0])]
-    reward = make_reward_fn("exact_match", 0.5, ADD_FORMAT)
-    exact = make_reward_fn("exact_match")
+    reward = builtin_reward("exact_match", 0.5, ADD_FORMAT)
+    exact = builtin_reward("exact_match")
     scores = score_samples(samples, RECORDS[:1], TOKENIZER, reward, exact, 4, GRPOConfig())
     assert scores.rewards == [1.5, 1.0, 0.5, 0.5]
     assert scores.correct == [True, True, False, False]
@@ -119,13 +120,13 @@ def test_score_samples_with_a_format_reward():
 def test_score_samples_uses_each_samples_group_answer():
     # Group 1's answer is 105: a sample saying 46 in group 1 is wrong there.
     samples = [sample(0, 0, "46"), sample(0, 1, "46"), sample(1, 0, "46"), sample(1, 1, "105")]
-    exact = make_reward_fn("exact_match")
+    exact = builtin_reward("exact_match")
     scores = score_samples(samples, RECORDS[:2], TOKENIZER, exact, exact, 2, GRPOConfig())
     assert scores.rewards == [1.0, 1.0, 0.0, 1.0]
 
 
 def test_score_samples_count_mismatch():
-    exact = make_reward_fn("exact_match")
+    exact = builtin_reward("exact_match")
     samples = [sample(0, i, "46") for i in range(3)]
     with pytest.raises(ValueError, match="complete consecutive groups of 4"):
         score_samples(samples, RECORDS[:1], TOKENIZER, exact, exact, 4, GRPOConfig())
@@ -134,7 +135,7 @@ def test_score_samples_count_mismatch():
 
 
 def test_score_samples_accepts_missing_groups_but_not_partial_ones():
-    exact = make_reward_fn("exact_match")
+    exact = builtin_reward("exact_match")
     # group 0 dropped by the rollout (a failed sample); group 1 complete
     samples = [sample(1, i, RECORDS[1].answer if i % 2 else "0") for i in range(4)]
     scores = score_samples(samples, RECORDS[:2], TOKENIZER, exact, exact, 4, GRPOConfig())

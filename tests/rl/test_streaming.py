@@ -9,8 +9,8 @@ import torch
 
 from rl.config import GRPOConfig, OptimConfig
 from rl.datasets import PromptRecord
+from rl.environments.registry import builtin_reward
 from rl.models import build_tiny_llama
-from rl.rewards import make_reward_fn
 from rl.rollout import Sample
 from rl.scoring import score_samples
 from rl.streaming import StreamedStep
@@ -52,7 +52,7 @@ def _trainer(seed: int = 0, updates: int = 1):
 
 
 def _stream(trainer, tokenizer, records):
-    reward = make_reward_fn("exact_match")
+    reward = builtin_reward("exact_match")
     return StreamedStep(trainer, records, tokenizer, reward, reward, GRPOConfig())
 
 
@@ -62,7 +62,7 @@ def test_groups_streamed_out_of_order_give_the_whole_step_update(updates):
     they arrive and trained at `finish` in the step's order, so the update is the same too."""
     whole, tokenizer = _trainer(updates=updates)
     records, samples = _step_data(tokenizer)
-    reward = make_reward_fn("exact_match")
+    reward = builtin_reward("exact_match")
     scores = score_samples(samples, records, tokenizer, reward, reward, GROUP, GRPOConfig())
     assert 0 < sum(scores.correct) < len(samples)
     whole.train_step(
