@@ -2,9 +2,9 @@
 
 Owns answer extraction (final number, last ``\\boxed{...}``, the answer after GSM8K's ``####``),
 number normalisation, the correctness rewards (``exact_match``, ``boxed``), the format reward with
-its patterns for the arithmetic families and the named ones (``boxed``, ``gsm8k``), and
-`make_reward_fn`, which combines them as ``correctness + format_weight * format`` (the names
-and the combination are `rl.environments.registry`'s). Plain numbers are compared exactly here;
+its patterns for the arithmetic families and the named ones (``boxed``, ``gsm8k``); the registry
+(`rl.environments.registry.builtin_reward`) names them and combines them as
+``correctness + format_weight * format``. Plain numbers are compared exactly here;
 any other boxed or ``####`` answer is judged by `math_verify` (`answers_match`). Malformed model
 output scores 0.0 and never raises; a reference answer that cannot be compared (e.g. a
 non-numeric answer for ``exact_match``) is a dataset or configuration error and raises
