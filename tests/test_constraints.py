@@ -152,8 +152,8 @@ def test_the_test_environment_is_the_pins(targets):
             distribution(name)
     # What only the unused packages required is still installed, at its pin; any other pin of a
     # package the test target does not reach would be machine-specific.
-    left = {n: str(pins[n]) for n in set(pins) - names - UNUSED if _installed_version(n) == pins[n]}
-    assert set(pins) - names - UNUSED - set(left) == set(), "pins of packages neither target installs"
+    unreached = {n for n in set(pins) - names - UNUSED if _installed_version(n) != pins[n]}
+    assert unreached == set(), "pins of packages neither target installs"
 
 
 def _installed_version(name: str) -> Version | None:
