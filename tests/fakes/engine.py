@@ -38,6 +38,10 @@ class ScriptedEngine(GenerationEngine):
     def __init__(self, length: Callable[[str], int], *, step_s: float = 0.0, policy_version: int = 0) -> None:
         self.length = length
         self.step_s = step_s
+        self.running = threading.Event()
+        """Set: `step` generates; cleared by a test, `step` waits for it (the instance holds its
+        samples, generating nothing, and goes on heartbeating)."""
+        self.running.set()
         self.policy_version = policy_version
         self.requests: list[GenerationRequest] = []
         """Every request added, in order (a resumed one carries its logged tokens)."""
@@ -61,6 +65,7 @@ class ScriptedEngine(GenerationEngine):
             return tokens
 
     def step(self) -> list[TokenChunk]:
+        self.running.wait()
         time.sleep(self.step_s)
         chunks = []
         with self._lock:

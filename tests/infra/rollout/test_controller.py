@@ -215,9 +215,12 @@ def test_silent_instance_is_reaped_and_its_zombie_fenced(redis_client, run_id, f
     a.client.freeze()  # paused: no heartbeat, no flush reaches Redis
     prefixes = {r.sample_id: r.token_ids for r in log.read_group(0, 0)}
     b = fleet("b", length, step_s=1.5 * STEP_S)
+    b.engine.running.clear()  # b resumes the samples and generates once the zombie's flushes are refused
     wait_for(lambda: b.engine.added().keys() == prefixes.keys())  # a was reaped, b resumed all
     assert "a" not in {i.spec.instance_id for i in InstanceRegistry(redis_client, run_id).all()}
-    a.client.thaw()  # the zombie wakes up and flushes its stale leases
+    a.client.thaw()  # the zombie wakes up and flushes its stale leases, within the step
+    wait_for(lambda: a.worker.stats.dropped == 4)
+    b.engine.running.set()
     report = done.result(timeout=20)
     a.wait_stopped()
 
