@@ -1,15 +1,18 @@
-"""`rlboost status --run ID`: the fleet of a running run, read from its Redis, as a rich table.
+"""`rlboost status --run NAME`: the fleet of a running run, read from its Redis, as a rich table.
 
 One row per registered instance: its id, pool, the policy version it serves with the first
 characters of the sha of the weights it decodes with (`!` after it: not the publisher's sha for
 that version, so the token log refuses its tokens; `base`: the model it started on), the samples
-it holds and its last heartbeat's age. Readable at 80 columns. The Redis is `--redis-url`, else
-`$RLBOOST_REDIS_URL`; none, or one that cannot be reached, is one line and exit 2.
+it holds and its last heartbeat's age. Readable at 80 columns. The run is its `run.name` (its
+directory under `--runs-dir`) or its run id; the Redis is `--redis-url`, else `$RLBOOST_REDIS_URL`,
+else the embedded Redis the running run started (`<run>/redis.url`, `infra.run.redis_address`);
+none, or one that cannot be reached, is one line and exit 2.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
@@ -27,10 +30,17 @@ SHA_CHARS = 10
 """Characters of a weights sha the table shows."""
 
 RunOption = Annotated[
-    str, typer.Option("--run", help="The run's id (the rollout fabric's run id, as in `rlboost cost`).")
+    str, typer.Option("--run", help="The run: its run.name (its directory under --runs-dir), or its run id.")
 ]
 RedisOption = Annotated[
-    Optional[str], typer.Option("--redis-url", help=f"The run's Redis (default: ${env_vars.REDIS_URL}).")
+    Optional[str],
+    typer.Option(
+        "--redis-url",
+        help=f"The run's Redis (default: ${env_vars.REDIS_URL}, else the embedded Redis the running run started).",
+    ),
+]
+RunsDirOption = Annotated[
+    Path, typer.Option("--runs-dir", help="Where the runs are: the run.output_dir they were trained with.")
 ]
 
 
@@ -73,20 +83,44 @@ def fleet_table(snapshots: list[InstanceSnapshot], expected: dict[int, str], now
     return table
 
 
+def run_and_redis(run: str, redis_url: str | None, runs_dir: Path) -> tuple[str, str]:
+    """(the run id, the URL of its Redis) of `run` (a run.name or a run id); raises `ValueError`
+    with the line to print when there is no Redis to read."""
+    from infra.cli.export import RunNotFound, find_run
+    from infra.run.identity import stored_identity
+    from infra.run.redis_address import REDIS_URL_FILE, read_redis_url
+
+    url = redis_url or os.environ.get(env_vars.REDIS_URL)
+    try:
+        directory = find_run(runs_dir, run)
+    except RunNotFound as error:
+        if url:
+            return run, url  # a run id on a Redis the user named: no directory needed
+        raise ValueError(f"{error}; or pass --redis-url (or set ${env_vars.REDIS_URL}) to the run's Redis") from None
+    identity = stored_identity(directory)
+    run_id = identity.run_id if identity else run
+    url = url or read_redis_url(directory)
+    if not url:
+        raise ValueError(
+            f"run {run!r} has no embedded Redis running (no {directory / REDIS_URL_FILE}): pass --redis-url "
+            f"or set ${env_vars.REDIS_URL} to the run's Redis"
+        )
+    return run_id, url
+
+
 @commands.command()
-def status(run: RunOption, redis_url: RedisOption = None) -> None:
+def status(run: RunOption, redis_url: RedisOption = None, runs_dir: RunsDirOption = Path("runs")) -> None:
     """The fleet of a running run: instance, pool, served version and weights sha, samples held, last heartbeat."""
     from infra.rollout.registry import InstanceRegistry
     from infra.rollout.tokenlog import TokenLog
     from infra.services.redis_embedded import RedisSettings, RedisUnavailable
 
     console = Console()
-    url = redis_url or os.environ.get(env_vars.REDIS_URL)
-    if not url:
-        console.print(
-            f"no Redis to read: pass --redis-url or set ${env_vars.REDIS_URL} to the run's Redis", markup=False
-        )
-        raise typer.Exit(2)
+    try:
+        run, url = run_and_redis(run, redis_url, runs_dir)
+    except ValueError as error:
+        console.print(str(error), markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
     try:
         client = RedisSettings(url=url).client("--redis-url")
     except RedisUnavailable as error:

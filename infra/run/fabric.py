@@ -50,6 +50,7 @@ from infra.rollout.worker_config import instance_flags
 from infra.run.colocated import ColocatedInstance, WithColocated
 from infra.run.fabric_config import CloudSettings, FabricConfig
 from infra.run.fleet_events import FleetEvents
+from infra.run.redis_address import remove_redis_url, write_redis_url
 from infra.run.redis_outage import REDIS_ERRORS, lost_redis, public_url, wait_for_redis
 from infra.run.user_code import python_path
 from infra.services.redis_embedded import REDIS_CA_FILE_ENV, REDIS_URL_ENV, EmbeddedRedis, RedisSettings
@@ -177,6 +178,8 @@ class RolloutFabric:
             )
             self._redis_server.start()
             stack.callback(self._redis_server.stop)
+            write_redis_url(self.run_dir, self._redis_server.url)  # for `rlboost status --run NAME`
+            stack.callback(remove_redis_url, self.run_dir)
         self.redis_url = self._redis_server.url if self._redis_server else configured_redis
         self.redis_ca_file = None if config.redis_ca_file is None else config.redis_ca_file.resolve()
         """The CA of a rediss:// Redis, which every instance verifies the server with."""

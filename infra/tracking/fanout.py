@@ -30,6 +30,8 @@ FINISH_TIMEOUT_S = 30.0
 """The longest the end of a run waits for the trackers to send what they buffered (a failing one
 retried meanwhile: its server may be coming back)."""
 CLOSE_TIMEOUT_S = 5.0
+EVALUATION_FIELDS = frozenset({"eval_pass_at_k"})
+"""Step record fields the evaluation logs itself (`eval/pass_at_<k>`): not logged twice."""
 
 
 class TrackerClient(Protocol):
@@ -77,8 +79,9 @@ class Trackers:
         self._put(Params(flat_params(config)))
 
     def log_step(self, step: int, record: Mapping[str, Any]) -> None:
-        """A step's record (`StepRecord.to_json()`): each of its numbers a metric at `step`."""
-        self.log_metrics(step, record, prefix="")
+        """A step's record (`StepRecord.to_json()`): each of its numbers a metric at `step` (but
+        `EVALUATION_FIELDS`, which the evaluation logs under `eval/`)."""
+        self.log_metrics(step, {k: v for k, v in record.items() if k not in EVALUATION_FIELDS}, prefix="")
 
     def log_metrics(self, step: int, metrics: Mapping[str, Any], prefix: str = "eval/") -> None:
         """Numbers at `step`, each named `prefix + key` (nested mappings as `key/inner`)."""

@@ -1,11 +1,14 @@
 """The run's secrets (the Redis password in its URL, the weights secret) never reach a command line,
 an instance log, a run file or the trainer's own environment: a real fabric runs one step on a real
 worker process (which gets them through its environment argument), then `ps`, the logs and every
-file under the run directory (the embedded Redis's append-only file among them) are searched."""
+file under the run directory (the embedded Redis's append-only file among them) are searched. The
+one file that holds the Redis URL, `redis.url` (for `rlboost status`), is owner-only and there only
+while the fabric runs."""
 
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import time
 from urllib.parse import urlsplit
@@ -13,6 +16,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from infra.run.fabric_config import FabricConfig
+from infra.run.redis_address import REDIS_URL_FILE
 from rl.config import DataConfig, RolloutConfig
 from rl.models import load_model
 from rl.prompt_source import PromptSource
@@ -51,9 +55,13 @@ def test_no_secret_on_a_command_line_in_a_log_or_a_run_file(tmp_path):
         processes = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
         workers = [line for line in processes.splitlines() if "infra.rollout.worker" in line]
         assert workers, processes
+        address = run_dir / REDIS_URL_FILE
+        assert address.read_text().strip() == fabric.redis_url
+        assert stat.S_IMODE(address.stat().st_mode) == 0o600
     finally:
         fabric.close()
     time.sleep(0.1)
+    assert not address.exists(), "the Redis URL outlived the Redis"
     assert password not in processes and secret not in processes, workers
     files = [path for path in run_dir.rglob("*") if path.is_file()]
     assert any(path.suffix == ".log" for path in files), files  # the instance log is among them
