@@ -414,8 +414,8 @@ class TrainerConfig(Section):
     threads_per_rank: int | None = Field(default=None, ge=1)
     """torch threads of each DeepSpeed rank on CPU (None: the machine's cores divided among the ranks)."""
     start_timeout_s: float = Field(default=600.0, gt=0)
-    """How long the ranks may take to start: the first start on a machine JIT-compiles DeepSpeed's
-    CPU communication op (about 90 s on 2 cores; cached in `TORCH_EXTENSIONS_DIR`)."""
+    """How long the ranks may take to start: to connect, load the model and build the ZeRO engine
+    (about 10 s for the tiny model on 2 cores; minutes for a large model from a slow disk)."""
     collective_timeout_s: float = Field(default=300.0, gt=0)
     """A rank waiting longer than this in a collective (a peer hung) fails instead of waiting forever."""
     reply_timeout_s: float = Field(default=3600.0, gt=0)

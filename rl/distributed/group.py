@@ -1,12 +1,11 @@
 """The training process's side of the DeepSpeed trainer: launching its ranks, talking to them,
 and telling what happened when one dies.
 
-`RankGroup.start` clears extension build locks left by a stopped build (`rl.distributed.build_lock`),
-creates the channel (`rl.distributed.protocol`), launches ``torchrun --standalone --nproc-per-node N
+`RankGroup.start` creates the channel (`rl.distributed.protocol`), launches ``torchrun --standalone --nproc-per-node N
 -m rl.distributed.rank`` as a process group of its own with its output in `log_path`, waits for
 every rank's hello, and sends each the `TrainSpec`. `call(op, payloads)` sends one message to every
 rank and gathers every reply, watching torchrun while it waits, up to a deadline (the start's, or
-`reply_timeout_s`) whose failure names the message, the ranks silent and any build lock. When a
+`reply_timeout_s`) whose failure names the message and the ranks silent. When a
 rank's channel closes, or torchrun exits, or a rank reports an exception, the group is failed for
 good: torchrun stops the other ranks (any left are killed), and `RankFailure` names the rank, its
 pid and its exit (torchrun's report in the log, e.g. ``exitcode: -9``: SIGKILL). Later calls raise
@@ -34,7 +33,6 @@ from multiprocessing.connection import Connection, Listener, wait
 from pathlib import Path
 from typing import Any, cast
 
-from rl.distributed import build_lock
 from rl.distributed.protocol import AUTHKEY_ENV, CHANNEL_ENV
 from rl.driver_watch import EXIT_DRIVER_GONE, driver_environment
 
@@ -49,9 +47,6 @@ IDLE_CHECK_S = 0.5
 SETTLE_S = 2.0
 """With several nodes: how long a failure waits for the other ranks' channels, to tell the rank
 that died (its channel closed) from ranks whose collectives failed because it did."""
-BUILD_LOCK_CHECK_S = 5.0
-"""While the ranks start: how often the extension build locks are looked at again (a build stopped
-while they wait for it leaves its lock)."""
 
 
 class RankFailure(RuntimeError):
@@ -133,7 +128,6 @@ class RankGroup:
         self._failure: RankFailure | None = None
         self._socket_dir: str | None = None
         self._address = ""
-        self._extensions = Path()
         self._log_offset = 0
         self._closing = threading.Event()
 
@@ -161,8 +155,6 @@ class RankGroup:
             AUTHKEY_ENV: key.hex(),
             **driver_environment(),
         }
-        self._extensions = build_lock.extensions_root(env)
-        self._clear_stale_build_locks()
         command = [
             sys.executable,
             "-m",
@@ -221,19 +213,6 @@ class RankGroup:
             f"--local-addr={self.channel_host}",
         ]
 
-    def _clear_stale_build_locks(self) -> None:
-        for path in build_lock.clear_stale(self._extensions):
-            log.warning(
-                "removed %s: a torch extension build lock that no live process holds (a build was stopped "
-                "midway); the ranks build the extension again",
-                path,
-            )
-
-    def _waiting_on(self) -> str:
-        """What the ranks may be waiting on while they start: the build locks left ('' if none)."""
-        described = build_lock.describe(build_lock.build_locks(self._extensions))
-        return f"; {described}" if described else ""
-
     def _accept(self, listener: Listener, deadline: float) -> None:
         process = self.process
         assert process is not None, "_accept runs once torchrun has started"
@@ -262,8 +241,7 @@ class RankGroup:
                 self._fail(
                     None,
                     "start",
-                    f"{self._connected(len(accepted))} within {self.start_timeout_s:.0f} s (trainer.start_timeout_s)"
-                    + self._waiting_on(),
+                    f"{self._connected(len(accepted))} within {self.start_timeout_s:.0f} s (trainer.start_timeout_s)",
                     grace_s=0.0,
                 )
         if errors:
@@ -331,7 +309,6 @@ class RankGroup:
             else:
                 waited, setting = timeout_s, f"the deadline of {op!r}"
             deadline = time.monotonic() + (self.reply_timeout_s if timeout_s is None else timeout_s)
-            next_lock_check = time.monotonic() + BUILD_LOCK_CHECK_S
             while len(replies) < self.world_size:
                 waiting = {conn: rank for rank, conn in self._conns.items() if rank not in replies}
                 # `wait` returns some of the objects it was given: Connections here.
@@ -346,16 +323,10 @@ class RankGroup:
                     replies[rank] = value
                 if process.poll() is not None and len(replies) < self.world_size:
                     self._fail(None, op, f"torchrun {describe_exit(process.returncode)}")
-                if op == "init" and time.monotonic() > next_lock_check:  # a build stopped while they wait for it
-                    self._clear_stale_build_locks()
-                    next_lock_check = time.monotonic() + BUILD_LOCK_CHECK_S
                 if time.monotonic() > deadline:
                     silent = [str(rank) for rank in range(self.world_size) if rank not in replies]
                     ranks = f"rank{'s' if len(silent) > 1 else ''} {', '.join(silent)}"
-                    waiting = self._waiting_on() if op == "init" else ""
-                    self._fail(
-                        None, op, f"{ranks} sent no reply within {waited:.0f} s ({setting}){waiting}", grace_s=0.0
-                    )
+                    self._fail(None, op, f"{ranks} sent no reply within {waited:.0f} s ({setting})", grace_s=0.0)
             return [replies[rank] for rank in range(self.world_size)]
 
     def _fail(self, rank: int | None, op: str, what: str, grace_s: float = STOP_GRACE_S) -> None:
@@ -441,21 +412,25 @@ class RankGroup:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
 
     def _stop(self, grace_s: float) -> None:
-        """Wait `grace_s` for torchrun to exit (it stops its ranks), then kill its process group."""
+        """Wait `grace_s` for torchrun to exit (it stops its ranks), then kill its process group and
+        every rank of this node: those that said hello, and those still starting (torchrun's
+        children, found before it dies: a rank killed or stopped before it set its parent-death
+        signal would outlive it)."""
         if self.process is None:
             return
         try:
             self.process.wait(grace_s)
         except subprocess.TimeoutExpired:
             pass
+        starting = _children(self.process.pid)
         try:
             os.killpg(self.process.pid, signal.SIGKILL)  # torchrun's group
         except ProcessLookupError:
             pass
         self.process.wait()
-        for rank, pid in self.pids.items():  # each rank runs in a session of its own (torchrun starts them so)
-            place = self.places.get(rank)
-            if (place is None or place.local) and self._is_our_rank(pid):
+        said_hello = [pid for rank, pid in self.pids.items() if (place := self.places.get(rank)) is None or place.local]
+        for pid in {*said_hello, *starting}:  # each rank runs in a session of its own (torchrun starts them so)
+            if self._is_our_rank(pid):
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
@@ -469,6 +444,20 @@ class RankGroup:
         except OSError:
             return False
         return f"{CHANNEL_ENV}={self._address}".encode() in environment.split(b"\0")
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (from /proc)."""
+    children = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                children.append(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return children
 
 
 def node_arguments(

@@ -221,6 +221,7 @@ class RankTrainer(Trainer):
 def _init_process_group(spec: TrainSpec) -> torch.device:
     import deepspeed
 
+    _without_the_shared_memory_op()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device(spec.device)
     if device.type == "cuda":
@@ -229,6 +230,22 @@ def _init_process_group(spec: TrainSpec) -> torch.device:
     backend = "nccl" if device.type == "cuda" else "gloo"
     deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=spec.trainer.collective_timeout_s))
     return device
+
+
+SHARED_MEMORY_OP = "deepspeed_shm_comm"
+
+
+def _without_the_shared_memory_op() -> None:
+    """DeepSpeed's communication backend loads its shared-memory op when the process group starts:
+    on CPU it probes every op with the compiler and JIT-compiles this one (60-110 s on a fresh
+    2-core machine, under a lock file that a stopped compile used to leave behind) for
+    `inference_all_reduce` alone, which training never calls. Marked incompatible (DeepSpeed keeps
+    the list it reads as a module attribute for such edits), the backend skips it and reduces
+    through the process group (gloo, NCCL), as it does wherever the op cannot be built."""
+    import deepspeed.ops
+
+    # A module attribute DeepSpeed computes on first access (its module `__getattr__`): no stub.
+    setattr(deepspeed.ops, "__compatible_ops__", {SHARED_MEMORY_OP: False})  # noqa: B010
 
 
 def serve(conn, rank: int, world_size: int) -> int:
@@ -320,7 +337,7 @@ def _store():
 
 
 def main() -> int:
-    die_with_parent(_is_agent)  # a rank never outlives its agent (e.g. killed while the ranks wait on a build lock)
+    die_with_parent(_is_agent)  # a rank never outlives its agent (e.g. killed while the ranks wait for the driver)
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     watch_driver(lambda: print(f"rank {rank}: the training process is gone; exiting", flush=True), grace_s=0.0)
     address, key, local = _channel()

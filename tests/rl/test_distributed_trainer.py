@@ -1,7 +1,7 @@
 """The DeepSpeed trainer (rl/distributed/) against the torch trainer, with real ranks under torchrun:
-the same update on 2 ranks for every ZeRO stage (full fine-tuning and LoRA adapters), exact resume
-from sharded checkpoints, clear refusals of checkpoints it cannot resume, a dropped step, and what
-happens when a rank or the training process is killed."""
+the same update on 2 ranks for every ZeRO stage (full fine-tuning and LoRA adapters, no extension
+compiled on the way), exact resume from sharded checkpoints, clear refusals of checkpoints it
+cannot resume, a dropped step, and what happens when a rank or the training process is killed."""
 
 from __future__ import annotations
 
@@ -73,6 +73,7 @@ def ranks(
     optim: OptimConfig = OPTIM,
     lora: LoraSettings | None = None,
     autocast: str | None = None,
+    environment: dict[str, str] | None = None,
 ) -> DistributedTrainer:
     tokenizer = load_model(model_dir)[1]
     spec = TrainSpec(
@@ -86,7 +87,7 @@ def ranks(
         lora=lora,
         autocast=autocast,
     )
-    return DistributedTrainer(spec, tmp_path / "ranks.log")
+    return DistributedTrainer(spec, tmp_path / "ranks.log", environment=environment)
 
 
 def torch_trainer(model_dir: Path, grpo: GRPOConfig = GRPO, lora: LoraSettings | None = None) -> Trainer:
@@ -111,7 +112,10 @@ def alive(pid: int) -> bool:
 def test_two_ranks_take_the_torch_trainers_step(model_dir, tmp_path, zero_stage):
     reference = torch_trainer(model_dir)
     want = reference.train_step(random_batch(seed=0))
-    distributed = ranks(model_dir, tmp_path, zero_stage=zero_stage)
+    extensions = tmp_path / "torch-extensions"  # where a rank would JIT-build DeepSpeed's ops
+    distributed = ranks(
+        model_dir, tmp_path, zero_stage=zero_stage, environment={"TORCH_EXTENSIONS_DIR": str(extensions)}
+    )
     try:
         # Streamed in two pieces of different sizes; the ranks split each by tokens.
         distributed.begin_step()
@@ -122,6 +126,7 @@ def test_two_ranks_take_the_torch_trainers_step(model_dir, tmp_path, zero_stage)
         assert max_difference(distributed.policy_state(), reference.policy_state()) <= 1e-5
         for key in ("loss", "kl", "entropy", "grad_norm", "lr", "response_tokens", "rollout_logprob_gap"):
             assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
+        assert not extensions.exists(), "a rank compiled an extension (DeepSpeed's shared-memory op)"
     finally:
         distributed.close()
 
