@@ -1,7 +1,9 @@
 """One tracker's sender thread (`Channel`) and what it sends (`Op`s).
 
 The training thread only appends to a bounded buffer (`put`: never blocks, never raises); the
-channel's thread hands the buffered ops, oldest first and in batches, to the tracker's `send`. A
+channel's thread hands the buffered ops, oldest first and in batches, to the tracker's `send`, at
+most once every `interval_s` (a tracker's server pays most of its cost per request: MLflow's
+answered 40 metrics in 17 ms and 800 in 110 ms on 2 cores). A
 `send` that raises (a server gone) logs one warning, keeps the ops and retries every `retry_s`
 until it succeeds (one line when it does) or the channel closes; an op that finds the buffer full,
 and any still buffered when the channel closes, is dropped and counted (`dropped`). `flush` (the
@@ -22,6 +24,9 @@ log = logging.getLogger("rlboost.tracking")
 
 HURRY_S = 0.5
 """The retry interval of a failing tracker while the run's end waits for it."""
+SEND_INTERVAL_S = 2.0
+"""The least time between two sends of a channel (what is put meanwhile goes in the next); the
+run's end (`flush`, `close`) does not wait for it."""
 
 
 @dataclass(frozen=True)
@@ -60,9 +65,18 @@ class Channel:
     """The buffer and thread that feed one tracker's `send(ops)`; `put` from any thread."""
 
     def __init__(
-        self, name: str, send: Callable[[Sequence[Op]], None], *, capacity: int = 10_000, retry_s: float = 5.0
+        self,
+        name: str,
+        send: Callable[[Sequence[Op]], None],
+        *,
+        capacity: int = 10_000,
+        retry_s: float = 5.0,
+        interval_s: float = SEND_INTERVAL_S,
     ) -> None:
         self.name, self._send, self.capacity, self.retry_s = name, send, capacity, retry_s
+        self.interval_s = interval_s
+        self._next_send = 0.0
+        """When the thread may send again (`time.monotonic()`): `interval_s` after the last send."""
         self._pending: deque[Op] = deque()
         self._changed = threading.Condition()
         self._closing = self._abandoned = self._hurry = False
@@ -111,9 +125,12 @@ class Channel:
             with self._changed:
                 while not self._pending and not self._abandoned and not self._closing:
                     self._changed.wait()
+                while not (self._abandoned or self._closing or self._hurry) and time.monotonic() < self._next_send:
+                    self._changed.wait(self._next_send - time.monotonic())  # more ops join the batch
                 if self._abandoned or not self._pending:
                     return
                 batch = list(self._pending)
+                self._next_send = time.monotonic() + self.interval_s
             try:
                 self._send(batch)
             except Exception as error:  # any failure of the tracker's library: never the run's

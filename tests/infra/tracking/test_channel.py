@@ -1,4 +1,5 @@
-"""`Channel`: `put` never waits for the tracker; a tracker that fails keeps its entries, in order,
+"""`Channel`: `put` never waits for the tracker; what is put within `interval_s` of a send goes in
+the next, which the run's end does not wait for; a tracker that fails keeps its entries, in order,
 until it comes back; a full buffer and what is left at `close` are dropped and counted."""
 
 from __future__ import annotations
@@ -16,16 +17,45 @@ class Tracker:
     def __init__(self) -> None:
         self.down = threading.Event()
         self.received: list[int] = []
+        self.batches: list[list[int]] = []
 
     def send(self, ops) -> None:
         if self.down.is_set():
             raise ConnectionError("server gone")
         self.received += [op.step for op in ops]
+        self.batches.append([op.step for op in ops])
+
+
+def test_what_is_put_within_the_interval_goes_in_one_send():
+    tracker = Tracker()
+    channel = Channel("t", tracker.send, interval_s=0.5)
+    sent_at = time.monotonic()
+    channel.put(Metrics(1, {"x": 1.0}))
+    wait_for(lambda: tracker.batches == [[1]], "step 1 sent at once")
+    for step in (2, 3, 4):
+        channel.put(Metrics(step, {"x": 1.0}))
+    wait_for(lambda: len(tracker.batches) == 2, "the next send")
+    assert time.monotonic() - sent_at >= 0.5 and tracker.batches == [[1], [2, 3, 4]]
+    channel.close(1)
+
+
+def test_the_runs_end_does_not_wait_for_the_interval():
+    tracker = Tracker()
+    channel = Channel("t", tracker.send, interval_s=600)
+    channel.put(Metrics(1, {"x": 1.0}))
+    wait_for(lambda: tracker.batches == [[1]], "step 1 sent at once")
+    channel.put(Metrics(2, {"x": 1.0}))
+    started = time.monotonic()
+    channel.flush(300)
+    assert tracker.batches == [[1], [2]] and time.monotonic() - started < 300
+    channel.put(Metrics(3, {"x": 1.0}))
+    channel.close(300)
+    assert tracker.batches[-1] == [3] and channel.dropped == 0
 
 
 def test_entries_wait_for_a_failing_tracker_and_arrive_in_order(caplog):
     tracker = Tracker()
-    channel = Channel("t", tracker.send, retry_s=0.05)
+    channel = Channel("t", tracker.send, retry_s=0.05, interval_s=0.0)
     channel.put(Metrics(1, {"x": 1.0}))
     wait_for(lambda: tracker.received == [1], "step 1 sent")
     tracker.down.set()
