@@ -28,6 +28,7 @@ from tests.helpers import REPO_ROOT, save_tiny_model, wait_for
 
 pytestmark = pytest.mark.integration
 
+
 def _gone(pid: int) -> bool:
     """Whether `pid` has exited (a zombie waiting for its reaper counts as gone)."""
     try:
