@@ -422,7 +422,7 @@ class RankGroup:
             self.process.wait(grace_s)
         except subprocess.TimeoutExpired:
             pass
-        starting = _children(self.process.pid)
+        starting = child_pids(self.process.pid)
         try:
             os.killpg(self.process.pid, signal.SIGKILL)  # torchrun's group
         except ProcessLookupError:
@@ -446,7 +446,7 @@ class RankGroup:
         return f"{CHANNEL_ENV}={self._address}".encode() in environment.split(b"\0")
 
 
-def _children(pid: int) -> list[int]:
+def child_pids(pid: int) -> list[int]:
     """The processes whose parent is `pid` (from /proc)."""
     children = []
     for entry in Path("/proc").iterdir():

@@ -20,11 +20,12 @@ from pathlib import Path
 import pytest
 
 from rl.config import GRPOConfig, OptimConfig, TrainerConfig
-from rl.distributed.group import RankFailure
+from rl.distributed.group import RankFailure, child_pids
 from rl.distributed.protocol import TrainSpec
 from rl.distributed.trainer import DistributedTrainer
 from rl.models import load_model
 from tests.helpers import REPO_ROOT, save_tiny_model, wait_for
+from tests.rl.test_trainer_nodes import cmdline
 
 pytestmark = pytest.mark.integration
 
@@ -91,29 +92,10 @@ def _spec(model_dir: Path, start_timeout_s: float = 600.0) -> TrainSpec:
     )
 
 
-def _children(pid: int) -> list[int]:
-    children = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                    children.append(int(entry.name))
-            except (OSError, IndexError, ValueError):
-                continue
-    return children
-
-
 def _ranks_of(pid: int) -> list[int]:
     """The trainer ranks that process `pid` started (the children of its torchrun agents)."""
-    agents = [child for child in _children(pid) if b"rl.distributed.agent" in _cmdline(child)]
-    return [rank for agent in agents for rank in _children(agent) if b"rl.distributed.rank" in _cmdline(rank)]
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
+    agents = [child for child in child_pids(pid) if b"rl.distributed.agent" in cmdline(child)]
+    return [rank for agent in agents for rank in child_pids(agent) if b"rl.distributed.rank" in cmdline(rank)]
 
 
 def test_the_start_deadline_names_the_ranks_that_did_not_start_and_leaves_none(model_dir, tmp_path):

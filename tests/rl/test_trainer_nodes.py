@@ -19,7 +19,7 @@ import pytest
 from infra.services.ports import free_port
 from rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rl.config import TrainerConfig
-from rl.distributed.group import RankFailure
+from rl.distributed.group import RankFailure, child_pids
 from rl.distributed.protocol import TrainSpec
 from rl.distributed.trainer import DistributedTrainer
 from rl.models import load_model
@@ -96,7 +96,7 @@ def test_the_drivers_agent_ends_with_the_driver_while_it_waits_for_the_other_nod
         agents: list[int] = []
 
         def agent_started() -> bool:
-            agents[:] = [pid for pid in children(driver.pid) if b"rl.distributed.agent" in cmdline(pid)]
+            agents[:] = [pid for pid in child_pids(driver.pid) if b"rl.distributed.agent" in cmdline(pid)]
             return bool(agents)
 
         wait_for(agent_started, "the driver's torchrun agent", timeout_s=30)
@@ -106,17 +106,6 @@ def test_the_drivers_agent_ends_with_the_driver_while_it_waits_for_the_other_nod
         wait_for(lambda: not alive(agents[0]), "the agent to end with its driver", timeout_s=10)
     finally:
         driver.kill()
-
-
-def children(pid: int) -> list[int]:
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(stat.parent.name))
-        except (OSError, ValueError):
-            continue
-    return found
 
 
 def cmdline(pid: int) -> bytes:
