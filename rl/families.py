@@ -5,7 +5,9 @@ products alone: the tiny model copies an expression of one length reliably, a su
 not; docs/environments.md, "The calculator demo").
 
 `problem_stream` and `eval_set` dispatch to the family's module (each splits by problem, so the
-held-out set is never trained on). `environment_of` names the environment a tool family's problems
+held-out set is never trained on); with `chat` (`prompt.chat_template: true`) a tool family's
+problems are written for an instruct model ("What is 417*36? Use the calc tool, then answer with
+the number."), the same problems and answers. `environment_of` names the environment a tool family's problems
 are solved in (None for the others): evaluation runs a trajectory in it, and a run on that family
 needs it. Torch-free.
 """
@@ -31,19 +33,19 @@ def _check(family: str) -> None:
         raise ValueError(f"unknown problem family {family!r}; expected one of {FAMILIES}")
 
 
-def problem_stream(family: str, seed: int, split: str = "train") -> Iterator[Problem]:
+def problem_stream(family: str, seed: int, split: str = "train", chat: bool = False) -> Iterator[Problem]:
     """Endless stream of problems of one family from one split (`train` or `eval`)."""
     _check(family)
     if family in CALCULATOR_KINDS:
-        return calculator.problem_stream(seed, split, kinds=CALCULATOR_KINDS[family])
+        return calculator.problem_stream(seed, split, chat, kinds=CALCULATOR_KINDS[family])
     return problems.problem_stream(family, seed, split)
 
 
-def eval_set(family: str, size: int, seed: int = 12345) -> list[Problem]:
+def eval_set(family: str, size: int, seed: int = 12345, chat: bool = False) -> list[Problem]:
     """A fixed held-out evaluation set of `size` distinct problems of `family`."""
     _check(family)
     if family in CALCULATOR_KINDS:
-        return calculator.eval_set(size, seed, kinds=CALCULATOR_KINDS[family])
+        return calculator.eval_set(size, seed, chat, kinds=CALCULATOR_KINDS[family])
     return problems.eval_set(family, size, seed)
 
 

@@ -59,8 +59,10 @@ def _fix(config: DataConfig, setting: str, path: Path, error: DatasetError) -> s
 
 
 class PromptSource:
-    def __init__(self, config: DataConfig) -> None:
-        self.config = config
+    def __init__(self, config: DataConfig, chat: bool = False) -> None:
+        """The prompts of `config`; `chat`: a tool family's problems written for an instruct model
+        (`prompt.chat_template`)."""
+        self.config, self.chat = config, chat
         self._records: list[PromptRecord] | None = None
         if config.source == "file":
             self._records = _load(config, "path", config.path)
@@ -72,7 +74,7 @@ class PromptSource:
         if self._records is not None:
             return [self._record_at(i) for i in range(cursor, cursor + n)]
         if self._stream is None or self._position > cursor:
-            self._stream, self._position = problem_stream(self.config.family, self.config.seed), 0
+            self._stream, self._position = problem_stream(self.config.family, self.config.seed, chat=self.chat), 0
         if cursor > self._position:
             next(itertools.islice(self._stream, cursor - self._position - 1, None), None)
         self._position = cursor + n
@@ -90,4 +92,4 @@ class PromptSource:
         """The held-out evaluation prompts (never produced by `take`)."""
         if self.config.source == "file":
             return _load(self.config, "eval_path", self.config.eval_path, limit=size)
-        return problems_as_records(eval_set(self.config.family, size))
+        return problems_as_records(eval_set(self.config.family, size, chat=self.chat))

@@ -83,7 +83,7 @@ def evaluate_checkpoint(
     written under the run's `evals/`."""
     step = checkpoint_step(checkpoint)
     tokenizer = load_tokenizer(config.model.path, config.model.gguf_file)
-    records = PromptSource(config.data).eval_records(config.eval.size)
+    records = PromptSource(config.data, chat=config.prompt.chat_template).eval_records(config.eval.size)
     state = read_policy(checkpoint, config.model.lora)
     started = time.perf_counter()
     if fabric:

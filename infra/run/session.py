@@ -115,7 +115,7 @@ class TrainingSession:
         self._engine_shares_model = False
         """Whether that engine runs `self.model` itself (so it is always at the current version)."""
         stack.callback(self._close_engine)  # after the fabric, before the trainer
-        self.prompts = PromptSource(config.data)
+        self.prompts = PromptSource(config.data, chat=config.prompt.chat_template)
         self.eval_records = self.prompts.eval_records(config.eval.size)
         self.reward_fn = load_reward(config.reward, config.data.family if config.data.source == "arithmetic" else None)
         self.correctness_fn = self.reward_fn.correctness

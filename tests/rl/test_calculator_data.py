@@ -1,5 +1,6 @@
 """The calculator as a data source and a pretraining corpus: its problems through `data.family:
-calculator` or `calculator_products` (a held-out split, refused without its environment), demonstrations whose tool results
+calculator` or `calculator_products` (a held-out split, written for an instruct model in a chat
+run, refused without its environment), demonstrations whose tool results
 are never trained, and a held-out evaluation that runs each problem as a trajectory in the
 environment (the tiny model that memorised two calculator trajectories), leaving out one whose
 environment fails."""
@@ -47,6 +48,15 @@ def test_the_calculator_is_a_data_family_with_a_held_out_split():
     assert all("+" in p.prompt for p in take(problem_stream(0, kinds=("sum",)), 50))
     with pytest.raises(ValueError, match="kinds must be a non-empty subset"):
         next(problem_stream(0, kinds=("div",)))
+
+
+def test_a_chat_run_gets_the_same_problems_written_for_an_instruct_model():
+    text, chat = (PromptSource(DataConfig(family="calculator_products", seed=3), chat=c) for c in (False, True))
+    for plain, asked in zip(text.take(0, 50) + text.eval_records(20), chat.take(0, 50) + chat.eval_records(20)):
+        assert asked.prompt == f"What is {plain.prompt[:-1]}? Use the calc tool, then answer with the number."
+        assert asked.answer == plain.answer
+    words = PromptSource(DataConfig(family="words", seed=3), chat=True)  # not a tool family: as written
+    assert words.take(0, 5) == PromptSource(DataConfig(family="words", seed=3)).take(0, 5)
 
 
 def test_a_calculator_run_needs_its_environment(tmp_path):
