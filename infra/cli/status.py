@@ -83,9 +83,10 @@ def fleet_table(snapshots: list[InstanceSnapshot], expected: dict[int, str], now
     return table
 
 
-def run_and_redis(run: str, redis_url: str | None, runs_dir: Path) -> tuple[str, str]:
-    """(the run id, the URL of its Redis) of `run` (a run.name or a run id); raises `ValueError`
-    with the line to print when there is no Redis to read."""
+def run_and_redis(run: str, redis_url: str | None, runs_dir: Path) -> tuple[str, str, Path | None]:
+    """(the run id, the URL of its Redis, the run's `redis.url` file it came from or None) of `run`
+    (a run.name or a run id); raises `ValueError` with the line to print when there is no Redis to
+    read."""
     from infra.cli.export import RunNotFound, find_run
     from infra.run.identity import stored_identity
     from infra.run.redis_address import REDIS_URL_FILE, read_redis_url
@@ -95,17 +96,19 @@ def run_and_redis(run: str, redis_url: str | None, runs_dir: Path) -> tuple[str,
         directory = find_run(runs_dir, run)
     except RunNotFound as error:
         if url:
-            return run, url  # a run id on a Redis the user named: no directory needed
+            return run, url, None  # a run id on a Redis the user named: no directory needed
         raise ValueError(f"{error}; or pass --redis-url (or set ${env_vars.REDIS_URL}) to the run's Redis") from None
     identity = stored_identity(directory)
     run_id = identity.run_id if identity else run
-    url = url or read_redis_url(directory)
+    if url:
+        return run_id, url, None
+    url = read_redis_url(directory)
     if not url:
         raise ValueError(
             f"run {run!r} has no embedded Redis running (no {directory / REDIS_URL_FILE}): pass --redis-url "
             f"or set ${env_vars.REDIS_URL} to the run's Redis"
         )
-    return run_id, url
+    return run_id, url, directory / REDIS_URL_FILE
 
 
 @commands.command()
@@ -117,18 +120,21 @@ def status(run: RunOption, redis_url: RedisOption = None, runs_dir: RunsDirOptio
 
     console = Console()
     try:
-        run, url = run_and_redis(run, redis_url, runs_dir)
+        run_id, url, address_file = run_and_redis(run, redis_url, runs_dir)
     except ValueError as error:
         console.print(str(error), markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     try:
         client = RedisSettings(url=url).client("--redis-url")
     except RedisUnavailable as error:
-        console.print(str(error), markup=False, highlight=False, soft_wrap=True)
+        line = str(error)
+        if address_file is not None:  # the run's own Redis, gone with a driver that was killed
+            line = f"run {run!r} is not running: its embedded Redis ({address_file}) does not answer"
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     with client:
-        snapshots = InstanceRegistry(client, run).all()
-        expected = TokenLog(client, run).expected_weights()
+        snapshots = InstanceRegistry(client, run_id).all()
+        expected = TokenLog(client, run_id).expected_weights()
         seconds, micros = client.time()
     if not snapshots:
         console.print(f"run {run!r} has no registered instance in that Redis (check --run)", markup=False)

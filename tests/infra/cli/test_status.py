@@ -18,6 +18,7 @@ from infra.rollout.registry import InstanceRegistry, InstanceSnapshot
 from infra.rollout.tokenlog import TokenLog
 from infra.run.identity import claim_identity
 from infra.run.redis_address import write_redis_url
+from infra.services.ports import free_port
 from rl import env_vars
 
 GOOD, BAD = "a" * 64, "b" * 64
@@ -54,10 +55,24 @@ def test_the_run_is_found_by_name_or_id_with_its_embedded_redis(tmp_path, monkey
     monkeypatch.delenv(env_vars.REDIS_URL, raising=False)
     directory, run_id = _run_dir(tmp_path, "grpo-demo")
     write_redis_url(directory, "redis://:secret@127.0.0.1:6399/0")
-    assert run_and_redis("grpo-demo", None, tmp_path) == (run_id, "redis://:secret@127.0.0.1:6399/0")
-    assert run_and_redis(run_id, None, tmp_path) == (run_id, "redis://:secret@127.0.0.1:6399/0")
-    assert run_and_redis("grpo-demo", "redis://other:1/0", tmp_path) == (run_id, "redis://other:1/0")
-    assert run_and_redis("elsewhere-1a2b", "redis://other:1/0", tmp_path) == ("elsewhere-1a2b", "redis://other:1/0")
+    address = directory / "redis.url"
+    assert run_and_redis("grpo-demo", None, tmp_path) == (run_id, "redis://:secret@127.0.0.1:6399/0", address)
+    assert run_and_redis(run_id, None, tmp_path) == (run_id, "redis://:secret@127.0.0.1:6399/0", address)
+    assert run_and_redis("grpo-demo", "redis://other:1/0", tmp_path) == (run_id, "redis://other:1/0", None)
+    assert run_and_redis("elsewhere-1a2b", "redis://other:1/0", tmp_path) == (
+        "elsewhere-1a2b",
+        "redis://other:1/0",
+        None,
+    )
+
+
+def test_a_run_whose_driver_was_killed_is_not_running(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv(env_vars.REDIS_URL, raising=False)
+    directory, _ = _run_dir(tmp_path, "killed")
+    write_redis_url(directory, f"redis://:secret@127.0.0.1:{free_port()}/0")  # left behind: nothing answers there
+    result = CliRunner().invoke(app, ["status", "--run", "killed", "--runs-dir", str(tmp_path)])
+    assert result.exit_code == 2 and "Traceback" not in result.output and "secret" not in result.output
+    assert "run 'killed' is not running: its embedded Redis (" in " ".join(result.output.split())
 
 
 def test_without_a_redis_to_read_it_says_so(tmp_path, monkeypatch) -> None:
