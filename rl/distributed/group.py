@@ -1,15 +1,15 @@
 """The training process's side of the DeepSpeed trainer: launching its ranks, talking to them,
 and telling what happened when one dies.
 
-`RankGroup.start` creates the channel (`rl.distributed.protocol`), launches ``torchrun --standalone --nproc-per-node N
--m rl.distributed.rank`` as a process group of its own with its output in `log_path`, waits for
-every rank's hello, and sends each the `TrainSpec`. `call(op, payloads)` sends one message to every
-rank and gathers every reply, watching torchrun while it waits, up to a deadline (the start's, or
-`reply_timeout_s`) whose failure names the message and the ranks silent. When a
-rank's channel closes, or torchrun exits, or a rank reports an exception, the group is failed for
-good: torchrun stops the other ranks (any left are killed), and `RankFailure` names the rank, its
-pid and its exit (torchrun's report in the log, e.g. ``exitcode: -9``: SIGKILL). Later calls raise
-the same failure; the run's last checkpoint is what a re-run resumes from. With `nodes` > 1 the
+`RankGroup.start` creates the channel (`rl.distributed.protocol`), launches ``torchrun
+--standalone --nproc-per-node N -m rl.distributed.rank`` as a process group of its own with its
+output in `log_path`, waits for every rank's hello, and sends each the `TrainSpec`. `call(op,
+payloads)` sends one message to every rank and gathers every reply, watching torchrun while it
+waits, up to a deadline (the start's, or `reply_timeout_s`) whose failure names the message and the
+ranks silent. When a rank's channel closes, or torchrun exits, or a rank reports an exception, the
+group is failed for good: torchrun stops the other ranks (any left, those still starting included,
+are killed), and `RankFailure` names the rank, its pid and its exit (torchrun's report in the log,
+e.g. ``exitcode: -9``: SIGKILL). Later calls raise the same failure; the run's last checkpoint is what a re-run resumes from. With `nodes` > 1 the
 channel is TCP and torchrun hosts a c10d rendezvous that other nodes join (`rl.distributed.node`);
 a failure names the node and host (docs/trainers.md, "Several nodes").
 """
