@@ -41,6 +41,7 @@ def _refused(done, tmp_path: Path) -> list[str]:
     return [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
 
 
+@pytest.mark.integration  # the real `rlboost train`, a process of its own
 def test_an_unknown_tracker_kind(model, tmp_path):
     lines = _refused(_train(model, tmp_path, [{"kind": "mlflw"}]), tmp_path)
     assert lines == [
@@ -50,6 +51,7 @@ def test_an_unknown_tracker_kind(model, tmp_path):
     ]
 
 
+@pytest.mark.integration  # the real `rlboost train`, a process of its own
 def test_a_missing_library(model, tmp_path):
     (tmp_path / "site").mkdir()
     (tmp_path / "site" / "sitecustomize.py").write_text(HIDE_MLFLOW)
@@ -61,6 +63,7 @@ def test_a_missing_library(model, tmp_path):
     ]
 
 
+@pytest.mark.integration  # the real `rlboost train`, a process of its own
 def test_an_unreachable_mlflow_server(model, tmp_path):
     uri = f"http://127.0.0.1:{free_port()}"
     lines = _refused(_train(model, tmp_path, [{"kind": "mlflow", "uri": uri}]), tmp_path)
