@@ -26,7 +26,8 @@ def test_a_shipped_configuration_loads(path: Path) -> None:
 
 @pytest.mark.integration  # loading the GGUF's tokenizer takes 6-25 s (as tests/rl/test_tool_calls.py's)
 def test_the_smollm2_calculators_system_message_shows_a_call_the_calculator_answers() -> None:
-    config = load_config("deployments/configs/smollm2-calculator.yaml", None)
+    (path,) = (path for path in CONFIGS if path.name == "smollm2-calculator.yaml")
+    config = load_config(str(path), None)
     assert config.prompt.chat_template and config.environment is not None
     assert config.environment.name == "calculator" and config.prompt.system_prompt is not None
     shown = re.search(re.escape(CHAT_CALL_OPEN) + ".*?" + re.escape(CHAT_CALL_CLOSE), config.prompt.system_prompt)
