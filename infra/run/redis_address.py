@@ -16,7 +16,7 @@ from pathlib import Path
 REDIS_URL_FILE = "redis.url"
 
 
-def write_redis_url(run_dir: Path, url: str) -> Path:
+def write_redis_url(run_dir: Path, url: str) -> None:
     """Write `url` to `<run_dir>/redis.url`, readable by its owner only."""
     path = Path(run_dir) / REDIS_URL_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -25,7 +25,6 @@ def write_redis_url(run_dir: Path, url: str) -> Path:
     with os.fdopen(descriptor, "w") as handle:
         handle.write(url + "\n")
     os.replace(temporary, path)
-    return path
 
 
 def remove_redis_url(run_dir: Path) -> None:
