@@ -11,7 +11,8 @@ hands every sample back, deregisters and exits 0. Its configuration and command 
 `infra.rollout.worker_config`'s; `main(argv)` is the process entry point (``rlboost worker``).
 A multi-turn trajectory ends a model turn, not its sample: its environment answers on a thread
 pool (`infra.rollout.trajectory`) while the engine decodes the others, and the answer is logged as
-an environment segment before the next turn starts from the logged tokens.
+an environment segment before the next turn starts from the logged tokens. A ``release_all``
+hands a trajectory in a tool call back once its answer is logged (its call is not cut off).
 """
 
 from __future__ import annotations
@@ -152,6 +153,11 @@ class RolloutWorker:
         self.awaiting: frozenset[str] = frozenset()
         """Trajectories whose turn ended, waiting for their environment's answer (the heartbeat
         reports them: the steal policy leaves them where they are); set by the main loop only."""
+        self._release_when_answered: set[str] = set()
+        """Trajectories a ``release_all`` found in a tool call: each is handed back once its answer
+        is logged (the call is not cut off to be made again; the receiver continues from the answer)."""
+        self._answered_to_release: list[Held] = []
+        """Those whose answer is now logged: the main loop releases them."""
         self._poll_s = config.poll_ms / 1000
         self._flush_s = config.flush_ms / 1000
         self._stop = threading.Event()
@@ -296,6 +302,9 @@ class RolloutWorker:
                     self._sleep_if_released()
                     self._idle()
                 self._advance_trajectories()
+                if self._answered_to_release:
+                    answered, self._answered_to_release = self._answered_to_release, []
+                    self._release(answered)
                 self.awaiting = frozenset(
                     h.sample_id
                     for h in self.held.values()
@@ -368,6 +377,7 @@ class RolloutWorker:
     def _unpause(self) -> None:
         """The ``release_all`` pause ends (``resume``, or a step it was not for)."""
         self._paused_step = None
+        self._release_when_answered.clear()  # those still in a tool call continue here
         if self._mode is WorkerMode.RELEASED:
             self._mode = WorkerMode.GENERATING
         elif self._mode is WorkerMode.ASLEEP:
@@ -626,6 +636,10 @@ class RolloutWorker:
         held.prefix += segment.tokens
         episode.starts.append(held.logged)
         held.turn_start, held.turn_end = held.logged, None
+        if held.sample_id in self._release_when_answered:
+            self._release_when_answered.discard(held.sample_id)
+            self._answered_to_release.append(held)  # released by the main loop, not in this callback
+            return
         self.engine.add(held.request())
 
     def _env_failed(self, held: Held, failure: InfraFailure) -> None:
@@ -701,8 +715,20 @@ class RolloutWorker:
             case ReleaseAll(step=step):
                 step = step if step is not None else (self._step.first if self._step else None)
                 self._pause(step)
-                log.info("releasing all %d samples; not claiming for step %s", len(self.held), step)
-                self._release(list(self.held.values()))
+                in_call = {
+                    h.sample_id for h in self.held.values() if h.episode is not None and h.episode.job is not None
+                }
+                if self._paused_step is not None:
+                    self._release_when_answered = in_call
+                else:
+                    in_call = set()  # no pause holds: nothing waits to be handed back
+                log.info(
+                    "releasing all %d samples (%d after their tool call); not claiming for step %s",
+                    len(self.held),
+                    len(in_call),
+                    step,
+                )
+                self._release([h for h in self.held.values() if h.sample_id not in in_call])
             case Resume():
                 self._unpause()
                 self._claim_after = 0.0

@@ -1,7 +1,8 @@
 """Multi-turn trajectories through a rollout worker (in process, a real HF engine on a tiny model
 that memorised two calculator trajectories, a real redis-server): model turns and environment
 segments alternate in the token log, rendered once and masked; the engine decodes other samples
-while a tool call waits; the trained token ids are the logged ones; infrastructure failures are
+while a tool call waits; a ``release_all`` hands a trajectory in a tool call back after its answer
+is logged; the trained token ids are the logged ones; infrastructure failures are
 retried, then fail the sample (`renormalize` keeps its group); a single-turn group is unchanged."""
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from pathlib import Path
 import pytest
 import redis
 
+from infra.rollout.control import ReleaseAll, Resume
 from infra.rollout.controller import samples_of_group
 from infra.rollout.instance import InstanceSpec
 from infra.rollout.protocol import set_current_step
 from infra.rollout.tokenlog import ENV_VERSION, GroupSpec, LoggedTurn, Outcome, TokenLog
-from infra.rollout.worker import RolloutWorker, WorkerConfig
+from infra.rollout.worker import RolloutWorker, WorkerConfig, WorkerMode
 from rl.config import GRPOConfig, OptimConfig
 from rl.generation import GenerationRequest, SamplingParams
 from rl.models import load_model
@@ -151,6 +153,36 @@ def test_the_engine_decodes_other_samples_while_a_tool_call_waits(fabric, tmp_pa
     gate.touch()
     wait_for(lambda: f.log.step_status(STEP).complete, "the gated trajectory", timeout_s=60)
     assert f.text(f.log.read_group(STEP, 0)[0].token_ids) == agentic.transcript(ONE_CALL)
+
+
+def test_release_all_hands_a_trajectory_in_a_tool_call_back_once_its_answer_is_logged(fabric, tmp_path):
+    """At `T_local` a reserved instance releases its samples; a trajectory whose tool call runs stays
+    until the answer is logged, then goes back with it (the call is not cut off to be made again), and
+    the instance that claims it next continues from the answer to the undisturbed transcript."""
+    f = fabric()
+    gate, calls = tmp_path / "gate", tmp_path / "calls"
+    gated = agentic.environment(
+        ONE_CALL, "tests.infra.rollout.agentic:GatedCalculator", args={"gates": [str(gate)], "calls": str(calls)}
+    )
+    f.run([agentic.group(0, ONE_CALL, 1, f.tokenizer, gated)])
+    wait_for(lambda: calls.exists() and "waiting" in calls.read_text(), "the tool call", timeout_s=120)
+    assert f.worker.registry.request("w", ReleaseAll(STEP))
+    wait_for(lambda: f.worker.mode in (WorkerMode.RELEASED, WorkerMode.ASLEEP), "the release", timeout_s=30)
+    (record,) = f.log.read_group(STEP, 0)
+    assert record.state == "running" and record.turns == ()  # kept while its call runs
+    gate.touch()
+    wait_for(lambda: f.log.read_group(STEP, 0)[0].state == "queued", "the hand-back", timeout_s=30)
+    (record,) = f.log.read_group(STEP, 0)
+    first = f.tokenizer.encode(agentic.model_turns(ONE_CALL)[0], add_special_tokens=False)
+    answer = f.tokenizer.encode(FORMAT.render(ONE_CALL[3][0]), add_special_tokens=False)
+    assert record.turns == (LoggedTurn(len(record.token_ids) - len(answer), "15012"),)
+    assert record.token_ids[-len(answer) :] == answer and f.text(record.token_ids[: -len(answer)]) == f.text(first)
+    assert f.worker.stats.released == 1 and f.worker.held == {}
+    assert calls.read_text().splitlines() == [f"waiting {STEP}/0/0 0", f"called {STEP}/0/0 0"]
+    assert f.worker.registry.request("w", Resume(STEP))
+    wait_for(lambda: f.log.step_status(STEP).complete, "the trajectory", timeout_s=60)
+    (record,) = f.log.read_group(STEP, 0)
+    assert f.text(record.token_ids) == agentic.transcript(ONE_CALL) and record.attempts == 2
 
 
 @pytest.mark.parametrize(
