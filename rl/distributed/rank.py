@@ -26,6 +26,7 @@ import traceback
 from datetime import timedelta
 from multiprocessing.connection import Client
 from pathlib import Path
+from types import ModuleType
 
 import torch
 from safetensors.torch import save
@@ -219,8 +220,7 @@ class RankTrainer(Trainer):
 
 
 def _init_process_group(spec: TrainSpec) -> torch.device:
-    import deepspeed
-
+    deepspeed = import_deepspeed()
     _without_the_shared_memory_op()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device(spec.device)
@@ -230,6 +230,21 @@ def _init_process_group(spec: TrainSpec) -> torch.device:
     backend = "nccl" if device.type == "cuda" else "gloo"
     deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=spec.trainer.collective_timeout_s))
     return device
+
+
+def import_deepspeed() -> ModuleType:
+    """DeepSpeed, imported with MLflow hidden: its autotuner imports MLflow (and pandas with it)
+    whenever it is installed, about 1 s of CPU in every rank, for autotuning runs the ranks never
+    make; hidden from that one import, it reads MLflow as absent. A later `import mlflow` works."""
+    hide = "mlflow" not in sys.modules
+    if hide:
+        sys.modules["mlflow"] = None  # pyright: ignore[reportArgumentType]  # None: "not installed"
+    try:
+        import deepspeed
+    finally:
+        if hide and "mlflow" in sys.modules and sys.modules["mlflow"] is None:
+            del sys.modules["mlflow"]
+    return deepspeed
 
 
 SHARED_MEMORY_OP = "deepspeed_shm_comm"
