@@ -18,6 +18,9 @@ from rl.environments.registry import (
     ENVIRONMENTS,
     REWARD_KINDS,
     EnvironmentConfigError,
+    EnvironmentFactory,
+    Reward,
+    builtin_reward,
     environment_args,
     environment_class,
     environment_path,
@@ -234,6 +237,15 @@ class RewardConfig(Section):
             return FORMAT_PATTERNS.get(family) if family is not None else None
         return NAMED_FORMATS.get(self.format, self.format)
 
+    def load(self, family: str | None = None) -> Reward:
+        """The run's reward: `function` (an import path) or the built-in `kind`, plus the format
+        term when `format_weight` > 0 (`family`: the arithmetic family, or None)."""
+        pattern = self.format_pattern(family) if self.format_weight else None
+        weight = self.format_weight if pattern is not None else 0.0
+        if self.function is None:
+            return builtin_reward(self.kind, weight, pattern)
+        return Reward(self.function, weight, pattern, takes_trajectory=reward_function(self.function))
+
 
 def _check(validate: Callable[[], object]) -> None:
     """Run a registry check, raising its one-line reason (the configuration error names the key)."""
@@ -295,6 +307,12 @@ class EnvironmentConfig(Section):
                 "('package.module:Class'), not both or neither"
             )
         return self
+
+    def load(self) -> EnvironmentFactory:
+        """The factory of the run's environment (`name` or `class`, with `args`)."""
+        path = environment_path(self.name, self.class_)
+        environment_args(environment_class(path, "environment.name" if self.name else "environment.class"), self.args)
+        return EnvironmentFactory(path, dict(self.args))
 
 
 class PromptConfig(Section):

@@ -35,7 +35,6 @@ from rl.config import TrainerConfig, split_endpoint
 from rl.devices import DeviceError, resolve_device, resolve_dtype
 from rl.engine_factory import check_engine
 from rl.engine_spec import EngineSpec
-from rl.environments.registry import load_environment
 from rl.environments.tool_calls import ToolFormatError, make_tool_format
 from rl.lora import check_targets, read_settings
 from rl.models import load_tokenizer
@@ -115,7 +114,7 @@ def _check_tool_format(config: RunConfig) -> None:
     calls and results (`rl.environments.tool_calls.ChatTemplateToolFormat`)."""
     if config.environment is None or not config.prompt.chat_template:
         return
-    if not load_environment(config.environment).uses_tools:
+    if not config.environment.load().uses_tools:
         return
     tokenizer = load_tokenizer(config.model.path, config.model.gguf_file)
     check_chat_template(tokenizer, config.prompt, config.model.path)

@@ -49,7 +49,7 @@ from rl.devices import resolve_device
 from rl.distributed.protocol import TrainSpec
 from rl.distributed.trainer import DistributedTrainer
 from rl.engine_factory import build_engine
-from rl.environments.registry import EnvironmentFactory, load_environment, load_reward
+from rl.environments.registry import EnvironmentFactory
 from rl.environments.tool_calls import ToolFormatError, make_tool_format
 from rl.evaluation import evaluate_pass_at_k
 from rl.generation import GenerationEngine
@@ -117,7 +117,7 @@ class TrainingSession:
         stack.callback(self._close_engine)  # after the fabric, before the trainer
         self.prompts = PromptSource(config.data, chat=config.prompt.chat_template)
         self.eval_records = self.prompts.eval_records(config.eval.size)
-        self.reward_fn = load_reward(config.reward, config.data.family if config.data.source == "arithmetic" else None)
+        self.reward_fn = config.reward.load(config.data.family if config.data.source == "arithmetic" else None)
         self.correctness_fn = self.reward_fn.correctness
         self.cursor = 0
         self.history = History()
@@ -535,7 +535,7 @@ def trajectory_spec(config: RunConfig, tokenizer: Any) -> tuple[EnvironmentSpec 
     is made here, so a chat template that cannot carry tool calls is refused before any work."""
     if config.environment is None:
         return None, config.prompt
-    factory = load_environment(config.environment)
+    factory = config.environment.load()
     stop = config.prompt.stop
     if factory.uses_tools:
         try:

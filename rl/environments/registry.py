@@ -1,9 +1,10 @@
 """Rewards and environments by name or import path, validated when the configuration loads.
 
 `REWARDS` and `ENVIRONMENTS` name the built-ins, as ordinary entries: import paths. Any other is
-given as ``"pkg.module:attr"``. `load_reward` and `load_environment` return picklable records that
+given as ``"pkg.module:attr"``. `Reward` and `EnvironmentFactory` are picklable records that
 carry the import path, not the object: a rollout worker process imports it again (its package is
-installed there, as the project is), so a module-level lambda or callable object travels too.
+installed there, as the project is), so a module-level lambda or callable object travels too; a
+configuration makes them (`RewardConfig.load`, `EnvironmentConfig.load`).
 
 A reward is ``fn(response, answer) -> float``, or ``fn(response, answer, **kwargs)``, or takes a
 keyword ``trajectory`` (a `Trajectory`). An environment is a subclass of `Environment` whose
@@ -21,13 +22,10 @@ import inspect
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rl.environments.protocol import Environment, ToolEnvironment, ToolFormat, Trajectory
 from rl.rewards import format_reward
-
-if TYPE_CHECKING:
-    from rl.config import EnvironmentConfig, RewardConfig
 
 REWARDS: Mapping[str, str] = {"exact_match": "rl.rewards:exact_match_reward", "boxed": "rl.rewards:boxed_reward"}
 """Built-in rewards (`reward.kind`) by name: their import paths."""
@@ -209,16 +207,6 @@ def builtin_reward(kind: str, format_weight: float = 0.0, format_pattern: str | 
     return Reward(REWARDS[kind], format_weight, format_pattern)
 
 
-def load_reward(config: RewardConfig, family: str | None = None) -> Reward:
-    """The run's reward: `reward.function` (an import path) or the built-in `reward.kind`, plus
-    the format term when `reward.format_weight` > 0 (`family`: the arithmetic family, or None)."""
-    pattern = config.format_pattern(family) if config.format_weight else None
-    weight = config.format_weight if pattern is not None else 0.0
-    if config.function is None:
-        return builtin_reward(config.kind, weight, pattern)
-    return Reward(config.function, weight, pattern, takes_trajectory=reward_function(config.function))
-
-
 @dataclass(frozen=True)
 class EnvironmentFactory:
     """Makes one fresh environment per trajectory; picklable (an import path and the arguments)."""
@@ -246,10 +234,3 @@ class EnvironmentFactory:
                 raise ValueError(f"{self.path} is a ToolEnvironment: create it with a tool_format")
             environment.use_format(tool_format)
         return environment
-
-
-def load_environment(config: EnvironmentConfig) -> EnvironmentFactory:
-    """The factory of the run's environment (`environment.name` or `environment.class`, with `args`)."""
-    path = environment_path(config.name, config.class_)
-    environment_args(environment_class(path, "environment.name" if config.name else "environment.class"), config.args)
-    return EnvironmentFactory(path, dict(config.args))

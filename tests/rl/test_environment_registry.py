@@ -23,8 +23,6 @@ from rl.environments.registry import (
     environment_args,
     environment_class,
     environment_path,
-    load_environment,
-    load_reward,
     reward_function,
 )
 from rl.environments.tool_calls import TextToolFormat
@@ -100,17 +98,17 @@ def test_builtin_rewards_are_ordinary_entries() -> None:
     reward = builtin_reward("exact_match", 0.5, ADD_FORMAT)
     assert reward.path == "rl.rewards:exact_match_reward"
     assert reward("168", "168") == 1.5 and reward.correctness("168", "168") == 1.0
-    assert load_reward(RewardConfig(kind="boxed")) == Reward("rl.rewards:boxed_reward")
-    assert load_reward(RewardConfig(format_weight=0.5), family="add") == Reward(
+    assert RewardConfig(kind="boxed").load() == Reward("rl.rewards:boxed_reward")
+    assert RewardConfig(format_weight=0.5).load(family="add") == Reward(
         "rl.rewards:exact_match_reward", 0.5, ADD_FORMAT
     )
 
 
 def test_a_user_reward_by_import_path(user_package: Path) -> None:
-    reward = load_reward(RewardConfig(function="user_pkg_37.rewards:score"))
+    reward = RewardConfig(function="user_pkg_37.rewards:score").load()
     assert reward == Reward("user_pkg_37.rewards:score") and reward(" 7", "7") == 1.0
     trajectory = Trajectory("p", "7", (Turn("<call>x</call>", "1"), Turn("7")))
-    by_trajectory = load_reward(RewardConfig(function="user_pkg_37.rewards:turns"))
+    by_trajectory = RewardConfig(function="user_pkg_37.rewards:turns").load()
     assert by_trajectory.takes_trajectory and by_trajectory("7", "7", trajectory) == 2.0
     assert reward_function("user_pkg_37.rewards:extra") is True
     assert Reward("user_pkg_37.rewards:extra", takes_trajectory=True)("7", "7", trajectory) == 0.5
@@ -141,14 +139,14 @@ def test_a_bad_reward_is_one_line_naming_the_key_what_and_the_fix(
 
 
 def test_environments_by_name_or_class_with_arguments(user_package: Path) -> None:
-    calculator = load_environment(EnvironmentConfig(name="calculator"))
+    calculator = EnvironmentConfig(name="calculator").load()
     assert calculator == EnvironmentFactory("rl.environments.calculator:Calculator", {})
     assert calculator.replayable and calculator.uses_tools
     made = calculator.create(TextToolFormat())
     assert isinstance(made, Calculator) and isinstance(made.format, TextToolFormat)
     with pytest.raises(ValueError, match="create it with a tool_format"):
         calculator.create()
-    echo = load_environment(EnvironmentConfig.model_validate({"class": "user_pkg_37.envs:Echo", "args": {"times": 2}}))
+    echo = EnvironmentConfig.model_validate({"class": "user_pkg_37.envs:Echo", "args": {"times": 2}}).load()
     assert not echo.replayable and not echo.uses_tools
     environment = echo.create()
     environment.reset("p", "ok")
@@ -179,8 +177,8 @@ def _in_a_worker(reward: bytes, factory: bytes, queue) -> None:
 
 
 def test_rewards_and_environments_travel_to_a_worker_process_as_import_paths(user_package: Path) -> None:
-    reward = pickle.dumps(load_reward(RewardConfig(function="user_pkg_37.rewards:score")))
-    factory = pickle.dumps(load_environment(EnvironmentConfig.model_validate({"class": "user_pkg_37.envs:Echo"})))
+    reward = pickle.dumps(RewardConfig(function="user_pkg_37.rewards:score").load())
+    factory = pickle.dumps(EnvironmentConfig.model_validate({"class": "user_pkg_37.envs:Echo"}).load())
     assert b"user_pkg_37.rewards:score" in reward and b"user_pkg_37.envs:Echo" in factory
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: nothing inherited but sys.path
     queue = context.Queue()
