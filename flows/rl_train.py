@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +28,9 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 from prefect.runtime import flow_run
-from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 from rich.console import Console
 
+from flows.step_settings import step_settings
 from infra.run.config import RunConfig, load_config
 from infra.run.reporting import (
     artifact_key,
@@ -46,7 +45,6 @@ from infra.run.reporting import (
 from infra.run.session import close_session, get_session, open_session
 from infra.run.step_record import StepRecord
 from infra.run.summary import RunFacts, summarize
-from infra.services.prefect_api import current_api_url
 from infra.tracking.fanout import Trackers, open_trackers
 from rl.checkpoint import latest_checkpoint
 from tasks.pretraining import ensure_base_model
@@ -162,19 +160,6 @@ def rl_train(
     finally:
         trackers.close()
         close_session(key)
-
-
-def step_settings() -> AbstractContextManager:
-    """Prefect settings of the `rl-step` subflow runs (the `rl-train` run's own heartbeats have
-    started before they apply). When a flow run ends, Prefect joins its heartbeat thread, which
-    sleeps in 1 s slices: every step would wait up to a second for it (an empty subflow took
-    1.14 s with heartbeats and 0.20 s without on 2 cores). On the driver's own ephemeral server
-    (no PREFECT_API_URL: `rlboost demo`, `rlboost train`) nothing watches heartbeats and the
-    server ends with the driver, so the step subflows send none; on a real server they send them
-    like every flow run, for zombie detection."""
-    if current_api_url() is None:
-        return temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
-    return nullcontext()
 
 
 def _train_loop(config: RunConfig, key: str, session, logger, trackers: Trackers) -> dict:

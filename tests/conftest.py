@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,6 +12,21 @@ import torch
 PRETRAINED_TIMEOUT_S = 1200
 """The timeout of a test that uses `pretrained_tiny_model`: the first such test pretrains within its
 own (25 s of pretraining on an idle 2-core host; past the default 600 s once on a loaded CI host)."""
+
+
+INTEGRATION_MODULE = re.compile(r"^pytestmark = \[?\s*pytest\.mark\.integration\b", re.MULTILINE)
+"""A test module whose every test is an integration test (its module-level mark)."""
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Under ``-m "not integration"`` (`make test-unit`) a module marked integration as a whole is
+    not imported: none of its tests would run, and importing them (the flows, Prefect, the cloud
+    SDKs) took most of the unit run's collection."""
+    if config.getoption("markexpr") != "not integration" or not collection_path.name.startswith("test_"):
+        return None
+    if collection_path.suffix != ".py" or not INTEGRATION_MODULE.search(collection_path.read_text()):
+        return None
+    return True
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

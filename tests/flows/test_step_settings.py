@@ -11,7 +11,7 @@ from prefect.settings import (
     temporary_settings,
 )
 
-from flows.rl_train import step_settings
+from flows.step_settings import step_settings
 
 
 def test_no_step_heartbeats_on_the_drivers_own_ephemeral_server():
