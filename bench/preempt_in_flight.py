@@ -1,9 +1,9 @@
 """Preemptions that land inside samples, for the benches: a thread that has the provider preempt a
 spot instance of a fabric as soon as it holds a sample of one step with tokens it logged itself
 (the provider's own preemption: a replacement starts at once), so that on any machine, however
-fast its rollout, the preempted samples continue elsewhere from their logged tokens. Tokens it
-logged itself, not only tokens logged: a replacement that resumes the samples its predecessor held
-is not preempted before it has advanced them, so the preemptions spread over the step's samples."""
+fast its rollout, the preempted samples continue elsewhere from their logged tokens. A replacement
+that resumes its predecessor's samples is preempted only once it has advanced them, so the
+preemptions spread over the step's samples instead of hitting the same ones again."""
 
 from __future__ import annotations
 
