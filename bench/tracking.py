@@ -1,7 +1,7 @@
 """Tracking benchmark: the demo configuration with the experiment trackers (by default all three:
-MLflow on a real local `mlflow server`, TensorBoard, W&B offline) against none, alternating, through the real `rl-train`
-flow (pretraining the base model if missing); in each tracked run the MLflow server is killed
-(SIGKILL) after a quarter of the steps and started again at once.
+MLflow on a real local `mlflow server`, TensorBoard, W&B offline) against none, alternating,
+through the real `rl-train` flow (pretraining the base model if missing); in each tracked run the
+MLflow server is killed (SIGKILL) after a quarter of the steps and started again at once.
 
     .venv/bin/python bench/tracking.py [--steps 20] [--pairs 2] [--trackers mlflow,tensorboard,wandb]
                                        [--set key=value ...]

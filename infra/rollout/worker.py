@@ -715,13 +715,12 @@ class RolloutWorker:
             case ReleaseAll(step=step):
                 step = step if step is not None else (self._step.first if self._step else None)
                 self._pause(step)
-                in_call = {
-                    h.sample_id for h in self.held.values() if h.episode is not None and h.episode.job is not None
-                }
-                if self._paused_step is not None:
-                    self._release_when_answered = in_call
-                else:
-                    in_call = set()  # no pause holds: nothing waits to be handed back
+                in_call: set[str] = set()
+                if self._paused_step is not None:  # a pause holds: a trajectory in a tool call waits for its answer
+                    in_call = {
+                        h.sample_id for h in self.held.values() if h.episode is not None and h.episode.job is not None
+                    }
+                self._release_when_answered = in_call
                 log.info(
                     "releasing all %d samples (%d after their tool call); not claiming for step %s",
                     len(self.held),

@@ -9,9 +9,10 @@ waits, up to a deadline (the start's, or `reply_timeout_s`) whose failure names 
 ranks silent. When a rank's channel closes, or torchrun exits, or a rank reports an exception, the
 group is failed for good: torchrun stops the other ranks (any left, those still starting included,
 are killed), and `RankFailure` names the rank, its pid and its exit (torchrun's report in the log,
-e.g. ``exitcode: -9``: SIGKILL). Later calls raise the same failure; the run's last checkpoint is what a re-run resumes from. With `nodes` > 1 the
-channel is TCP and torchrun hosts a c10d rendezvous that other nodes join (`rl.distributed.node`);
-a failure names the node and host (docs/trainers.md, "Several nodes").
+e.g. ``exitcode: -9``: SIGKILL). Later calls raise the same failure; the run's last checkpoint is
+what a re-run resumes from. With `nodes` > 1 the channel is TCP and torchrun hosts a c10d
+rendezvous that other nodes join (`rl.distributed.node`); a failure names the node and host
+(docs/trainers.md, "Several nodes").
 """
 
 from __future__ import annotations

@@ -242,7 +242,7 @@ def import_deepspeed() -> ModuleType:
     try:
         import deepspeed
     finally:
-        if hide and "mlflow" in sys.modules and sys.modules["mlflow"] is None:
+        if hide:  # nothing can have imported MLflow while it was hidden
             del sys.modules["mlflow"]
     return deepspeed
 

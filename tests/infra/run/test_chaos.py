@@ -1,5 +1,6 @@
 """Chaos: a multi-step rollout on the fabric while spot instances are killed at random (mean life
-of 20 s; SIGTERM with a short notice or a silent SIGKILL), against real Redis and real worker processes, whose engines are HF or vLLM. Every sample must come back exactly once,
+of 20 s; SIGTERM with a short notice or a silent SIGKILL), against real Redis and real worker
+processes, whose engines are HF or vLLM. Every sample must come back exactly once,
 with exactly the tokens an uninterrupted in-process HF engine generates for it, however often it
 migrated (the keyed sampler draws the same tokens in both backends). Beside the random schedule,
 each step has one spot instance preempted while it holds a sample with logged tokens
@@ -78,7 +79,7 @@ def _version_weights(base_state: dict, version: int) -> dict:
 
 @pytest.mark.parametrize("engine_kind", ENGINES)
 def test_random_preemptions_lose_nothing_and_change_no_token(tmp_path, engine_kind):
-    engine_spec, config = ENGINES[engine_kind], CONFIG
+    engine_spec = ENGINES[engine_kind]
     save_tiny_model(tmp_path / "base", tiny_shape())
     model, tokenizer = load_model(tmp_path / "base")
     base_state = {k: v.clone() for k, v in model.state_dict().items()}
@@ -86,7 +87,7 @@ def test_random_preemptions_lose_nothing_and_change_no_token(tmp_path, engine_ki
     prompts = PromptSource(DataConfig(family="chain"))
     engine = hf_on_cpu(model, tokenizer.eos_token_id, tokenizer.pad_token_id)
 
-    fabric = rollout_fabric(config, "chaos", tmp_path / "run", tmp_path / "base", engine=engine_spec)
+    fabric = rollout_fabric(CONFIG, "chaos", tmp_path / "run", tmp_path / "base", engine=engine_spec)
     migrations = exact = total = matching = positions = 0
     try:
         deadline = time.time() + 120  # let the spot instances start (import torch, load) once
