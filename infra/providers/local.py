@@ -11,7 +11,9 @@ start (a crash within `START_WINDOW_S`) the pool's next launch backs off (doubli
 `MAX_RESTART_BACKOFF_S`; `infra.fleet.instance_watch` gives up on a pool, reading `last_log_line`);
 it SIGKILLs stopping instances whose notice ran out and keeps each pool at `min(target, capacity
 now)`: the excess gets SIGTERM, then SIGKILL after the notice (or, `silent_kill_fraction` of the
-time, at once). `shutdown()` stops everything; a finalizer kills what is left. Detail: internals §3.
+time, at once). `shutdown()` stops everything; a finalizer kills what is left. The instances of
+the pools a `WarmStart` names fork from a template process that imported their modules once
+(`infra.providers.warm_start`); the others start as new interpreters. Detail: internals §3.
 """
 
 from __future__ import annotations
@@ -30,9 +32,11 @@ from pathlib import Path
 from typing import Any, Self
 
 from infra.availability.traces import TraceSchedule
+from infra.providers.instance_process import FreshProcess, InstanceProcess, signal_group
 from infra.providers.interface import InstanceHandle, InstanceRecord, PreemptionEvent, Provider, StopReason
 from infra.providers.placement import GpuSlot
 from infra.providers.pool import PoolSpec
+from infra.providers.warm_start import ForkTemplate, TemplateUnavailable, WarmStart, template_environment, warm_command
 from rl import env_vars
 from rl.disk_space import LOW_SPACE_BYTES, describe_free, free_bytes
 from rl.driver_watch import driver_environment
@@ -70,7 +74,7 @@ class _Pool:
 @dataclass
 class _Instance:
     record: InstanceRecord
-    proc: subprocess.Popen[bytes]
+    proc: InstanceProcess
     kill_at: float | None = None
     """When a stopping instance gets SIGKILL (None while running)."""
     slot: GpuSlot | None = None
@@ -91,6 +95,7 @@ class LocalProvider(Provider):
         environment: Mapping[str, str] | None = None,
         instance_prefix: str = "",
         placement: Mapping[str, Sequence[GpuSlot]] | None = None,
+        warm_start: WarmStart | None = None,
     ) -> None:
         """`schedules` overrides the availability of the named pools (tests, replays); `clock` is
         the time source of `tick()` and of the records; `seed` drives which instances are
@@ -98,7 +103,8 @@ class LocalProvider(Provider):
         (stdout and stderr), else children inherit this process's streams; `environment` is added
         to every instance's environment (this process's own); instance ids are
         `<instance_prefix><pool>-<n>` (a re-run's attempt prefix, `infra.run.identity`);
-        `placement` holds the GPU slots of each placed pool (`infra.providers.placement.place`)."""
+        `placement` holds the GPU slots of each placed pool (`infra.providers.placement.place`);
+        the instances of the unplaced pools `warm_start` names fork from a template."""
         self._command_factory = command_factory
         self._placement = {name: list(slots) for name, slots in (placement or {}).items()}
         self._instance_prefix = instance_prefix
@@ -112,9 +118,12 @@ class LocalProvider(Provider):
         self._events: list[PreemptionEvent] = []
         self._lock = threading.RLock()
         self._closed = threading.Event()
-        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._procs: dict[str, InstanceProcess] = {}
         """Processes not yet reaped: what the finalizer kills."""
-        self._finalizer = weakref.finalize(self, _kill_all, self._lock, self._closed, self._procs)
+        self._warm_start = warm_start
+        self._templates: list[ForkTemplate] = []
+        """The fork templates started (the last one current), closed with the provider."""
+        self._finalizer = weakref.finalize(self, _kill_all, self._lock, self._closed, self._procs, self._templates)
         self._ticker = TickThread("local-provider")
 
     # -- Provider -------------------------------------------------------------------------------
@@ -183,7 +192,7 @@ class LocalProvider(Provider):
             self._reap(now)
             for instance in self._instances.values():
                 if instance.kill_at is not None and now >= instance.kill_at:
-                    _signal_group(instance.proc, signal.SIGKILL)
+                    signal_group(instance.proc, signal.SIGKILL)
             for state in self._pools.values():
                 allowed = min(state.target, self._capacity(state, now))
                 running = self._running(state.spec.name)
@@ -218,12 +227,12 @@ class LocalProvider(Provider):
                     self._stop(instance, self._pools[instance.record.pool], "scaled_down", now)
             self._closed.set()
         deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and not all(_exited(p) for p in self._procs.values()):
+        while time.monotonic() < deadline and not all(p.exited() for p in self._procs.values()):
             time.sleep(0.02)
         with self._lock:
             for proc in self._procs.values():
-                _signal_group(proc, signal.SIGKILL)
-                os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)  # wait for the exit, reap below
+                signal_group(proc, signal.SIGKILL)
+                proc.wait_exited()  # reaped below
             self._reap(self._clock())
         self._finalizer()
 
@@ -280,19 +289,11 @@ class LocalProvider(Provider):
             **({} if slot is None else slot.environment()),
         }
         command = list(self._command_factory(spec, instance_id))
-        if self._log_dir is None:
-            proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
-        else:
-            self._log_dir.mkdir(parents=True, exist_ok=True)
-            with (self._log_dir / f"{instance_id}.log").open("ab") as out:
-                proc = subprocess.Popen(
-                    command,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
+        log_path = None if self._log_dir is None else self._log_dir / f"{instance_id}.log"
+        if log_path is not None:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+        warm = slot is None and self._warm_start is not None and spec.name in self._warm_start.pools
+        proc = (self._forked(command, env, log_path) if warm else None) or _fresh(command, env, log_path)
         state.launched += 1
         record = InstanceRecord(
             instance_id, spec.name, spec.capacity_class, spec.machine_type, spec.price_per_hour, launched_at=now
@@ -303,11 +304,31 @@ class LocalProvider(Provider):
             log.info("instance %s started on GPUs %s", instance_id, ",".join(slot.devices))
         return record
 
+    def _forked(self, command: list[str], env: dict[str, str], log_path: Path | None) -> InstanceProcess | None:
+        """The instance forked from the current template, started on first use and anew when the
+        environment changed; None when it must start fresh (not a `python -m` command of this
+        interpreter, the working directory changed, or the template failed)."""
+        assert self._warm_start is not None
+        if not warm_command(command):
+            return None
+        base = template_environment(env)
+        template = self._templates[-1] if self._templates else None
+        if template is None or template.env != base:
+            template_log = None if self._log_dir is None else self._log_dir / "fork-template.log"
+            template = ForkTemplate(self._warm_start.preload, base, template_log)
+            self._templates.append(template)
+        if not template.matches(base):
+            return None
+        try:
+            return template.start(command, env, log_path)
+        except TemplateUnavailable:
+            return None
+
     def _stop(self, instance: _Instance, state: _Pool, reason: StopReason, now: float) -> None:
         silent = reason in ("preempted_silent", "crashed")  # a failed instance holds nothing to hand back
         instance.kill_at = now if silent else now + state.notice_s
         instance.record = replace(instance.record, state="terminating", notice_at=now, reason=reason)
-        _signal_group(instance.proc, signal.SIGKILL if silent else signal.SIGTERM)
+        signal_group(instance.proc, signal.SIGKILL if silent else signal.SIGTERM)
         if reason in ("preempted", "preempted_silent"):
             event = PreemptionEvent(instance.record.instance_id, state.spec.name, now, instance.kill_at, silent)
             self._events.append(event)
@@ -315,10 +336,10 @@ class LocalProvider(Provider):
     def _reap(self, now: float) -> None:
         """Record every instance whose group leader exited; sweep what is left of its group."""
         for instance_id, proc in list(self._procs.items()):
-            if not _exited(proc):
+            if not proc.exited():
                 continue
-            _signal_group(proc, signal.SIGKILL)  # the leader is a zombie until waited: its pgid is not reused
-            code = proc.wait()
+            signal_group(proc, signal.SIGKILL)  # the leader is a zombie until waited: its pgid is not reused
+            code = proc.reap()
             del self._procs[instance_id]
             instance = self._instances[instance_id]
             free = self._pools[instance.record.pool].free_slots
@@ -365,16 +386,15 @@ class LocalProvider(Provider):
         return f"{lines[-1] if lines else 'its log is empty'} (its log: {path}{full})"
 
 
-def _exited(proc: subprocess.Popen[bytes]) -> bool:
-    """Whether the process has exited, without reaping it (so its pid and group id stay reserved)."""
-    return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-
-
-def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        pass
+def _fresh(command: list[str], env: dict[str, str], log_path: Path | None) -> FreshProcess:
+    """The instance started as a new interpreter in a new session, its output to `log_path`."""
+    if log_path is None:
+        return FreshProcess(subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, start_new_session=True))
+    with log_path.open("ab") as out:
+        popen = subprocess.Popen(
+            command, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    return FreshProcess(popen)
 
 
 class TickThread:
@@ -417,11 +437,17 @@ def _tick_loop(owner: weakref.ref, stop: threading.Event, interval_s: float, nam
         del live
 
 
-def _kill_all(lock: threading.RLock, closed: threading.Event, procs: dict[str, subprocess.Popen[bytes]]) -> None:
-    """Finalizer: close the provider and SIGKILL every group it has not reaped."""
+def _kill_all(
+    lock: threading.RLock, closed: threading.Event, procs: dict[str, InstanceProcess], templates: list[ForkTemplate]
+) -> None:
+    """Finalizer: close the provider, SIGKILL every group it has not reaped, end its templates."""
     with lock:
         closed.set()
         for proc in procs.values():
-            _signal_group(proc, signal.SIGKILL)
-            proc.wait()
+            signal_group(proc, signal.SIGKILL)
+            proc.wait_exited()
+            proc.reap()
         procs.clear()
+        for template in templates:
+            template.close()
+        templates.clear()

@@ -39,6 +39,7 @@ from infra.providers.interface import InstanceRecord, Provider
 from infra.providers.local import LocalProvider
 from infra.providers.placement import plan_node
 from infra.providers.pool import PoolSpec
+from infra.providers.warm_start import WarmStart
 from infra.rollout.control import Drain
 from infra.rollout.controller import AdmittedStep, RolloutController, StepReport, TakeOver, samples_of_group
 from infra.rollout.instance import InstanceSpec
@@ -47,6 +48,7 @@ from infra.rollout.registry import InstanceRegistry
 from infra.rollout.settings import worker_flags
 from infra.rollout.tokenlog import EnvironmentSpec, GroupSpec, TokenLog
 from infra.rollout.worker_config import instance_flags
+from infra.rollout.worker_engine import HF_WORKER_MODULES
 from infra.run.colocated import ColocatedInstance, WithColocated
 from infra.run.fabric_config import CloudSettings, FabricConfig
 from infra.run.fleet_events import FleetEvents
@@ -406,7 +408,22 @@ class RolloutFabric:
             environment=self.worker_environment(),
             instance_prefix=self.instance_prefix,
             placement=self.placement,
+            warm_start=self._warm_start(),
         )
+
+    def _warm_start(self) -> WarmStart:
+        """The local pools whose instances fork from a template that imported the worker and its `hf`
+        engine once: those of the `hf` engine that hold no GPU slot (a vLLM engine starts processes
+        of its own; a placed instance starts fresh)."""
+        pools = [
+            pool.name
+            for pool in self.config.pools
+            if pool.provider == "local"
+            and not pool.colocated
+            and pool.name not in self.placement
+            and pool.engine_spec(self.engine).kind == "hf"
+        ]
+        return WarmStart(pools=frozenset(pools), preload=HF_WORKER_MODULES)
 
     def worker_environment(self) -> dict[str, str]:
         """What a local instance's environment adds: the run's Redis (the URL carries its password,

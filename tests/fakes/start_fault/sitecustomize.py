@@ -5,7 +5,9 @@ process that runs the rollout worker (`python -m infra.rollout.worker`, how a lo
 starts) takes one file from that directory, if there is one, and exits with status 1 before
 anything else, its last line saying so: a worker that fails at start, before it registers. Each
 file fails one start (a test or the chaos bench arms the fault by writing files there); every
-other process, and every worker start once the directory is empty, is untouched.
+other process, and every worker start once the directory is empty, is untouched. A worker forked
+from a fork template (`infra.providers.fork_template`, which runs this file at its own start) is
+checked the same way as it forks, with its command line, environment and log already in place.
 """
 
 from __future__ import annotations
@@ -20,12 +22,7 @@ def _fail_if_armed() -> None:
     armed = os.environ.get(ARMED)
     if not armed:
         return
-    try:
-        with open("/proc/self/cmdline", "rb") as cmdline:
-            argv = cmdline.read().split(b"\0")
-    except OSError:
-        return
-    if b"infra.rollout.worker" not in argv:
+    if "infra.rollout.worker" not in sys.orig_argv:
         return
     for name in sorted(os.listdir(armed)):
         try:
@@ -37,4 +34,7 @@ def _fail_if_armed() -> None:
         os._exit(1)
 
 
-_fail_if_armed()
+if "infra.providers.fork_template" in sys.orig_argv:
+    os.register_at_fork(after_in_child=_fail_if_armed)
+else:
+    _fail_if_armed()

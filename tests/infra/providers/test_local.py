@@ -1,13 +1,15 @@
 """Local pools: real process groups preempted with real signals on a scripted capacity schedule.
 
-Children are tiny Python scripts that report through files in a temporary directory:
+Children run `tests.fakes.local_instance`, which reports through files in a temporary directory:
 `<id>.ready` once their SIGTERM disposition is set, `<id>.pid`, `<id>.term` from the SIGTERM
-handler, `<id>.grandchild` (the pid of a child of their own that ignores SIGTERM).
+handler, `<id>.grandchild` (the pid of a child of their own that ignores SIGTERM). The lifecycle
+tests run twice: the instances started fresh, and forked from a fork template (`warm`).
 """
 
 from __future__ import annotations
 
 import gc
+import json
 import os
 import sys
 import time
@@ -20,36 +22,21 @@ from pydantic import ValidationError
 from infra.availability.traces import AvailabilityTrace, TraceEvent, TraceSchedule
 from infra.providers import LocalProvider, PoissonAvailability, PoolSpec, TraceAvailability
 from infra.providers.local import MAX_RESTART_BACKOFF_S, RESTART_BACKOFF_S, START_WINDOW_S
+from infra.providers.warm_start import WarmStart
 from tests.helpers import Clock, wait_for
 
-CHILD = r"""
-import os, pathlib, signal, subprocess, sys, time
-out, mode = pathlib.Path(sys.argv[1]), sys.argv[2]
-me = os.environ["RLBOOST_INSTANCE_ID"]
-if mode == "exit3":
-    print("boom: cannot load the model", flush=True)
-    sys.exit(3)
-def on_term(signum, frame):
-    (out / f"{me}.term").write_text(os.environ["RLBOOST_POOL"])
-    sys.exit(0)
-signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "ignore" else on_term)
-if mode == "family":
-    ready = out / f"{me}.grandchild-ready"
-    code = "import pathlib, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-    code += "pathlib.Path(sys.argv[1]).touch(); time.sleep(60)"
-    grandchild = subprocess.Popen([sys.executable, "-S", "-c", code, str(ready)])
-    while not ready.exists():
-        time.sleep(0.01)
-    (out / f"{me}.grandchild").write_text(str(grandchild.pid))
-(out / f"{me}.pid").write_text(str(os.getpid()))
-(out / f"{me}.ready").write_text(os.environ["RLBOOST_CAPACITY_CLASS"])
-while True:
-    signal.pause()
-"""
+WARM = WarmStart(pools=frozenset({"spot", "trainer", "flaky", "steady"}), preload=("json",))
+"""The pools of these tests, forked from a template that imports next to nothing first."""
 
 
 def factory(out: Path, mode: str) -> Callable[[PoolSpec, str], list[str]]:
-    return lambda pool, instance_id: [sys.executable, "-S", "-c", CHILD, str(out), mode]
+    return lambda pool, instance_id: [sys.executable, "-m", "tests.fakes.local_instance", str(out), mode]
+
+
+@pytest.fixture(params=["fresh", "forked"])
+def warm(request: pytest.FixtureRequest) -> WarmStart | None:
+    """Each lifecycle test twice: instances started as new interpreters, and forked from a template."""
+    return WARM if request.param == "forked" else None
 
 
 def spot(size: int = 3, **overrides: object) -> PoolSpec:
@@ -98,10 +85,12 @@ def wait_terminated(provider: LocalProvider, ids: list[str]) -> None:
 
 
 @pytest.mark.integration
-def test_capacity_drop_preempts_with_notice_and_return_relaunches(tmp_path):
+def test_capacity_drop_preempts_with_notice_and_return_relaunches(tmp_path, warm):
     clock = Clock(0.0)
     schedule = scripted(3, (TraceEvent(10.0, -2), TraceEvent(20.0, 2)))
-    with LocalProvider(factory(tmp_path, "trap"), schedules={"spot": schedule}, clock=clock) as provider:
+    with LocalProvider(
+        factory(tmp_path, "trap"), schedules={"spot": schedule}, clock=clock, warm_start=warm
+    ) as provider:
         handles = provider.launch(spot(), 3)
         ids = [h.instance_id for h in handles]
         assert ids == ["spot-0", "spot-1", "spot-2"]
@@ -138,10 +127,12 @@ def test_capacity_drop_preempts_with_notice_and_return_relaunches(tmp_path):
 
 
 @pytest.mark.integration
-def test_sigterm_ignored_means_sigkill_after_the_notice(tmp_path):
+def test_sigterm_ignored_means_sigkill_after_the_notice(tmp_path, warm):
     clock = Clock(0.0)
     schedule = scripted(1, (TraceEvent(10.0, -1),))
-    with LocalProvider(factory(tmp_path, "ignore"), schedules={"spot": schedule}, clock=clock) as provider:
+    with LocalProvider(
+        factory(tmp_path, "ignore"), schedules={"spot": schedule}, clock=clock, warm_start=warm
+    ) as provider:
         [handle] = provider.launch(spot(size=1), 1)
         wait_ready(tmp_path, [handle.instance_id])
         pid = pid_of(tmp_path, handle.instance_id)
@@ -162,11 +153,13 @@ def test_sigterm_ignored_means_sigkill_after_the_notice(tmp_path):
 
 
 @pytest.mark.integration
-def test_silent_kill_gives_no_notice(tmp_path):
+def test_silent_kill_gives_no_notice(tmp_path, warm):
     clock = Clock(0.0)
     schedule = scripted(2, (TraceEvent(10.0, -2),))
     pool = spot(size=2, silent_kill_fraction=1.0)
-    with LocalProvider(factory(tmp_path, "trap"), schedules={"spot": schedule}, clock=clock) as provider:
+    with LocalProvider(
+        factory(tmp_path, "trap"), schedules={"spot": schedule}, clock=clock, warm_start=warm
+    ) as provider:
         ids = [h.instance_id for h in provider.launch(pool, 2)]
         wait_ready(tmp_path, ids)
         clock.t = 1.0
@@ -181,9 +174,9 @@ def test_silent_kill_gives_no_notice(tmp_path):
 
 
 @pytest.mark.integration
-def test_scale_down_uses_sigterm_lowers_the_target_and_sweeps_the_group(tmp_path):
+def test_scale_down_uses_sigterm_lowers_the_target_and_sweeps_the_group(tmp_path, warm):
     reserved = spot(name="trainer", capacity_class="reserved", size=2)
-    with LocalProvider(factory(tmp_path, "family")) as provider:
+    with LocalProvider(factory(tmp_path, "family"), warm_start=warm) as provider:
         ids = [h.instance_id for h in provider.launch(reserved, 2)]
         wait_ready(tmp_path, ids)
         grandchildren = [pid_of(tmp_path, i, "grandchild") for i in ids]
@@ -207,11 +200,11 @@ def test_scale_down_uses_sigterm_lowers_the_target_and_sweeps_the_group(tmp_path
 
 
 @pytest.mark.integration
-def test_failed_starts_back_off_doubling_up_to_a_cap_and_their_log_says_why(tmp_path):
+def test_failed_starts_back_off_doubling_up_to_a_cap_and_their_log_says_why(tmp_path, warm):
     pool = spot(name="flaky", capacity_class="ondemand", size=1)
     clock = Clock()
     logs = tmp_path / "logs"
-    with LocalProvider(factory(tmp_path, "exit3"), clock=clock, log_dir=logs) as provider:
+    with LocalProvider(factory(tmp_path, "exit3"), clock=clock, log_dir=logs, warm_start=warm) as provider:
         provider.launch(pool, 1)
         waits = []
         for attempt in range(7):
@@ -236,9 +229,9 @@ def test_failed_starts_back_off_doubling_up_to_a_cap_and_their_log_says_why(tmp_
 
 
 @pytest.mark.integration
-def test_a_failed_instance_is_killed_at_once_and_replaced_without_a_preemption(tmp_path):
+def test_a_failed_instance_is_killed_at_once_and_replaced_without_a_preemption(tmp_path, warm):
     pool = spot(name="steady", capacity_class="ondemand", size=1)
-    with LocalProvider(factory(tmp_path, "ignore")) as provider:  # it would ignore a SIGTERM
+    with LocalProvider(factory(tmp_path, "ignore"), warm_start=warm) as provider:  # it would ignore a SIGTERM
         provider.launch(pool, 1)
         wait_ready(tmp_path, ["steady-0"])
         provider.terminate("steady-0", "crashed")
@@ -250,10 +243,10 @@ def test_a_failed_instance_is_killed_at_once_and_replaced_without_a_preemption(t
 
 
 @pytest.mark.integration
-def test_an_instance_that_crashes_after_it_started_is_replaced_without_a_back_off(tmp_path):
+def test_an_instance_that_crashes_after_it_started_is_replaced_without_a_back_off(tmp_path, warm):
     pool = spot(name="steady", capacity_class="ondemand", size=1)
     clock = Clock()
-    with LocalProvider(factory(tmp_path, "trap"), clock=clock) as provider:
+    with LocalProvider(factory(tmp_path, "trap"), clock=clock, warm_start=warm) as provider:
         provider.launch(pool, 1)
         wait_ready(tmp_path, ["steady-0"])
         clock.advance(START_WINDOW_S + 1)
@@ -265,8 +258,8 @@ def test_an_instance_that_crashes_after_it_started_is_replaced_without_a_back_of
 
 
 @pytest.mark.integration
-def test_dropped_provider_kills_its_groups(tmp_path):
-    provider = LocalProvider(factory(tmp_path, "ignore"))
+def test_dropped_provider_kills_its_groups(tmp_path, warm):
+    provider = LocalProvider(factory(tmp_path, "ignore"), warm_start=warm)
     provider.launch(spot(capacity_class="ondemand", size=2), 2)
     wait_ready(tmp_path, ["spot-0", "spot-1"])
     pids = [pid_of(tmp_path, "spot-0"), pid_of(tmp_path, "spot-1")]
@@ -386,3 +379,54 @@ def test_the_start_failure_of_an_instance_whose_log_disk_is_full_says_so(tmp_pat
     log = disk / "logs" / "flaky-4.log"
     full = f"its disk is full: 0 B free of 256.0 kB on the file system of {disk / 'logs'}"
     assert done.stdout.strip() == f"its log is empty (its log: {log}; {full})"
+
+
+@pytest.mark.integration
+def test_a_forked_instance_runs_as_a_fresh_one_would(tmp_path):
+    """The same command, environment and streams, its own session, and a parent of its own (the
+    template): a fresh start and a forked one report the same process, and both write their log."""
+    logs = {"fresh": tmp_path / "fresh-logs", "forked": tmp_path / "forked-logs"}
+    seen = {}
+    for start, warm in (("fresh", None), ("forked", WARM)):
+        out = tmp_path / start
+        out.mkdir()
+        with LocalProvider(factory(out, "trap"), log_dir=logs[start], warm_start=warm) as provider:
+            provider.launch(spot(size=1), 1)
+            wait_ready(out, ["spot-0"])
+            pid = pid_of(out, "spot-0")
+            parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            reported = (out / "spot-0.process.json").read_text().replace(str(out), "OUT")
+            seen[start] = (json.loads(reported), parent)
+    fresh, forked = seen["fresh"][0], seen["forked"][0]
+    assert forked == fresh
+    assert fresh["session_leader"] and fresh["stdin"] == "/dev/null" and fresh["main"] == "tests.fakes.local_instance"
+    assert fresh["orig_argv"] == factory(Path("OUT"), "trap")(spot(), "spot-0")
+    instance = {"RLBOOST_INSTANCE_ID": "spot-0", "RLBOOST_POOL": "spot", "RLBOOST_CAPACITY_CLASS": "spot"}
+    assert fresh["environment"] == os.environ | instance | {"RLBOOST_DRIVER_PID": str(os.getpid())}
+    assert seen["fresh"][1] == os.getpid() and seen["forked"][1] != os.getpid()  # forked: the template's child
+    assert (logs["forked"] / "fork-template.log").exists() and (logs["forked"] / "spot-0.log").exists()
+
+
+@pytest.mark.integration
+def test_a_changed_environment_gets_a_new_template_and_a_failed_template_fresh_starts(tmp_path, monkeypatch, caplog):
+    def parent_of(instance_id: str) -> int:
+        return int(Path(f"/proc/{pid_of(tmp_path, instance_id)}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+    with LocalProvider(factory(tmp_path, "trap"), warm_start=WARM) as provider:
+        provider.launch(spot(size=3), 2)
+        wait_ready(tmp_path, ["spot-0", "spot-1"])
+        template = parent_of("spot-0")
+        assert parent_of("spot-1") == template != os.getpid()
+        monkeypatch.setenv("TEMPLATE_TEST_SETTING", "changed")  # what a new interpreter would read at start
+        provider.launch(spot(size=3), 1)
+        wait_ready(tmp_path, ["spot-2"])
+        assert parent_of("spot-2") not in (template, os.getpid())
+        environment = json.loads((tmp_path / "spot-2.process.json").read_text())["environment"]
+        assert (environment["RLBOOST_INSTANCE_ID"], environment["TEMPLATE_TEST_SETTING"]) == ("spot-2", "changed")
+    broken = WarmStart(pools=WARM.pools, preload=("no_such_module_anywhere",))
+    with LocalProvider(factory(tmp_path, "trap"), warm_start=broken, log_dir=tmp_path / "logs") as provider:
+        provider.launch(spot(size=1, name="steady"), 1)
+        wait_ready(tmp_path, ["steady-0"])
+        assert parent_of("steady-0") == os.getpid()  # started fresh
+    assert "No module named 'no_such_module_anywhere'" in (tmp_path / "logs" / "fork-template.log").read_text()
+    assert "instances start fresh from now on" in caplog.text

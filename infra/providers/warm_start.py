@@ -1,0 +1,191 @@
+"""Warm starts of local instances: forked from a template process that has imported their modules
+(torch, transformers, the worker) once, instead of each new interpreter importing them again
+(docs/internals.md §3).
+
+A `LocalProvider` given a `WarmStart` starts one `ForkTemplate` (`infra.providers.fork_template`)
+when the first instance of a warm pool starts, with that instance's environment but for the
+variables that name the instance (`INSTANCE_VARIABLES`), and waits for it to be ready (up to
+`READY_TIMEOUT_S`). Each instance of a warm pool then forks from it when its command is
+`python -m <module> ...` of this interpreter, its environment but for those variables is the
+template's and the working directory is the same; otherwise, or when the template failed to start
+or stopped answering, it starts fresh. A forked instance (`ForkedProcess`) leads its own process
+group like a fresh one; its exit is seen through a pidfd and its exit code read from the template,
+which keeps it unreaped until then. Closing the template ends the process; the instances do not
+depend on it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn
+
+from infra.providers import fork_template
+from infra.providers.fork_template import Channel, Ready, Reap, Reaped, Start, Started
+from rl import env_vars
+
+log = logging.getLogger(__name__)
+
+READY_TIMEOUT_S = 180.0
+"""The longest wait for a template to import its modules; then the instances start fresh."""
+REPLY_TIMEOUT_S = 30.0
+"""The longest wait for a template's answer to a fork or a reap."""
+INSTANCE_VARIABLES = frozenset({env_vars.INSTANCE_ID, env_vars.POOL, env_vars.CAPACITY_CLASS})
+"""What differs between the instances of one template: who each one is."""
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """Which pools' instances fork from a template, and what it imports before forking."""
+
+    pools: frozenset[str]
+    preload: tuple[str, ...]
+
+
+class TemplateUnavailable(RuntimeError):
+    """The template did not start, or stopped answering: start the instance fresh."""
+
+
+class ForkTemplate:
+    """One template process and the instances forked from it."""
+
+    def __init__(self, preload: Sequence[str], env: Mapping[str, str], log_path: Path | None) -> None:
+        """Start the template with `env` (an instance's, less `INSTANCE_VARIABLES`) in this working
+        directory; its own output goes to `log_path` (None: this process's streams)."""
+        self.env = dict(env)
+        self.cwd = os.getcwd()
+        self._lock = threading.Lock()
+        self._ready = False
+        self._failed: str | None = None
+        ours, theirs = socket.socketpair()
+        command = [sys.executable, "-m", fork_template.MODULE, "--fd", str(theirs.fileno())]
+        command += ["--preload", ",".join(preload)]
+        out = None if log_path is None else log_path.open("ab")
+        try:
+            self._process = subprocess.Popen(
+                command,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=None if out is None else subprocess.STDOUT,
+                pass_fds=(theirs.fileno(),),
+                start_new_session=True,  # no Ctrl-C from the owner's terminal: it ends with the socket
+            )
+        finally:
+            theirs.close()
+            if out is not None:
+                out.close()
+        self._channel = Channel(ours)
+
+    def matches(self, env: Mapping[str, str]) -> bool:
+        """Whether an instance with environment `env` (less `INSTANCE_VARIABLES`) forks from here."""
+        return self._failed is None and dict(env) == self.env and os.getcwd() == self.cwd
+
+    def start(self, command: Sequence[str], env: Mapping[str, str], log_path: Path | None) -> ForkedProcess:
+        """Fork an instance running `command` (`python -m <module> ...`) with `env`; raises
+        `TemplateUnavailable` when the template cannot (the instance then starts fresh)."""
+        with self._lock:
+            self._await_ready()
+            reply = self._call(Start(list(command), dict(env), None if log_path is None else str(log_path)))
+            if not isinstance(reply, Started):
+                raise TemplateUnavailable(f"the fork template refused an instance: {reply}")
+            return ForkedProcess(reply.pid, self)
+
+    def reap(self, pid: int) -> int | None:
+        """The exit code of an exited instance (None: the template is gone, and with it the code)."""
+        with self._lock:
+            try:
+                reply = self._call(Reap(pid))
+            except TemplateUnavailable:
+                return None
+            return reply.exit_code if isinstance(reply, Reaped) and reply.pid == pid else None
+
+    def close(self) -> None:
+        """End the template (the instances forked from it run on)."""
+        with self._lock:
+            self._failed = self._failed or "closed"
+            self._channel.close()
+        try:
+            self._process.wait(timeout=10.0)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+
+    def _await_ready(self) -> None:
+        if self._failed is not None:
+            raise TemplateUnavailable(self._failed)
+        if self._ready:
+            return
+        self._channel.sock.settimeout(READY_TIMEOUT_S)
+        try:
+            reply = self._channel.receive()
+        except (OSError, ValueError) as exc:
+            reply = None
+            self._give_up(f"the fork template did not get ready in {READY_TIMEOUT_S:.0f} s: {exc}")
+        if not isinstance(reply, Ready):
+            self._give_up(f"the fork template exited while importing its modules (exit {self._process.poll()})")
+        log.info("fork template ready: its modules imported in %.1f s", reply.preload_s)
+        self._ready = True
+
+    def _call(self, request: Start | Reap) -> object:
+        if self._failed is not None:
+            raise TemplateUnavailable(self._failed)
+        self._channel.sock.settimeout(REPLY_TIMEOUT_S)
+        try:
+            self._channel.send(request)
+            reply = self._channel.receive()
+        except (OSError, ValueError) as exc:
+            self._give_up(f"the fork template stopped answering: {exc}")
+        if reply is None:
+            self._give_up(f"the fork template exited (exit {self._process.poll()})")
+        return reply
+
+    def _give_up(self, why: str) -> NoReturn:
+        self._failed = why
+        log.warning("%s; instances start fresh from now on", why)
+        self._process.kill()
+        raise TemplateUnavailable(why)
+
+
+class ForkedProcess:
+    """An instance forked from a template: a grandchild of this process that leads its own group."""
+
+    def __init__(self, pid: int, template: ForkTemplate) -> None:
+        self.pid = pid
+        self._template = template
+        try:
+            self._pidfd: int | None = os.pidfd_open(pid)  # the process itself, whatever reuses its pid later
+        except ProcessLookupError:
+            self._pidfd = None  # already gone and reaped (its template died): exited
+
+    def exited(self) -> bool:
+        return self._pidfd is None or bool(select.select([self._pidfd], [], [], 0)[0])
+
+    def wait_exited(self) -> None:
+        if self._pidfd is not None:
+            select.select([self._pidfd], [], [])
+
+    def reap(self) -> int | None:
+        code = self._template.reap(self.pid)
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+        return code
+
+
+def warm_command(command: Sequence[str]) -> bool:
+    """Whether a template can run `command`: `python -m <module> ...` of this interpreter."""
+    return len(command) >= 3 and command[0] == sys.executable and command[1] == "-m"
+
+
+def template_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """An instance's environment less the variables that name it."""
+    return {name: value for name, value in env.items() if name not in INSTANCE_VARIABLES}
