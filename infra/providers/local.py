@@ -11,9 +11,8 @@ start (a crash within `START_WINDOW_S`) the pool's next launch backs off (doubli
 `MAX_RESTART_BACKOFF_S`; `infra.fleet.instance_watch` gives up on a pool, reading `last_log_line`);
 it SIGKILLs stopping instances whose notice ran out and keeps each pool at `min(target, capacity
 now)`: the excess gets SIGTERM, then SIGKILL after the notice (or, `silent_kill_fraction` of the
-time, at once). `shutdown()` stops everything; a finalizer kills what is left. The instances of
-the pools a `WarmStart` names fork from a template process that imported their modules once
-(`infra.providers.warm_start`); the others start as new interpreters. Detail: internals §3.
+time, at once). `shutdown()` stops everything; a finalizer kills what is left. A `WarmStart`'s
+pools fork from a template (`infra.providers.warm_start`). Detail: internals §3.
 """
 
 from __future__ import annotations

@@ -239,7 +239,12 @@ def test_a_failed_instance_is_killed_at_once_and_replaced_without_a_preemption(t
         record = provider.describe("steady-0")
         assert (record.reason, record.exit_code) == ("crashed", -9)
         assert provider.preemptions() == []
-        assert provider.describe("steady-1").state == "running"  # its replacement
+
+        def replaced() -> bool:  # after the failed start's back-off (1 s), if it was reaped before a tick saw it go
+            provider.tick()
+            return any(r.instance_id == "steady-1" and r.state == "running" for r in provider.instances())
+
+        wait_for(replaced, "its replacement")
 
 
 @pytest.mark.integration

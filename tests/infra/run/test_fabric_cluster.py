@@ -14,7 +14,7 @@ from infra.run.fabric_config import FabricConfig
 from rl.config import DataConfig, RolloutConfig
 from rl.models import load_model
 from rl.prompt_source import PromptSource
-from tests.helpers import rollout_fabric, save_tiny_model, tiny_shape
+from tests.helpers import rollout_fabric, save_tiny_model, tiny_shape, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -61,11 +61,14 @@ def test_fabric_steps_on_a_redis_cluster_deliver_every_sample_once_from_several_
             assert len(nodes) >= 2, f"step {step}'s samples all lived on one node: {nodes}"
             for instance, count in report.instance_tokens.items():
                 tokens[instance] = tokens.get(instance, 0) + count
-        deadline = time.time() + 20  # the spot worker pulls version 1 through the cluster's weight keys
-        while time.time() < deadline and {i.policy_version for i in fabric.registry.alive()} != {1}:
-            time.sleep(0.05)
-        assert {i.policy_version for i in fabric.registry.alive()} == {1}
-        assert any(t.instance_id == "spot-0" for t in fabric.drain_transfers()), "its pull was reported"
+        transfers = []
+
+        def pulled_and_reported() -> bool:  # the spot worker pulls version 1 through the cluster's weight keys
+            transfers.extend(fabric.drain_transfers())  # (its report may land after its heartbeat says 1)
+            on_one = {i.policy_version for i in fabric.registry.alive()} == {1}
+            return on_one and any(t.instance_id == "spot-0" for t in transfers)
+
+        wait_for(pulled_and_reported, "both instances on version 1, the spot worker's pull reported", timeout_s=20)
         assert set(tokens) == {"reserved-colocated", "spot-0"} and all(tokens.values()), (
             f"both instances generate, the spot worker process on its own cluster client: {tokens}"
         )
