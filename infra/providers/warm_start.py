@@ -182,8 +182,10 @@ class ForkedProcess:
 
 
 def warm_command(command: Sequence[str]) -> bool:
-    """Whether a template can run `command`: `python -m <module> ...` of this interpreter."""
-    return len(command) >= 3 and command[0] == sys.executable and command[1] == "-m"
+    """Whether a template can run `command`: `python -m <module> ...` of this interpreter, on a
+    system with pidfds (Linux 5.3 and later; elsewhere every instance starts fresh)."""
+    forks = hasattr(os, "pidfd_open")
+    return forks and len(command) >= 3 and command[0] == sys.executable and command[1] == "-m"
 
 
 def template_environment(env: Mapping[str, str]) -> dict[str, str]:
