@@ -413,12 +413,13 @@ class RolloutFabric:
 
     def _warm_start(self) -> WarmStart:
         """The local pools whose instances fork from a template that imported the worker and its `hf`
-        engine once: those of the `hf` engine that hold no GPU slot (a vLLM engine starts processes
-        of its own; a placed instance starts fresh)."""
+        engine once (`fabric.fork_instances`): those of the `hf` engine that hold no GPU slot (a vLLM
+        engine starts processes of its own; a placed instance starts fresh)."""
         pools = [
             pool.name
             for pool in self.config.pools
-            if pool.provider == "local"
+            if self.config.fork_instances
+            and pool.provider == "local"
             and not pool.colocated
             and pool.name not in self.placement
             and pool.engine_spec(self.engine).kind == "hf"
