@@ -18,97 +18,23 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import runpy
 import socket
 import sys
 import time
-from dataclasses import asdict, dataclass
-from typing import BinaryIO
 
 from setproctitle import setproctitle
 
-MODULE = "infra.providers.fork_template"
-"""How the owner names this module on the template's command line (`python -m`)."""
-
-
-@dataclass(frozen=True)
-class Start:
-    """Fork an instance: `command` is its `python -m <module> <args>` command line."""
-
-    command: list[str]
-    env: dict[str, str]
-    log_path: str | None
-    """Its stdout and stderr (appended); None: the template's own streams."""
-
-
-@dataclass(frozen=True)
-class Reap:
-    """Wait for an exited child (the owner saw it exit) and say its exit code."""
-
-    pid: int
-
-
-@dataclass(frozen=True)
-class Ready:
-    """The modules are imported: the template forks from now on."""
-
-    preload_s: float
-
-
-@dataclass(frozen=True)
-class Started:
-    pid: int
-
-
-@dataclass(frozen=True)
-class Reaped:
-    pid: int
-    exit_code: int
-
-
-@dataclass(frozen=True)
-class Refused:
-    """A request the template could not carry out (a fork or a wait that failed)."""
-
-    error: str
-
-
-Message = Start | Reap | Ready | Started | Reaped | Refused
-_KINDS: dict[str, type[Message]] = {kind.__name__: kind for kind in (Start, Reap, Ready, Started, Reaped, Refused)}
-
-
-class Channel:
-    """One JSON message per line over a stream socket."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self._reader: BinaryIO = sock.makefile("rb")
-
-    def send(self, message: Message) -> None:
-        line = json.dumps({"kind": type(message).__name__, **asdict(message)}) + "\n"
-        self.sock.sendall(line.encode())
-
-    def receive(self) -> Message | None:
-        """The next message; None once the other end closed."""
-        line = self._reader.readline()
-        if not line:
-            return None
-        fields = json.loads(line)
-        return _KINDS[fields.pop("kind")](**fields)
-
-    def close(self) -> None:
-        self._reader.close()
-        self.sock.close()
+from infra.providers.fork_protocol import TEMPLATE_MODULE, Channel, Ready, Reap, Reaped, Refused, Start, Started
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}")
+    parser = argparse.ArgumentParser(prog=f"python -m {TEMPLATE_MODULE}")
     parser.add_argument("--fd", type=int, required=True, help="the socket to its owner")
     parser.add_argument("--preload", default="", help="modules to import before forking, comma-separated")
     args = parser.parse_args(argv)
-    setproctitle(f"{sys.executable} -m {MODULE} --fd {args.fd}")  # `ps` needs not list what it imported
+    setproctitle(f"{sys.executable} -m {TEMPLATE_MODULE} --fd {args.fd}")  # `ps` needs not list what it imported
     channel = Channel(socket.socket(fileno=args.fd))
     began = time.monotonic()
     for module in filter(None, args.preload.split(",")):
@@ -118,7 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     start = serve(channel)
     if start is None:
         return 0
-    runpy.run_module(start.command[2], run_name="__main__", alter_sys=True)
+    module = start.command[2]
+    sys.modules.pop(module, None)  # preloaded or not, it runs once, as `__main__` (its imports stay)
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
     return 0
 
 

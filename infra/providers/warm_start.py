@@ -28,8 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from infra.providers import fork_template
-from infra.providers.fork_template import Channel, Ready, Reap, Reaped, Start, Started
+from infra.providers.fork_protocol import TEMPLATE_MODULE, Channel, Ready, Reap, Reaped, Start, Started
 from rl import env_vars
 
 log = logging.getLogger(__name__)
@@ -66,7 +65,7 @@ class ForkTemplate:
         self._ready = False
         self._failed: str | None = None
         ours, theirs = socket.socketpair()
-        command = [sys.executable, "-m", fork_template.MODULE, "--fd", str(theirs.fileno())]
+        command = [sys.executable, "-m", TEMPLATE_MODULE, "--fd", str(theirs.fileno())]
         command += ["--preload", ",".join(preload)]
         out = None if log_path is None else log_path.open("ab")
         try:
