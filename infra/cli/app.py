@@ -181,6 +181,7 @@ def train(config: ConfigOption = None, set_: SetOption = None, console_log_level
 
     _preflight(cfg)  # fail fast, before Prefect starts (and before the flows are imported: 2 s of CPU)
     from flows.rl_train import run_training
+
     try:  # the run's lock before the Prefect server: a second driver of the run starts nothing
         run_log = claim_run_directory(cfg.run.directory)
     except NamedFailure as error:

@@ -30,6 +30,8 @@ HF_WORKER_MODULES = (
 )
 """What a worker with the `hf` engine on a Llama model imports before its first token: a local
 pool's fork template imports them once (`infra.providers.warm_start`); 4.2 s of CPU here."""
+VLLM_WORKER_MODULES = (*HF_WORKER_MODULES, "rl.vllm_engine", "vllm", "vllm.entrypoints.llm")
+"""And with the `vllm` engine: vLLM's own modules (5.5 s of CPU more here)."""
 
 
 def load_engine(config: WorkerConfig, client: redis.Redis) -> GenerationEngine:

@@ -48,7 +48,7 @@ from infra.rollout.registry import InstanceRegistry
 from infra.rollout.settings import worker_flags
 from infra.rollout.tokenlog import EnvironmentSpec, GroupSpec, TokenLog
 from infra.rollout.worker_config import instance_flags
-from infra.rollout.worker_engine import HF_WORKER_MODULES
+from infra.rollout.worker_engine import HF_WORKER_MODULES, VLLM_WORKER_MODULES
 from infra.run.colocated import ColocatedInstance, WithColocated
 from infra.run.fabric_config import CloudSettings, FabricConfig
 from infra.run.fleet_events import FleetEvents
@@ -412,19 +412,21 @@ class RolloutFabric:
         )
 
     def _warm_start(self) -> WarmStart:
-        """The local pools whose instances fork from a template that imported the worker and its `hf`
-        engine once (`fabric.fork_instances`): those of the `hf` engine that hold no GPU slot (a vLLM
-        engine starts processes of its own; a placed instance starts fresh)."""
+        """The local pools whose instances fork from a template that imported the worker and its
+        engine once (`fabric.fork_instances`): those that hold no GPU slot (a placed instance starts
+        fresh); with a vLLM pool among them the template imports vLLM too."""
         pools = [
-            pool.name
+            pool
             for pool in self.config.pools
             if self.config.fork_instances
             and pool.provider == "local"
             and not pool.colocated
             and pool.name not in self.placement
-            and pool.engine_spec(self.engine).kind == "hf"
         ]
-        return WarmStart(pools=frozenset(pools), preload=HF_WORKER_MODULES)
+        vllm = any(pool.engine_spec(self.engine).kind == "vllm" for pool in pools)
+        return WarmStart(
+            pools=frozenset(pool.name for pool in pools), preload=VLLM_WORKER_MODULES if vllm else HF_WORKER_MODULES
+        )
 
     def worker_environment(self) -> dict[str, str]:
         """What a local instance's environment adds: the run's Redis (the URL carries its password,

@@ -169,9 +169,10 @@ class FabricConfig(Section):
     `prefect` (a process group running a Prefect worker for its pool and a `rollout-instance/<pool>`
     flow run, shown in the Prefect UI; needs a Prefect server with prefect.yaml deployed: `rlboost up`)."""
     fork_instances: bool = True
-    """With `instances: process`, fork each instance of an `hf` pool without GPUs from a template
-    process that imported the worker once (it starts in well under a second instead of importing
-    torch and transformers again: `bench/instance_start.py`); False starts each as a new interpreter."""
+    """With `instances: process`, fork each instance of a pool without GPUs from a template process
+    that imported the worker and its engine once (a replacement registers in under a second instead
+    of importing torch, transformers or vLLM again: `bench/instance_start.py`); False starts each as
+    a new interpreter."""
     worker: WorkerSettings = WorkerSettings()
     """Rollout instance settings."""
     weights: WeightsConfig = WeightsConfig()
