@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 from pydantic import TypeAdapter
@@ -30,15 +30,12 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 
-from infra.ledger.comparison import BaselineComparison, BaselineMismatch
-from infra.ledger.db import LedgerUnavailable
-from infra.ledger.reader import UnknownRun
-from infra.ledger.recorder import Ledger
-from infra.ledger.report import CostReport, StepCost
-from infra.pricing import PriceNotFound
-from infra.sim import from_run
-from infra.sim.from_run import Prediction, Unmappable
 from rl import env_vars
+
+if TYPE_CHECKING:  # the ledger (SQLAlchemy, Alembic) and the simulator load when `cost` runs, not with `rlboost`
+    from infra.ledger.comparison import BaselineComparison
+    from infra.ledger.report import CostReport
+    from infra.sim.from_run import Prediction
 
 RunIdOption = Annotated[
     str, typer.Option("--run", help="Run id in the ledger (the rollout fabric's run id, e.g. grpo-demo-1a2b3c4d).")
@@ -103,6 +100,13 @@ def cost(
     except ValueError as error:
         console.print(str(error), markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
+    from infra.ledger.comparison import BaselineMismatch
+    from infra.ledger.db import LedgerUnavailable
+    from infra.ledger.reader import UnknownRun
+    from infra.ledger.recorder import Ledger
+    from infra.pricing import PriceNotFound
+    from infra.sim.from_run import Unmappable
+
     try:
         ledger = Ledger(db, create=False)
         try:
@@ -334,6 +338,8 @@ def _total_row(report: CostReport) -> dict[str, object]:
 def write_csv(report: CostReport, path: Path) -> None:
     """One row per step (the `StepCost` fields), one per line of the books (`step` is its name),
     whose `cost_usd` add up to the final `total` row's."""
+    from infra.ledger.report import StepCost
+
     with path.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(StepCost.model_fields))
         writer.writeheader()
@@ -346,6 +352,9 @@ def write_csv(report: CostReport, path: Path) -> None:
 
 
 def _predict(report: CostReport) -> Prediction:
+    from infra.sim import from_run
+    from infra.sim.from_run import Unmappable
+
     try:
         return from_run.predict(report)
     except Unmappable as error:

@@ -33,11 +33,14 @@ def test_a_redis_that_stays_away_is_named_after_the_timeout():
 
 
 def test_a_publication_that_failed_on_an_unreachable_redis_is_a_lost_redis():
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
     from infra.run.redis_outage import lost_redis
     from infra.weights.publisher import PublishError
 
     with pytest.raises(redis.ConnectionError) as refused:
-        redis.Redis(port=free_port(), socket_connect_timeout=1).ping()  # nothing listens there
+        redis.Redis(port=free_port(), socket_connect_timeout=1, retry=Retry(NoBackoff(), 0)).ping()  # nothing listens
     with pytest.raises(PublishError) as published:
         raise PublishError(f"weight publication failed: {refused.value}") from refused.value
     assert lost_redis(published.value)
