@@ -40,11 +40,15 @@ class Ready:
 
 @dataclass(frozen=True)
 class Started:
+    """The child forked: its pid, which leads its own process group."""
+
     pid: int
 
 
 @dataclass(frozen=True)
 class Reaped:
+    """The child reaped: its exit code (negative: the signal that ended it)."""
+
     pid: int
     exit_code: int
 

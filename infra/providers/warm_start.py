@@ -61,6 +61,7 @@ class ForkTemplate:
         directory; its own output goes to `log_path` (None: this process's streams)."""
         self.env = dict(env)
         self.cwd = os.getcwd()
+        self._log_hint = "its output is this process's" if log_path is None else f"its log: {log_path}"
         self._lock = threading.Lock()
         self._ready = False
         self._failed: str | None = None
@@ -127,10 +128,9 @@ class ForkTemplate:
         try:
             reply = self._channel.receive()
         except (OSError, ValueError) as exc:
-            reply = None
             self._give_up(f"the fork template did not get ready in {READY_TIMEOUT_S:.0f} s: {exc}")
         if not isinstance(reply, Ready):
-            self._give_up(f"the fork template exited while importing its modules (exit {self._process.poll()})")
+            self._give_up(f"the fork template exited while importing its modules ({self._log_hint})")
         log.info("fork template ready: its modules imported in %.1f s", reply.preload_s)
         self._ready = True
 
