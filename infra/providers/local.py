@@ -312,15 +312,14 @@ class LocalProvider(Provider):
             return None
         base = template_environment(env)
         template = self._templates[-1] if self._templates else None
-        if template is None or template.env != base:
-            template_log = None if self._log_dir is None else self._log_dir / "fork-template.log"
-            template = ForkTemplate(self._warm_start.preload, base, template_log)
-            self._templates.append(template)
-        if not template.matches(base):
-            return None
         try:
-            return template.start(command, env, log_path)
-        except TemplateUnavailable:
+            if template is None or template.env != base:
+                template_log = None if self._log_dir is None else self._log_dir / "fork-template.log"
+                template = ForkTemplate(self._warm_start.preload, base, template_log)
+                self._templates.append(template)
+            return template.start(command, env, log_path) if template.matches(base) else None
+        except (TemplateUnavailable, OSError) as error:  # (OSError: the template could not be started)
+            log.debug("instance starts fresh: %s", error)
             return None
 
     def _stop(self, instance: _Instance, state: _Pool, reason: StopReason, now: float) -> None:
