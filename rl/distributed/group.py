@@ -3,7 +3,7 @@ and telling what happened when one dies.
 
 `RankGroup.start` creates the channel (`rl.distributed.protocol`), launches ``torchrun
 --standalone --nproc-per-node N -m rl.distributed.rank`` as a process group of its own with its
-output in `log_path`, waits for every rank's hello, and sends each the `TrainSpec`. `call(op,
+output in `log_path` (on CPU the agent forks the ranks: `rl.distributed.agent`), waits for every rank's hello, and sends each the `TrainSpec`. `call(op,
 payloads)` sends one message to every rank and gathers every reply, watching torchrun while it
 waits, up to a deadline (the start's, or `reply_timeout_s`) whose failure names the message and the
 ranks silent. When a rank's channel closes, or torchrun exits, or a rank reports an exception, the
@@ -34,6 +34,7 @@ from multiprocessing.connection import Connection, Listener, wait
 from pathlib import Path
 from typing import Any, cast
 
+from rl.distributed.agent import FORK_RANKS, RANK_COMMAND
 from rl.distributed.protocol import AUTHKEY_ENV, CHANNEL_ENV
 from rl.driver_watch import EXIT_DRIVER_GONE, driver_environment
 
@@ -105,8 +106,11 @@ class RankGroup:
         rendezvous_id: str = "rlboost",
         channel_host: str | None = None,
         channel_port: int | None = None,
+        fork_ranks: bool = False,
     ) -> None:
-        """`nodes` > 1 needs `rendezvous` (``host:port``); `channel_host` defaults to its host."""
+        """`nodes` > 1 needs `rendezvous` (``host:port``); `channel_host` defaults to its host.
+        `fork_ranks` (only on CPU): this node's ranks are forked from their agent
+        (`rl.distributed.agent`), not started as new interpreters."""
         if nodes > 1 and rendezvous is None:
             raise ValueError("a trainer group over several nodes needs a rendezvous (trainer.rendezvous)")
         self.world_size = world_size
@@ -115,6 +119,7 @@ class RankGroup:
         self.rendezvous_id = rendezvous_id
         self.channel_host = channel_host or (rendezvous.rpartition(":")[0].strip("[]") if rendezvous else None)
         self.channel_port = channel_port
+        self.fork_ranks = fork_ranks
         self.places: dict[int, RankPlace] = {}
         """Rank -> where it runs, from its hello."""
         self.log_path = Path(log_path)
@@ -160,9 +165,9 @@ class RankGroup:
             sys.executable,
             "-m",
             "rl.distributed.agent",  # torchrun, ended with this process
+            *([FORK_RANKS] if self.fork_ranks else []),
             *self._launch_arguments(),
-            "-m",
-            "rl.distributed.rank",
+            *RANK_COMMAND,
         ]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:

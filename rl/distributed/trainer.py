@@ -78,7 +78,8 @@ class DistributedTrainer:
         self._balancer = TokenBalancer(self.config.world_size)
         self._state: tuple[int, dict[str, Tensor]] | None = None
         env = dict(environment or {})
-        if torch.device(spec.device).type == "cpu":
+        on_cpu = torch.device(spec.device).type == "cpu"
+        if on_cpu:
             env.setdefault("DS_ACCELERATOR", "cpu")
         self.group = RankGroup(
             self.config.world_size,
@@ -91,6 +92,7 @@ class DistributedTrainer:
             rendezvous_id=rendezvous_id,
             channel_host=self.config.channel_host,
             channel_port=self.config.channel_port,
+            fork_ranks=on_cpu and self.config.fork_ranks,
         )
         try:
             self.ranks = self.group.start(spec.model_dump(mode="json"))

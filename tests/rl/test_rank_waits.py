@@ -121,16 +121,18 @@ def test_the_start_deadline_names_the_ranks_that_did_not_start_and_leaves_none(m
     wait_for(lambda: _gone(stopped[0]) and not _ranks_of(os.getpid()), "no rank left", timeout_s=10)
 
 
-def test_ranks_die_with_their_killed_agent(model_dir, tmp_path):
+@pytest.mark.parametrize("fork_ranks", [False, True], ids=["fresh", "forked"])
+def test_ranks_die_with_their_killed_agent(model_dir, tmp_path, fork_ranks):
     """The driver is stopped (SIGSTOP) before the agent is killed, so nothing of it can stop the
-    ranks: they die because their agent did."""
+    ranks: they die because their agent did. Ranks forked from their agent (on CPU) show the
+    command line a fresh one has."""
     spec = _spec(model_dir).model_dump_json()
     code = textwrap.dedent(
         f"""
         import threading, time
         from pathlib import Path
         from rl.distributed.group import RankGroup
-        group = RankGroup(2, Path({str(tmp_path / "ranks.log")!r}), 300.0, {{"DS_ACCELERATOR": "cpu"}})
+        group = RankGroup(2, Path({str(tmp_path / "ranks.log")!r}), 300.0, {{"DS_ACCELERATOR": "cpu"}}, fork_ranks={fork_ranks})
         import json
         threading.Thread(target=group.start, args=(json.loads({spec!r}),), daemon=True).start()
         while len(group.pids) < 2:
@@ -151,6 +153,8 @@ def test_ranks_die_with_their_killed_agent(model_dir, tmp_path):
         agent, *ranks = (int(pid) for pid in driver.stdout.readline().split())
         assert len(ranks) == 2
         assert not any(_gone(pid) for pid in [agent, *ranks])
+        fresh = f"{sys.executable} -u -m rl.distributed.rank".encode()  # what torchrun starts
+        assert all(cmdline(rank).replace(b"\0", b" ").split() == fresh.split() for rank in ranks)
         os.kill(driver.pid, signal.SIGSTOP)  # the driver can do nothing now (and the ranks see it alive)
         os.kill(agent, signal.SIGKILL)  # the agent alone: each rank runs in a session of its own
         wait_for(lambda: all(_gone(pid) for pid in ranks), "every rank to die with its agent", timeout_s=5)
