@@ -7,13 +7,11 @@ training process (or `rlboost trainer-node`) is gone, the agent exits at once, a
 with it (their parent-death signal). This matters while the agent has no ranks yet: waiting in a
 rendezvous for the other nodes, nothing else would end it.
 
-`--fork-ranks` (a group on CPU, `trainer.fork_ranks`): the agent imports the rank's modules
-(torch, DeepSpeed, transformers: about 5 s of CPU) once, and torchrun forks each rank from it
-(``--start-method=fork --run-path``) instead of starting ``python -u -m rl.distributed.rank`` as a
-new interpreter that imports them again. A forked rank is what that interpreter would be: the
-agent's child in a session of its own with torchrun's environment, the default signal handlers (not the agent's), line-
-buffered output, NumPy's generator reseeded, that command line as its process title. Never with CUDA, which does not survive
-a fork: a group on GPUs starts its ranks fresh.
+`--fork-ranks` (a group on CPU, `trainer.fork_ranks`): the agent imports the rank's modules once
+(about 5 s of CPU) and torchrun forks each rank from it (``--start-method=fork --run-path``)
+instead of starting ``python -u -m rl.distributed.rank``, which imports them again; the fork is
+made what that interpreter would be (`_as_a_new_rank`). Never with CUDA, which does not survive a
+fork: ranks on GPUs start fresh.
 """
 
 from __future__ import annotations
@@ -52,7 +50,9 @@ def forked_rank_arguments(arguments: list[str]) -> list[str]:
 
 
 def _as_a_new_rank() -> None:
-    """In a forked rank: what a new ``python -u -m rl.distributed.rank`` would have."""
+    """In a forked rank, what a new ``python -u -m rl.distributed.rank`` would have: a session of its
+    own, the default signal handlers (not torchrun's), line-buffered output, NumPy's generator
+    reseeded, that command line as its process title."""
     from setproctitle import setproctitle
 
     os.setsid()  # as torchrun starts a rank: a session of its own, out of reach of a signal to the agent's group
