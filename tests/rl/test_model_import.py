@@ -1,7 +1,8 @@
-"""Importing models (rl/model_import.py): SmolLM2's GGUF becomes a plain HF directory (converted once
-for the module, ~30 s) that `load_model` loads and generates with, with the same logits as the
-GGUF-loaded model and its chat template; an HF directory is re-saved in another dtype; bad
-sources and outputs are refused with what is wrong."""
+"""Importing models (rl/model_import.py): SmolLM2's GGUF loads through `load_model` and generates
+(loaded once for the module, ~30 s) and becomes a plain HF directory (converted once, ~30 s) that
+`load_model` loads and generates with, with the same logits as the GGUF-loaded model and its chat
+template; an HF directory is re-saved in another dtype; bad sources and outputs are refused with
+what is wrong."""
 
 from __future__ import annotations
 
@@ -30,6 +31,30 @@ def smollm2(tmp_path_factory):
     return result
 
 
+@pytest.fixture(scope="module")
+def smollm2_from_gguf():
+    """SmolLM2-135M loaded from its GGUF file (model, tokenizer): read it, don't train it."""
+    pytest.importorskip("gguf", reason="install the gguf extra: pip install 'rlboost[gguf]'")
+    try:
+        directory, name = smollm2_gguf()
+    except FileNotFoundError as error:
+        pytest.skip(str(error))
+    return load_model(directory, gguf_file=name)
+
+
+@pytest.mark.integration
+def test_smollm2_gguf_loads_and_generates(smollm2_from_gguf):
+    model, tokenizer = smollm2_from_gguf
+    assert model.config.model_type == "llama"
+    assert 130e6 < sum(p.numel() for p in model.parameters()) < 140e6
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 2+2?"}], add_generation_prompt=True)
+    prompt_ids = prompt if isinstance(prompt, list) else prompt["input_ids"]
+    engine = hf_on_cpu(model, tokenizer.eos_token_id, tokenizer.pad_token_id or tokenizer.eos_token_id)
+    [result] = engine.generate([GenerationRequest("q", list(prompt_ids), 12, sampling=SamplingParams(greedy=True))])
+    text = tokenizer.decode(result.token_ids, skip_special_tokens=True)
+    assert len(result.token_ids) > 0 and text.strip(), f"empty generation: {result}"
+
+
 @pytest.mark.integration
 def test_smollm2_imports_to_safetensors_with_its_chat_template(smollm2):
     output = smollm2.output
@@ -42,12 +67,11 @@ def test_smollm2_imports_to_safetensors_with_its_chat_template(smollm2):
 
 
 @pytest.mark.integration
-def test_imported_smollm2_matches_the_gguf_logits_and_generates(smollm2):
+def test_imported_smollm2_matches_the_gguf_logits_and_generates(smollm2, smollm2_from_gguf):
     from rl.config import PromptConfig
 
     model, tokenizer = load_model(smollm2.output)
-    directory, name = smollm2_gguf()
-    reference, reference_tokenizer = load_model(directory, gguf_file=name)
+    reference, reference_tokenizer = smollm2_from_gguf
     config = PromptConfig(chat_template=True)
     prompt = encode_prompt(tokenizer, "Sam has 7 apples and buys 5 more. How many apples now?", config)
     assert prompt == encode_prompt(
