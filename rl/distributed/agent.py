@@ -7,8 +7,8 @@ training process (or `rlboost trainer-node`) is gone, the agent exits at once, a
 with it (their parent-death signal). This matters while the agent has no ranks yet: waiting in a
 rendezvous for the other nodes, nothing else would end it.
 
-`--fork-ranks` (a group on CPU, `trainer.fork_ranks`): the agent imports the rank's modules once
-(about 5 s of CPU) and torchrun forks each rank from it (``--start-method=fork --run-path``)
+`--fork-ranks` (a group on CPU, `trainer.fork_ranks`): the agent imports the rank's modules and
+DeepSpeed once (about 6 s of CPU) and torchrun forks each rank from it (``--start-method=fork --run-path``)
 instead of starting ``python -u -m rl.distributed.rank``, which imports them again; the fork is
 made what that interpreter would be (`_as_a_new_rank`). Never with CUDA, which does not survive a
 fork: ranks on GPUs start fresh.
@@ -45,6 +45,7 @@ def forked_rank_arguments(arguments: list[str]) -> list[str]:
         raise ValueError(f"{FORK_RANKS} needs torchrun arguments ending with {' '.join(RANK_COMMAND)}: {arguments}")
     from rl.distributed import rank
 
+    rank.import_deepspeed()  # as each rank imports it (without MLflow), once here
     os.register_at_fork(after_in_child=_as_a_new_rank)
     return [*arguments[:-2], "--start-method=fork", "--run-path", str(rank.__file__)]
 
