@@ -180,14 +180,14 @@ def train(config: ConfigOption = None, set_: SetOption = None, console_log_level
     _quiet_weight_loading()
 
     _preflight(cfg)  # fail fast, before Prefect starts (and before the flows are imported: 2 s of CPU)
-    try:  # the run's lock before the Prefect server and the flows: a second driver of the run starts nothing
+    from flows.rl_train import run_training
+
+    try:  # the run's lock before the Prefect server: a second driver of the run starts nothing
         run_log = claim_run_directory(cfg.run.directory)
     except NamedFailure as error:
         _end(error)
     quiet_console(run_log)  # tracebacks go to the run log, named failures end as one line
     try:
-        from flows.rl_train import run_training
-
         _ephemeral_prefect(cfg.run.directory / "prefect-server.log")
         run_training(config, parse_overrides(set_))
     except Exception as error:
