@@ -112,14 +112,16 @@ import os, pathlib, signal, sys, time
 out = pathlib.Path(sys.argv[1]) / os.environ["RLBOOST_INSTANCE_ID"]
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 (out.parent / f"{out.name}.pid").write_text(str(os.getpid()))
-out.write_text(os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>"))
+partial = out.parent / f"{out.name}.tmp"
+partial.write_text(os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>"))
+partial.rename(out)  # whole or not at all: the test reads it as soon as it exists
 while True:
     signal.pause()
 """
 
 
 def started(out: Path) -> dict[str, str]:
-    return {path.name: path.read_text() for path in out.iterdir() if path.suffix != ".pid"}
+    return {path.name: path.read_text() for path in out.iterdir() if path.suffix not in (".pid", ".tmp")}
 
 
 def test_replacements_wait_for_the_gpus_of_the_instance_they_replace(tmp_path):
