@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.rl_train import rl_train
-from infra.cli.app import CALCULATOR_CONFIG, app
+from infra.cli.app import CALCULATOR_CONFIG, DEMOS, app
 from infra.run.reporting import step_table_rows
 from infra.run.step_record import StepRecord
 from rl.rollout import read_samples
@@ -49,3 +49,12 @@ def test_a_short_calculator_run_completes_with_trajectories_of_two_turns(prefect
 def test_the_demo_names_its_environments():
     result = CliRunner().invoke(app, ["demo", "--env", "chess"])
     assert result.exit_code == 2 and "--env chess: no such demo" in result.output and "calculator" in result.output
+
+
+def test_every_demo_states_the_durations_measured_for_it():
+    """`rlboost demo` prints what its pretraining and GRPO took on a 2-core machine: measured figures,
+    never a placeholder (the calculator demo once printed "pretraining TBD; GRPO about 0-0 min")."""
+    for name, target in DEMOS.items():
+        fast, slow = target.grpo_s_per_step
+        assert 0 < fast < slow, f"demo {name}: seconds per GRPO step {target.grpo_s_per_step}"
+        assert target.pretrain_expected and "TBD" not in target.pretrain_expected, f"demo {name}"
