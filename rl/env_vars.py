@@ -52,6 +52,12 @@ PREFECT_HOME = _variable(
     "The Prefect home of `rlboost demo` and `rlboost train` (the ephemeral server's SQLite database; "
     "default `.rlboost/prefect`); it wins over the user's own Prefect settings ([prefect.md](prefect.md)).",
 )
+PREFECT_SEED_CACHE = _variable(
+    "RLBOOST_PREFECT_SEED_CACHE",
+    "you",
+    "Where the migrated Prefect SQLite database a new Prefect home starts from is kept, one per Prefect "
+    "version (default `$XDG_CACHE_HOME/rlboost/prefect-seeds`, else `~/.cache/rlboost/prefect-seeds`).",
+)
 TRACES_DIR = _variable(
     "RLBOOST_TRACES_DIR",
     "you",

@@ -57,6 +57,25 @@ def _ledger_in_a_temporary_database(tmp_path_factory):
         os.environ["RLBOOST_LEDGER_URL"] = previous
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _prefect_seeds_shared_by_the_run(tmp_path_factory):
+    """The migrated Prefect database that new Prefect homes start from (`infra.services.prefect_seed`)
+    is made once per test run, in the run's temporary directory that every xdist worker shares (not
+    in ~/.cache), and reaches the subprocesses through the environment."""
+    from rl.env_vars import PREFECT_SEED_CACHE
+
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent
+    previous = os.environ.get(PREFECT_SEED_CACHE)
+    os.environ[PREFECT_SEED_CACHE] = str(shared / "prefect-seeds")
+    yield shared / "prefect-seeds"
+    if previous is None:
+        os.environ.pop(PREFECT_SEED_CACHE, None)
+    else:
+        os.environ[PREFECT_SEED_CACHE] = previous
+
+
 @pytest.fixture(scope="session")
 def prefect_harness():
     """One ephemeral Prefect server (SQLite) for the whole session."""

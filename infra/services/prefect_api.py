@@ -8,9 +8,10 @@ harness's temporary settings). `check_api(url)` asks the server's `/health` once
 `start_guarded_ephemeral_server(log)` starts the ephemeral server Prefect would start on first use
 and puts it under this process's guardian (`infra.services.guardian`); its output goes to `log`.
 It takes a free port of Prefect's range itself, and starts one server at a time per Prefect home
-(an flock beside its database: the first start migrates it). One that cannot start (its database
-written by another Prefect version, no free port) raises `PrefectServerCannotStart`, whose message
-is one line saying why and the fix (`check_ephemeral_database()` checks the database alone).
+(an flock beside its database: the first start copies the migrated seed of `prefect_seed` there,
+or migrates it). One that cannot start (its database written by another Prefect version, no free
+port) raises `PrefectServerCannotStart`, whose message is one line saying why and the fix
+(`check_ephemeral_database()` checks the database alone).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import fcntl
+import logging
 import os
 import random
 import sys
@@ -28,7 +30,10 @@ from pathlib import Path
 
 import httpx
 
-from infra.services.prefect_home import HOME_ENV
+from infra.services.prefect_home import HOME_ENV, sqlite_path
+from infra.services.prefect_seed import seed_database
+
+logger = logging.getLogger(__name__)
 
 START_HINT = (
     "start a local server with `rlboost up` and `export PREFECT_API_URL=...` as it prints, "
@@ -175,6 +180,7 @@ def start_guarded_ephemeral_server(log: Path | None = None) -> str:
             server.port = _free_port_of(server)
     try:
         with _one_start_at_a_time():
+            _seed_ephemeral_database(server)
             server.start()
     except Exception as error:
         if log is None:
@@ -192,6 +198,14 @@ def start_guarded_ephemeral_server(log: Path | None = None) -> str:
     assert server.server_process is not None
     guardian().watch(server.server_process.pid)
     return server.api_url
+
+
+def _seed_ephemeral_database(server) -> None:
+    """Give a server about to start on a SQLite database that does not exist yet a migrated copy of
+    the seed (`infra.services.prefect_seed`): it then skips Prefect's migrations."""
+    database = sqlite_path(_ephemeral_database_url())
+    if not server.running and database is not None:
+        seed_database(database, logger)
 
 
 START_LOCK_FILE = "ephemeral-server.lock"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import logging
 import os
 import secrets
 import subprocess
@@ -38,10 +39,12 @@ from infra.fleet.prefect_local import UnknownPool
 from infra.run.config import load_config
 from infra.services import prefect_worker
 from infra.services.ports import free_port, port_is_free
-from infra.services.prefect_home import database_problem, point_at_home
+from infra.services.prefect_home import database_problem, point_at_home, sqlite_path
+from infra.services.prefect_seed import seed_database
 from infra.services.redis_embedded import REDIS_URL_ENV, AppendFsync, find_redis_server, launch_redis_server
 from infra.stack.processes import ServiceProcess, log_tail, start_detached, stop
 
+logger = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT_FILE = ROOT / "prefect.yaml"
 WORK_POOL_TEMPLATE = ROOT / "deployments" / "work-pools" / "local-process.json"
@@ -271,6 +274,8 @@ class _Starter:
         if problem := database_problem(database, prefect.__version__, "use another --state-dir"):
             raise StackError(problem)  # a database of another Prefect version: the server would fail at each start
         self.echo(f"Prefect server: starting on {self.state.ui_url} (database {self.state.database})")
+        if (path := sqlite_path(database)) is not None:
+            seed_database(path, logger)  # a new database starts migrated: the server skips Prefect's migrations
         started = time.monotonic()
         process = self.launch(
             "server",

@@ -1,8 +1,8 @@
 """Ephemeral Prefect servers started at the same instant on one Prefect home that none has migrated
-yet start one at a time (`infra.services.prefect_api`'s start lock): every one starts, and none of
-their logs holds the traceback of two SQLite migrations run at once ("duplicate column name", then
-"Application startup failed": one of two trials of three servers showed it without the lock).
-Real servers."""
+yet (and no migrated seed to copy: `infra.services.prefect_seed`) start one at a time
+(`infra.services.prefect_api`'s start lock): every one starts, and none of their logs holds the
+traceback of two SQLite migrations run at once ("duplicate column name", then "Application startup
+failed": one of two trials of three servers showed it without the lock). Real servers."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import textwrap
 
 import pytest
 
+from rl.env_vars import PREFECT_SEED_CACHE
 from tests.helpers import REPO_ROOT
 
 pytestmark = pytest.mark.integration
@@ -31,6 +32,9 @@ def test_servers_started_at_once_on_a_fresh_home_start_one_at_a_time(tmp_path):
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env["PREFECT_HOME"] = str(home)
+    no_seed = tmp_path / "no-seed-cache"  # a file: no migrated seed to copy (`prefect_seed`), so they migrate
+    no_seed.write_text("")
+    env[PREFECT_SEED_CACHE] = str(no_seed / "cache")
     logs = [tmp_path / f"server-{i}.log" for i in range(2)]
     servers = [
         subprocess.Popen(
