@@ -431,11 +431,10 @@ class TrainerConfig(Section):
     compute); both backends."""
     threads_per_rank: int | None = Field(default=None, ge=1)
     """torch threads of each DeepSpeed rank on CPU (None: the machine's cores divided among the ranks)."""
-    fork_ranks: bool = False
+    fork_ranks: bool = True
     """On CPU, fork the ranks of this node from their torchrun agent once it has imported DeepSpeed
-    and the model code (about 5 s of CPU less per rank). Off by default for now: when a rank is
-    killed, torchrun's fork start method may report a peer whose collective failed as the cause
-    (seen once in four full test runs); GPUs always start each rank as a new interpreter."""
+    and the model code (about 5 s of CPU less per rank); false: each rank is a new interpreter, as
+    on GPUs always (CUDA does not survive a fork)."""
     start_timeout_s: float = Field(default=600.0, gt=0)
     """How long the ranks may take to start: to connect, load the model and build the ZeRO engine
     (about 10 s for the tiny model on 2 cores; minutes for a large model from a slow disk)."""

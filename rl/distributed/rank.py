@@ -52,6 +52,11 @@ CHANNEL_WAIT_S = 600.0
 """How long a rank on another node waits for the driver's node to put the channel in the store."""
 CHECKPOINT_TAG = "state"
 """DeepSpeed's tag (subdirectory) of the sharded state inside a checkpoint's `deepspeed/`."""
+LINGER_S = 2.0
+"""How long a rank that raised stays after reporting it, unless the driver closes its channel first.
+When a peer died, this rank's collective failed because of it: torchrun (which polls its ranks every
+0.1 s) then finds the dead peer alone and reports it as the cause, rather than this rank, which its
+fork start method would report when both have exited (the lowest-numbered failed rank it finds)."""
 
 
 def deepspeed_config(trainer: TrainerConfig, optim: OptimConfig, autocast: str | None) -> dict:
@@ -374,6 +379,7 @@ def main() -> int:
         print(f"rank {rank} failed:\n{text}", file=sys.stderr, flush=True)
         try:
             conn.send(("error", text))
+            conn.poll(LINGER_S)  # returns at once when the driver closes the channel
         except OSError:
             pass
         return 1
