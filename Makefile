@@ -8,10 +8,12 @@ TEST_STAMP := $(VENV)/.test-extras-stamp
 VLLM_STAMP := $(VENV)/.vllm-stamp
 # Every pip install below takes its versions from constraints.txt (see `constraints:` at the end), so
 # the demo's environment and the tests' resolve the same version of each package they share.
-# --no-compile: pip would compile all ~37,000 installed modules to bytecode (about 80 s of CPU on 2
-# cores); Python compiles the ~44% that the demo and the tests import on first use instead.
+# pip compiles every installed module to bytecode (about 80 s of CPU on 2 cores): keep it. Where
+# PYTHONDONTWRITEBYTECODE is set (this project's CI hosts, many container images) Python never
+# caches what it compiles, so with `--no-compile` each process compiled torch, transformers and the
+# rest from source (a fresh-clone .ci/run took 26 more minutes of CPU, 2026-12-06).
 CONSTRAINTS := constraints.txt
-PIP_INSTALL = $(BIN)/pip install --quiet --no-compile -c $(CONSTRAINTS)
+PIP_INSTALL = $(BIN)/pip install --quiet -c $(CONSTRAINTS)
 TEST_EXTRAS := dev,gguf,s3,gcp,azure,vllm,deepspeed,mlflow,tensorboard,wandb,verifiers
 export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
