@@ -12,6 +12,8 @@ exits when the owner's end of the socket closes (the owner exited, or was killed
 registered with `os.register_at_fork(after_in_child=...)` run with the child's environment,
 command line and streams in place; Python's `random` and NumPy's global generator are reseeded.
 The child's process title (`ps`, /proc/<pid>/cmdline) is its command line, joined by spaces.
+While it imports (seconds to minutes on a loaded host) a thread watches the socket, so that an owner
+that is gone ends it then too, not once the imports are done.
 """
 
 from __future__ import annotations
@@ -20,9 +22,13 @@ import argparse
 import importlib
 import os
 import runpy
+import select
 import socket
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from setproctitle import setproctitle
 
@@ -37,8 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     setproctitle(f"{sys.executable} -m {TEMPLATE_MODULE} --fd {args.fd}")  # `ps` needs not list what it imported
     channel = Channel(socket.socket(fileno=args.fd))
     began = time.monotonic()
-    for module in filter(None, args.preload.split(",")):
-        importlib.import_module(module)
+    with _exit_when_the_owner_goes(channel.sock):
+        for module in filter(None, args.preload.split(",")):
+            importlib.import_module(module)
     os.register_at_fork(after_in_child=_reseed_numpy)
     channel.send(Ready(preload_s=round(time.monotonic() - began, 3)))
     start = serve(channel)
@@ -73,6 +80,39 @@ def serve(channel: Channel) -> Start | None:
         else:
             channel.send(Refused(f"unexpected request {request!r}"))
     return None
+
+
+@contextmanager
+def _exit_when_the_owner_goes(sock: socket.socket) -> Iterator[None]:
+    """While the block runs, a thread waits on `sock`: when the owner's end closes (it exited or was
+    killed), the template exits at once. The owner sends nothing before `Ready`; were something
+    there, the thread leaves it for `serve` and stops watching."""
+    wake_read, wake_write = os.pipe()
+
+    def watch() -> None:
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLIN)
+        poller.register(wake_read, select.POLLIN)
+        ready = {fd for fd, _ in poller.poll()}
+        if wake_read in ready:
+            return
+        try:
+            gone = sock.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            gone = True
+        if gone:
+            print("fork template: its owner is gone while it imports its modules; exiting", file=sys.stderr, flush=True)
+            os._exit(0)
+
+    watcher = threading.Thread(target=watch, name="owner-watch", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        os.write(wake_write, b"x")
+        watcher.join()
+        os.close(wake_read)
+        os.close(wake_write)
 
 
 def _fork(start: Start, channel: Channel) -> int:

@@ -11,7 +11,10 @@ from __future__ import annotations
 import gc
 import json
 import os
+import signal
+import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -435,3 +438,52 @@ def test_a_changed_environment_gets_a_new_template_and_a_failed_template_fresh_s
         assert parent_of("steady-0") == os.getpid()  # started fresh
     assert "No module named 'no_such_module_anywhere'" in (tmp_path / "logs" / "fork-template.log").read_text()
     assert "instances start fresh from now on" in caplog.text
+
+
+SLOW_IMPORT = """
+import os, pathlib, time
+pathlib.Path(os.environ["IMPORT_BEGAN"]).write_text(str(os.getpid()))
+time.sleep(600)
+"""
+"""A module that takes ten minutes to import; it writes its process's pid when it begins."""
+
+OWNER = """
+import os, time
+from infra.providers.warm_start import ForkTemplate
+template = ForkTemplate(["slow_to_import"], dict(os.environ), None)
+time.sleep(600)
+"""
+"""A template's owner that starts one preloading `slow_to_import`, then waits to be killed."""
+
+
+@pytest.mark.integration
+def test_a_template_whose_owner_is_killed_while_it_imports_exits_then(tmp_path):
+    """The owner of a template still importing its modules is SIGKILLed: the template exits then,
+    not once its imports are done (it would have outlived a killed driver by minutes)."""
+    (tmp_path / "slow_to_import.py").write_text(textwrap.dedent(SLOW_IMPORT))
+    began = tmp_path / "import-began"
+    repo = Path(__file__).parents[3]
+    env = os.environ | {"PYTHONPATH": f"{tmp_path}:{repo}", "IMPORT_BEGAN": str(began)}
+    with (tmp_path / "owner.log").open("wb") as log:
+        owner = subprocess.Popen([sys.executable, "-c", OWNER], env=env, cwd=repo, stdout=log, stderr=log)
+    template = None
+    try:
+        wait_for(began.exists, "the template to begin importing")
+        wait_for(lambda: began.read_text(), "the template's pid")
+        template = int(began.read_text())
+        owner.send_signal(signal.SIGKILL)
+        owner.wait()
+        wait_for(lambda: not _alive(template), "the template to exit after its owner was killed")
+    finally:
+        owner.kill()
+        owner.wait()
+        if template is not None and _alive(template):
+            os.kill(template, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` is a process that has not exited (a zombie has)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
