@@ -15,6 +15,12 @@ VLLM_STAMP := $(VENV)/.vllm-stamp
 CONSTRAINTS := constraints.txt
 PIP_INSTALL = $(BIN)/pip install --quiet -c $(CONSTRAINTS)
 TEST_EXTRAS := dev,gguf,s3,gcp,azure,vllm,deepspeed,mlflow,tensorboard,wandb,verifiers
+# Python caches the bytecode it compiles, the project's modules and pytest's rewritten test modules
+# included, even where the environment says not to (PYTHONDONTWRITEBYTECODE, set on this project's
+# CI hosts): each of the suite's xdist workers otherwise rewrites and compiles every test module
+# again (4-5 s of CPU each), and each of its hundreds of processes the rlboost modules it imports
+# (0.2 s for a training driver's 166), 2-core AMD EPYC, 2026-12-06.
+unexport PYTHONDONTWRITEBYTECODE
 export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120

@@ -8,12 +8,10 @@ one request at a time. `Start` forks a child that becomes a new session and runs
 from /dev/null, stdout and stderr to its log; the reply is its pid. `Reap` waits for an exited child
 and replies its exit code (negative: the signal that ended it); the template never reaps on its own,
 so a pid and its process group are not reused before the owner has read the exit. The template
-exits when the owner's end of the socket closes (the owner exited, or was killed). Functions
-registered with `os.register_at_fork(after_in_child=...)` run with the child's environment,
-command line and streams in place; Python's `random` and NumPy's global generator are reseeded.
-The child's process title (`ps`, /proc/<pid>/cmdline) is its command line, joined by spaces.
-While it imports (seconds to minutes on a loaded host) a thread watches the socket, so that an owner
-that is gone ends it then too, not once the imports are done.
+exits when the owner's end of the socket closes (the owner exited, or was killed), while it imports
+too. Functions registered with `os.register_at_fork(after_in_child=...)` run with the child's
+environment, command line and streams in place; Python's `random` and NumPy's global generator are
+reseeded. The child's process title (`ps`, /proc/<pid>/cmdline) is its command line, joined by spaces.
 """
 
 from __future__ import annotations
