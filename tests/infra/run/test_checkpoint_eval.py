@@ -28,6 +28,11 @@ STEP = 3
 PROBLEMS, SAMPLES = 8, 8
 SPOT = 2
 """Spot worker processes (they start together): one is preempted, the other finishes its samples."""
+SLOTS = 2
+"""Samples an instance generates at once: with 16, one instance could take all 64 samples and finish
+them in 0.35 s, before the `Preempter` (polling every 5 ms from a loaded test process) saw a sample
+with logged tokens (a CI run, 2026-12-06); with 2, an instance is inside samples with logged tokens
+for nearly all of its rollout."""
 
 
 def checkpoint_of(model_dir, run_dir, step: int = STEP):
@@ -89,7 +94,7 @@ def test_pass_at_k_on_the_fabric_with_a_preemption_mid_sample_equals_in_process(
             "eval.samples": SAMPLES,
             "eval.k": [1, 4, 8],
             "fabric.pools": [spot_pool(SPOT)],  # no Poisson schedule: the `Preempter` preempts one
-            "fabric.worker": {"slots": 16, "flush_tokens": 1, "flush_ms": 20, "heartbeat_s": 0.3, "ttl_s": 1.5},
+            "fabric.worker": {"slots": SLOTS, "flush_tokens": 1, "flush_ms": 20, "heartbeat_s": 0.3, "ttl_s": 1.5},
             "fabric.controller": {"reap_timeout_s": 1.5},
         },
     )
