@@ -1,7 +1,7 @@
 """Chaos: a multi-step `rlboost train` on the fabric under random faults of every kind, and what it
 kept.
 
-    .venv/bin/python bench/chaos.py [--steps 10 --mean-gap-s 4 --seed 0 --staleness K --faults KINDS]
+    .venv/bin/python bench/chaos.py [--steps 20 --mean-gap-s 4 --seed 0 --staleness K --faults KINDS]
 
 Faults at random gaps, each kind (of `--faults`) at least once: a rollout worker SIGTERMed,
 SIGKILLed or SIGSTOPped (a zombie); the driver SIGKILLed mid-step and run again at once; the token
@@ -507,7 +507,7 @@ def ledger_state(ledger_url: str, run_id: str) -> tuple[int, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=20, help="The run's steps: enough for every fault kind to land.")
     parser.add_argument("--mean-gap-s", type=float, default=4.0, help="Mean time between two faults.")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument(
@@ -598,6 +598,15 @@ def main() -> None:
         "work_dir": str(work),
     }
     print(json.dumps(result))
+    missed = [kind for kind in args.faults if not chaos.faults[kind]]
+    if missed:  # a run too short for its faults is no evidence that they are survived
+        print(
+            f"the run ended before every fault kind was injected (none of: {', '.join(missed)}); "
+            f"run more --steps (this run: {args.steps})",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.exit(1)
 
 
 if __name__ == "__main__":
