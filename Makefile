@@ -10,8 +10,9 @@ VLLM_STAMP := $(VENV)/.vllm-stamp
 # the demo's environment and the tests' resolve the same version of each package they share.
 # pip compiles every installed module to bytecode (about 80 s of CPU on 2 cores): keep it. Where
 # PYTHONDONTWRITEBYTECODE is set (this project's CI hosts, many container images) Python never
-# caches what it compiles, so with `--no-compile` each process compiled torch, transformers and the
-# rest from source (a fresh-clone .ci/run took 26 more minutes of CPU, 2026-12-06).
+# caches what it compiles outside make (`.venv/bin/rlboost ...`), so with `--no-compile` each
+# process compiled torch, transformers and the rest from source (a fresh-clone .ci/run took 26 more
+# minutes of CPU, 2026-12-06, before make stopped passing the variable on: see below).
 CONSTRAINTS := constraints.txt
 PIP_INSTALL = $(BIN)/pip install --quiet -c $(CONSTRAINTS)
 TEST_EXTRAS := dev,gguf,s3,gcp,azure,vllm,deepspeed,mlflow,tensorboard,wandb,verifiers

@@ -473,17 +473,9 @@ def test_a_template_whose_owner_is_killed_while_it_imports_exits_then(tmp_path):
         template = int(began.read_text())
         owner.send_signal(signal.SIGKILL)
         owner.wait()
-        wait_for(lambda: not _alive(template), "the template to exit after its owner was killed")
+        wait_for(lambda: not alive(template), "the template to exit after its owner was killed")
     finally:
         owner.kill()
         owner.wait()
-        if template is not None and _alive(template):
+        if template is not None and alive(template):
             os.kill(template, signal.SIGKILL)
-
-
-def _alive(pid: int) -> bool:
-    """Whether `pid` is a process that has not exited (a zombie has)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
