@@ -9,7 +9,9 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -28,6 +30,8 @@ pytestmark = pytest.mark.integration
 
 STEP = 1
 GATED = "tests.infra.rollout.agentic:GatedCalculator"
+SLICE_S = 0.005
+"""How long a paused worker runs at a time in `Workers.run_until`."""
 
 
 class Workers:
@@ -71,6 +75,31 @@ class Workers:
         os.killpg(self.procs[name].pid, signum)
         return self.procs[name].wait(timeout=30)
 
+    def pause(self, name: str) -> None:
+        """Stop worker `name` (SIGSTOP to its group); return once it is stopped."""
+        pid = self.procs[name].pid
+        os.killpg(pid, signal.SIGSTOP)
+        wait_for(lambda: _state(pid) == "T", f"worker {name} stopped", timeout_s=30)
+
+    def run_until(self, name: str, condition: Callable[[], object], what: str, timeout_s: float) -> None:
+        """Let the paused worker `name` run `SLICE_S` at a time until `condition()` holds between two
+        slices, and leave it paused there: however loaded the host, it cannot run on past the moment
+        the condition came true (a worker left running finished a whole turn between a test's look
+        and its signal, 2026-12-06)."""
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+            os.killpg(self.procs[name].pid, signal.SIGCONT)
+            time.sleep(SLICE_S)
+            self.pause(name)
+
+    def terminate_paused(self, name: str) -> int:
+        """SIGTERM the paused worker `name`, let it handle the signal, and return its exit code."""
+        os.killpg(self.procs[name].pid, signal.SIGTERM)
+        os.killpg(self.procs[name].pid, signal.SIGCONT)
+        return self.procs[name].wait(timeout=30)
+
     def stop(self) -> None:
         for proc in self.procs.values():
             if proc.poll() is None:
@@ -81,6 +110,11 @@ class Workers:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+def _state(pid: int) -> str:
+    """The process's state letter in /proc (``T``: stopped)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
 @pytest.fixture(scope="module")
@@ -140,17 +174,18 @@ def test_a_trajectory_preempted_mid_tool_call_and_mid_turn_ends_as_an_undisturbe
         assert workers.signal("a", signal.SIGKILL) == -signal.SIGKILL
         assert log.reap("a", max_reaps=5) == 2
         gate.touch()
+        workers.pause("b")
         registry.request("b", Resume())
 
-        # Mid-turn: the call answered, turn 1 under way on worker b.
+        # Mid-turn: the call answered, turn 1 under way on worker b (paused there, then SIGTERMed).
         def turning() -> bool:
             return any(
                 len(r.turns) == 1 and len(r.token_ids) > r.turns[0].end + len(rendered) + 2
                 for r in log.read_group(STEP, 0)
             )
 
-        wait_for(turning, "worker b's second turn", timeout_s=120)
-        assert workers.signal("b", signal.SIGTERM) == 0, workers.log("b")
+        workers.run_until("b", turning, "worker b's second turn", timeout_s=120)
+        assert workers.terminate_paused("b") == 0, workers.log("b")
         handed_back = log.read_group(STEP, 0)
         assert all(r.state == "queued" for r in handed_back)
         mid_turn = [r for r in handed_back if len(r.turns) == 1 and _turn_text(r, tokenizer, 1, rendered) != turns[1]]
