@@ -8,12 +8,13 @@ TEST_STAMP := $(VENV)/.test-extras-stamp
 VLLM_STAMP := $(VENV)/.vllm-stamp
 # Every pip install below takes its versions from constraints.txt (see `constraints:` at the end), so
 # the demo's environment and the tests' resolve the same version of each package they share.
-# Every installed module is compiled to bytecode once its packages are in (COMPILE, on every core:
-# 38 s instead of the 59 s pip takes compiling one file at a time, 2-core Intel Xeon, 2026-12-06),
-# and never dropped: where PYTHONDONTWRITEBYTECODE is set (this project's CI hosts, many container
-# images) Python never caches what it compiles outside make (`.venv/bin/rlboost ...`), so without
-# it each process compiled torch, transformers and the rest from source (a fresh-clone .ci/run took
-# 26 more minutes of CPU, 2026-12-06, before make stopped passing the variable on: see below).
+# pip installs without compiling; COMPILE then compiles every installed module to bytecode at once
+# on every core (the test environment: 38 s, against 59 s one file at a time as pip compiles, on a
+# 2-core Intel Xeon, 2026-12-06). Never leave it out: where PYTHONDONTWRITEBYTECODE is set (this
+# project's CI hosts, many container images) Python never caches what it compiles outside make
+# (`.venv/bin/rlboost ...`), so each process compiled torch, transformers and the rest from source
+# (a fresh-clone .ci/run took 26 more minutes of CPU, 2026-12-06, before make stopped passing the
+# variable on: see below).
 CONSTRAINTS := constraints.txt
 PIP_INSTALL = $(BIN)/pip install --quiet --no-compile -c $(CONSTRAINTS)
 # Like pip's, a best effort: a file that does not compile stays source (torch ships one written for
