@@ -66,6 +66,15 @@ def wait_for(condition: Callable[[], object], what: str = "the condition", *, ti
         time.sleep(0.01)
 
 
+def process_state(pid: int) -> str | None:
+    """The state letter /proc gives process `pid` (``R``, ``S``, ``T`` stopped, ``Z`` a zombie, ...);
+    None once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
 class Clock:
     """Epoch seconds that move only when a test says so."""
 

@@ -24,7 +24,7 @@ from rl.distributed.group import RankFailure, child_pids
 from rl.distributed.protocol import TrainSpec
 from rl.distributed.trainer import DistributedTrainer
 from rl.models import load_model
-from tests.helpers import REPO_ROOT, save_tiny_model, wait_for
+from tests.helpers import REPO_ROOT, process_state, save_tiny_model, wait_for
 from tests.rl.test_trainer_nodes import cmdline
 
 pytestmark = pytest.mark.integration
@@ -32,11 +32,7 @@ pytestmark = pytest.mark.integration
 
 def _gone(pid: int) -> bool:
     """Whether `pid` has exited (a zombie waiting for its reaper counts as gone)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state in ("Z", "X")
+    return process_state(pid) in (None, "Z", "X")
 
 
 # -- the lock logic, on plain files and processes ------------------------------------------

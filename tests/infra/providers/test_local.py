@@ -26,7 +26,7 @@ from infra.availability.traces import AvailabilityTrace, TraceEvent, TraceSchedu
 from infra.providers import LocalProvider, PoissonAvailability, PoolSpec, TraceAvailability
 from infra.providers.local import MAX_RESTART_BACKOFF_S, RESTART_BACKOFF_S, START_WINDOW_S
 from infra.providers.warm_start import WarmStart
-from tests.helpers import Clock, wait_for
+from tests.helpers import Clock, process_state, wait_for
 
 WARM = WarmStart(pools=frozenset({"spot", "trainer", "flaky", "steady"}), preload=("json",))
 """The pools of these tests, forked from a template that imports next to nothing first."""
@@ -61,14 +61,8 @@ def scripted(slots: int, events: tuple[TraceEvent, ...]) -> TraceSchedule:
 
 
 def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie (exited, not yet reaped by its new parent) is dead too
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    """Whether `pid` runs (a zombie, exited but not yet reaped by its new parent, is dead too)."""
+    return process_state(pid) not in (None, "Z")
 
 
 def pid_of(out: Path, instance_id: str, kind: str = "pid") -> int:

@@ -22,7 +22,7 @@ from infra.rollout.protocol import set_current_step
 from infra.rollout.registry import InstanceRegistry
 from infra.rollout.tokenlog import SampleRecord, TokenLog
 from rl.models import load_model
-from tests.helpers import REPO_ROOT, wait_for
+from tests.helpers import REPO_ROOT, process_state, wait_for
 from tests.infra.rollout import agentic
 from tests.infra.rollout.agentic import FORMAT, TWO_CALLS
 
@@ -79,7 +79,7 @@ class Workers:
         """Stop worker `name` (SIGSTOP to its group); return once it is stopped."""
         pid = self.procs[name].pid
         os.killpg(pid, signal.SIGSTOP)
-        wait_for(lambda: _state(pid) == "T", f"worker {name} stopped", timeout_s=30)
+        wait_for(lambda: process_state(pid) == "T", f"worker {name} stopped", timeout_s=30)
 
     def run_until(self, name: str, condition: Callable[[], object], what: str, timeout_s: float) -> None:
         """Let the paused worker `name` run `SLICE_S` at a time until `condition()` holds between two
@@ -110,11 +110,6 @@ class Workers:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-
-
-def _state(pid: int) -> str:
-    """The process's state letter in /proc (``T``: stopped)."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
 @pytest.fixture(scope="module")

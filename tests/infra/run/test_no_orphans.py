@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import save_tiny_model, tiny_shape
+from tests.helpers import process_state, save_tiny_model, tiny_shape
 
 pytestmark = pytest.mark.integration
 
@@ -65,11 +65,7 @@ def _descendants(pid: int) -> set[int]:
 
 def _alive(pid: int) -> bool:
     """Running (a zombie waiting for a reaper counts as gone)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
+    return process_state(pid) not in (None, "Z")
 
 
 def _commands(pids: set[int]) -> dict[int, bytes]:
