@@ -35,7 +35,13 @@ from infra.providers.instance_process import FreshProcess, InstanceProcess, sign
 from infra.providers.interface import InstanceHandle, InstanceRecord, PreemptionEvent, Provider, StopReason
 from infra.providers.placement import GpuSlot
 from infra.providers.pool import PoolSpec
-from infra.providers.warm_start import ForkTemplate, TemplateUnavailable, WarmStart, template_environment, warm_command
+from infra.providers.warm_start import (
+    TemplateUnavailable,
+    WarmStart,
+    shared_template,
+    template_environment,
+    warm_command,
+)
 from rl import env_vars
 from rl.disk_space import LOW_SPACE_BYTES, describe_free, free_bytes
 from rl.driver_watch import driver_environment
@@ -120,9 +126,7 @@ class LocalProvider(Provider):
         self._procs: dict[str, InstanceProcess] = {}
         """Processes not yet reaped: what the finalizer kills."""
         self._warm_start = warm_start
-        self._templates: list[ForkTemplate] = []
-        """The fork templates started (the last one current), closed with the provider."""
-        self._finalizer = weakref.finalize(self, _kill_all, self._lock, self._closed, self._procs, self._templates)
+        self._finalizer = weakref.finalize(self, _kill_all, self._lock, self._closed, self._procs)
         self._ticker = TickThread("local-provider")
 
     # -- Provider -------------------------------------------------------------------------------
@@ -304,20 +308,17 @@ class LocalProvider(Provider):
         return record
 
     def _forked(self, command: list[str], env: dict[str, str], log_path: Path | None) -> InstanceProcess | None:
-        """The instance forked from the current template, started on first use and anew when the
-        environment changed; None when it must start fresh (not a `python -m` command of this
-        interpreter, the working directory changed, or the template failed)."""
+        """The instance forked from this process's template for its environment (`shared_template`:
+        a new one when the environment changed); None when it must start fresh (not a `python -m`
+        command of this interpreter, or the template failed)."""
         assert self._warm_start is not None
         if not warm_command(command):
             return None
-        base = template_environment(env)
-        template = self._templates[-1] if self._templates else None
+        base = template_environment(env, run_variables=self._environment)
+        template_log = None if self._log_dir is None else self._log_dir / "fork-template.log"
         try:
-            if template is None or template.env != base:
-                template_log = None if self._log_dir is None else self._log_dir / "fork-template.log"
-                template = ForkTemplate(self._warm_start.preload, base, template_log)
-                self._templates.append(template)
-            return template.start(command, env, log_path) if template.matches(base) else None
+            template = shared_template(self._warm_start.preload, base, template_log)
+            return template.start(command, env, log_path)
         except (TemplateUnavailable, OSError) as error:  # (OSError: the template could not be started)
             log.debug("instance starts fresh: %s", error)
             return None
@@ -435,10 +436,8 @@ def _tick_loop(owner: weakref.ref, stop: threading.Event, interval_s: float, nam
         del live
 
 
-def _kill_all(
-    lock: threading.RLock, closed: threading.Event, procs: dict[str, InstanceProcess], templates: list[ForkTemplate]
-) -> None:
-    """Finalizer: close the provider, SIGKILL every group it has not reaped, end its templates."""
+def _kill_all(lock: threading.RLock, closed: threading.Event, procs: dict[str, InstanceProcess]) -> None:
+    """Finalizer: close the provider, SIGKILL every group it has not reaped."""
     with lock:
         closed.set()
         for proc in procs.values():
@@ -446,6 +445,3 @@ def _kill_all(
             proc.wait_exited()
             proc.reap()
         procs.clear()
-        for template in templates:
-            template.close()
-        templates.clear()

@@ -2,16 +2,18 @@
 (torch, transformers, the worker) once, instead of each new interpreter importing them again
 (docs/internals.md §3).
 
-A `LocalProvider` given a `WarmStart` starts one `ForkTemplate` (`infra.providers.fork_template`)
-when the first instance of a warm pool starts, with that instance's environment but for the
-variables that name the instance (`INSTANCE_VARIABLES`), and waits for it to be ready (up to
-`READY_TIMEOUT_S`). Each instance of a warm pool then forks from it when its command is
-`python -m <module> ...` of this interpreter, its environment but for those variables is the
-template's and the working directory is the same; otherwise, or when the template failed to start
-or stopped answering, it starts fresh. A forked instance (`ForkedProcess`) leads its own process
-group like a fresh one; its exit is seen through a pidfd and its exit code read from the template,
-which keeps it unreaped until then. Closing the template ends the process; the instances do not
-depend on it.
+A `LocalProvider` given a `WarmStart` forks each instance of a warm pool from a `ForkTemplate`
+(`infra.providers.fork_template`) when its command is `python -m <module> ...` of this interpreter;
+otherwise, or when the template failed to start or stopped answering, it starts fresh. The template
+is this process's (`shared_template`), like multiprocessing's fork server: started when the first
+such instance starts, with that instance's environment but for the variables that name the instance
+(`INSTANCE_VARIABLES`) and those of its run (its Redis, its weights secret: they reach each instance
+as it forks), and waited for (up to `READY_TIMEOUT_S`); every later instance whose environment but
+for those variables and working directory are the same forks from it, those of later providers in
+this process too (a notebook's second run, a test session's fabrics), and it lives as long as this
+process. A forked instance (`ForkedProcess`) leads its own process group like a fresh one; its exit
+is seen through a pidfd and its exit code read from the template, which keeps it unreaped until
+then. The instances do not depend on the template.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
@@ -39,6 +41,9 @@ REPLY_TIMEOUT_S = 30.0
 """The longest wait for a template's answer to a fork or a reap."""
 INSTANCE_VARIABLES = frozenset({env_vars.INSTANCE_ID, env_vars.POOL, env_vars.CAPACITY_CLASS})
 """What differs between the instances of one template: who each one is."""
+TEST_VARIABLES = frozenset({"PYTEST_CURRENT_TEST"})
+"""What pytest sets to the test that runs (it changes with each test of a session; no import reads
+it): not a reason for a template of its own."""
 
 
 @dataclass(frozen=True)
@@ -57,8 +62,9 @@ class ForkTemplate:
     """One template process and the instances forked from it."""
 
     def __init__(self, preload: Sequence[str], env: Mapping[str, str], log_path: Path | None) -> None:
-        """Start the template with `env` (an instance's, less `INSTANCE_VARIABLES`) in this working
+        """Start the template with `env` (`template_environment` of an instance's) in this working
         directory; its own output goes to `log_path` (None: this process's streams)."""
+        self.preload = tuple(preload)
         self.env = dict(env)
         self.cwd = os.getcwd()
         self._log_hint = "its output is this process's" if log_path is None else f"its log: {log_path}"
@@ -85,9 +91,15 @@ class ForkTemplate:
                 out.close()
         self._channel = Channel(ours)
 
-    def matches(self, env: Mapping[str, str]) -> bool:
-        """Whether an instance with environment `env` (less `INSTANCE_VARIABLES`) forks from here."""
-        return self._failed is None and dict(env) == self.env and os.getcwd() == self.cwd
+    def matches(self, preload: Sequence[str], env: Mapping[str, str]) -> bool:
+        """Whether an instance whose template preloads `preload`, with environment `env`
+        (`template_environment`), forks from here."""
+        return (
+            self._failed is None
+            and tuple(preload) == self.preload
+            and dict(env) == self.env
+            and os.getcwd() == self.cwd
+        )
 
     def start(self, command: Sequence[str], env: Mapping[str, str], log_path: Path | None) -> ForkedProcess:
         """Fork an instance running `command` (`python -m <module> ...`) with `env`; raises
@@ -108,16 +120,9 @@ class ForkTemplate:
                 return None
             return reply.exit_code if isinstance(reply, Reaped) and reply.pid == pid else None
 
-    def close(self) -> None:
-        """End the template (the instances forked from it run on)."""
-        with self._lock:
-            self._failed = self._failed or "closed"
-            self._channel.close()
-        try:
-            self._process.wait(timeout=10.0)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.wait()
+    def usable(self) -> bool:
+        """Whether it has not failed (it then kills itself and starts no more instances)."""
+        return self._failed is None
 
     def _await_ready(self) -> None:
         if self._failed is not None:
@@ -180,6 +185,24 @@ class ForkedProcess:
         return code
 
 
+_shared: list[ForkTemplate] = []
+_shared_lock = threading.Lock()
+
+
+def shared_template(preload: Sequence[str], env: Mapping[str, str], log_path: Path | None) -> ForkTemplate:
+    """This process's template that imports `preload` with environment `env` in this working
+    directory, started now unless one runs (its output to `log_path`: the log of its first owner).
+    A template that failed is left for a new one."""
+    with _shared_lock:
+        _shared[:] = [template for template in _shared if template.usable()]
+        for template in _shared:
+            if template.matches(preload, env):
+                return template
+        template = ForkTemplate(preload, env, log_path)
+        _shared.append(template)
+        return template
+
+
 def warm_command(command: Sequence[str]) -> bool:
     """Whether a template can run `command`: `python -m <module> ...` of this interpreter, on a
     system with pidfds (Linux 5.3 and later; elsewhere every instance starts fresh)."""
@@ -187,6 +210,9 @@ def warm_command(command: Sequence[str]) -> bool:
     return forks and len(command) >= 3 and command[0] == sys.executable and command[1] == "-m"
 
 
-def template_environment(env: Mapping[str, str]) -> dict[str, str]:
-    """An instance's environment less the variables that name it."""
-    return {name: value for name, value in env.items() if name not in INSTANCE_VARIABLES}
+def template_environment(env: Mapping[str, str], run_variables: Iterable[str] = ()) -> dict[str, str]:
+    """An instance's environment less the variables that name it, pytest's `TEST_VARIABLES` and
+    `run_variables` (those its run adds, but for `PYTHON*`, which an interpreter reads as it starts):
+    what a template's imports see."""
+    left_out = INSTANCE_VARIABLES | TEST_VARIABLES | {name for name in run_variables if not name.startswith("PYTHON")}
+    return {name: value for name, value in env.items() if name not in left_out}

@@ -406,30 +406,58 @@ def test_a_forked_instance_runs_as_a_fresh_one_would(tmp_path):
     instance = {"RLBOOST_INSTANCE_ID": "spot-0", "RLBOOST_POOL": "spot", "RLBOOST_CAPACITY_CLASS": "spot"}
     assert fresh["environment"] == os.environ | instance | {"RLBOOST_DRIVER_PID": str(os.getpid())}
     assert seen["fresh"][1] == os.getpid() and seen["forked"][1] != os.getpid()  # forked: the template's child
-    assert (logs["forked"] / "fork-template.log").exists() and (logs["forked"] / "spot-0.log").exists()
+    assert (logs["fresh"] / "spot-0.log").exists() and (logs["forked"] / "spot-0.log").exists()
+
+
+def parent_of(out: Path, instance_id: str) -> int:
+    return int(Path(f"/proc/{pid_of(out, instance_id)}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+@pytest.mark.integration
+def test_providers_of_one_process_share_its_template_and_each_gives_its_run_to_its_instances(tmp_path, monkeypatch):
+    """A second provider of this process (a second run) forks from the template the first started,
+    though its run's environment (a Redis URL, a secret) differs: that reaches each instance as it
+    forks. The template's log is its first owner's. Another `PYTHONPATH` gets a template of its own."""
+    monkeypatch.setenv("TEMPLATE_TEST_SETTING", str(tmp_path))  # a template of this test's own to begin with
+    parents, environments = {}, {}
+    for run, path in (("first", None), ("second", None), ("other-path", str(tmp_path))):
+        out, logs = tmp_path / run, tmp_path / f"{run}-logs"
+        out.mkdir()
+        environment = {"RLBOOST_REDIS_URL": f"redis://{run}", "RUN_SECRET": run} | (
+            {"PYTHONPATH": path} if path else {}
+        )
+        with LocalProvider(factory(out, "trap"), log_dir=logs, environment=environment, warm_start=WARM) as provider:
+            provider.launch(spot(size=1), 1)
+            wait_ready(out, ["spot-0"])
+            parents[run] = parent_of(out, "spot-0")
+            environments[run] = json.loads((out / "spot-0.process.json").read_text())["environment"]
+    assert parents["first"] == parents["second"] != parents["other-path"]
+    assert os.getpid() not in parents.values()
+    assert (tmp_path / "first-logs" / "fork-template.log").exists()
+    assert not (tmp_path / "second-logs" / "fork-template.log").exists()
+    assert (tmp_path / "other-path-logs" / "fork-template.log").exists()
+    for run, environment in environments.items():
+        assert (environment["RLBOOST_REDIS_URL"], environment["RUN_SECRET"]) == (f"redis://{run}", run)
 
 
 @pytest.mark.integration
 def test_a_changed_environment_gets_a_new_template_and_a_failed_template_fresh_starts(tmp_path, monkeypatch, caplog):
-    def parent_of(instance_id: str) -> int:
-        return int(Path(f"/proc/{pid_of(tmp_path, instance_id)}/stat").read_text().rsplit(")", 1)[1].split()[1])
-
     with LocalProvider(factory(tmp_path, "trap"), warm_start=WARM) as provider:
         provider.launch(spot(size=3), 2)
         wait_ready(tmp_path, ["spot-0", "spot-1"])
-        template = parent_of("spot-0")
-        assert parent_of("spot-1") == template != os.getpid()
+        template = parent_of(tmp_path, "spot-0")
+        assert parent_of(tmp_path, "spot-1") == template != os.getpid()
         monkeypatch.setenv("TEMPLATE_TEST_SETTING", "changed")  # what a new interpreter would read at start
         provider.launch(spot(size=3), 1)
         wait_ready(tmp_path, ["spot-2"])
-        assert parent_of("spot-2") not in (template, os.getpid())
+        assert parent_of(tmp_path, "spot-2") not in (template, os.getpid())
         environment = json.loads((tmp_path / "spot-2.process.json").read_text())["environment"]
         assert (environment["RLBOOST_INSTANCE_ID"], environment["TEMPLATE_TEST_SETTING"]) == ("spot-2", "changed")
     broken = WarmStart(pools=WARM.pools, preload=("no_such_module_anywhere",))
     with LocalProvider(factory(tmp_path, "trap"), warm_start=broken, log_dir=tmp_path / "logs") as provider:
         provider.launch(spot(size=1, name="steady"), 1)
         wait_ready(tmp_path, ["steady-0"])
-        assert parent_of("steady-0") == os.getpid()  # started fresh
+        assert parent_of(tmp_path, "steady-0") == os.getpid()  # started fresh
     assert "No module named 'no_such_module_anywhere'" in (tmp_path / "logs" / "fork-template.log").read_text()
     assert "instances start fresh from now on" in caplog.text
 
