@@ -2,18 +2,15 @@
 (torch, transformers, the worker) once, instead of each new interpreter importing them again
 (docs/internals.md §3).
 
-A `LocalProvider` given a `WarmStart` forks each instance of a warm pool from a `ForkTemplate`
-(`infra.providers.fork_template`) when its command is `python -m <module> ...` of this interpreter;
-otherwise, or when the template failed to start or stopped answering, it starts fresh. The template
-is this process's (`shared_template`), like multiprocessing's fork server: started when the first
-such instance starts, with that instance's environment but for the variables that name the instance
-(`INSTANCE_VARIABLES`) and those of its run (its Redis, its weights secret: they reach each instance
-as it forks), and waited for (up to `READY_TIMEOUT_S`); every later instance whose environment but
-for those variables and working directory are the same forks from it, those of later providers in
-this process too (a notebook's second run, a test session's fabrics), and it lives as long as this
-process. A forked instance (`ForkedProcess`) leads its own process group like a fresh one; its exit
-is seen through a pidfd and its exit code read from the template, which keeps it unreaped until
-then. The instances do not depend on the template.
+A `LocalProvider` given a `WarmStart` forks each instance of a warm pool whose command is `python -m
+<module> ...` of this interpreter from this process's `ForkTemplate` for its preload and environment
+(`shared_template`, like multiprocessing's fork server: later providers of the process share it),
+else, or when the template failed, starts it fresh. The template's environment leaves out what names
+the instance and what its run adds (its Redis, its secret): those reach each instance as it forks.
+A template for new preload-and-environment retires the one before it, which ends once its last
+instance is reaped. A forked instance (`ForkedProcess`) leads its own process group like a fresh one;
+its exit is seen through a pidfd and its exit code read from the template, which keeps it unreaped
+until then.
 """
 
 from __future__ import annotations
@@ -71,6 +68,9 @@ class ForkTemplate:
         self._lock = threading.Lock()
         self._ready = False
         self._failed: str | None = None
+        self._retired = False
+        self._children: set[int] = set()
+        """Instances forked and not yet reaped: a retired template ends once there are none."""
         ours, theirs = socket.socketpair()
         command = [sys.executable, "-m", TEMPLATE_MODULE, "--fd", str(theirs.fileno())]
         command += ["--preload", ",".join(preload)]
@@ -94,12 +94,7 @@ class ForkTemplate:
     def matches(self, preload: Sequence[str], env: Mapping[str, str]) -> bool:
         """Whether an instance whose template preloads `preload`, with environment `env`
         (`template_environment`), forks from here."""
-        return (
-            self._failed is None
-            and tuple(preload) == self.preload
-            and dict(env) == self.env
-            and os.getcwd() == self.cwd
-        )
+        return self.usable() and tuple(preload) == self.preload and dict(env) == self.env and os.getcwd() == self.cwd
 
     def start(self, command: Sequence[str], env: Mapping[str, str], log_path: Path | None) -> ForkedProcess:
         """Fork an instance running `command` (`python -m <module> ...`) with `env`; raises
@@ -109,20 +104,42 @@ class ForkTemplate:
             reply = self._call(Start(list(command), dict(env), None if log_path is None else str(log_path)))
             if not isinstance(reply, Started):
                 raise TemplateUnavailable(f"the fork template refused an instance: {reply}")
+            self._children.add(reply.pid)
             return ForkedProcess(reply.pid, self)
 
     def reap(self, pid: int) -> int | None:
         """The exit code of an exited instance (None: the template is gone, and with it the code)."""
         with self._lock:
+            self._children.discard(pid)
             try:
                 reply = self._call(Reap(pid))
             except TemplateUnavailable:
                 return None
+            finally:
+                if self._retired and not self._children:
+                    self._end()
             return reply.exit_code if isinstance(reply, Reaped) and reply.pid == pid else None
 
     def usable(self) -> bool:
-        """Whether it has not failed (it then kills itself and starts no more instances)."""
-        return self._failed is None
+        """Whether it forks new instances: it has neither failed nor been retired."""
+        return self._failed is None and not self._retired
+
+    def retire(self) -> None:
+        """Fork nothing more; end once the instances forked from it are reaped (at once if none)."""
+        with self._lock:
+            self._retired = True
+            if not self._children:
+                self._end()
+
+    def _end(self) -> None:
+        """End the template process (with the lock held; the instances forked from it run on)."""
+        self._failed = self._failed or "retired"
+        self._channel.close()
+        try:
+            self._process.wait(timeout=10.0)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
 
     def _await_ready(self) -> None:
         if self._failed is not None:
@@ -192,12 +209,15 @@ _shared_lock = threading.Lock()
 def shared_template(preload: Sequence[str], env: Mapping[str, str], log_path: Path | None) -> ForkTemplate:
     """This process's template that imports `preload` with environment `env` in this working
     directory, started now unless one runs (its output to `log_path`: the log of its first owner).
-    A template that failed is left for a new one."""
+    A new one retires the template of the same `preload` before it; a template that failed is left."""
     with _shared_lock:
         _shared[:] = [template for template in _shared if template.usable()]
         for template in _shared:
             if template.matches(preload, env):
                 return template
+        for template in [template for template in _shared if template.preload == tuple(preload)]:
+            template.retire()
+            _shared.remove(template)
         template = ForkTemplate(preload, env, log_path)
         _shared.append(template)
         return template

@@ -417,7 +417,8 @@ def parent_of(out: Path, instance_id: str) -> int:
 def test_providers_of_one_process_share_its_template_and_each_gives_its_run_to_its_instances(tmp_path, monkeypatch):
     """A second provider of this process (a second run) forks from the template the first started,
     though its run's environment (a Redis URL, a secret) differs: that reaches each instance as it
-    forks. The template's log is its first owner's. Another `PYTHONPATH` gets a template of its own."""
+    forks. The template's log is its first owner's. Another `PYTHONPATH` gets a template of its own,
+    which retires the one before (it had no instance left)."""
     monkeypatch.setenv("TEMPLATE_TEST_SETTING", str(tmp_path))  # a template of this test's own to begin with
     parents, environments = {}, {}
     for run, path in (("first", None), ("second", None), ("other-path", str(tmp_path))):
@@ -433,6 +434,7 @@ def test_providers_of_one_process_share_its_template_and_each_gives_its_run_to_i
             environments[run] = json.loads((out / "spot-0.process.json").read_text())["environment"]
     assert parents["first"] == parents["second"] != parents["other-path"]
     assert os.getpid() not in parents.values()
+    assert not alive(parents["first"]) and alive(parents["other-path"])  # the new template retired the one before
     assert (tmp_path / "first-logs" / "fork-template.log").exists()
     assert not (tmp_path / "second-logs" / "fork-template.log").exists()
     assert (tmp_path / "other-path-logs" / "fork-template.log").exists()
@@ -453,6 +455,8 @@ def test_a_changed_environment_gets_a_new_template_and_a_failed_template_fresh_s
         assert parent_of(tmp_path, "spot-2") not in (template, os.getpid())
         environment = json.loads((tmp_path / "spot-2.process.json").read_text())["environment"]
         assert (environment["RLBOOST_INSTANCE_ID"], environment["TEMPLATE_TEST_SETTING"]) == ("spot-2", "changed")
+        assert alive(template)  # retired, it forks no more, but reaps the instances it forked
+    assert not alive(template)  # once they are reaped, it ends
     broken = WarmStart(pools=WARM.pools, preload=("no_such_module_anywhere",))
     with LocalProvider(factory(tmp_path, "trap"), warm_start=broken, log_dir=tmp_path / "logs") as provider:
         provider.launch(spot(size=1, name="steady"), 1)
