@@ -3,7 +3,7 @@ whose exit is seen without reaping it (so the pid and group are not reused while
 signals the group), then reaped for its exit code.
 
 `FreshProcess` is a new interpreter the provider started itself (`subprocess.Popen`);
-`infra.providers.warm_start.ForkedProcess` is one forked from a fork template.
+`rl.warm_fork.client.ForkedProcess` is one forked from a fork template.
 """
 
 from __future__ import annotations

@@ -35,16 +35,11 @@ from infra.providers.instance_process import FreshProcess, InstanceProcess, sign
 from infra.providers.interface import InstanceHandle, InstanceRecord, PreemptionEvent, Provider, StopReason
 from infra.providers.placement import GpuSlot
 from infra.providers.pool import PoolSpec
-from infra.providers.warm_start import (
-    TemplateUnavailable,
-    WarmStart,
-    shared_template,
-    template_environment,
-    warm_command,
-)
+from infra.providers.warm_start import WarmStart, instance_template_environment
 from rl import env_vars
 from rl.disk_space import LOW_SPACE_BYTES, describe_free, free_bytes
 from rl.driver_watch import driver_environment
+from rl.warm_fork.client import TemplateUnavailable, shared_template, warm_command
 
 log = logging.getLogger(__name__)
 
@@ -314,7 +309,7 @@ class LocalProvider(Provider):
         assert self._warm_start is not None
         if not warm_command(command):
             return None
-        base = template_environment(env, run_variables=self._environment)
+        base = instance_template_environment(env, self._environment)
         template_log = None if self._log_dir is None else self._log_dir / "fork-template.log"
         try:
             template = shared_template(self._warm_start.preload, base, template_log)

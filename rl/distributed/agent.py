@@ -7,11 +7,12 @@ training process (or `rlboost trainer-node`) is gone, the agent exits at once, a
 with it (their parent-death signal). This matters while the agent has no ranks yet: waiting in a
 rendezvous for the other nodes, nothing else would end it.
 
-`--fork-ranks` (a group on CPU, `trainer.fork_ranks`): the agent imports the rank's modules and
-DeepSpeed once (about 6 s of CPU) and torchrun forks each rank from it (``--start-method=fork --run-path``)
-instead of starting ``python -u -m rl.distributed.rank``, which imports them again; the fork is
-made what that interpreter would be (`_as_a_new_rank`). Never with CUDA, which does not survive a
-fork: ranks on GPUs start fresh.
+`--fork-ranks` (a group on CPU, `trainer.fork_ranks`): the agent has the rank's modules and
+DeepSpeed imported (about 6 s of CPU; its group forks it from a template that imported them,
+`rl.distributed.agent_preload`) and torchrun forks each rank from it (``--start-method=fork
+--run-path``) instead of starting ``python -u -m rl.distributed.rank``, which imports them again;
+the fork is made what that interpreter would be (`_as_a_new_rank`). Never with CUDA, which does not
+survive a fork: ranks on GPUs start fresh.
 """
 
 from __future__ import annotations

@@ -37,6 +37,7 @@ from typing import Any, cast
 from rl.distributed.agent import FORK_RANKS, RANK_COMMAND
 from rl.distributed.protocol import AUTHKEY_ENV, CHANNEL_ENV
 from rl.driver_watch import EXIT_DRIVER_GONE, driver_environment
+from rl.warm_fork.client import ForkedProcess, TemplateUnavailable, shared_template, template_environment, warm_command
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,10 @@ CLOSE_TIMEOUT_S = 30.0
 """How long the ranks may take to answer `close`."""
 IDLE_CHECK_S = 0.5
 """With several nodes: how often the channels are looked at between messages (a rank lost then)."""
+AGENT_PRELOAD = ("rl.distributed.agent_preload",)
+"""What a CPU group's agent template imports before it forks each torchrun agent."""
+GROUP_VARIABLES = (CHANNEL_ENV, AUTHKEY_ENV)
+"""What differs between the agents of one template: their group's channel and key."""
 SETTLE_S = 2.0
 """With several nodes: how long a failure waits for the other ranks' channels, to tell the rank
 that died (its channel closed) from ranks whose collectives failed because it did."""
@@ -128,7 +133,9 @@ class RankGroup:
         self.environment = environment
         self.pids: dict[int, int] = {}
         """Rank -> pid, from each rank's hello."""
-        self.process: subprocess.Popen | None = None
+        self._rank_fds: list[int] = []
+        """A pidfd of each rank of this node that said hello: what `_stop` kills, never a process that took its pid."""
+        self.process: subprocess.Popen | ForkedProcess | None = None
         self._conns: dict[int, Connection] = {}
         self._lock = threading.Lock()
         self._failure: RankFailure | None = None
@@ -172,7 +179,8 @@ class RankGroup:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self._log_offset = log.tell()
-            self.process = subprocess.Popen(
+            forked = self._forked_agent(command, env) if self.fork_ranks else None
+            self.process = forked or subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
             )
         try:
@@ -183,6 +191,19 @@ class RankGroup:
         if self.nodes > 1:
             threading.Thread(target=self._watch_between_messages, name="trainer-watch", daemon=True).start()
         return replies
+
+    def _forked_agent(self, command: list[str], env: dict[str, str]) -> ForkedProcess | None:
+        """torchrun forked from this process's agent template (`rl.warm_fork`: it imported torchrun,
+        the rank's modules and DeepSpeed once, for every CPU group of this process; the group's
+        channel and key reach the agent as it forks); None when it cannot (it then starts fresh)."""
+        if not warm_command(command):
+            return None
+        try:
+            template = shared_template(AGENT_PRELOAD, template_environment(env, GROUP_VARIABLES), self.log_path)
+            return template.start(command, env, self.log_path)
+        except (TemplateUnavailable, OSError) as error:  # (OSError: the template could not be started)
+            log.debug("torchrun starts fresh: %s", error)
+            return None
 
     def _watch_between_messages(self) -> None:
         """With several nodes, fail the group as soon as a rank's channel closes between messages:
@@ -241,8 +262,8 @@ class RankGroup:
         thread.start()
         while thread.is_alive():
             thread.join(0.2)
-            if process.poll() is not None and thread.is_alive():
-                self._fail(None, "start", f"torchrun {describe_exit(process.returncode)} before every rank connected")
+            if (code := process.poll()) is not None and thread.is_alive():
+                self._fail(None, "start", f"torchrun {describe_exit(code)} before every rank connected")
             if time.monotonic() > deadline:
                 self._fail(
                     None,
@@ -258,6 +279,8 @@ class RankGroup:
             self._conns[rank] = conn
             self.pids[rank] = pid
             hellos[rank] = place
+            if place["local"]:
+                self._rank_fds.extend(_pidfds([pid]))
         self._place(hellos)
 
     def _connected(self, count: int) -> str:
@@ -327,8 +350,8 @@ class RankGroup:
                     if status == "error":
                         self._fail(rank, op, "it raised an exception:\n" + _last_lines(value, 12))
                     replies[rank] = value
-                if process.poll() is not None and len(replies) < self.world_size:
-                    self._fail(None, op, f"torchrun {describe_exit(process.returncode)}")
+                if (code := process.poll()) is not None and len(replies) < self.world_size:
+                    self._fail(None, op, f"torchrun {describe_exit(code)}")
                 if time.monotonic() > deadline:
                     silent = [str(rank) for rank in range(self.world_size) if rank not in replies]
                     ranks = f"rank{'s' if len(silent) > 1 else ''} {', '.join(silent)}"
@@ -428,28 +451,30 @@ class RankGroup:
             self.process.wait(grace_s)
         except subprocess.TimeoutExpired:
             pass
-        starting = child_pids(self.process.pid)
+        starting = _pidfds(child_pids(self.process.pid))
         try:
             os.killpg(self.process.pid, signal.SIGKILL)  # torchrun's group
         except ProcessLookupError:
             pass
         self.process.wait()
-        said_hello = [pid for rank, pid in self.pids.items() if (place := self.places.get(rank)) is None or place.local]
-        for pid in {*said_hello, *starting}:  # each rank runs in a session of its own (torchrun starts them so)
-            if self._is_our_rank(pid):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        for pidfd in [*self._rank_fds, *starting]:  # each rank runs in a session of its own (torchrun starts them so)
+            try:
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            os.close(pidfd)
+        self._rank_fds.clear()
 
-    def _is_our_rank(self, pid: int) -> bool:
-        """Whether `pid` is still one of this group's ranks (its environment names this group's
-        channel), not a process that took a dead rank's pid."""
+
+def _pidfds(pids: list[int]) -> list[int]:
+    """A pidfd of each process of `pids` still there: it is that process, whatever takes its pid later."""
+    pidfds = []
+    for pid in pids:
         try:
-            environment = Path(f"/proc/{pid}/environ").read_bytes()
-        except OSError:
-            return False
-        return f"{CHANNEL_ENV}={self._address}".encode() in environment.split(b"\0")
+            pidfds.append(os.pidfd_open(pid))
+        except ProcessLookupError:
+            continue
+    return pidfds
 
 
 def child_pids(pid: int) -> list[int]:

@@ -108,11 +108,17 @@ def alive(pid: int) -> bool:
     return True
 
 
+@pytest.fixture(scope="module")
+def extensions(tmp_path_factory) -> Path:
+    """Where a rank would JIT-build DeepSpeed's ops: one directory for the module's ZeRO stages (the
+    same environment: their torchrun agents fork from one template), which each checks is not there."""
+    return tmp_path_factory.mktemp("ds-ops") / "torch-extensions"
+
+
 @pytest.mark.parametrize("zero_stage", [1, 2, 3])
-def test_two_ranks_take_the_torch_trainers_step(model_dir, tmp_path, zero_stage):
+def test_two_ranks_take_the_torch_trainers_step(model_dir, tmp_path, zero_stage, extensions):
     reference = torch_trainer(model_dir)
     want = reference.train_step(random_batch(seed=0))
-    extensions = tmp_path / "torch-extensions"  # where a rank would JIT-build DeepSpeed's ops
     distributed = ranks(
         model_dir, tmp_path, zero_stage=zero_stage, environment={"TORCH_EXTENSIONS_DIR": str(extensions)}
     )

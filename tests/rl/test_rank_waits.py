@@ -89,8 +89,11 @@ def _spec(model_dir: Path, start_timeout_s: float = 600.0) -> TrainSpec:
 
 
 def _ranks_of(pid: int) -> list[int]:
-    """The trainer ranks that process `pid` started (the children of its torchrun agents)."""
-    agents = [child for child in child_pids(pid) if b"rl.distributed.agent" in cmdline(child)]
+    """The trainer ranks that process `pid` started: the children of its torchrun agents, its
+    children, or its grandchildren where they were forked from its agent template."""
+    near = child_pids(pid)
+    near += [grandchild for child in near for grandchild in child_pids(child)]
+    agents = [process for process in near if b"rl.distributed.agent" in cmdline(process)]
     return [rank for agent in agents for rank in child_pids(agent) if b"rl.distributed.rank" in cmdline(rank)]
 
 

@@ -6,7 +6,7 @@ starts) takes one file from that directory, if there is one, and exits with stat
 anything else, its last line saying so: a worker that fails at start, before it registers. Each
 file fails one start (a test or the chaos bench arms the fault by writing files there); every
 other process, and every worker start once the directory is empty, is untouched. A worker forked
-from a fork template (`infra.providers.fork_template`, which runs this file at its own start) is
+from a fork template (`rl.warm_fork.template`, which runs this file at its own start) is
 checked the same way as it forks, with its command line, environment and log already in place.
 """
 
@@ -34,7 +34,7 @@ def _fail_if_armed() -> None:
         os._exit(1)
 
 
-if "infra.providers.fork_template" in sys.orig_argv:
+if "rl.warm_fork.template" in sys.orig_argv:
     os.register_at_fork(after_in_child=_fail_if_armed)
 else:
     _fail_if_armed()

@@ -463,7 +463,7 @@ def test_a_changed_environment_gets_a_new_template_and_a_failed_template_fresh_s
         wait_ready(tmp_path, ["steady-0"])
         assert parent_of(tmp_path, "steady-0") == os.getpid()  # started fresh
     assert "No module named 'no_such_module_anywhere'" in (tmp_path / "logs" / "fork-template.log").read_text()
-    assert "instances start fresh from now on" in caplog.text
+    assert "processes start fresh from now on" in caplog.text
 
 
 SLOW_IMPORT = """
@@ -475,7 +475,7 @@ time.sleep(600)
 
 OWNER = """
 import os, time
-from infra.providers.warm_start import ForkTemplate
+from rl.warm_fork.client import ForkTemplate
 template = ForkTemplate(["slow_to_import"], dict(os.environ), None)
 time.sleep(600)
 """

@@ -1,5 +1,5 @@
-"""What a fork template (`infra.providers.fork_template`) and its owner
-(`infra.providers.warm_start.ForkTemplate`) say to each other: one JSON message per line over a
+"""What a fork template (`rl.warm_fork.template`) and its owner
+(`rl.warm_fork.client.ForkTemplate`) say to each other: one JSON message per line over a
 stream socket, `Start` and `Reap` from the owner, `Ready`, `Started`, `Reaped` or `Refused` back.
 """
 
@@ -10,7 +10,7 @@ import socket
 from dataclasses import asdict, dataclass
 from typing import BinaryIO
 
-TEMPLATE_MODULE = "infra.providers.fork_template"
+TEMPLATE_MODULE = "rl.warm_fork.template"
 """The template's module, run with `python -m` (imported by nothing else: it runs as `__main__`)."""
 
 

@@ -1,8 +1,8 @@
-"""The fork template: a process that imports a local instance's modules once, then forks each
-instance from that warm state instead of starting a new interpreter (docs/internals.md §3).
+"""The fork template: a process that imports a program's modules once, then forks each process of
+it from that warm state instead of starting a new interpreter (docs/internals.md §3).
 
-`python -m infra.providers.fork_template --fd N --preload mod[,mod...]` imports the modules, says
-`Ready` on the socket at fd N, then serves its owner (`infra.providers.warm_start.ForkTemplate`),
+`python -m rl.warm_fork.template --fd N --preload mod[,mod...]` imports the modules, says
+`Ready` on the socket at fd N, then serves its owner (`rl.warm_fork.client.ForkTemplate`),
 one request at a time. `Start` forks a child that becomes a new session and runs `python -m
 <module> <args>` as a new interpreter would: its environment, `sys.argv` and `sys.orig_argv`, stdin
 from /dev/null, stdout and stderr to its log; the reply is its pid. `Reap` waits for an exited child
@@ -30,7 +30,7 @@ from contextlib import contextmanager
 
 from setproctitle import setproctitle
 
-from infra.providers.fork_protocol import TEMPLATE_MODULE, Channel, Ready, Reap, Reaped, Refused, Start, Started
+from rl.warm_fork.protocol import TEMPLATE_MODULE, Channel, Ready, Reap, Reaped, Refused, Start, Started
 
 
 def main(argv: list[str] | None = None) -> int:
