@@ -8,7 +8,7 @@ model: `forked` (`fabric.fork_instances: true`, the default) and `fresh` (false)
 first start (fabric made to every instance registered: a fresh instance imports torch and
 transformers, the template does once), then `--rounds` times preempts every instance (SIGTERM,
 the target kept) and times until as many replacements have registered: what a spot pool waits for
-after a preemption. CPU: the whole process tree's, the fabric closed. Last line JSON:
+after a preemption. CPU: the whole process tree's, the fabric closed and the template ended. Last line JSON:
 {"forked_replace_s", "fresh_replace_s", "replace_speedup", "forked_first_s", "fresh_first_s",
 "forked_cpu_s", "fresh_cpu_s", "cpu_ratio", "instances", "rounds"} (replace: the mean of the rounds).
 """
@@ -31,6 +31,7 @@ from infra.run.config import RunConfig  # noqa: E402
 from infra.run.fabric import RolloutFabric  # noqa: E402
 from infra.run.fabric_config import FabricConfig  # noqa: E402
 from rl.models import TinyLlamaShape, build_tiny_llama, save_model  # noqa: E402
+from rl.warm_fork.client import retire_templates  # noqa: E402
 
 TIMEOUT_S = 300.0
 
@@ -90,6 +91,7 @@ def run_mode(fork: bool, model: Path, root: Path, instances: int, rounds: int) -
             replace_s.append(time.monotonic() - started)
     finally:
         fabric.close()
+        retire_templates()  # the template ends (it would with this process): its CPU is counted
     return ModeResult(first_s, replace_s, _children_cpu() - cpu_before)
 
 

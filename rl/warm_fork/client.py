@@ -229,6 +229,15 @@ def shared_template(preload: Sequence[str], env: Mapping[str, str], log_path: Pa
         return template
 
 
+def retire_templates() -> None:
+    """Retire this process's templates (each ends once its processes are reaped; all end with the
+    process anyway): for a program that wants their memory back, or their CPU in its own count."""
+    with _shared_lock:
+        for template in _shared:
+            template.retire()
+        _shared.clear()
+
+
 def warm_command(command: Sequence[str]) -> bool:
     """Whether a template can run `command`: `python -m <module> ...` of this interpreter, on a
     system with pidfds (Linux 5.3 and later; elsewhere every process starts fresh)."""

@@ -133,8 +133,25 @@ def test_two_ranks_take_the_torch_trainers_step(model_dir, tmp_path, zero_stage,
         for key in ("loss", "kl", "entropy", "grad_norm", "lr", "response_tokens", "rollout_logprob_gap"):
             assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
         assert not extensions.exists(), "a rank compiled an extension (DeepSpeed's shared-memory op)"
+        agent = distributed.group.process
+        assert agent is not None and b"rl.distributed.agent" in cmdline(agent.pid)
+        template = parent_pid(agent.pid)  # the agent forks from this process's agent template
+        assert template != os.getpid() and b"rl.warm_fork.template" in cmdline(template)
+        assert AGENT_TEMPLATES.setdefault("extensions", template) == template, "each stage forks from the same one"
     finally:
         distributed.close()
+
+
+AGENT_TEMPLATES: dict[str, int] = {}
+"""The agent template of the ZeRO stages' groups (one environment: one template)."""
+
+
+def parent_pid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def cmdline(pid: int) -> bytes:
+    return Path(f"/proc/{pid}/cmdline").read_bytes()
 
 
 def masked(batch: TrainBatch) -> TrainBatch:

@@ -26,6 +26,7 @@ from infra.availability.traces import AvailabilityTrace, TraceEvent, TraceSchedu
 from infra.providers import LocalProvider, PoissonAvailability, PoolSpec, TraceAvailability
 from infra.providers.local import MAX_RESTART_BACKOFF_S, RESTART_BACKOFF_S, START_WINDOW_S
 from infra.providers.warm_start import WarmStart
+from rl.warm_fork.client import retire_templates
 from tests.helpers import Clock, process_state, wait_for
 
 WARM = WarmStart(pools=frozenset({"spot", "trainer", "flaky", "steady"}), preload=("json",))
@@ -435,6 +436,8 @@ def test_providers_of_one_process_share_its_template_and_each_gives_its_run_to_i
     assert parents["first"] == parents["second"] != parents["other-path"]
     assert os.getpid() not in parents.values()
     assert not alive(parents["first"]) and alive(parents["other-path"])  # the new template retired the one before
+    retire_templates()
+    assert not alive(parents["other-path"])  # it had no instance left: it ended at once
     assert (tmp_path / "first-logs" / "fork-template.log").exists()
     assert not (tmp_path / "second-logs" / "fork-template.log").exists()
     assert (tmp_path / "other-path-logs" / "fork-template.log").exists()
