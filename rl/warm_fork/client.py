@@ -45,7 +45,7 @@ class ForkTemplate:
     """One template process and the processes forked from it."""
 
     def __init__(self, preload: Sequence[str], env: Mapping[str, str], log_path: Path | None) -> None:
-        """Start the template with `env` (`template_environment` of a process's) in this working
+        """Start the template with `env` (`template_environment` of a forked process's) in this working
         directory; its own output goes to `log_path` (None: this process's streams)."""
         self.preload = tuple(preload)
         self.env = dict(env)
@@ -56,7 +56,7 @@ class ForkTemplate:
         self._failed: str | None = None
         self._retired = False
         self._children: set[int] = set()
-        """Instances forked and not yet reaped: a retired template ends once there are none."""
+        """Processes forked and not yet reaped: a retired template ends once there are none."""
         ours, theirs = socket.socketpair()
         command = [sys.executable, "-m", TEMPLATE_MODULE, "--fd", str(theirs.fileno())]
         command += ["--preload", ",".join(preload)]
