@@ -75,6 +75,19 @@ def process_state(pid: int) -> str | None:
         return None
 
 
+def parent_pid(pid: int) -> int:
+    """The pid of process `pid`'s parent, from /proc."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def cmdline(pid: int) -> bytes:
+    """Process `pid`'s command line as /proc gives it (NUL-separated); empty once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 class Clock:
     """Epoch seconds that move only when a test says so."""
 

@@ -26,7 +26,7 @@ from rl.distributed.trainer import DistributedTrainer, check_supported
 from rl.lora import read_adapter
 from rl.models import load_model
 from rl.trainer import CheckpointMismatch, TrainBatch, Trainer, check_lora_matches
-from tests.helpers import run_trainer, save_tiny_model, tiny_shape
+from tests.helpers import cmdline, parent_pid, run_trainer, save_tiny_model, tiny_shape
 
 pytestmark = pytest.mark.integration
 
@@ -144,14 +144,6 @@ def test_two_ranks_take_the_torch_trainers_step(model_dir, tmp_path, zero_stage,
 
 AGENT_TEMPLATES: dict[str, int] = {}
 """The agent template of the ZeRO stages' groups (one environment: one template)."""
-
-
-def parent_pid(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-
-
-def cmdline(pid: int) -> bytes:
-    return Path(f"/proc/{pid}/cmdline").read_bytes()
 
 
 def masked(batch: TrainBatch) -> TrainBatch:

@@ -24,8 +24,7 @@ from rl.distributed.group import RankFailure, child_pids
 from rl.distributed.protocol import TrainSpec
 from rl.distributed.trainer import DistributedTrainer
 from rl.models import load_model
-from tests.helpers import REPO_ROOT, process_state, save_tiny_model, wait_for
-from tests.rl.test_trainer_nodes import cmdline
+from tests.helpers import REPO_ROOT, cmdline, process_state, save_tiny_model, wait_for
 
 pytestmark = pytest.mark.integration
 

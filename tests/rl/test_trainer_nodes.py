@@ -23,7 +23,7 @@ from rl.distributed.group import RankFailure, child_pids
 from rl.distributed.protocol import TrainSpec
 from rl.distributed.trainer import DistributedTrainer
 from rl.models import load_model
-from tests.helpers import save_tiny_model, tiny_shape, wait_for
+from tests.helpers import cmdline, save_tiny_model, tiny_shape, wait_for
 from tests.rl.test_distributed_trainer import GRPO, OPTIM, alive, max_difference, random_batch, torch_trainer
 
 pytestmark = pytest.mark.integration
@@ -106,13 +106,6 @@ def test_the_drivers_agent_ends_with_the_driver_while_it_waits_for_the_other_nod
         wait_for(lambda: not alive(agents[0]), "the agent to end with its driver", timeout_s=10)
     finally:
         driver.kill()
-
-
-def cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
 
 
 def finish(node: subprocess.Popen, timeout_s: float = 60) -> tuple[int, str]:

@@ -27,7 +27,7 @@ from infra.providers import LocalProvider, PoissonAvailability, PoolSpec, TraceA
 from infra.providers.local import MAX_RESTART_BACKOFF_S, RESTART_BACKOFF_S, START_WINDOW_S
 from infra.providers.warm_start import WarmStart
 from rl.warm_fork.client import retire_templates
-from tests.helpers import Clock, process_state, wait_for
+from tests.helpers import Clock, parent_pid, process_state, wait_for
 
 WARM = WarmStart(pools=frozenset({"spot", "trainer", "flaky", "steady"}), preload=("json",))
 """The pools of these tests, forked from a template that imports next to nothing first."""
@@ -397,7 +397,7 @@ def test_a_forked_instance_runs_as_a_fresh_one_would(tmp_path):
             provider.launch(spot(size=1), 1)
             wait_ready(out, ["spot-0"])
             pid = pid_of(out, "spot-0")
-            parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            parent = parent_pid(pid)
             reported = (out / "spot-0.process.json").read_text().replace(str(out), "OUT")
             seen[start] = (json.loads(reported), parent)
     fresh, forked = seen["fresh"][0], seen["forked"][0]
@@ -411,7 +411,7 @@ def test_a_forked_instance_runs_as_a_fresh_one_would(tmp_path):
 
 
 def parent_of(out: Path, instance_id: str) -> int:
-    return int(Path(f"/proc/{pid_of(out, instance_id)}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    return parent_pid(pid_of(out, instance_id))
 
 
 @pytest.mark.integration
