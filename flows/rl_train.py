@@ -30,7 +30,7 @@ from prefect.artifacts import (
 from prefect.runtime import flow_run
 from rich.console import Console
 
-from flows.step_settings import step_settings
+from flows.step_settings import step_heartbeats, step_settings
 from infra.run.config import RunConfig, load_config
 from infra.run.reporting import (
     artifact_key,
@@ -69,6 +69,14 @@ def rl_step(
     new policy version, account its cost (+ evaluate, checkpoint when due). With bounded
     staleness (`staleness` K >= 1) the rollout admits the next K steps (up to `last_step`), and a
     `rollout-ahead` task follows their generation while this step scores, trains and publishes."""
+    with step_heartbeats():  # on a real Prefect server; they end with the work, not up to 1 s later
+        return _step(session_key, step, evaluate, checkpoint, last_step, staleness)
+
+
+def _step(
+    session_key: str, step: int, evaluate: bool, checkpoint: bool, last_step: int | None, staleness: int
+) -> StepRecord:
+    """`rl_step`'s work, inside its flow run."""
     started = time.perf_counter()
     rollout = rollout_task(session_key, step, last_step)
     ahead = rollout_ahead_task.submit(session_key, step, last_step) if staleness and step != last_step else None

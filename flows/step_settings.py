@@ -1,22 +1,100 @@
-"""Prefect settings of the `rl-step` subflow runs: heartbeats only where something watches them."""
+"""Prefect settings and heartbeats of the `rl-step` subflow runs: heartbeats only where something
+watches them, and never a wait for them when a step ends."""
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, nullcontext
+import threading
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from contextvars import ContextVar, copy_context
 
-from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+from prefect.context import FlowRunContext
+from prefect.events import emit_event
+from prefect.events.related import tags_as_related_resources
+from prefect.events.schemas.events import RelatedResource
+from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, get_current_settings, temporary_settings
 
 from infra.services.prefect_api import current_api_url
 
+HEARTBEAT_EVENT = "prefect.flow-run.heartbeat"
+"""The event Prefect's flow engine sends for a running flow run, which the zombie automation
+(deployments/automations/crash-zombie-flow-runs.yaml) expects again within 90 s."""
 
-def step_settings() -> AbstractContextManager:
+_step_heartbeat_s: ContextVar[int | None] = ContextVar("rl_step_heartbeat_s", default=None)
+"""Seconds between the heartbeats of the `rl-step` runs started in this context; None: none."""
+
+
+def step_settings() -> ExitStack:
     """Prefect settings of the `rl-step` subflow runs (the `rl-train` run's own heartbeats have
-    started before they apply). When a flow run ends, Prefect joins its heartbeat thread, which
-    sleeps in 1 s slices: every step would wait up to a second for it (an empty subflow took
-    1.14 s with heartbeats and 0.20 s without on 2 cores). On the driver's own ephemeral server
-    (no PREFECT_API_URL: `rlboost demo`, `rlboost train`) nothing watches heartbeats and the
-    server ends with the driver, so the step subflows send none; on a real server they send them
-    like every flow run, for zombie detection."""
-    if current_api_url() is None:
-        return temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
-    return nullcontext()
+    started before they apply). Prefect's own heartbeat thread is off for the steps: when a flow
+    run ends, Prefect joins that thread, which sleeps in 1 s slices, so every step waited up to a
+    second for it (an empty subflow took 1.14 s with it and 0.20 s without on 2 cores). On a real
+    server the steps send the same heartbeats from `step_heartbeats`, whose thread stops at once;
+    on the driver's own ephemeral server (no PREFECT_API_URL: `rlboost demo`, `rlboost train`)
+    nothing watches heartbeats and the server ends with the driver, so they send none."""
+    configured = None if current_api_url() is None else get_current_settings().flows.heartbeat_frequency
+    settings = ExitStack()
+    settings.enter_context(temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}))
+    settings.callback(_step_heartbeat_s.reset, _step_heartbeat_s.set(configured))
+    return settings
+
+
+@contextmanager
+def step_heartbeats() -> Iterator[None]:
+    """Inside an `rl-step` run: its heartbeat event now and every `flows.heartbeat_frequency`
+    seconds (as `step_settings` found it), as Prefect's flow engine sends them, from a thread that
+    ends as soon as the step's work does."""
+    seconds = _step_heartbeat_s.get()
+    context = FlowRunContext.get()
+    if seconds is None or context is None or context.flow_run is None:
+        yield
+        return
+    resource, related = _heartbeat_template(context)
+    stopped = threading.Event()
+
+    def beat() -> None:
+        while True:
+            emit_event(event=HEARTBEAT_EVENT, resource=resource, related=related)
+            if stopped.wait(seconds):
+                return
+
+    thread = threading.Thread(target=copy_context().run, args=(beat,), name="rl-step-heartbeats", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stopped.set()
+        thread.join()
+
+
+def _heartbeat_template(context: FlowRunContext) -> tuple[dict[str, str], list[RelatedResource]]:
+    """The heartbeat's resource (the flow run) and related resources (its flow, deployment and
+    tags), as Prefect's flow engine builds them."""
+    import prefect
+
+    run = context.flow_run
+    assert run is not None
+    resource = {
+        "prefect.resource.id": f"prefect.flow-run.{run.id}",
+        "prefect.resource.name": run.name or "",
+        "prefect.version": prefect.__version__,
+    }
+    related = [
+        RelatedResource.model_validate(
+            {
+                "prefect.resource.id": f"prefect.flow.{run.flow_id}",
+                "prefect.resource.role": "flow",
+                "prefect.resource.name": context.flow.name if context.flow else "",
+            }
+        )
+    ]
+    if run.deployment_id:
+        related.append(
+            RelatedResource.model_validate(
+                {
+                    "prefect.resource.id": f"prefect.deployment.{run.deployment_id}",
+                    "prefect.resource.role": "deployment",
+                }
+            )
+        )
+    return resource, related + tags_as_related_resources(set(run.tags or []))
