@@ -3,11 +3,14 @@ watches them, and never a wait for them when a step ends."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from contextvars import ContextVar, copy_context
 
+from prefect import __version__ as prefect_version
+from prefect.client.schemas.objects import FlowRun
 from prefect.context import FlowRunContext
 from prefect.events import emit_event
 from prefect.events.related import tags_as_related_resources
@@ -15,6 +18,8 @@ from prefect.events.schemas.events import RelatedResource
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, get_current_settings, temporary_settings
 
 from infra.services.prefect_api import current_api_url
+
+log = logging.getLogger(__name__)
 
 HEARTBEAT_EVENT = "prefect.flow-run.heartbeat"
 """The event Prefect's flow engine sends for a running flow run, which the zombie automation
@@ -49,12 +54,15 @@ def step_heartbeats() -> Iterator[None]:
     if seconds is None or context is None or context.flow_run is None:
         yield
         return
-    resource, related = _heartbeat_template(context)
+    resource, related = _heartbeat_template(context.flow_run, context.flow.name if context.flow else "")
     stopped = threading.Event()
 
     def beat() -> None:
         while True:
-            emit_event(event=HEARTBEAT_EVENT, resource=resource, related=related)
+            try:
+                emit_event(event=HEARTBEAT_EVENT, resource=resource, related=related)
+            except Exception:  # as Prefect's own heartbeat thread: a lost beat is not the step's failure
+                log.debug("could not send the heartbeat of %s", resource["prefect.resource.id"], exc_info=True)
             if stopped.wait(seconds):
                 return
 
@@ -67,24 +75,20 @@ def step_heartbeats() -> Iterator[None]:
         thread.join()
 
 
-def _heartbeat_template(context: FlowRunContext) -> tuple[dict[str, str], list[RelatedResource]]:
+def _heartbeat_template(run: FlowRun, flow_name: str) -> tuple[dict[str, str], list[RelatedResource]]:
     """The heartbeat's resource (the flow run) and related resources (its flow, deployment and
     tags), as Prefect's flow engine builds them."""
-    import prefect
-
-    run = context.flow_run
-    assert run is not None
     resource = {
         "prefect.resource.id": f"prefect.flow-run.{run.id}",
         "prefect.resource.name": run.name or "",
-        "prefect.version": prefect.__version__,
+        "prefect.version": prefect_version,
     }
     related = [
         RelatedResource.model_validate(
             {
                 "prefect.resource.id": f"prefect.flow.{run.flow_id}",
                 "prefect.resource.role": "flow",
-                "prefect.resource.name": context.flow.name if context.flow else "",
+                "prefect.resource.name": flow_name,
             }
         )
     ]
