@@ -25,6 +25,9 @@ HEARTBEAT_EVENT = "prefect.flow-run.heartbeat"
 """The event Prefect's flow engine sends for a running flow run, which the zombie automation
 (deployments/automations/crash-zombie-flow-runs.yaml) expects again within 90 s."""
 
+HEARTBEAT_THREAD = "rl-step-heartbeats"
+"""The name of the thread that sends a step's heartbeats."""
+
 _step_heartbeat_s: ContextVar[int | None] = ContextVar("rl_step_heartbeat_s", default=None)
 """Seconds between the heartbeats of the `rl-step` runs started in this context; None: none."""
 
@@ -66,7 +69,7 @@ def step_heartbeats() -> Iterator[None]:
             if stopped.wait(seconds):
                 return
 
-    thread = threading.Thread(target=copy_context().run, args=(beat,), name="rl-step-heartbeats", daemon=True)
+    thread = threading.Thread(target=copy_context().run, args=(beat,), name=HEARTBEAT_THREAD, daemon=True)
     thread.start()
     try:
         yield

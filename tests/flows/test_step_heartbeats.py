@@ -13,7 +13,7 @@ from prefect.client.orchestration import get_client
 from prefect.runtime import flow_run
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, get_current_settings, temporary_settings
 
-from flows.step_settings import HEARTBEAT_EVENT, step_heartbeats, step_settings
+from flows.step_settings import HEARTBEAT_EVENT, HEARTBEAT_THREAD, step_heartbeats, step_settings
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.integration
@@ -41,7 +41,8 @@ def _heartbeats(run_id: str) -> list[dict]:
         return client.request("POST", "/events/filter", json=query).json()["events"]
 
 
-def flow_run_name(run_id: str) -> str:
+def _flow_run_name(run_id: str) -> str:
+    """The name the server gave flow run `run_id`."""
     with get_client(sync_client=True) as client:
         return client.read_flow_run(UUID(run_id)).name
 
@@ -69,12 +70,12 @@ def test_a_step_sends_the_heartbeat_prefects_engine_sends_and_leaves_no_thread(p
         with step_settings():
             step_run, frequency_in_the_step, threads_in_the_step = with_step_heartbeats()
     assert frequency_in_the_step is None, "Prefect's own heartbeat thread ran in the step"
-    assert "rl-step-heartbeats" in threads_in_the_step
-    assert "rl-step-heartbeats" not in [thread.name for thread in threading.enumerate()]
+    assert HEARTBEAT_THREAD in threads_in_the_step
+    assert HEARTBEAT_THREAD not in [thread.name for thread in threading.enumerate()]
     theirs, ours = _stored_heartbeat(engine_run), _stored_heartbeat(step_run)
     assert _shape(ours, step_run, "step-heartbeats") == _shape(theirs, engine_run, "engine-heartbeats")
     assert "prefect.tag.rlboost" in [related["prefect.resource.id"] for related in ours["related"]]
-    assert ours["resource"]["prefect.resource.name"] == flow_run_name(step_run)
+    assert ours["resource"]["prefect.resource.name"] == _flow_run_name(step_run)
 
 
 def test_no_step_heartbeats_without_a_server_url(prefect_harness, monkeypatch):
@@ -83,5 +84,5 @@ def test_no_step_heartbeats_without_a_server_url(prefect_harness, monkeypatch):
     with temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: 30}), step_settings():
         step_run, frequency_in_the_step, threads_in_the_step = with_step_heartbeats()
     assert frequency_in_the_step is None
-    assert "rl-step-heartbeats" not in threads_in_the_step
+    assert HEARTBEAT_THREAD not in threads_in_the_step
     assert _heartbeats(step_run) == []
