@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
 PRETRAINED_TIMEOUT_S = 1200
-"""The timeout of a test that uses `pretrained_tiny_model`: the first such test pretrains within its
-own (25 s of pretraining on an idle 2-core host; past the default 600 s once on a loaded CI host)."""
+"""The timeout of a test that uses `pretrained_tiny_model`: such a test may wait for the pretraining
+within its own (25-130 s of pretraining on a 2-core host; past the default 600 s once on a loaded CI
+host)."""
 
+
+_BACKGROUND_PRETRAINING = pytest.StashKey[subprocess.Popen]()
+"""The process pretraining `pretrained_tiny_model` in the background, where this process started it."""
 
 INTEGRATION_MODULE = re.compile(r"^pytestmark = \[?\s*pytest\.mark\.integration\b", re.MULTILINE)
 """A test module whose every test is an integration test (its module-level mark)."""
@@ -27,6 +32,16 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     if collection_path.suffix != ".py" or not INTEGRATION_MODULE.search(collection_path.read_text()):
         return None
     return True
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """`--dist loadfile` (`make test`) spreads the files that train for minutes over the workers
+    (`tests.xdist_schedule`)."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from tests.xdist_schedule import SpreadLongTraining
+
+    return SpreadLongTraining(config, log)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -135,34 +150,43 @@ def gce(clock):
         yield fake
 
 
+def _shared_directory(config: pytest.Config) -> Path:
+    """The run's temporary directory that every pytest-xdist worker shares (each worker's own
+    base temporary directory is below it)."""
+    base = config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]  # pytest's tmp_path plugin
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """When the run holds a test that trains from `pretrained_tiny_model`, its pretraining starts at
+    once in a process of its own (`tests.pretrained`), beside the first tests: one process of the
+    run starts it (the first xdist worker, or pytest itself without xdist)."""
+    if os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0" or session.config.option.collectonly:
+        return
+    if any("pretrained_tiny_model" in getattr(item, "fixturenames", ()) for item in session.items):
+        from tests.pretrained import start_in_background
+
+        session.config.stash[_BACKGROUND_PRETRAINING] = start_in_background(_shared_directory(session.config))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """A background pretraining still running when the run ends (its tests deselected by a failure
+    or an interrupt) is stopped."""
+    process = config.stash.get(_BACKGROUND_PRETRAINING, None)
+    if process is not None and process.poll() is None:
+        process.terminate()
+        process.wait()
+
+
 @pytest.fixture(scope="session")
-def pretrained_tiny_model(tmp_path_factory):
-    """The demo's base model, pretrained once per session by the demo's recipe
+def pretrained_tiny_model(request):
+    """The demo's base model, pretrained once per run by the demo's recipe
     (deployments/configs/demo.yaml `pretrain`: to 50% held-out greedy accuracy, 300 steps for its
-    seed; 40-100 s on 2 cores). Its directory: read it, don't write to it."""
-    from filelock import FileLock
+    seed; 40-130 s on 2 cores), in the background from the run's start (`tests.pretrained`). Its
+    directory: read it, don't write to it."""
+    from tests.pretrained import PretrainingFailed, pretrained_model
 
-    from infra.run.config import load_config
-    from rl.pretrain import pretrain
-
-    # Under pytest-xdist every worker is its own session: the first one pretrains, in the run's
-    # shared temporary directory, and the others wait for it and read the same model. A pretraining
-    # that failed (or hit the test timeout) is not tried again by each worker in turn: they fail at once.
-    shared = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        shared = shared.parent
-    path, failed = shared / "pretrained" / "base-model", shared / "pretrained.failed"
-    with FileLock(str(shared / "pretrained.lock")):
-        if failed.exists():
-            pytest.fail(f"the shared pretraining failed in another worker: {failed.read_text()}")
-        if not (shared / "pretrained.done").exists():
-            config = load_config(None, {"pretrain.output": str(path), "model.path": str(path)})
-            failed.write_text("it stopped before it ended (killed or timed out)")
-            try:
-                pretrain(config.pretrain, config.model)
-            except Exception as error:
-                failed.write_text(f"{type(error).__name__}: {error}")
-                raise
-            failed.unlink()
-            (shared / "pretrained.done").touch()
-    return path
+    try:
+        return pretrained_model(_shared_directory(request.config))
+    except PretrainingFailed as failure:
+        pytest.fail(str(failure))
