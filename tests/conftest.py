@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -166,7 +167,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if any("pretrained_tiny_model" in getattr(item, "fixturenames", ()) for item in session.items):
         from tests.pretrained import start_in_background
 
-        session.config.stash[_BACKGROUND_PRETRAINING] = start_in_background(_shared_directory(session.config))
+        process = start_in_background(_shared_directory(session.config))
+        session.config.stash[_BACKGROUND_PRETRAINING] = process
+        threading.Thread(target=process.wait, name="pretraining-reaper", daemon=True).start()  # no zombie
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from infra.cli import cloud, cost, evaluate, export, stack, status, trainer_node
-from infra.cli.failures import NamedFailure, ending
+from infra.cli.failures import NamedFailure, check_run_directory, ending
 from infra.cli.run_config import load_run_config, parse_overrides
 from infra.run.config import DEFAULT_CONFIG, ConfigError
 
@@ -97,7 +97,8 @@ def _cannot_start(line: str) -> NoReturn:
 
 def _check_inputs(cfg) -> None:
     """Before anything heavy is imported or written: the dataset files open and their first records
-    are valid (`rl.prompt_source.check_data_files`), and the run directory's disk is not full."""
+    are valid (`rl.prompt_source.check_data_files`), the run directory's disk is not full, and the
+    run directory can be made and written (`infra.cli.failures.check_run_directory`)."""
     from rl.datasets import DatasetError
     from rl.disk_space import no_room_to_start
     from rl.prompt_source import check_data_files
@@ -109,6 +110,10 @@ def _check_inputs(cfg) -> None:
     full = no_room_to_start(cfg.run.directory)
     if full is not None:
         _cannot_start(full)
+    try:  # a run directory that cannot be made or written: in a second, not after the imports
+        check_run_directory(cfg.run.directory)
+    except NamedFailure as failure:
+        _end(failure)
 
 
 def _preflight(cfg) -> None:

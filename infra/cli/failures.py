@@ -2,18 +2,22 @@
 
 `claim_run_directory(directory)` makes the run directory, takes its driver lock for the session
 (`infra.run.driver_lock.hold_for_session`) before anything else starts, and opens its `driver.log`
-(`infra.run.run_log`). `ending(error, resume)` is the exit status and the one line of a failure
-the program names: 2 for what the user fixes (bad input, local state), 3 for a service the run
-needs that is gone (a trainer rank that died among them); None for anything else (a bug keeps its
-traceback). `quiet_console(run_log)` makes Prefect's console handlers print no traceback (the run
-log keeps them), no record of a named failure (its one line ends the command) and none of the
-co-located rollout instances' own lines (in the run log, as a local instance's are in its log).
+(`infra.run.run_log`); `check_run_directory(directory)` names one that plainly cannot be made or
+written before the command imports anything heavy. `ending(error, resume)` is the exit status and
+the one line of a failure the program names: 2 for what the user fixes (bad input, local state), 3
+for a service the run needs that is gone (a trainer rank that died among them); None for anything
+else (a bug keeps its traceback). `quiet_console(run_log)` makes Prefect's console handlers print
+no traceback (the run log keeps them), no record of a named failure (its one line ends the command)
+and none of the co-located rollout instances' own lines (in the run log, as a local instance's are
+in its log).
 """
 
 from __future__ import annotations
 
 import copy
+import errno
 import logging
+import os
 from pathlib import Path
 
 from infra.run.driver_lock import RunLocked, hold_for_session
@@ -45,12 +49,34 @@ def claim_run_directory(directory: Path) -> RunLog:
     except OSError as error:
         if out_of_space(error):
             raise _full_disk(str(full_path(error) or directory)) from None
-        what = f"{error.strerror}: {error.filename}" if error.strerror and error.filename else str(error)
-        raise NamedFailure(
-            2,
-            f"cannot write the run directory {directory} ({what}): set run.output_dir to a directory "
-            f"this user can write (it is {directory.parent})",
-        ) from None
+        raise _unwritable(directory, error) from None
+
+
+def check_run_directory(directory: Path) -> None:
+    """`NamedFailure` (exit 2), as `claim_run_directory` would end, when `directory` plainly cannot
+    be made or written: its nearest existing ancestor is not a directory, lies on a read-only file
+    system or is not writable by this user. Nothing is written: the check runs before the command
+    imports anything heavy, and `claim_run_directory` still names what it misses."""
+    existing = directory
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():  # mkdir names the whole path
+        raise _unwritable(directory, OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(directory)))
+    made = directory if existing == directory else existing / directory.relative_to(existing).parts[0]
+    if os.statvfs(existing).f_flag & os.ST_RDONLY:
+        raise _unwritable(directory, OSError(errno.EROFS, os.strerror(errno.EROFS), str(made)))
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise _unwritable(directory, OSError(errno.EACCES, os.strerror(errno.EACCES), str(made)))
+
+
+def _unwritable(directory: Path, error: OSError) -> NamedFailure:
+    """The failure naming a run directory that `error` kept from being made or written."""
+    what = f"{error.strerror}: {error.filename}" if error.strerror and error.filename else str(error)
+    return NamedFailure(
+        2,
+        f"cannot write the run directory {directory} ({what}): set run.output_dir to a directory "
+        f"this user can write (it is {directory.parent})",
+    )
 
 
 def _note_in_the_run_log(directory: Path, line: str) -> None:
