@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import threading
 from pathlib import Path
 
@@ -16,9 +15,6 @@ PRETRAINED_TIMEOUT_S = 1200
 within its own (25-130 s of pretraining on a 2-core host; past the default 600 s once on a loaded CI
 host)."""
 
-
-_BACKGROUND_PRETRAINING = pytest.StashKey[subprocess.Popen]()
-"""The process pretraining `pretrained_tiny_model` in the background, where this process started it."""
 
 INTEGRATION_MODULE = re.compile(r"^pytestmark = \[?\s*pytest\.mark\.integration\b", re.MULTILINE)
 """A test module whose every test is an integration test (its module-level mark)."""
@@ -160,25 +156,17 @@ def _shared_directory(config: pytest.Config) -> Path:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """When the run holds a test that trains from `pretrained_tiny_model`, its pretraining starts at
-    once in a process of its own (`tests.pretrained`), beside the first tests: one process of the
-    run starts it (the first xdist worker, or pytest itself without xdist)."""
-    if os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0" or session.config.option.collectonly:
+    once in a process of its own (`tests.pretrained`), beside the first tests: the first xdist
+    worker starts it, tied to xdist's controller (its parent), or pytest itself without xdist."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker not in (None, "gw0") or session.config.option.collectonly:
         return
     if any("pretrained_tiny_model" in getattr(item, "fixturenames", ()) for item in session.items):
         from tests.pretrained import start_in_background
 
-        process = start_in_background(_shared_directory(session.config))
-        session.config.stash[_BACKGROUND_PRETRAINING] = process
+        run_pid = os.getppid() if worker else os.getpid()
+        process = start_in_background(_shared_directory(session.config), run_pid)
         threading.Thread(target=process.wait, name="pretraining-reaper", daemon=True).start()  # no zombie
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    """A background pretraining still running when the run ends (its tests deselected by a failure
-    or an interrupt) is stopped."""
-    process = config.stash.get(_BACKGROUND_PRETRAINING, None)
-    if process is not None and process.poll() is None:
-        process.terminate()
-        process.wait()
 
 
 @pytest.fixture(scope="session")
