@@ -27,7 +27,7 @@ training reward climbs, then collapses; docs/staleness.md), which is why the dem
 Durations (`--durations`, 2026-12-02, the host otherwise idle): the session fixture (pretraining)
 and the Prefect harness 66 s, once; each case 94-97 s. The K = 2 case and the flipped one are
 `test_learning_stale.py` and `test_learning_flipped.py`, so that pytest-xdist's `loadfile` runs the
-three on different workers.
+three on different workers (`tests/xdist_schedule.py` keeps a worker from holding two of them).
 """
 
 from __future__ import annotations
