@@ -3,11 +3,11 @@
 
 Whoever comes first pretrains, under a file lock, and the others read the same model: the first
 test that needs it, or the process `start_in_background` starts as soon as a collection holds such
-a test (`python -m tests.pretrained SHARED RUN_PID`), so the pretraining (40-130 s on 2 cores) runs beside
-the first tests instead of holding every worker whose next test needs the model. That process ends
-with the test run (pytest, or xdist's controller), not with the worker that started it, which may
-end first. A pretraining that failed, or was killed before it ended, is not tried again by each
-worker in turn: they fail at once with what `FAILED` holds.
+a test (`python -m tests.pretrained SHARED RUN_PID`), so the pretraining (40-130 s on 2 cores) runs
+beside the first tests instead of holding every worker whose next test needs the model. That
+process ends with the test run (pytest, or xdist's controller), not with the worker that started
+it, which may end first. A pretraining that failed, or was killed before it ended, is not tried
+again by each worker in turn: they fail at once with what `FAILED` holds.
 """
 
 from __future__ import annotations
