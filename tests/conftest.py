@@ -41,9 +41,13 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return SpreadLongTraining(config, log)
 
 
+def _trains_from_the_pretrained_model(item: pytest.Item) -> bool:
+    return "pretrained_tiny_model" in getattr(item, "fixturenames", ())
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if "pretrained_tiny_model" in getattr(item, "fixturenames", ()):
+        if _trains_from_the_pretrained_model(item):
             item.add_marker(pytest.mark.timeout(PRETRAINED_TIMEOUT_S))
 
 
@@ -161,7 +165,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker not in (None, "gw0") or session.config.option.collectonly:
         return
-    if any("pretrained_tiny_model" in getattr(item, "fixturenames", ()) for item in session.items):
+    if any(_trains_from_the_pretrained_model(item) for item in session.items):
         from tests.pretrained import start_in_background
 
         run_pid = os.getppid() if worker else os.getpid()

@@ -3,24 +3,23 @@
 
 Whoever comes first pretrains, under a file lock, and the others read the same model: the first
 test that needs it, or the process `start_in_background` starts as soon as a collection holds such
-a test (`python -m tests.pretrained SHARED RUN_PID`), so the pretraining (40-130 s on 2 cores) runs
-beside the first tests instead of holding every worker whose next test needs the model. That
-process ends with the test run (pytest, or xdist's controller), not with the worker that started
-it, which may end first. A pretraining that failed, or was killed before it ended, is not tried
+a test (`python -m tests.pretrained SHARED`), so the pretraining (40-130 s on 2 cores) runs beside
+the first tests instead of holding every worker whose next test needs the model. That process ends
+with the test run (pytest, or xdist's controller), not with the worker that started it, which may
+end first: it watches the run as a rollout worker watches its driver (`rl.driver_watch`). A pretraining that failed, or was killed before it ended, is not tried
 again by each worker in turn: they fail at once with what `FAILED` holds.
 """
 
 from __future__ import annotations
 
 import os
-import select
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 from filelock import FileLock
 
+from rl.driver_watch import DRIVER_PID_ENV, watch_driver
 from tests.helpers import REPO_ROOT
 
 FAILED = "pretrained.failed"
@@ -60,26 +59,23 @@ def start_in_background(shared: Path, run_pid: int) -> subprocess.Popen:
     shared.mkdir(parents=True, exist_ok=True)
     with open(shared / "pretraining.log", "ab") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "tests.pretrained", str(shared), str(run_pid)], cwd=REPO_ROOT, stdout=log, stderr=log
+            [sys.executable, "-m", "tests.pretrained", str(shared)],
+            cwd=REPO_ROOT,
+            env={**os.environ, DRIVER_PID_ENV: str(run_pid)},
+            stdout=log,
+            stderr=log,
         )
 
 
-def exit_with(pid: int) -> None:
-    """End this process (exit status 1) as soon as process `pid` has ended: a thread waits on its
-    pidfd. A pretraining ended so leaves `FAILED` saying it stopped, and its lock free."""
-    watched = os.pidfd_open(pid)
-
-    def wait_and_exit() -> None:
-        select.select([watched], [], [])
-        print(f"the test run (pid {pid}) ended: exiting", flush=True)
-        os._exit(1)
-
-    threading.Thread(target=wait_and_exit, name="exit-with-the-run", daemon=True).start()
+def end_with_the_run() -> None:
+    """End this process as soon as the test run named in its environment has ended (nothing to hand
+    back: a pretraining ended so leaves `FAILED` saying it stopped, and its lock free)."""
+    watch_driver(lambda: None, grace_s=0.0)
 
 
 if __name__ == "__main__":
     import torch
 
-    exit_with(int(sys.argv[2]))
+    end_with_the_run()
     torch.set_num_threads(1)  # as in the tests' own processes (tests/conftest.py)
     print(f"the pretrained model: {pretrained_model(Path(sys.argv[1]))}", flush=True)

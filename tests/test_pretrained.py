@@ -4,15 +4,17 @@ background pretraining ends with the test run."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import pytest
 
+from rl.driver_watch import DRIVER_PID_ENV, EXIT_DRIVER_GONE
 from tests.helpers import REPO_ROOT
 from tests.pretrained import FAILED, PretrainingFailed, pretrained_model
 
-WATCHER = "import sys, time; from tests.pretrained import exit_with; exit_with(int(sys.argv[1])); print('watching', flush=True); time.sleep(120)"
+WATCHER = "import time; from tests.pretrained import end_with_the_run; end_with_the_run(); print('watching', flush=True); time.sleep(120)"
 
 
 def test_a_pretraining_that_failed_elsewhere_fails_at_once_with_its_reason(tmp_path):
@@ -27,15 +29,20 @@ def test_the_background_pretraining_ends_with_the_test_run():
     at the end of its pretraining: here a process waiting on a stand-in for the run."""
     run = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     watcher = subprocess.Popen(
-        [sys.executable, "-c", WATCHER, str(run.pid)], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", WATCHER],
+        cwd=REPO_ROOT,
+        env={**os.environ, DRIVER_PID_ENV: str(run.pid)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         assert watcher.stdout is not None and watcher.stdout.readline().strip() == "watching"
         assert watcher.poll() is None
         run.kill()
         run.wait()
-        assert watcher.wait(timeout=30) == 1
-        assert "ended: exiting" in watcher.stdout.read()
+        assert watcher.wait(timeout=30) == EXIT_DRIVER_GONE
+        assert watcher.stderr is not None and f"the driver (pid {run.pid}) is gone" in watcher.stderr.read()
     finally:
         for process in (run, watcher):
             if process.poll() is None:
