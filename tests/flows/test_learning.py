@@ -19,7 +19,17 @@ not (which version generates which token depends on timing: seed 0 gave +25.0 an
     K = 2, seed 2:       +29.7
     K = 0 seed 0, advantage flipped:  -23.4   (the policy unlearns: 0% after 40 steps)
 
-The margin, +10 points, is 40% of the worst learning gain, and the flipped run unlearns. At the
+The pretrained base differs from host to host (the pretraining stops at its accuracy threshold, on
+the host's float trajectory). Again on a 2-core Intel Xeon (2026-12-07), each run evaluated every
+5 steps as well, its base 35.9% / 37.5% / 38.3% for seeds 0 / 1 / 2:
+
+    K = 0, seeds 0, 1, 2:   +22.7, +29.3, +23.8
+    K = 2, seeds 0, 1, 2:   +17.2, +23.8, +18.4   (K = 2 seed 0 was at +32.8 after 35 steps)
+    K = 0 seed 0, advantage flipped:  -35.9   (0% from step 15 on)
+    after 20 steps: K = 0 seeds 0, 1: +16.4, +17.6; K = 2: +17.6, +18.0 (too close to the margin
+    for fewer steps: one evaluation's sampling noise is about 3 points)
+
+The margin, +10 points, is 40-58% of the worst learning gain, and the flipped run unlearns. At the
 demo's former learning rate, 5e-4, K = 0 gained +32.0/+30.5/+33.6 on seeds 0/1/2 but K = 2
 +24.6/+11.7/+0.0: two versions of delay tip a step size at the edge of stability over (the
 training reward climbs, then collapses; docs/staleness.md), which is why the demo runs at 2.5e-4.
