@@ -6,8 +6,9 @@ test that needs it, or the process `start_in_background` starts as soon as a col
 a test (`python -m tests.pretrained SHARED`), so the pretraining (40-130 s on 2 cores) runs beside
 the first tests instead of holding every worker whose next test needs the model. That process ends
 with the test run (pytest, or xdist's controller), not with the worker that started it, which may
-end first: it watches the run as a rollout worker watches its driver (`rl.driver_watch`). A pretraining that failed, or was killed before it ended, is not tried
-again by each worker in turn: they fail at once with what `FAILED` holds.
+end first: it watches the run as a rollout worker watches its driver (`rl.driver_watch`). A
+pretraining that failed, or was killed before it ended, is not tried again by each worker in turn:
+they fail at once with what `FAILED` holds.
 """
 
 from __future__ import annotations
